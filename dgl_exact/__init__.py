@@ -1,0 +1,19 @@
+"""dgl_exact: train graph neural networks with compressed activations, on DGL.
+
+The forward pass is exact; the activations autograd keeps for the backward pass are stored compressed
+(stochastic quantization to 1/2/4/8 bits, optional random projection, block-wise groups with
+variance-optimal levels), following EXACT (Liu et al., ICLR 2022) and i-EXACT (Eliassen and Selvan,
+ICASSP 2024).
+"""
+from ._compat import import_dgl as _import_dgl
+
+_import_dgl()  # makes ``import dgl`` work on torch versions DGL 2.1.0 ships no graphbolt for
+
+from .compression import CompressedTensor, compress, decompress  # noqa: E402
+from .config import CompressionConfig, config, get_config, set_config  # noqa: E402
+from .kernels import backend  # noqa: E402
+
+__version__ = "0.1.0"
+
+__all__ = ["CompressionConfig", "config", "get_config", "set_config", "compress", "decompress",
+           "CompressedTensor", "backend", "__version__"]

@@ -1,0 +1,85 @@
+"""Compatibility shims that make dgl_exact's dependencies importable where they are not by themselves.
+
+Two known breakages are handled here, and nowhere else:
+
+1. **DGL 2.1.0 on a torch it was not built for.** PyPI's only Linux DGL (2.1.0) ships its native
+   ``graphbolt`` library for torch 2.0.0 to 2.2.1 only, and ``import dgl`` imports graphbolt
+   unconditionally (through ``dgl.distributed``), so on any newer torch it raises
+   ``FileNotFoundError: Cannot find DGL C++ graphbolt library``. When (and only when) the library for
+   the running torch is missing, we register a placeholder module as ``dgl.graphbolt`` *before* DGL is
+   imported. Everything dgl_exact uses (graphs, ``dgl.ops``, ``dgl.nn``, samplers, METIS, datasets)
+   works without graphbolt; touching the placeholder raises an ``ImportError`` that explains why.
+   A working DGL install (library present, or dgl already imported by the user) is never touched.
+   The placeholder stays registered, so a later ``import dgl`` by the user keeps working.
+
+2. **numba-cuda with numpy >= 2.5.** numba-cuda 0.30 references ``numpy.row_stack``, which numpy 2.5
+   removed, and fails to compile any kernel. :func:`patch_numpy_for_numba` restores the alias
+   (``numpy.vstack`` is what ``row_stack`` always was) right before ``numba.cuda`` is imported.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import types
+
+__all__ = ["import_dgl", "graphbolt_stubbed", "patch_numpy_for_numba"]
+
+_GRAPHBOLT = "dgl.graphbolt"
+_STUB_FLAG = "__dgl_exact_stub__"
+
+
+def _graphbolt_library_present() -> bool:
+    """True if DGL's graphbolt shared library exists for the running torch version."""
+    import torch
+
+    spec = importlib.util.find_spec("dgl")
+    if spec is None or not spec.submodule_search_locations:
+        return True  # no DGL at all: nothing to fix, let the import error speak for itself
+    version = torch.__version__.split("+", maxsplit=1)[0]
+    for root in spec.submodule_search_locations:
+        lib_dir = os.path.join(root, "graphbolt")
+        for name in (f"libgraphbolt_pytorch_{version}.so", f"libgraphbolt_pytorch_{version}.dylib",
+                     f"graphbolt_pytorch_{version}.dll"):
+            if os.path.exists(os.path.join(lib_dir, name)):
+                return True
+    return False
+
+
+class _GraphboltUnavailable(types.ModuleType):
+    """Placeholder for ``dgl.graphbolt`` when its native library does not exist for this torch."""
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        import torch
+
+        raise ImportError(
+            f"dgl.graphbolt.{name} is unavailable: DGL ships no graphbolt library for torch "
+            f"{torch.__version__}. dgl_exact does not need it; to use graphbolt itself install DGL's "
+            "native stack (torch==2.1.1 dgl==2.1.0 torchdata==0.7.1)."
+        )
+
+
+def graphbolt_stubbed() -> bool:
+    """Whether ``dgl.graphbolt`` is dgl_exact's placeholder (True) or DGL's own module (False)."""
+    return getattr(sys.modules.get(_GRAPHBOLT), _STUB_FLAG, False)
+
+
+def import_dgl():
+    """Import and return ``dgl``, installing the graphbolt placeholder first if (and only if) needed."""
+    if "dgl" not in sys.modules and _GRAPHBOLT not in sys.modules and not _graphbolt_library_present():
+        stub = _GraphboltUnavailable(_GRAPHBOLT, "placeholder installed by dgl_exact._compat")
+        setattr(stub, _STUB_FLAG, True)
+        sys.modules[_GRAPHBOLT] = stub
+    import dgl
+
+    return dgl
+
+
+def patch_numpy_for_numba() -> None:
+    """Restore ``numpy.row_stack`` (removed in numpy 2.5) which numba-cuda still references."""
+    import numpy
+
+    if not hasattr(numpy, "row_stack"):
+        numpy.row_stack = numpy.vstack

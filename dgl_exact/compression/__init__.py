@@ -1,0 +1,6 @@
+"""The compression math: quantization levels, random projection, compress/decompress."""
+from .core import CompressedTensor, compress, compressed_nbytes, decompress, draw_seed
+from .levels import expected_variance, model_sigma, optimal_levels, uniform_levels
+
+__all__ = ["CompressedTensor", "compress", "decompress", "compressed_nbytes", "draw_seed", "optimal_levels",
+           "uniform_levels", "expected_variance", "model_sigma"]

@@ -1,0 +1,241 @@
+"""Compress a tensor for storage and decompress it: the math of dgl_exact, backend-agnostic.
+
+``compress`` views a tensor as ``[N, D]`` (first dim = rows, the rest flattened; a 1-D tensor is one
+row), optionally projects it to ``[N, k]``, splits the rows into groups of ``block_rows``, and stores per
+group a bf16 minimum ``lo`` and step ``step`` plus ``bits``-bit codes, packed densely. The kernels that
+turn values into codes and back are chosen by :mod:`dgl_exact.kernels`.
+
+Metadata is rounded *before* quantising, in the direction that keeps every value inside the
+representable range: ``lo`` is rounded down and ``step`` up to bf16. Stochastic rounding against the
+rounded values is then exactly unbiased (EXACT quantised against the fp32 values and stored rounded
+ones: a small per-row bias). A constant group decodes exactly: ``step = 0``; when its value is not
+representable in bf16 it is also kept, exactly, in a (normally empty) exception list.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Optional, Tuple
+
+import torch
+
+from .. import kernels
+from ..config import CompressionConfig, resolve_config
+from . import projection
+from .levels import levels_for
+
+__all__ = ["CompressedTensor", "compress", "decompress", "compressed_nbytes", "draw_seed", "META_DTYPE"]
+
+META_DTYPE = torch.bfloat16
+_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
+@dataclasses.dataclass
+class CompressedTensor:
+    """A compressed activation. ``nbytes`` is its exact storage cost (all tensors it holds)."""
+
+    shape: torch.Size
+    dtype: torch.dtype
+    device: torch.device
+    bits: int
+    block_rows: int
+    levels: str
+    n_rows: int
+    width: int                    # stored columns (after projection)
+    orig_width: int               # columns before projection
+    proj_seed: Optional[int]      # None: no projection
+    packed: Optional[torch.Tensor] = None   # uint8 codes
+    lo: Optional[torch.Tensor] = None       # [G] bf16
+    step: Optional[torch.Tensor] = None     # [G] bf16
+    exc_index: Optional[torch.Tensor] = None  # [n_exc] int32 group ids of constant groups not representable in bf16
+    exc_value: Optional[torch.Tensor] = None  # [n_exc] fp32 their exact values
+    raw: Optional[torch.Tensor] = None       # compression disabled: the tensor itself
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors())
+
+    def tensors(self) -> Tuple[torch.Tensor, ...]:
+        """Every tensor this object keeps (for ``ctx.save_for_backward`` and for size accounting)."""
+        return tuple(t for t in (self.packed, self.lo, self.step, self.exc_index, self.exc_value, self.raw)
+                     if t is not None)
+
+    _TENSOR_FIELDS = ("packed", "lo", "step", "exc_index", "exc_value", "raw")
+
+    def split(self) -> Tuple["CompressedTensor", Tuple[torch.Tensor, ...]]:
+        """``(shell, tensors)``: a tensor-free description plus the tensors, so an autograd function can
+        pass the tensors through ``ctx.save_for_backward`` and rebuild with :meth:`join`."""
+        present = tuple(n for n in self._TENSOR_FIELDS if getattr(self, n) is not None)
+        shell = dataclasses.replace(self, **{n: None for n in self._TENSOR_FIELDS})
+        shell._present = present
+        return shell, tuple(getattr(self, n) for n in present)
+
+    def join(self, tensors) -> "CompressedTensor":
+        """Inverse of :meth:`split`."""
+        present = getattr(self, "_present", ())
+        if len(tensors) != len(present):
+            raise ValueError(f"join expects {len(present)} tensors, got {len(tensors)}")
+        return dataclasses.replace(self, **dict(zip(present, tensors)))
+
+    def __repr__(self) -> str:
+        kind = "raw" if self.raw is not None else f"INT{self.bits}"
+        proj = f", k={self.width}/{self.orig_width}" if self.proj_seed is not None else ""
+        return (f"CompressedTensor({kind}, shape={tuple(self.shape)}, dtype={self.dtype}, "
+                f"block_rows={self.block_rows}{proj}, nbytes={self.nbytes})")
+
+
+
+def draw_seed() -> int:
+    """A 63-bit seed from torch's default CPU generator (so ``torch.manual_seed`` makes runs repeatable)."""
+    return int(torch.randint(0, 2**63 - 1, (), dtype=torch.int64).item())
+
+
+def _round_bf16(v: torch.Tensor, up: bool) -> torch.Tensor:
+    """Round fp32 to the nearest bf16 value below (``up=False``) or above (``up=True``), as fp32."""
+    bits = v.contiguous().view(torch.int32)
+    trunc = bits & -65536  # 0xFFFF0000: bf16 keeps the top 16 bits; truncation rounds toward zero
+    inexact = (bits & 0xFFFF) != 0
+    negative = bits < 0
+    away = inexact & (negative != up)  # need to move away from zero: down for negatives, up for positives
+    out = torch.where(away, trunc + 65536, trunc).view(torch.float32)
+    return torch.where(torch.isfinite(v), out, v)
+
+
+def _group_minmax(x: torch.Tensor, block_rows: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    n = x.shape[0]
+    full = (n // block_rows) * block_rows
+    mins, maxs = [], []
+    if full:
+        body = x[:full].reshape(full // block_rows, -1)
+        mins.append(body.amin(dim=1))
+        maxs.append(body.amax(dim=1))
+    if full < n:
+        tail = x[full:].reshape(1, -1)
+        mins.append(tail.amin(dim=1))
+        maxs.append(tail.amax(dim=1))
+    mn = torch.cat(mins) if len(mins) > 1 else mins[0]
+    mx = torch.cat(maxs) if len(maxs) > 1 else maxs[0]
+    return mn.float(), mx.float()
+
+
+_level_tables = {}
+
+
+def _level_table(bits: int, mode: str, group_size: int, device) -> Optional[torch.Tensor]:
+    key = (bits, mode, group_size, str(device))
+    if key not in _level_tables:
+        lv = levels_for(bits, mode, group_size)
+        _level_tables[key] = None if lv is None else torch.tensor(lv, dtype=torch.float32, device=device)
+    return _level_tables[key]
+
+
+def _as_rows(x: torch.Tensor) -> torch.Tensor:
+    if x.dim() == 1:
+        return x.reshape(1, -1)
+    return x.reshape(x.shape[0], -1)
+
+
+def compress(x: torch.Tensor, config: Optional[CompressionConfig] = None, seed: Optional[int] = None) -> CompressedTensor:
+    """Compress ``x`` (fp32, fp16, bf16 or fp64, any shape with at least one dimension).
+
+    ``config`` defaults to the configuration in force (:func:`dgl_exact.get_config`); ``seed`` fixes the
+    rounding noise and projection (default: drawn from torch's default generator). Gradients do not flow
+    through compression: ``x`` is treated as data.
+    """
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"compress expects a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in _FLOAT_DTYPES:
+        raise TypeError(f"compress expects a floating tensor (float32, float16, bfloat16 or float64), got {x.dtype}")
+    if x.dim() == 0:
+        raise ValueError("compress expects a tensor with at least one dimension, got a scalar")
+    cfg = resolve_config(config)
+    x = x.detach()
+    rows = _as_rows(x)
+    n_rows, width = rows.shape
+    base = dict(shape=x.shape, dtype=x.dtype, device=x.device, bits=cfg.bits, block_rows=cfg.block_rows,
+                levels=cfg.levels, n_rows=n_rows, orig_width=width)
+    if not cfg.enabled:
+        return CompressedTensor(width=width, proj_seed=None, raw=x, **base)
+    if seed is None:
+        seed = draw_seed()
+    proj_seed = None
+    k = cfg.projected_width(width)
+    if k < width and n_rows > 0:
+        proj_seed = (seed * 0x9E3779B97F4A7C15 + 1) & 0x7FFFFFFFFFFFFFFF  # independent of the rounding seed
+        rows = projection.project(rows, k, proj_seed)
+    else:
+        k = width
+    rows = rows.contiguous()
+    top = (1 << cfg.bits) - 1
+    n_groups = -(-n_rows // cfg.block_rows)
+    if rows.numel() == 0:
+        empty = torch.empty(0, dtype=torch.uint8, device=x.device)
+        meta = torch.empty(n_groups, dtype=META_DTYPE, device=x.device)
+        return CompressedTensor(width=k, proj_seed=proj_seed, packed=empty, lo=meta, step=meta.clone(), **base)
+
+    mn, mx = _group_minmax(rows, cfg.block_rows)
+    finite = torch.isfinite(mn) & torch.isfinite(mx)
+    if cfg.nonfinite == "raise" and not bool(finite.all()):
+        bad = int((~finite).sum())
+        raise FloatingPointError(f"compress: {bad} group(s) of the activation contain NaN or Inf; "
+                                 "check the model for overflow (or use nonfinite='propagate' under AMP)")
+    lo = _round_bf16(mn, up=False)
+    step = _round_bf16((mx - lo) * (1.0 + 2.0**-20) / top, up=True)
+    step = torch.where(mx > lo, step, torch.zeros_like(step))
+    lo = torch.where(finite, lo, torch.full_like(lo, float("nan")))
+    step = torch.where(finite, step, torch.zeros_like(step))
+
+    exc_index = exc_value = None
+    inexact_constant = finite & (mn == mx) & (lo != mn)
+    if bool(inexact_constant.any()):  # rare: a constant group whose value bf16 cannot hold
+        exc_index = inexact_constant.nonzero().flatten().to(torch.int32)
+        exc_value = mn[exc_index.long()]
+
+    group_size = cfg.block_rows * k if n_rows >= cfg.block_rows else n_rows * k
+    levels = _level_table(cfg.bits, cfg.levels, group_size, x.device)
+    packed = kernels.get("quantize_pack", x.device)(rows, lo, step, levels, cfg.bits, cfg.block_rows, seed,
+                                                    cfg.stochastic)
+    return CompressedTensor(width=k, proj_seed=proj_seed, packed=packed, lo=lo.to(META_DTYPE),
+                            step=step.to(META_DTYPE), exc_index=exc_index, exc_value=exc_value, **base)
+
+
+def decompress(c: CompressedTensor) -> torch.Tensor:
+    """The estimate of the original tensor: same shape, dtype and device."""
+    if not isinstance(c, CompressedTensor):
+        raise TypeError(f"decompress expects a CompressedTensor, got {type(c).__name__}")
+    if c.raw is not None:
+        return c.raw
+    if c.packed is None:
+        raise ValueError("this CompressedTensor holds no data (a shell from split(); call join() first)")
+    lo, step = c.lo.float(), c.step.float()
+    if c.n_rows * c.width == 0:
+        return torch.zeros(c.shape, dtype=c.dtype, device=c.device)
+    group_size = c.block_rows * c.width if c.n_rows >= c.block_rows else c.n_rows * c.width
+    levels = _level_table(c.bits, c.levels, group_size, c.device)
+    out_dtype = c.dtype if c.proj_seed is None else torch.float32
+    rows = kernels.get("unpack_dequantize", c.device)(c.packed, lo, step, levels, c.bits, c.block_rows,
+                                                      c.n_rows, c.width, out_dtype)
+    if c.exc_index is not None:
+        idx = c.exc_index.long()
+        row_ids = torch.arange(c.n_rows, device=c.device) // c.block_rows
+        hit = torch.isin(row_ids, idx)
+        value_of = torch.zeros(lo.shape[0], dtype=torch.float32, device=c.device)
+        value_of[idx] = c.exc_value
+        rows[hit] = value_of[row_ids[hit]][:, None].to(rows.dtype)
+    if c.proj_seed is not None:
+        rows = projection.unproject(rows, c.orig_width, c.proj_seed).to(c.dtype)
+    return rows.reshape(c.shape)
+
+
+def compressed_nbytes(shape, config: CompressionConfig, n_exceptions: int = 0) -> int:
+    """The exact ``nbytes`` a tensor of ``shape`` compresses to under ``config`` (formula; no data)."""
+    shape = torch.Size(shape)
+    n_rows = 1 if len(shape) == 1 else shape[0]
+    width = math.prod(shape) // n_rows if n_rows else math.prod(shape[1:])
+    if not config.enabled:
+        raise ValueError("compressed_nbytes: compression is disabled in this config (the size is the input's)")
+    k = config.projected_width(width) if n_rows > 0 else width
+    n_groups = -(-n_rows // config.block_rows)
+    codes = -(-(n_rows * k * config.bits) // 8)
+    meta = 2 * n_groups * torch.finfo(META_DTYPE).bits // 8
+    return codes + meta + n_exceptions * 8

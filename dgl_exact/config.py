@@ -1,0 +1,158 @@
+"""What to compress and how: an immutable :class:`CompressionConfig`, a process-wide default, and
+thread-local scoped overrides (``with dgl_exact.config(bits=2): ...``).
+
+Resolution order for an op: an explicit ``config=`` argument, else a module's ``compression=``,
+else the innermost active ``dgl_exact.config(...)`` scope of the current thread, else the global
+default set by :func:`set_config` (initially ``CompressionConfig()``: INT8, no projection).
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import threading
+from typing import Iterator, Optional
+
+__all__ = ["CompressionConfig", "get_config", "set_config", "config", "resolve_config", "VALID_BITS",
+           "VALID_LEVELS"]
+
+VALID_BITS = (1, 2, 4, 8)
+VALID_LEVELS = ("uniform", "optimal")
+
+
+@dataclasses.dataclass(frozen=True)
+class CompressionConfig:
+    """How saved activations are compressed.
+
+    Parameters
+    ----------
+    bits : int, default 8
+        Bits per stored value: 1, 2, 4 or 8.
+    kept_frac : float, default 1.0
+        Fraction of feature columns kept by the random projection, in (0, 1]. 1.0 disables projection;
+        otherwise a D-wide activation is stored as ``ceil(kept_frac * D)`` projected columns.
+    block_rows : int, default 1
+        Consecutive rows that share one (min, step) pair. 1 is EXACT's per-row grouping; larger values
+        are i-EXACT's block-wise quantization (less metadata, wider ranges).
+    levels : {"uniform", "optimal"}, default "uniform"
+        Quantization levels in code space. "optimal" uses levels that minimise the expected stochastic
+        rounding variance under i-EXACT's clipped-normal model, for any bit width.
+    stochastic : bool, default True
+        Stochastic (unbiased) rounding. False rounds to the nearest level (biased; for ablations).
+    enabled : bool, default True
+        False keeps activations uncompressed (the exact fp baseline with dgl_exact's memory-lean ops).
+    nonfinite : {"propagate", "raise"}, default "propagate"
+        What a group containing NaN or Inf becomes. "propagate" decodes the whole group as NaN, so the
+        gradient is visibly non-finite (GradScaler skips the step; ``clip_grad_norm_`` can error) and no
+        finite-but-wrong gradient is ever produced, at no synchronisation cost. "raise" checks during
+        compression and raises ``FloatingPointError`` (one device synchronisation per compression).
+    """
+
+    bits: int = 8
+    kept_frac: float = 1.0
+    block_rows: int = 1
+    levels: str = "uniform"
+    stochastic: bool = True
+    enabled: bool = True
+    nonfinite: str = "propagate"
+
+    def __post_init__(self):
+        if isinstance(self.bits, bool) or not isinstance(self.bits, int) or self.bits not in VALID_BITS:
+            raise ValueError(f"bits must be one of {VALID_BITS}, got {self.bits!r}")
+        try:
+            kept = float(self.kept_frac)
+        except (TypeError, ValueError):
+            raise ValueError(f"kept_frac must be a number in (0, 1], got {self.kept_frac!r}") from None
+        if not (0.0 < kept <= 1.0) or math.isnan(kept):
+            raise ValueError(f"kept_frac must be in (0, 1] (1.0 disables projection), got {self.kept_frac!r}")
+        object.__setattr__(self, "kept_frac", kept)
+        if isinstance(self.block_rows, bool) or not isinstance(self.block_rows, int) or self.block_rows < 1:
+            raise ValueError(f"block_rows must be an integer >= 1 (1 = one group per row), got {self.block_rows!r}")
+        if self.levels not in VALID_LEVELS:
+            raise ValueError(f"levels must be one of {VALID_LEVELS}, got {self.levels!r}")
+        if not isinstance(self.stochastic, bool):
+            raise ValueError(f"stochastic must be True or False, got {self.stochastic!r}")
+        if not isinstance(self.enabled, bool):
+            raise ValueError(f"enabled must be True or False, got {self.enabled!r}")
+        if self.nonfinite not in ("propagate", "raise"):
+            raise ValueError(f"nonfinite must be 'propagate' or 'raise', got {self.nonfinite!r}")
+
+    def replace(self, **changes) -> "CompressionConfig":
+        """A copy with some fields changed (validated like the constructor)."""
+        return dataclasses.replace(self, **changes)
+
+    def projected_width(self, width: int) -> int:
+        """Columns stored for a ``width``-column activation: ``ceil(kept_frac * width)``, at least 1."""
+        if self.kept_frac >= 1.0:
+            return width
+        return max(1, math.ceil(self.kept_frac * width))
+
+    def describe(self) -> str:
+        """A short human-readable label, e.g. ``INT2 kf=0.125 blocks=64 optimal``."""
+        if not self.enabled:
+            return "fp (uncompressed)"
+        parts = [f"INT{self.bits}"]
+        if self.kept_frac < 1.0:
+            parts.append(f"kf={self.kept_frac:g}")
+        if self.block_rows > 1:
+            parts.append(f"blocks={self.block_rows}")
+        if self.levels != "uniform":
+            parts.append(self.levels)
+        if not self.stochastic:
+            parts.append("nearest")
+        return " ".join(parts)
+
+
+_global_lock = threading.Lock()
+_global_config = CompressionConfig()
+_local = threading.local()
+
+
+def _stack() -> list:
+    if not hasattr(_local, "stack"):
+        _local.stack = []
+    return _local.stack
+
+
+def get_config() -> CompressionConfig:
+    """The configuration in force for the current thread (innermost scope, else the global default)."""
+    stack = _stack()
+    return stack[-1] if stack else _global_config
+
+
+def set_config(config: Optional[CompressionConfig] = None, **changes) -> CompressionConfig:
+    """Set the process-wide default. Pass a :class:`CompressionConfig`, or field changes applied to the
+    current default (``set_config(bits=2)``). Returns the previous default."""
+    global _global_config
+    if config is not None and not isinstance(config, CompressionConfig):
+        raise TypeError(f"set_config expects a CompressionConfig, got {type(config).__name__}")
+    with _global_lock:
+        previous = _global_config
+        base = config if config is not None else previous
+        _global_config = base.replace(**changes) if changes else base
+    return previous
+
+
+@contextlib.contextmanager
+def config(config: Optional[CompressionConfig] = None, **changes) -> Iterator[CompressionConfig]:
+    """Scoped override for the current thread; nestable. ``with dgl_exact.config(bits=2, kept_frac=0.125):``
+    changes fields of the configuration in force; ``with dgl_exact.config(cfg):`` uses ``cfg``."""
+    if config is not None and not isinstance(config, CompressionConfig):
+        raise TypeError(f"config expects a CompressionConfig, got {type(config).__name__}")
+    base = config if config is not None else get_config()
+    scoped = base.replace(**changes) if changes else base
+    stack = _stack()
+    stack.append(scoped)
+    try:
+        yield scoped
+    finally:
+        stack.pop()
+
+
+def resolve_config(explicit: Optional[CompressionConfig] = None) -> CompressionConfig:
+    """``explicit`` if given (validated type), else the configuration in force."""
+    if explicit is None:
+        return get_config()
+    if not isinstance(explicit, CompressionConfig):
+        raise TypeError(f"expected a CompressionConfig or None, got {type(explicit).__name__}")
+    return explicit

@@ -1,0 +1,5 @@
+"""Placeholder: Numba CUDA kernels (filled in by the kernels work)."""
+
+
+def load():
+    return "not implemented"
