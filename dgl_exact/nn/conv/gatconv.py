@@ -1,0 +1,101 @@
+"""GATConv with compressed activations."""
+from __future__ import annotations
+
+from typing import Optional
+
+from ..._compat import import_dgl
+from ... import ops
+from ...config import CompressionConfig
+from .._base import CompressedModuleMixin, check_zero_in_degree, compressed_activation
+
+dgl = import_dgl()
+
+
+class GATConv(CompressedModuleMixin, dgl.nn.GATConv):
+    r"""Graph attention layer (Velickovic et al., ICLR 2018), a drop-in for :class:`dgl.nn.GATConv`.
+
+    .. math::
+        h_i^{(l+1)} = \sum_{j\in\mathcal{N}(i)} \alpha_{ij} W h_j,\qquad
+        \alpha_{ij} = \mathrm{softmax}_j\big(\mathrm{LeakyReLU}(a_l^\top W h_j + a_r^\top W h_i)\big)
+
+    Same constructor, forward signature (including ``edge_weight`` and ``get_attention``), parameters
+    (``fc`` or ``fc_src``/``fc_dst``, ``attn_l``, ``attn_r``, ``res_fc``, ``bias``), initialisation,
+    ``state_dict`` and output as DGL's. Attention, its dropout and aggregation run as one op that keeps no
+    per-edge tensor for backward (they are recomputed from two ``[N, heads]`` score vectors and the
+    dropout seed); the projected features are kept compressed. Output shape ``(N_dst, num_heads, out_feats)``.
+
+    Parameters
+    ----------
+    in_feats : int or (int, int)
+    out_feats : int
+        Output size per head.
+    num_heads : int
+    feat_drop, attn_drop : float, default 0
+    negative_slope : float, default 0.2
+    residual : bool, default False
+    activation : callable, optional
+    allow_zero_in_degree : bool, default False
+    bias : bool, default True
+    compression : CompressionConfig, optional
+        This module's compression; default: the configuration in force.
+
+    Example
+    -------
+    >>> import dgl, torch, dgl_exact
+    >>> g = dgl.add_self_loop(dgl.rand_graph(100, 500))
+    >>> dgl_exact.GATConv(16, 8, num_heads=3)(g, torch.randn(100, 16)).shape
+    torch.Size([100, 3, 8])
+    """
+
+    def __init__(self, in_feats, out_feats, num_heads, feat_drop=0.0, attn_drop=0.0, negative_slope=0.2,
+                 residual=False, activation=None, allow_zero_in_degree=False, bias=True,
+                 *, compression: Optional[CompressionConfig] = None):
+        super().__init__(in_feats, out_feats, num_heads, feat_drop=feat_drop, attn_drop=attn_drop,
+                         negative_slope=negative_slope, residual=residual, activation=activation,
+                         allow_zero_in_degree=allow_zero_in_degree, bias=bias)
+        self._init_compression(compression)
+
+    def forward(self, graph, feat, edge_weight=None, get_attention=False):
+        cfg = self._config()
+        heads, out = self._num_heads, self._out_feats
+        p = self.feat_drop.p
+
+        def fc(layer, x):
+            return ops.linear(x, layer.weight, layer.bias, cfg)
+
+        if isinstance(feat, tuple):
+            src_prefix, dst_prefix = feat[0].shape[:-1], feat[1].shape[:-1]
+            h_src = ops.dropout(feat[0], p, self.training)
+            h_dst = ops.dropout(feat[1], p, self.training)
+            st = ops.structure_of(graph, h_src.device)
+            check_zero_in_degree(self, st)
+            src_layer = self.fc if not hasattr(self, "fc_src") else self.fc_src
+            dst_layer = self.fc if not hasattr(self, "fc_src") else self.fc_dst
+            feat_src = fc(src_layer, h_src).view(*src_prefix, heads, out)
+            feat_dst = fc(dst_layer, h_dst).view(*dst_prefix, heads, out)
+        else:
+            src_prefix = dst_prefix = feat.shape[:-1]
+            h_src = h_dst = ops.dropout(feat, p, self.training)
+            st = ops.structure_of(graph, h_src.device)
+            check_zero_in_degree(self, st)
+            feat_src = feat_dst = fc(self.fc, h_src).view(*src_prefix, heads, out)
+            if graph.is_block:
+                n_dst = graph.number_of_dst_nodes()
+                feat_dst, h_dst = feat_src[:n_dst], h_dst[:n_dst]
+                dst_prefix = (n_dst,) + tuple(dst_prefix[1:])
+        rst, attention = ops.gat_attention(graph, feat_src, feat_dst, self.attn_l, self.attn_r,
+                                           negative_slope=self.leaky_relu.negative_slope, attn_drop=self.attn_drop.p,
+                                           edge_weight=edge_weight, training=self.training, config=cfg)
+        if self.res_fc is not None:
+            if isinstance(self.res_fc, dgl.nn.pytorch.utils.Identity):
+                resval = h_dst.view(*dst_prefix, -1, out)
+            else:
+                resval = fc(self.res_fc, h_dst).view(*dst_prefix, -1, out)
+            rst = rst + resval
+        if self.has_explicit_bias:
+            rst = rst + self.bias.view(*((1,) * len(dst_prefix)), heads, out)
+        if self.activation:
+            rst = compressed_activation(self.activation)(rst)
+        if get_attention:
+            return rst, attention
+        return rst

@@ -1,0 +1,101 @@
+"""Compressed building blocks: drop-in subclasses of the torch layers GNNs are made of.
+
+Each keeps the torch class's constructor, parameters and ``state_dict``; only what is kept for backward
+changes. Each takes an optional ``compression=`` (default: the configuration in force).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn as nn
+
+from .. import ops
+from ..config import CompressionConfig
+from ._base import CompressedModuleMixin
+
+__all__ = ["Linear", "BatchNorm1d", "ReLU", "LeakyReLU", "ELU", "Dropout", "ReLUDropout"]
+
+
+class Linear(CompressedModuleMixin, nn.Linear):
+    """:class:`torch.nn.Linear` keeping its input compressed (only the weight gradient needs it)."""
+
+    def __init__(self, in_features, out_features, bias=True, device=None, dtype=None, *,
+                 compression: Optional[CompressionConfig] = None):
+        super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
+        self._init_compression(compression)
+
+    def forward(self, x):
+        return ops.linear(x, self.weight, self.bias, self._config())
+
+
+class BatchNorm1d(CompressedModuleMixin, nn.BatchNorm1d):
+    """:class:`torch.nn.BatchNorm1d` over ``[N, C]`` keeping its input compressed (never projected)."""
+
+    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True, device=None,
+                 dtype=None, *, compression: Optional[CompressionConfig] = None):
+        super().__init__(num_features, eps=eps, momentum=momentum, affine=affine,
+                         track_running_stats=track_running_stats, device=device, dtype=dtype)
+        self._init_compression(compression)
+
+    def forward(self, x):
+        if x.dim() != 2:
+            return super().forward(x)
+        self._check_input_dim(x)
+        factor = 0.0 if self.momentum is None else self.momentum
+        if self.training and self.track_running_stats and self.num_batches_tracked is not None:
+            self.num_batches_tracked.add_(1)
+            factor = 1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum
+        use_batch_stats = self.training or (self.running_mean is None and self.running_var is None)
+        track = self.running_mean if not self.training or self.track_running_stats else None
+        track_var = self.running_var if not self.training or self.track_running_stats else None
+        return ops.batch_norm(x, track, track_var, self.weight, self.bias, use_batch_stats, factor, self.eps,
+                              self._config())
+
+
+class ReLU(nn.ReLU):
+    """ReLU keeping one bit per element."""
+
+    def forward(self, x):
+        return ops.relu(x)
+
+
+class LeakyReLU(nn.LeakyReLU):
+    """LeakyReLU keeping one bit per element."""
+
+    def forward(self, x):
+        return ops.leaky_relu(x, self.negative_slope)
+
+
+class ELU(CompressedModuleMixin, nn.ELU):
+    """ELU keeping one bit per element and its output compressed."""
+
+    def __init__(self, alpha=1.0, inplace=False, *, compression: Optional[CompressionConfig] = None):
+        super().__init__(alpha=alpha, inplace=inplace)
+        self._init_compression(compression)
+
+    def forward(self, x):
+        return ops.elu(x, self.alpha, self._config())
+
+
+class Dropout(nn.Dropout):
+    """Dropout keeping nothing: backward regenerates the mask from its seed."""
+
+    def forward(self, x):
+        return ops.dropout(x, self.p, self.training)
+
+
+class ReLUDropout(nn.Module):
+    """``Dropout(p)(ReLU()(x))`` keeping one bit per element for both."""
+
+    def __init__(self, p: float = 0.5):
+        super().__init__()
+        if not 0.0 <= p <= 1.0:
+            raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
+        self.p = p
+
+    def forward(self, x):
+        return ops.relu_dropout(x, self.p, self.training)
+
+    def extra_repr(self):
+        return f"p={self.p}"

@@ -1,0 +1,112 @@
+"""Dense autograd ops that keep compressed activations: linear and batch norm.
+
+* ``linear``: ``grad_x = grad_y W`` needs no activation; only ``grad_W = grad_y^T x`` needs ``x``, so ``x`` is
+  kept compressed (with random projection if configured) only when the weight needs a gradient, and
+  by reference when it is alive anyway (input features).
+* ``batch_norm``: backward needs the normalised input; the input is kept compressed (never projected:
+  BatchNorm's backward is not linear in it), plus the per-feature mean and inverse std.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from ..config import CompressionConfig, resolve_config
+from ._saving import autocast_dtype, load, needs_saving, save, stash, unstash
+
+__all__ = ["linear", "batch_norm"]
+
+
+class _Linear(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, cfg: CompressionConfig):
+        out = F.linear(x, weight, bias)
+        ctx.has_bias = bias is not None
+        save(ctx, stash(x, cfg) if ctx.needs_input_grad[1] else None,
+             weight if ctx.needs_input_grad[0] else None)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        x_s, weight = load(ctx)
+        gx = gw = gb = None
+        if ctx.needs_input_grad[0]:
+            gx = grad.matmul(weight.to(grad.dtype))
+        if ctx.needs_input_grad[1]:
+            x = unstash(x_s).to(grad.dtype)
+            gw = grad.reshape(-1, grad.shape[-1]).t().matmul(x.reshape(-1, x.shape[-1]))
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            gb = grad.reshape(-1, grad.shape[-1]).sum(0)
+        return gx, gw, gb, None
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
+           config: Optional[CompressionConfig] = None) -> torch.Tensor:
+    """``F.linear`` keeping only what the weight gradient needs, compressed."""
+    dtype = autocast_dtype(x.device.type)
+    if dtype is not None:
+        x, weight = x.to(dtype), weight.to(dtype)
+        bias = None if bias is None else bias.to(dtype)
+    if not needs_saving(x, weight, bias):
+        return F.linear(x, weight, bias)
+    with torch.autocast(x.device.type, enabled=False):
+        return _Linear.apply(x, weight, bias, resolve_config(config))
+
+
+class _BatchNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, running_mean, running_var, training, momentum, eps, cfg):
+        xf = x.float()
+        if training:
+            mean = xf.mean(0)
+            var = xf.var(0, unbiased=False)
+            if running_mean is not None:
+                n = x.shape[0]
+                with torch.no_grad():
+                    running_mean.mul_(1 - momentum).add_(mean.to(running_mean.dtype), alpha=momentum)
+                    unbiased = var * (n / max(n - 1, 1))
+                    running_var.mul_(1 - momentum).add_(unbiased.to(running_var.dtype), alpha=momentum)
+        else:
+            mean, var = running_mean.float(), running_var.float()
+        invstd = torch.rsqrt(var + eps)
+        y = (xf - mean) * invstd
+        if weight is not None:
+            y = y * weight.float() + bias.float()
+        ctx.training = training
+        save(ctx, stash(x, cfg.replace(kept_frac=1.0)), mean, invstd, weight)
+        return y.to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x_s, mean, invstd, weight = load(ctx)
+        x = unstash(x_s).float()
+        g = grad.float()
+        xhat = (x - mean) * invstd
+        gw = (g * xhat).sum(0) if weight is not None else None
+        gb = g.sum(0) if weight is not None else None
+        gy = g * weight.float() if weight is not None else g
+        if ctx.training:
+            n = x.shape[0]
+            gx = invstd / n * (n * gy - gy.sum(0) - xhat * (gy * xhat).sum(0))
+        else:
+            gx = gy * invstd
+        gx = gx.to(grad.dtype)
+        if weight is not None:
+            gw, gb = gw.to(weight.dtype), gb.to(weight.dtype)
+        return gx, gw, gb, None, None, None, None, None, None
+
+
+def batch_norm(x: torch.Tensor, running_mean: Optional[torch.Tensor], running_var: Optional[torch.Tensor],
+               weight: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None, training: bool = False,
+               momentum: float = 0.1, eps: float = 1e-5, config: Optional[CompressionConfig] = None) -> torch.Tensor:
+    """``F.batch_norm`` over ``[N, C]`` keeping its input compressed for backward."""
+    if x.dim() != 2:
+        raise ValueError(f"dgl_exact batch_norm expects [N, C] input, got shape {tuple(x.shape)}")
+    if training and x.shape[0] < 2:
+        raise ValueError("Expected more than 1 value per channel when training (batch norm over 1 row)")
+    if not needs_saving(x, weight, bias):
+        return F.batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)
+    return _BatchNorm.apply(x, weight, bias, running_mean, running_var, training, momentum, eps,
+                            resolve_config(config))

@@ -1,0 +1,140 @@
+"""Activations and dropout with (almost) nothing kept for backward.
+
+==============  =============================================================================
+op              kept for backward
+==============  =============================================================================
+relu            1 bit per element (``x > 0``)
+leaky_relu      1 bit per element (sign)
+elu             1 bit per element + the output compressed (``elu'(x) = y + alpha`` for ``x < 0``)
+dropout         nothing: the mask is regenerated from the seed that produced it
+relu_dropout    1 bit per element for both (``x > 0 and kept``)
+==============  =============================================================================
+
+The bits are exact, so these ops cost no accuracy. Masks use the kernels' counter-based RNG, hence
+identical on every backend and reproducible under ``torch.manual_seed``.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from .. import kernels
+from ..compression import draw_seed
+from ..config import CompressionConfig, resolve_config
+from ._saving import load, needs_saving, save, stash, unstash
+
+__all__ = ["relu", "leaky_relu", "elu", "dropout", "relu_dropout"]
+
+
+def _k(op, x):
+    return kernels.get(op, x.device)
+
+
+class _ReLUDropout(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, p: float, seed: int):
+        y, packed = _k("relu_dropout", x)(x.contiguous(), p, seed)
+        ctx.scale = 1.0 / (1.0 - p) if p > 0 else 1.0
+        save(ctx, packed)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        (packed,) = load(ctx)
+        return _k("masked_scale", grad)(grad.contiguous(), packed, ctx.scale, 0.0), None, None
+
+
+def _drop_all(x):
+    return x * 0.0
+
+
+def relu_dropout(x: torch.Tensor, p: float = 0.0, training: bool = True) -> torch.Tensor:
+    """``dropout(relu(x), p)`` keeping a single bit per element."""
+    _check_p(p)
+    p = float(p) if training else 0.0
+    if p >= 1.0:
+        return _drop_all(x)
+    if not needs_saving(x):
+        return F.dropout(F.relu(x), p, training=p > 0)
+    return _ReLUDropout.apply(x, p, draw_seed() if p > 0 else 0)
+
+
+def relu(x: torch.Tensor) -> torch.Tensor:
+    """ReLU keeping one bit per element."""
+    return relu_dropout(x, 0.0)
+
+
+class _LeakyReLU(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, slope: float):
+        mask = x > 0
+        ctx.slope = slope
+        save(ctx, _k("pack_mask", x)(mask))
+        return torch.where(mask, x, x * slope)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (packed,) = load(ctx)
+        return _k("masked_scale", grad)(grad.contiguous(), packed, 1.0, ctx.slope), None
+
+
+def leaky_relu(x: torch.Tensor, negative_slope: float = 0.01) -> torch.Tensor:
+    """LeakyReLU keeping one bit per element (valid for ``negative_slope >= 0``)."""
+    if negative_slope < 0 or not needs_saving(x):
+        return F.leaky_relu(x, negative_slope)
+    return _LeakyReLU.apply(x, float(negative_slope))
+
+
+class _ELU(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, alpha: float, cfg: CompressionConfig):
+        y = F.elu(x, alpha)
+        mask = x > 0
+        ctx.alpha = alpha
+        # the output is a fresh tensor nobody else keeps: compress it (no projection: not linear)
+        save(ctx, _k("pack_mask", x)(mask), stash(y, cfg.replace(kept_frac=1.0), force=True))
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        packed, y_s = load(ctx)
+        y = unstash(y_s).to(grad.dtype)
+        mask = _k("unpack_mask", grad)(packed, grad.numel()).view(grad.shape)
+        return torch.where(mask, grad, grad * (y + ctx.alpha)), None, None
+
+
+def elu(x: torch.Tensor, alpha: float = 1.0, config: Optional[CompressionConfig] = None) -> torch.Tensor:
+    """ELU keeping one bit per element plus its output compressed."""
+    if not needs_saving(x):
+        return F.elu(x, alpha)
+    return _ELU.apply(x, float(alpha), resolve_config(config))
+
+
+class _Dropout(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, p: float, seed: int):
+        ctx.p, ctx.seed = p, seed
+        return _k("dropout", x)(x.contiguous(), p, seed)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _k("dropout", grad)(grad.contiguous(), ctx.p, ctx.seed), None, None
+
+
+def _check_p(p):
+    if not 0.0 <= float(p) <= 1.0:
+        raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
+
+
+def dropout(x: torch.Tensor, p: float = 0.5, training: bool = True) -> torch.Tensor:
+    """Dropout that keeps no mask: backward regenerates it from the seed."""
+    _check_p(p)
+    if not training or p == 0.0:
+        return x
+    if p >= 1.0:
+        return _drop_all(x)
+    if not needs_saving(x):
+        return _k("dropout", x)(x.contiguous(), float(p), draw_seed())
+    return _Dropout.apply(x, float(p), draw_seed())

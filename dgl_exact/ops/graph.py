@@ -1,0 +1,348 @@
+"""Autograd graph ops (the GSpMM family and GAT's edge ops) that keep only what backward needs.
+
+=================  ==========================================  =====================================
+op                 backward needs                              kept
+=================  ==========================================  =====================================
+copy_u sum/mean    nothing (grad_x = A^T grad)                  nothing (EXACT keeps compressed x)
+u_mul_e sum        x for grad_e, edge values for grad_x         compressed x, edge values (stashed)
+copy_u max/min     which source won                             arg indices, narrowest signed int
+u_add_v            nothing                                      nothing
+edge_softmax       its output                                   compressed output
+gat_attention      feat, el/er (attention is recomputed)        compressed feat, el and er ([N, H])
+=================  ==========================================  =====================================
+
+Features are ``[N, D]`` or ``[N, H, D]``; edge values ``[E]``, ``[E, H]`` or ``[E, H, 1]``. The graph may
+stay on the CPU while features live on a GPU (see :mod:`dgl_exact.ops.structure`).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ..compression import draw_seed
+from ..config import CompressionConfig, resolve_config
+from .. import kernels
+from ._saving import load, needs_saving, save, stash, unstash
+from .structure import GraphStructure, edge_softmax_forward, structure_of
+
+__all__ = ["normalize_edge_weight", "copy_u_sum", "copy_u_mean", "u_mul_e_sum", "copy_u_max", "copy_u_min", "u_add_v", "edge_softmax",
+           "gat_attention"]
+
+
+def _as3(x: torch.Tensor) -> torch.Tensor:
+    if x.dim() == 2:
+        return x.unsqueeze(1)
+    if x.dim() == 3:
+        return x
+    if x.dim() == 1:
+        return x.view(-1, 1, 1)
+    return x.reshape(x.shape[0], x.shape[1], -1)
+
+
+def _edge2(w: torch.Tensor, num_edges: int) -> torch.Tensor:
+    if w.shape[0] != num_edges:
+        raise ValueError(f"edge values have {w.shape[0]} rows but the graph has {num_edges} edges")
+    if w.dim() == 1:
+        return w.unsqueeze(1)
+    if w.dim() == 3 and w.shape[2] == 1:
+        return w.squeeze(2)
+    if w.dim() == 2:
+        return w
+    raise ValueError(f"edge values must be [E], [E, H] or [E, H, 1]; got shape {tuple(w.shape)}")
+
+
+def _check_nodes(st: GraphStructure, x: torch.Tensor, side: str = "src"):
+    n = st.num_src if side == "src" else st.num_dst
+    if x.shape[0] != n:
+        raise ValueError(f"features have {x.shape[0]} rows but the graph has {n} {side} nodes; pass one row per "
+                         f"{'source' if side == 'src' else 'destination'} node")
+
+
+def _narrow_index(arg: torch.Tensor, n: int) -> torch.Tensor:
+    for dtype in (torch.int8, torch.int16, torch.int32):
+        if n <= torch.iinfo(dtype).max:
+            return arg.to(dtype)
+    return arg
+
+
+# --- copy_u sum / mean ------------------------------------------------------------------------------
+class _CopyUReduce(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, st: GraphStructure, mean: bool):
+        out = st.aggregate(_as3(x))
+        if mean:
+            out = out / st.in_degrees().clamp(min=1).to(out.dtype).view(-1, 1, 1)
+        ctx.st, ctx.mean, ctx.xshape = st, mean, x.shape
+        return out.view((st.num_dst,) + tuple(x.shape[1:]))
+
+    @staticmethod
+    def backward(ctx, grad):
+        st = ctx.st
+        g = _as3(grad.contiguous())
+        if ctx.mean:
+            g = g / st.in_degrees().clamp(min=1).to(g.dtype).view(-1, 1, 1)
+        return st.aggregate(g, transpose=True).view(ctx.xshape), None, None
+
+
+def copy_u_sum(g, x: torch.Tensor) -> torch.Tensor:
+    """``out[v] = sum_{u -> v} x[u]``; keeps nothing for backward."""
+    st = structure_of(g, x.device)
+    _check_nodes(st, x)
+    return _CopyUReduce.apply(x, st, False)
+
+
+def copy_u_mean(g, x: torch.Tensor) -> torch.Tensor:
+    """``out[v] = mean_{u -> v} x[u]`` (0 without in-edges); keeps nothing for backward."""
+    st = structure_of(g, x.device)
+    _check_nodes(st, x)
+    return _CopyUReduce.apply(x, st, True)
+
+
+# --- u_mul_e sum ------------------------------------------------------------------------------------
+class _UMulESum(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w, st: GraphStructure, cfg: CompressionConfig):
+        x3, w2 = _as3(x), _edge2(w, st.num_edges)
+        out = st.aggregate(x3, w2.to(x3.dtype))
+        ctx.st, ctx.xshape, ctx.wshape = st, x.shape, w.shape
+        save(ctx, stash(x3, cfg) if ctx.needs_input_grad[1] else None,
+             stash(w2, cfg, force=False) if ctx.needs_input_grad[0] else None)
+        return out.view((st.num_dst,) + tuple(x3.shape[1:])) if x.dim() == 3 else out.view(st.num_dst, -1)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x_s, w_s = load(ctx)
+        st = ctx.st
+        g = _as3(grad.contiguous())
+        gx = gw = None
+        if ctx.needs_input_grad[0]:
+            w2 = unstash(w_s)
+            gx = st.aggregate(g, w2.to(g.dtype), transpose=True).reshape(ctx.xshape)
+        if ctx.needs_input_grad[1]:
+            x3 = unstash(x_s)
+            gw = st.edge_dot(x3.to(g.dtype), g).reshape(ctx.wshape)
+        return gx, gw, None, None
+
+
+def u_mul_e_sum(g, x: torch.Tensor, w: torch.Tensor, config: Optional[CompressionConfig] = None) -> torch.Tensor:
+    """``out[v] = sum_{(u, e, v)} w[e] * x[u]`` with learned edge values; keeps compressed ``x`` (for the
+    edge gradient) and the edge values (for the feature gradient)."""
+    st = structure_of(g, x.device)
+    _check_nodes(st, x)
+    if not needs_saving(x, w):
+        x3, w2 = _as3(x), _edge2(w, st.num_edges)
+        out = st.aggregate(x3, w2.to(x3.dtype))
+        return out if x.dim() == 3 else out.view(st.num_dst, -1)
+    return _UMulESum.apply(x, w, st, resolve_config(config))
+
+
+# --- copy_u max / min -------------------------------------------------------------------------------
+class _CopyUMinMax(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, st: GraphStructure, reduce: str):
+        out, arg = st.aggregate_minmax(_as3(x), reduce)
+        ctx.st, ctx.xshape = st, x.shape
+        save(ctx, _narrow_index(arg, st.num_src))
+        return out.view((st.num_dst,) + tuple(x.shape[1:]))
+
+    @staticmethod
+    def backward(ctx, grad):
+        (arg,) = load(ctx)
+        st = ctx.st
+        g = _as3(grad.contiguous())
+        arg = arg.long()
+        valid = arg >= 0
+        gx = g.new_zeros((st.num_src,) + tuple(g.shape[1:]))
+        gx.scatter_add_(0, arg.clamp(min=0), g * valid.to(g.dtype))
+        return gx.view(ctx.xshape), None, None
+
+
+def copy_u_max(g, x: torch.Tensor) -> torch.Tensor:
+    """``out[v] = max_{u -> v} x[u]`` (0 without in-edges); keeps the winning source per element."""
+    st = structure_of(g, x.device)
+    _check_nodes(st, x)
+    return _CopyUMinMax.apply(x, st, "max")
+
+
+def copy_u_min(g, x: torch.Tensor) -> torch.Tensor:
+    st = structure_of(g, x.device)
+    _check_nodes(st, x)
+    return _CopyUMinMax.apply(x, st, "min")
+
+
+# --- u_add_v -----------------------------------------------------------------------------------------
+class _UAddV(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a, b, st: GraphStructure):
+        ctx.st = st
+        return a[st.src] + b[st.dst]
+
+    @staticmethod
+    def backward(ctx, grad):
+        st = ctx.st
+        ga = st.edge_sum_to(grad, "src") if ctx.needs_input_grad[0] else None
+        gb = st.edge_sum_to(grad, "dst") if ctx.needs_input_grad[1] else None
+        return ga, gb, None
+
+
+def u_add_v(g, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Per-edge ``a[src] + b[dst]``; keeps nothing."""
+    st = structure_of(g, a.device)
+    _check_nodes(st, a, "src")
+    _check_nodes(st, b, "dst")
+    return _UAddV.apply(a, b, st)
+
+
+# --- edge softmax ------------------------------------------------------------------------------------
+def _softmax_backward(st: GraphStructure, s: torch.Tensor, gs: torch.Tensor) -> torch.Tensor:
+    """Gradient of a per-destination softmax with output ``s`` given output gradient ``gs``."""
+    return s * (gs - st.edge_sum_to(gs * s, "dst")[st.dst])
+
+
+class _EdgeSoftmax(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, e, st: GraphStructure, cfg: CompressionConfig):
+        s = edge_softmax_forward(st, e)
+        ctx.st = st
+        save(ctx, stash(s, cfg, force=True) if cfg.enabled else s)
+        return s
+
+    @staticmethod
+    def backward(ctx, grad):
+        (s,) = load(ctx)
+        s = unstash(s).to(grad.dtype)
+        return _softmax_backward(ctx.st, s, grad), None, None
+
+
+def _edge_config(cfg: CompressionConfig, heads: int) -> CompressionConfig:
+    """Per-edge tensors have few columns (heads): group ~256 values so metadata stays negligible."""
+    return cfg.replace(kept_frac=1.0, block_rows=max(cfg.block_rows, -(-256 // max(heads, 1))))
+
+
+def edge_softmax(g, e: torch.Tensor, config: Optional[CompressionConfig] = None) -> torch.Tensor:
+    """Softmax of edge scores over each destination's in-edges (DGL's ``edge_softmax``, norm_by='dst');
+    keeps its output compressed."""
+    st = structure_of(g, e.device)
+    if e.shape[0] != st.num_edges:
+        raise ValueError(f"edge scores have {e.shape[0]} rows but the graph has {st.num_edges} edges")
+    if not needs_saving(e):
+        return edge_softmax_forward(st, e)
+    cfg = resolve_config(config)
+    heads = e[0].numel() if e.dim() > 1 else 1
+    return _EdgeSoftmax.apply(e, st, _edge_config(cfg, heads))
+
+
+# --- fused GAT attention + aggregation --------------------------------------------------------------
+def _is_prefix_view(dst: torch.Tensor, src: torch.Tensor) -> bool:
+    return (dst.data_ptr() == src.data_ptr() and dst.shape[1:] == src.shape[1:]
+            and dst.stride() == src.stride() and dst.shape[0] <= src.shape[0])
+
+
+def _attention(st, el, er, slope, p, seed, ew):
+    """Recomputable forward of GAT's attention: returns (pre-activation scores, softmax, final weights)."""
+    raw = el[st.src] + er[st.dst]
+    e = torch.nn.functional.leaky_relu(raw, slope)
+    s = edge_softmax_forward(st, e)
+    a = kernels.get("dropout", s.device)(s, p, seed) if p > 0 else s
+    if ew is not None:
+        a = a * ew
+    return raw, s, a
+
+
+class _GATAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, feat_src, feat_dst, attn_l, attn_r, ew, st: GraphStructure, slope: float, p: float,
+                seed: int, cfg: CompressionConfig):
+        el = (feat_src * attn_l).sum(dim=-1)
+        er = (feat_dst * attn_r).sum(dim=-1)
+        _, _, a = _attention(st, el, er, slope, p, seed, ew)
+        out = st.aggregate(feat_src, a.to(feat_src.dtype))
+        prefix = _is_prefix_view(feat_dst, feat_src)
+        ctx.st, ctx.slope, ctx.p, ctx.seed, ctx.prefix, ctx.n_dst = st, slope, p, seed, prefix, feat_dst.shape[0]
+        save(ctx, stash(feat_src, cfg), None if prefix else stash(feat_dst, cfg), el, er, attn_l, attn_r, ew)
+        return out, a
+
+    @staticmethod
+    def backward(ctx, g_out, g_a):
+        fs_s, fd_s, el, er, attn_l, attn_r, ew = load(ctx)
+        st = ctx.st
+        fs = unstash(fs_s)
+        fd = fs[: ctx.n_dst] if ctx.prefix else unstash(fd_s)
+        dtype = g_out.dtype
+        raw, s, a = _attention(st, el, er, ctx.slope, ctx.p, ctx.seed, ew)
+        g_out = g_out.contiguous()
+        grad_fs = st.aggregate(g_out, a.to(dtype), transpose=True)
+        grad_a = st.edge_dot(fs.to(dtype), g_out)
+        if g_a is not None:
+            grad_a = grad_a + g_a
+        grad_ew = None
+        if ew is not None:
+            if ctx.needs_input_grad[4]:
+                d = kernels.get("dropout", s.device)(s, ctx.p, ctx.seed) if ctx.p > 0 else s
+                grad_ew = (grad_a * d).sum(dim=tuple(range(1, grad_a.dim())), keepdim=False).view(ew.shape) \
+                    if ew.shape[-1] == 1 else grad_a * d
+            grad_a = grad_a * ew
+        grad_s = kernels.get("dropout", s.device)(grad_a, ctx.p, ctx.seed) if ctx.p > 0 else grad_a
+        grad_e = _softmax_backward(st, s, grad_s)
+        grad_raw = torch.where(raw > 0, grad_e, grad_e * ctx.slope)
+        grad_el = st.edge_sum_to(grad_raw, "src")
+        grad_er = st.edge_sum_to(grad_raw, "dst")
+        grad_fs = grad_fs + grad_el.unsqueeze(-1) * attn_l
+        grad_fd = grad_er.unsqueeze(-1) * attn_r
+        grad_attn_l = (grad_el.unsqueeze(-1) * fs.to(dtype)).sum(0, keepdim=True).view(attn_l.shape)
+        grad_attn_r = (grad_er.unsqueeze(-1) * fd.to(dtype)).sum(0, keepdim=True).view(attn_r.shape)
+        return grad_fs, grad_fd, grad_attn_l, grad_attn_r, grad_ew, None, None, None, None, None
+
+
+def gat_attention(g, feat_src: torch.Tensor, feat_dst: torch.Tensor, attn_l: torch.Tensor, attn_r: torch.Tensor,
+                  negative_slope: float = 0.2, attn_drop: float = 0.0, edge_weight: Optional[torch.Tensor] = None,
+                  training: bool = True, config: Optional[CompressionConfig] = None):
+    """GAT's attention and aggregation in one op: ``el = <feat_src, attn_l>``, ``er = <feat_dst, attn_r>``,
+    ``a = dropout(edge_softmax(leaky_relu(el[u] + er[v])))`` (times ``edge_weight``), and
+    ``out[v] = sum_u a[uv] * feat_src[u]``. ``feat_* [N, H, D]``, ``attn_* [1, H, D]``. Returns
+    ``(out [N_dst, H, D], a [E, H, 1])``.
+
+    Nothing per-edge is kept for backward: the attention is recomputed from ``el`` and ``er`` (``[N, H]``)
+    and the dropout mask from its seed; only ``feat_src`` is kept, compressed (EXACT keeps every per-edge
+    tensor in fp32)."""
+    st = structure_of(g, feat_src.device)
+    _check_nodes(st, feat_src, "src")
+    _check_nodes(st, feat_dst, "dst")
+    p = float(attn_drop) if training else 0.0
+    ew = None
+    if edge_weight is not None:
+        if edge_weight.shape[0] != st.num_edges:
+            raise ValueError(f"edge_weight has {edge_weight.shape[0]} rows but the graph has {st.num_edges} edges")
+        ew = edge_weight.reshape(st.num_edges, -1)
+    if not needs_saving(feat_src, feat_dst, attn_l, attn_r, ew):
+        el = (feat_src * attn_l).sum(dim=-1)
+        er = (feat_dst * attn_r).sum(dim=-1)
+        _, _, a = _attention(st, el, er, negative_slope, p, draw_seed() if p > 0 else 0, ew)
+        return st.aggregate(feat_src, a.to(feat_src.dtype)), a.unsqueeze(-1)
+    seed = draw_seed() if p > 0 else 0
+    out, a = _GATAttention.apply(feat_src, feat_dst, attn_l, attn_r, ew, st, float(negative_slope), p, seed,
+                                 resolve_config(config))
+    return out, a.unsqueeze(-1)
+
+
+def normalize_edge_weight(g, edge_weight: torch.Tensor, norm: str = "both", eps: float = 0.0) -> torch.Tensor:
+    """DGL's ``EdgeWeightNorm``: ``w / sqrt(out_w[src] in_w[dst])`` ('both') or ``w / in_w[dst]`` ('right'),
+    where ``out_w``/``in_w`` sum the weights of each node's out-/in-edges. Differentiable, any device."""
+    st = structure_of(g, edge_weight.device)
+    if edge_weight.dim() > 1 and edge_weight.shape[1:].numel() > 1:
+        raise ValueError("Currently the normalization is only defined on scalar edge weight")
+    w = edge_weight.reshape(-1)
+    if norm == "both":
+        if bool((w <= 0).any()):
+            raise ValueError('Non-positive edge weight detected with `norm="both"`. '
+                             "This leads to square root of zero or negative values.")
+        out_w = st.edge_sum_to(w, "src") + eps
+        in_w = st.edge_sum_to(w, "dst") + eps
+        return (w * out_w.pow(-0.5)[st.src] * in_w.pow(-0.5)[st.dst]).view(edge_weight.shape)
+    if norm == "right":
+        in_w = st.edge_sum_to(w, "dst") + eps
+        return (w / in_w[st.dst]).view(edge_weight.shape)
+    if norm == "none":
+        return edge_weight
+    raise ValueError(f"norm must be 'both', 'right' or 'none', got {norm!r}")
