@@ -12,11 +12,11 @@ _import_dgl()  # makes ``import dgl`` work on torch versions DGL 2.1.0 ships no 
 from .compression import CompressedTensor, compress, decompress  # noqa: E402
 from .config import CompressionConfig, config, get_config, set_config  # noqa: E402
 from .kernels import backend  # noqa: E402
-from . import ops, nn  # noqa: E402
+from . import memory, nn, ops  # noqa: E402
 from .nn import GATConv, GCN2Conv, GraphConv, SAGEConv, compress_model  # noqa: E402
 
 __version__ = "0.1.0"
 
 __all__ = ["CompressionConfig", "config", "get_config", "set_config", "compress", "decompress",
-           "CompressedTensor", "backend", "GraphConv", "SAGEConv", "GATConv", "GCN2Conv", "compress_model", "ops", "nn",
+           "CompressedTensor", "backend", "GraphConv", "SAGEConv", "GATConv", "GCN2Conv", "compress_model", "ops", "nn", "memory",
            "__version__"]

@@ -3,7 +3,9 @@
 ``stash(x, cfg)`` decides how an activation is kept:
 
 * a tensor without ``grad_fn`` (input features, parameters, constants) is alive anyway: keep it by
-  reference, at no cost; replacing it with a compressed copy would *add* memory;
+  reference, at no cost; replacing it with a compressed copy would *add* memory. The exception is a
+  tensor one of dgl_exact's ops just produced without autograd (e.g. the neighbour mean of input
+  features that need no gradient): it is marked *fresh*, nobody else keeps it, so it is compressed;
 * with compression disabled, keep the tensor itself (as plain autograd would);
 * otherwise keep a :class:`~dgl_exact.compression.CompressedTensor`.
 
@@ -22,9 +24,29 @@ from ..config import CompressionConfig
 Stashed = Union[torch.Tensor, CompressedTensor, None]
 
 
+_FRESH = "_dgl_exact_fresh"
+
+
 def alive_anyway(x: torch.Tensor) -> bool:
-    """True for tensors autograd did not create (leaves: data, parameters, constants)."""
-    return x.grad_fn is None
+    """True for tensors autograd did not create (leaves: data, parameters, constants), unless a dgl_exact
+    op produced them as temporaries (see :func:`fresh_outputs`)."""
+    return x.grad_fn is None and not getattr(x, _FRESH, False)
+
+
+def fresh_outputs(fn):
+    """Decorator for public ops: outputs computed without autograd are temporaries nobody else keeps;
+    mark them so a later op compresses rather than references them."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        out = fn(*args, **kwargs)
+        for t in (out if isinstance(out, tuple) else (out,)):
+            if isinstance(t, torch.Tensor) and t.grad_fn is None and not t.requires_grad:
+                setattr(t, _FRESH, True)
+        return out
+
+    return wrapper
 
 
 def stash(x: Optional[torch.Tensor], cfg: CompressionConfig, force: bool = False) -> Stashed:

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from ..config import CompressionConfig, resolve_config
-from ._saving import autocast_dtype, load, needs_saving, save, stash, unstash
+from ._saving import fresh_outputs, autocast_dtype, load, needs_saving, save, stash, unstash
 
 __all__ = ["linear", "batch_norm"]
 
@@ -42,6 +42,7 @@ class _Linear(torch.autograd.Function):
         return gx, gw, gb, None
 
 
+@fresh_outputs
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
            config: Optional[CompressionConfig] = None) -> torch.Tensor:
     """``F.linear`` keeping only what the weight gradient needs, compressed."""
@@ -98,6 +99,7 @@ class _BatchNorm(torch.autograd.Function):
         return gx, gw, gb, None, None, None, None, None, None
 
 
+@fresh_outputs
 def batch_norm(x: torch.Tensor, running_mean: Optional[torch.Tensor], running_var: Optional[torch.Tensor],
                weight: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None, training: bool = False,
                momentum: float = 0.1, eps: float = 1e-5, config: Optional[CompressionConfig] = None) -> torch.Tensor:

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from .. import kernels
 from ..compression import draw_seed
 from ..config import CompressionConfig, resolve_config
-from ._saving import load, needs_saving, save, stash, unstash
+from ._saving import fresh_outputs, load, needs_saving, save, stash, unstash
 
 __all__ = ["relu", "leaky_relu", "elu", "dropout", "relu_dropout"]
 
@@ -50,6 +50,7 @@ def _drop_all(x):
     return x * 0.0
 
 
+@fresh_outputs
 def relu_dropout(x: torch.Tensor, p: float = 0.0, training: bool = True) -> torch.Tensor:
     """``dropout(relu(x), p)`` keeping a single bit per element."""
     _check_p(p)
@@ -61,6 +62,7 @@ def relu_dropout(x: torch.Tensor, p: float = 0.0, training: bool = True) -> torc
     return _ReLUDropout.apply(x, p, draw_seed() if p > 0 else 0)
 
 
+@fresh_outputs
 def relu(x: torch.Tensor) -> torch.Tensor:
     """ReLU keeping one bit per element."""
     return relu_dropout(x, 0.0)
@@ -80,6 +82,7 @@ class _LeakyReLU(torch.autograd.Function):
         return _k("masked_scale", grad)(grad.contiguous(), packed, 1.0, ctx.slope), None
 
 
+@fresh_outputs
 def leaky_relu(x: torch.Tensor, negative_slope: float = 0.01) -> torch.Tensor:
     """LeakyReLU keeping one bit per element (valid for ``negative_slope >= 0``)."""
     if negative_slope < 0 or not needs_saving(x):
@@ -105,6 +108,7 @@ class _ELU(torch.autograd.Function):
         return torch.where(mask, grad, grad * (y + ctx.alpha)), None, None
 
 
+@fresh_outputs
 def elu(x: torch.Tensor, alpha: float = 1.0, config: Optional[CompressionConfig] = None) -> torch.Tensor:
     """ELU keeping one bit per element plus its output compressed."""
     if not needs_saving(x):
@@ -128,6 +132,7 @@ def _check_p(p):
         raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
 
 
+@fresh_outputs
 def dropout(x: torch.Tensor, p: float = 0.5, training: bool = True) -> torch.Tensor:
     """Dropout that keeps no mask: backward regenerates it from the seed."""
     _check_p(p)

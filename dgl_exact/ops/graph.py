@@ -23,7 +23,7 @@ import torch
 from ..compression import draw_seed
 from ..config import CompressionConfig, resolve_config
 from .. import kernels
-from ._saving import load, needs_saving, save, stash, unstash
+from ._saving import fresh_outputs, load, needs_saving, save, stash, unstash
 from .structure import GraphStructure, edge_softmax_forward, structure_of
 
 __all__ = ["normalize_edge_weight", "copy_u_sum", "copy_u_mean", "u_mul_e_sum", "copy_u_max", "copy_u_min", "u_add_v", "edge_softmax",
@@ -85,6 +85,7 @@ class _CopyUReduce(torch.autograd.Function):
         return st.aggregate(g, transpose=True).view(ctx.xshape), None, None
 
 
+@fresh_outputs
 def copy_u_sum(g, x: torch.Tensor) -> torch.Tensor:
     """``out[v] = sum_{u -> v} x[u]``; keeps nothing for backward."""
     st = structure_of(g, x.device)
@@ -92,6 +93,7 @@ def copy_u_sum(g, x: torch.Tensor) -> torch.Tensor:
     return _CopyUReduce.apply(x, st, False)
 
 
+@fresh_outputs
 def copy_u_mean(g, x: torch.Tensor) -> torch.Tensor:
     """``out[v] = mean_{u -> v} x[u]`` (0 without in-edges); keeps nothing for backward."""
     st = structure_of(g, x.device)
@@ -125,6 +127,7 @@ class _UMulESum(torch.autograd.Function):
         return gx, gw, None, None
 
 
+@fresh_outputs
 def u_mul_e_sum(g, x: torch.Tensor, w: torch.Tensor, config: Optional[CompressionConfig] = None) -> torch.Tensor:
     """``out[v] = sum_{(u, e, v)} w[e] * x[u]`` with learned edge values; keeps compressed ``x`` (for the
     edge gradient) and the edge values (for the feature gradient)."""
@@ -158,6 +161,7 @@ class _CopyUMinMax(torch.autograd.Function):
         return gx.view(ctx.xshape), None, None
 
 
+@fresh_outputs
 def copy_u_max(g, x: torch.Tensor) -> torch.Tensor:
     """``out[v] = max_{u -> v} x[u]`` (0 without in-edges); keeps the winning source per element."""
     st = structure_of(g, x.device)
@@ -165,6 +169,7 @@ def copy_u_max(g, x: torch.Tensor) -> torch.Tensor:
     return _CopyUMinMax.apply(x, st, "max")
 
 
+@fresh_outputs
 def copy_u_min(g, x: torch.Tensor) -> torch.Tensor:
     st = structure_of(g, x.device)
     _check_nodes(st, x)
@@ -186,6 +191,7 @@ class _UAddV(torch.autograd.Function):
         return ga, gb, None
 
 
+@fresh_outputs
 def u_add_v(g, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """Per-edge ``a[src] + b[dst]``; keeps nothing."""
     st = structure_of(g, a.device)
@@ -220,6 +226,7 @@ def _edge_config(cfg: CompressionConfig, heads: int) -> CompressionConfig:
     return cfg.replace(kept_frac=1.0, block_rows=max(cfg.block_rows, -(-256 // max(heads, 1))))
 
 
+@fresh_outputs
 def edge_softmax(g, e: torch.Tensor, config: Optional[CompressionConfig] = None) -> torch.Tensor:
     """Softmax of edge scores over each destination's in-edges (DGL's ``edge_softmax``, norm_by='dst');
     keeps its output compressed."""
@@ -295,6 +302,7 @@ class _GATAttention(torch.autograd.Function):
         return grad_fs, grad_fd, grad_attn_l, grad_attn_r, grad_ew, None, None, None, None, None
 
 
+@fresh_outputs
 def gat_attention(g, feat_src: torch.Tensor, feat_dst: torch.Tensor, attn_l: torch.Tensor, attn_r: torch.Tensor,
                   negative_slope: float = 0.2, attn_drop: float = 0.0, edge_weight: Optional[torch.Tensor] = None,
                   training: bool = True, config: Optional[CompressionConfig] = None):
