@@ -12,6 +12,7 @@ kernels; anywhere else (GPU), dgl_exact's kernels on torch tensors (never DGL's 
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 import weakref
 from typing import Dict, Optional, Tuple
@@ -24,10 +25,29 @@ from .._compat import import_dgl
 dgl = import_dgl()
 from dgl import _sparse_ops as _dgl_sparse  # noqa: E402  (raw, autograd-free DGL kernels)
 
-__all__ = ["GraphStructure", "structure_of", "clear_cache"]
+__all__ = ["GraphStructure", "structure_of", "clear_cache", "device_kernels_only"]
 
 _cache: Dict[int, Dict[str, "GraphStructure"]] = {}
 _lock = threading.Lock()
+
+
+class _Settings(threading.local):
+    dgl_on_cpu = True
+
+
+_settings = _Settings()
+
+
+@contextlib.contextmanager
+def device_kernels_only():
+    """Within this scope CPU aggregation uses dgl_exact's torch kernels instead of DGL's C kernels: the
+    exact code path that GPU features take (used by tests to exercise it on the CPU)."""
+    previous = _settings.dgl_on_cpu
+    _settings.dgl_on_cpu = False
+    try:
+        yield
+    finally:
+        _settings.dgl_on_cpu = previous
 
 
 def _check_graph(g) -> None:
@@ -48,13 +68,18 @@ class GraphStructure:
         self.num_dst = g.num_dst_nodes()
         self.num_edges = g.num_edges()
         self._gidx = g._graph
-        self.use_dgl = self.device.type == "cpu" and g.device.type == "cpu"
+        self._dgl_capable = self.device.type == "cpu" and g.device.type == "cpu"
         self._rev = None
         self._csc = self._csr = None
         self._src = self._dst = None
         self._in_deg = self._out_deg = None
         self._has_zero = None
         self._graph_ref = weakref.ref(g)
+
+    @property
+    def use_dgl(self) -> bool:
+        """Whether DGL's C kernels serve this structure (CPU graph and CPU features, not disabled)."""
+        return self._dgl_capable and _settings.dgl_on_cpu
 
     # --- index tensors, exported lazily -------------------------------------------------------
     @property
