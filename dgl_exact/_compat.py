@@ -68,12 +68,17 @@ def graphbolt_stubbed() -> bool:
 
 def import_dgl():
     """Import and return ``dgl``, installing the graphbolt placeholder first if (and only if) needed."""
+    stub = None
     if "dgl" not in sys.modules and _GRAPHBOLT not in sys.modules and not _graphbolt_library_present():
         stub = _GraphboltUnavailable(_GRAPHBOLT, "placeholder installed by dgl_exact._compat")
         setattr(stub, _STUB_FLAG, True)
         sys.modules[_GRAPHBOLT] = stub
     import dgl
 
+    if stub is not None and "graphbolt" not in vars(dgl):
+        # a submodule found in sys.modules is not bound on its parent: bind it, so ``dgl.graphbolt.X``
+        # raises the explanatory ImportError instead of "module 'dgl' has no attribute 'graphbolt'"
+        dgl.graphbolt = stub
     return dgl
 
 

@@ -60,6 +60,8 @@ class CompressionConfig:
         if isinstance(self.bits, bool) or not isinstance(self.bits, int) or self.bits not in VALID_BITS:
             raise ValueError(f"bits must be one of {VALID_BITS}, got {self.bits!r}")
         try:
+            if isinstance(self.kept_frac, (bool, str, bytes)):
+                raise TypeError  # float(True) / float("0.5") would pass silently
             kept = float(self.kept_frac)
         except (TypeError, ValueError):
             raise ValueError(f"kept_frac must be a number in (0, 1], got {self.kept_frac!r}") from None
@@ -85,7 +87,8 @@ class CompressionConfig:
         """Columns stored for a ``width``-column activation: ``ceil(kept_frac * width)``, at least 1."""
         if self.kept_frac >= 1.0:
             return width
-        return max(1, math.ceil(self.kept_frac * width))
+        # round first: 0.07 * 100 is 7.000000000000001 in binary floating point and must give 7, not 8
+        return max(1, math.ceil(round(self.kept_frac * width, 9)))
 
     def describe(self) -> str:
         """A short human-readable label, e.g. ``INT2 kf=0.125 blocks=64 optimal``."""

@@ -132,7 +132,7 @@ def _level_table(bits: int, mode: str, group_size: int, device) -> Optional[torc
 def _as_rows(x: torch.Tensor) -> torch.Tensor:
     if x.dim() == 1:
         return x.reshape(1, -1)
-    return x.reshape(x.shape[0], -1)
+    return x.reshape(x.shape[0], math.prod(x.shape[1:]))  # not -1: ambiguous when x has 0 elements
 
 
 def compress(x: torch.Tensor, config: Optional[CompressionConfig] = None, seed: Optional[int] = None) -> CompressedTensor:
@@ -170,7 +170,7 @@ def compress(x: torch.Tensor, config: Optional[CompressionConfig] = None, seed: 
     n_groups = -(-n_rows // cfg.block_rows)
     if rows.numel() == 0:
         empty = torch.empty(0, dtype=torch.uint8, device=x.device)
-        meta = torch.empty(n_groups, dtype=META_DTYPE, device=x.device)
+        meta = torch.zeros(n_groups, dtype=META_DTYPE, device=x.device)
         return CompressedTensor(width=k, proj_seed=proj_seed, packed=empty, lo=meta, step=meta.clone(), **base)
 
     mn, mx = _group_minmax(rows, cfg.block_rows)
@@ -229,12 +229,18 @@ def decompress(c: CompressedTensor) -> torch.Tensor:
 
 def compressed_nbytes(shape, config: CompressionConfig, n_exceptions: int = 0) -> int:
     """The exact ``nbytes`` a tensor of ``shape`` compresses to under ``config`` (formula; no data)."""
+    if not isinstance(config, CompressionConfig):
+        raise TypeError(f"compressed_nbytes expects a CompressionConfig, got {type(config).__name__}")
     shape = torch.Size(shape)
+    if len(shape) == 0 or any(s < 0 for s in shape):
+        raise ValueError(f"compressed_nbytes expects a shape with at least one dimension, all >= 0, got {tuple(shape)}")
     n_rows = 1 if len(shape) == 1 else shape[0]
     width = math.prod(shape) // n_rows if n_rows else math.prod(shape[1:])
     if not config.enabled:
         raise ValueError("compressed_nbytes: compression is disabled in this config (the size is the input's)")
-    k = config.projected_width(width) if n_rows > 0 else width
+    k = config.projected_width(width)
+    if not (k < width and n_rows > 0):  # as compress: no projection of empty or unshrinkable tensors
+        k = width
     n_groups = -(-n_rows // config.block_rows)
     codes = -(-(n_rows * k * config.bits) // 8)
     meta = 2 * n_groups * torch.finfo(META_DTYPE).bits // 8

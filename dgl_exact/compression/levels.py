@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 
 import numpy as np
 from scipy import optimize, special
@@ -21,8 +22,14 @@ from scipy import optimize, special
 __all__ = ["uniform_levels", "optimal_levels", "model_sigma", "expected_variance", "levels_for"]
 
 
+def _check_bits(bits) -> int:
+    if isinstance(bits, bool) or not isinstance(bits, numbers.Integral) or bits not in (1, 2, 4, 8):
+        raise ValueError(f"bits must be one of (1, 2, 4, 8), got {bits!r}")
+    return int(bits)
+
+
 def uniform_levels(bits: int) -> np.ndarray:
-    return np.arange(2**bits, dtype=np.float64)
+    return np.arange(2**_check_bits(bits), dtype=np.float64)
 
 
 def model_sigma(bits: int, d: int) -> float:
@@ -96,9 +103,8 @@ def _optimal_levels_cached(bits: int, d: int) -> tuple:
 
 def optimal_levels(bits: int, d: int) -> np.ndarray:
     """Variance-optimal levels (ascending, from 0 to ``2**bits - 1``) for groups of ``d`` values."""
-    if bits not in (1, 2, 4, 8):
-        raise ValueError(f"bits must be one of (1, 2, 4, 8), got {bits!r}")
-    if int(d) < 1:
+    bits = _check_bits(bits)
+    if isinstance(d, bool) or not isinstance(d, numbers.Integral) or d < 1:
         raise ValueError(f"group size d must be >= 1, got {d!r}")
     return np.array(_optimal_levels_cached(int(bits), int(d)))
 
