@@ -1,0 +1,1 @@
+"""Benchmarks: activation memory, speed, kernel throughput and accuracy grids (``dgl-exact bench``)."""

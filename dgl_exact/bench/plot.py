@@ -1,0 +1,107 @@
+"""PNG figures of benchmark rows (matplotlib is an optional extra: ``pip install dgl-exact[plot]``)."""
+from __future__ import annotations
+
+import os
+from typing import Dict, List
+
+
+def _plt():
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ImportError("plots need matplotlib: pip install 'dgl-exact[plot]'") from None
+    return plt
+
+
+def _by_model(rows):
+    out: Dict[str, List[Dict]] = {}
+    for r in rows:
+        out.setdefault(r["model"], []).append(r)
+    return out
+
+
+def plot_memory(rows: List[Dict], path: str) -> str:
+    """Activation memory per setting (log scale), one panel per model, ratio written on the bars."""
+    plt = _plt()
+    groups = {m: [r for r in g if r.get("activation_MiB")] for m, g in _by_model(rows).items()}
+    groups = {m: g for m, g in groups.items() if g}
+    fig, axes = plt.subplots(1, len(groups), figsize=(6 * len(groups), 4.5), squeeze=False)
+    for ax, (model, g) in zip(axes[0], groups.items()):
+        names = [r["setting"] for r in g]
+        values = [r["activation_MiB"] for r in g]
+        colors = ["#999999" if not n.startswith(("INT", "dgl_exact")) else "#1f77b4" for n in names]
+        bars = ax.bar(range(len(g)), values, color=colors)
+        ax.set_yscale("log")
+        ax.set_xticks(range(len(g)))
+        ax.set_xticklabels([n.replace(" + ", "\n+") for n in names], rotation=60, ha="right", fontsize=8)
+        ax.set_ylabel("activation memory (MiB, log)")
+        ax.set_title(f"{model}: activation memory per setting")
+        for bar, r in zip(bars, g):
+            ratio = r.get("ratio_vs_baseline")
+            if ratio:
+                ax.text(bar.get_x() + bar.get_width() / 2, bar.get_height() * 1.08, f"{ratio:.1f}x",
+                        ha="center", va="bottom", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_speed(rows: List[Dict], path: str) -> str:
+    """Epoch time per setting with its standard deviation, one panel per model."""
+    plt = _plt()
+    groups = {m: [r for r in g if r.get("epoch_ms")] for m, g in _by_model(rows).items()}
+    groups = {m: g for m, g in groups.items() if g}
+    fig, axes = plt.subplots(1, len(groups), figsize=(6 * len(groups), 4.5), squeeze=False)
+    for ax, (model, g) in zip(axes[0], groups.items()):
+        ax.bar(range(len(g)), [r["epoch_ms"] for r in g], yerr=[r.get("epoch_ms_std", 0) for r in g], capsize=3)
+        ax.set_xticks(range(len(g)))
+        ax.set_xticklabels([r["setting"].replace(" + ", "\n+") for r in g], rotation=60, ha="right", fontsize=8)
+        ax.set_ylabel("epoch time (ms)")
+        ax.set_title(f"{model}: epoch time per setting")
+        for i, r in enumerate(g):
+            if r.get("ratio_vs_baseline"):
+                ax.text(i, r["epoch_ms"] * 1.02, f"{r['ratio_vs_baseline']:.2f}x", ha="center", va="bottom", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_tradeoff(accuracy_rows: List[Dict], memory_rows: List[Dict], path: str) -> str:
+    """Accuracy (mean ± std over seeds) against activation memory: the trade-off curve."""
+    plt = _plt()
+    mem = {(r["model"], r["setting"]): r.get("activation_MiB") for r in memory_rows}
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    for model, g in _by_model(accuracy_rows).items():
+        pts = [(mem.get((model, r["setting"])), r["test_mean"], r["test_std"], r["setting"]) for r in g]
+        pts = sorted((p for p in pts if p[0]), key=lambda p: p[0])
+        if not pts:
+            continue
+        ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], marker="o", capsize=3,
+                    label=model)
+        for x, y, _, name in pts:
+            ax.annotate(name, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    ax.set_xscale("log")
+    ax.set_xlabel("activation memory (MiB, log)")
+    ax.set_ylabel("test metric")
+    ax.set_title("accuracy vs activation memory")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def save_all(out_dir: str, memory_rows=None, speed_rows=None, accuracy_rows=None) -> List[str]:
+    paths = []
+    if memory_rows:
+        paths.append(plot_memory(memory_rows, os.path.join(out_dir, "memory.png")))
+    if speed_rows:
+        paths.append(plot_speed(speed_rows, os.path.join(out_dir, "speed.png")))
+    if accuracy_rows and memory_rows:
+        paths.append(plot_tradeoff(accuracy_rows, memory_rows, os.path.join(out_dir, "tradeoff.png")))
+    return paths

@@ -1,0 +1,79 @@
+"""Machine descriptions and the assembly of ``BENCHMARKS.md`` from per-machine reports."""
+from __future__ import annotations
+
+import datetime
+import glob
+import os
+import platform
+from typing import Optional
+
+import torch
+
+from .results import markdown_table
+from .runner import published_rows
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_line(device) -> str:
+    from .. import __version__, backend
+    from .._compat import import_dgl
+
+    device = torch.device(device) if not isinstance(device, torch.device) else device
+    if device.type == "cuda":
+        hw = f"GPU {torch.cuda.get_device_name(device)}"
+    else:
+        hw = f"CPU {cpu_name()}, {torch.get_num_threads()} threads"
+    return (f"{hw}; torch {torch.__version__}, dgl {import_dgl().__version__}, dgl_exact {__version__}, "
+            f"kernel backend {backend(device).primary}; {datetime.date.today().isoformat()}")
+
+
+HEADER = """# Benchmarks
+
+Every number below comes from the command written next to it, run on the machine named with it. Ratios
+compare settings measured side by side in one process. Activation memory follows EXACT's protocol:
+bytes kept for backward by one training forward pass, excluding model, data, graph and the step's
+outputs (CUDA: allocated-memory delta; CPU: unique storages saved for backward, see `dgl_exact.memory`).
+
+Regenerate a machine's section with `dgl-exact bench all --label NAME` (writes `benchmarks/NAME/` and
+rebuilds this file from every `benchmarks/*/REPORT.md`).
+
+## Published figures (not measured here)
+
+{published}
+"""
+
+
+def assemble(root: str = "benchmarks", out: str = "BENCHMARKS.md") -> str:
+    """Rebuild ``out`` from the published rows and every ``<root>/*/REPORT.md``."""
+    parts = [HEADER.format(published=markdown_table(published_rows(), ["source", "setting", "claim"]))]
+    for report in sorted(glob.glob(os.path.join(root, "*", "REPORT.md"))):
+        with open(report) as f:
+            parts.append(f.read())
+    text = "\n".join(parts)
+    with open(out, "w") as f:
+        f.write(text)
+    return out
+
+
+def write_report(folder: str, label: str, command: str, sections, figures, device: Optional[str] = None) -> str:
+    """``<folder>/REPORT.md``: the command, the machine and each section's Markdown."""
+    lines = [f"## {label}", "", f"Command: `{command}`", "", f"Machine: {machine_line(device or 'cpu')}", ""]
+    for text in sections:
+        lines += [text, ""]
+    for fig in figures:
+        rel = os.path.relpath(fig, os.path.dirname(os.path.dirname(os.path.abspath(folder))) or ".")
+        lines += [f"![{os.path.basename(fig)}]({rel})", ""]
+    path = os.path.join(folder, "REPORT.md")
+    with open(path, "w") as f:
+        f.write("\n".join(lines))
+    return path

@@ -1,0 +1,69 @@
+"""Benchmark rows: appended to a JSON-lines file as they are measured (a run that dies keeps them), then
+rendered as CSV and Markdown."""
+from __future__ import annotations
+
+import csv
+import json
+import os
+from typing import Dict, Iterable, List, Sequence
+
+
+class ResultSink:
+    """Appends rows to ``<out>/<name>.jsonl``; ``rows`` holds this run's rows."""
+
+    def __init__(self, out_dir: str, name: str, fresh: bool = True):
+        os.makedirs(out_dir, exist_ok=True)
+        self.out_dir, self.name = out_dir, name
+        self.path = os.path.join(out_dir, f"{name}.jsonl")
+        if fresh and os.path.exists(self.path):
+            os.replace(self.path, self.path + ".previous")
+        self.rows: List[Dict] = []
+
+    def add(self, row: Dict) -> None:
+        self.rows.append(row)
+        with open(self.path, "a") as f:
+            f.write(json.dumps(row, default=str) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def finish(self, columns: Sequence[str], title: str, header: str = "") -> str:
+        """Write CSV and Markdown next to the JSONL; return the Markdown text."""
+        write_csv(os.path.join(self.out_dir, f"{self.name}.csv"), self.rows, columns)
+        md = markdown_table(self.rows, columns)
+        text = f"### {title}\n\n{header}\n\n{md}\n" if header else f"### {title}\n\n{md}\n"
+        with open(os.path.join(self.out_dir, f"{self.name}.md"), "w") as f:
+            f.write(text)
+        return text
+
+
+def read_rows(path: str) -> List[Dict]:
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def write_csv(path: str, rows: Iterable[Dict], columns: Sequence[str]) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(columns), extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({c: _fmt(r.get(c)) for c in columns})
+
+
+def _fmt(v):
+    if isinstance(v, float):
+        if v != v:
+            return "n/a"
+        if abs(v) >= 100:
+            return f"{v:.1f}"
+        if abs(v) >= 1:
+            return f"{v:.2f}"
+        return f"{v:.4f}"
+    return "n/a" if v is None else str(v)
+
+
+def markdown_table(rows: Iterable[Dict], columns: Sequence[str]) -> str:
+    rows = list(rows)
+    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
+    for r in rows:
+        lines.append("| " + " | ".join(_fmt(r.get(c)) for c in columns) + " |")
+    return "\n".join(lines)

@@ -1,0 +1,315 @@
+"""Benchmark grids: activation memory, epoch time, kernel throughput and accuracy, each setting measured
+side by side in one process so that ratios are comparable on a noisy machine."""
+from __future__ import annotations
+
+import contextlib
+import gc
+import math
+import statistics
+import time
+from typing import Callable, Dict, List, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from .. import kernels, memory, ops
+from .._compat import import_dgl
+from ..compression import compress, decompress
+from ..config import CompressionConfig
+from ..config import config as compression_scope
+from ..training.models import build_model
+from .results import ResultSink
+from .settings import Setting
+
+dgl = import_dgl()
+
+DEFAULT_HIDDEN = {"gcn": 256, "sage": 128, "gat": 126, "gcn2": 256}  # gat: divisible by 3 heads
+
+MEMORY_COLUMNS = ["model", "setting", "activation_MiB", "ratio_vs_baseline", "peak_MiB", "device"]
+SPEED_COLUMNS = ["model", "setting", "epoch_ms", "epoch_ms_std", "ratio_vs_baseline", "device"]
+KERNEL_COLUMNS = ["backend", "op", "setting", "shape", "ms", "GB_per_s", "device"]
+ACCURACY_COLUMNS = ["dataset", "model", "setting", "runs", "test_mean", "test_std", "delta_vs_fp32", "epoch_ms"]
+
+
+def _progress(iterable, enabled, **kw):
+    from tqdm.auto import tqdm
+
+    return tqdm(iterable, disable=not enabled, dynamic_ncols=True, **kw)
+
+
+class Workload:
+    """A graph, its features/labels on a device, and the model hyperparameters to benchmark."""
+
+    def __init__(self, dataset, device, hidden=None, layers=3, dropout=0.5, batch_norm=True, heads=3):
+        self.dataset, self.device = dataset, torch.device(device)
+        self.hidden, self.layers, self.dropout, self.batch_norm, self.heads = hidden, layers, dropout, batch_norm, heads
+        g = dataset.graph
+        self.graph_sl = dgl.add_self_loop(dgl.remove_self_loop(g))
+        self.graph_raw = g
+        self.feat = g.ndata["feat"].to(self.device)
+        self.train_idx = dataset.train_idx.to(self.device)
+        self.train_label = g.ndata["label"].to(self.device)[self.train_idx]
+
+    def graph_for(self, model: str):
+        return self.graph_sl if model in ("gcn", "gat", "gcn2") else self.graph_raw
+
+    def hidden_for(self, model: str) -> int:
+        """The hidden size benchmarked: ``hidden`` if given, else the EXACT benchmark's per model."""
+        return self.hidden or DEFAULT_HIDDEN[model]
+
+    def build(self, model: str, impl: str, seed: int = 0):
+        torch.manual_seed(seed)
+        hidden = self.hidden_for(model)
+        if impl == "pyg":
+            return _pyg_model(model, self.dataset.num_features, hidden, self.dataset.num_classes, self.layers,
+                              self.dropout, self.batch_norm, self.graph_for(model), self.device)
+        return build_model(model, self.dataset.num_features, self.dataset.num_classes, hidden=hidden,
+                           layers=self.layers, dropout=self.dropout, batch_norm=self.batch_norm, heads=self.heads,
+                           impl=impl).to(self.device)
+
+    def step_fn(self, model_name: str, model, impl: str) -> Callable:
+        """A training forward returning ``(loss, logits)``: what users write for the baselines, the
+        activation-free loss for dgl_exact."""
+        g, x, idx, y = self.graph_for(model_name), self.feat, self.train_idx, self.train_label
+        multilabel = self.dataset.multilabel
+
+        def step():
+            logits = model(g, x)
+            if impl == "exact":
+                loss = (ops.binary_cross_entropy_with_logits if multilabel else ops.cross_entropy)(logits, y, idx)
+            else:
+                z = logits[idx]
+                loss = F.binary_cross_entropy_with_logits(z, y.float()) if multilabel else F.cross_entropy(z, y)
+            return loss, logits
+
+        return step
+
+    def runnable(self, impl: str) -> Optional[str]:
+        """None if ``impl`` can run here, else why not."""
+        if impl == "dgl" and self.device.type == "cuda" and not _dgl_has_cuda():
+            return "n/a: this DGL build is CPU-only (dgl.nn cannot run on CUDA features)"
+        if impl == "pyg":
+            try:
+                import torch_geometric  # noqa: F401
+            except ImportError:
+                return "n/a: torch_geometric not installed"
+        return None
+
+
+def _dgl_has_cuda() -> bool:
+    try:
+        dgl.graph(([0], [0])).to("cuda")
+        return True
+    except Exception:
+        return False
+
+
+def _pyg_model(model, in_feats, hidden, classes, layers, dropout, batch_norm, g, device):
+    """The same architecture on PyG layers (``GCNConv(cached=True)``, ``SAGEConv``) for a second baseline."""
+    import torch_geometric.nn as pyg
+
+    src, dst = g.edges()
+    edge_index = torch.stack([src, dst]).to(device)
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            dims = [in_feats] + [hidden] * (layers - 1) + [classes]
+            if model == "gcn":
+                make = lambda a, b: pyg.GCNConv(a, b, cached=True, add_self_loops=False)  # noqa: E731
+            elif model == "sage":
+                make = lambda a, b: pyg.SAGEConv(a, b, aggr="mean")  # noqa: E731
+            else:
+                raise ValueError(f"no PyG baseline for {model}")
+            self.convs = torch.nn.ModuleList([make(a, b) for a, b in zip(dims[:-1], dims[1:])])
+            self.norms = torch.nn.ModuleList([torch.nn.BatchNorm1d(hidden) for _ in range(layers - 1)]) \
+                if batch_norm else None
+
+        def forward(self, _g, x):
+            for i, conv in enumerate(self.convs):
+                x = conv(x, edge_index)
+                if i < len(self.convs) - 1:
+                    if self.norms is not None:
+                        x = self.norms[i](x)
+                    x = F.dropout(F.relu(x), dropout, self.training)
+            return x
+
+    return Net().to(device)
+
+
+def _sync(device):
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _free(device):
+    gc.collect()
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def memory_grid(work: Workload, models: Sequence[str], settings: Sequence[Setting], sink: ResultSink,
+                progress: bool = True) -> List[Dict]:
+    """Activation memory (and CUDA peak) of one training step per (model, setting)."""
+    rows = []
+    grid = [(m, s) for m in models for s in settings]
+    for model_name, setting in _progress(grid, progress, desc="memory", unit="setting"):
+        row = {"kind": "memory", "model": model_name, "setting": setting.name, "device": str(work.device)}
+        why = work.runnable(setting.impl)
+        if why:
+            row["note"] = why
+        else:
+            model = work.build(model_name, setting.impl)
+            model.train()
+            scope = compression_scope(setting.compression) if setting.compression else contextlib.nullcontext()
+            with scope:
+                report = memory.measure(work.step_fn(model_name, model, setting.impl), modules=[model],
+                                        exclude=[work.feat, work.train_idx, work.train_label], device=work.device)
+                loss, _ = report.result
+                report.result = None
+                loss.backward()
+            row.update(activation_bytes=report.activation_bytes, activation_MiB=report.activation_bytes / 2**20,
+                       peak_MiB=None if report.peak_bytes is None else report.peak_bytes / 2**20,
+                       method=report.method)
+            del model, loss
+            _free(work.device)
+        rows.append(row)
+    _add_ratios(rows, "activation_bytes", baseline_over_value=True)
+    for r in rows:
+        sink.add(r)
+    return rows
+
+
+def _add_ratios(rows, key, baseline_over_value):
+    """``ratio_vs_baseline`` per model against DGL fp32 (else the first measured setting): baseline / value
+    (memory: how many times smaller) or value / baseline (time: how many times slower)."""
+    by_model = {}
+    for r in rows:
+        by_model.setdefault(r["model"], []).append(r)
+    for group in by_model.values():
+        base = next((r[key] for r in group if r.get(key) and r["setting"] in ("DGL fp32",)), None)
+        if base is None:
+            base = next((r[key] for r in group if r.get(key)), None)
+        for r in group:
+            if r.get(key) and base:
+                r["ratio_vs_baseline"] = (base / r[key]) if baseline_over_value else (r[key] / base)
+                r["baseline"] = next(x["setting"] for x in group if x.get(key) == base)
+
+
+def speed_grid(work: Workload, models: Sequence[str], settings: Sequence[Setting], sink: ResultSink,
+               epochs: int = 5, warmup: int = 2, progress: bool = True) -> List[Dict]:
+    """Epoch time (forward, backward, Adam step) per (model, setting), after warm-up; mean and std."""
+    rows = []
+    grid = [(m, s) for m in models for s in settings]
+    for model_name, setting in _progress(grid, progress, desc="speed", unit="setting"):
+        row = {"kind": "speed", "model": model_name, "setting": setting.name, "device": str(work.device)}
+        why = work.runnable(setting.impl)
+        if why:
+            row["note"] = why
+            rows.append(row)
+            continue
+        model = work.build(model_name, setting.impl)
+        model.train()
+        opt = torch.optim.Adam(model.parameters(), lr=0.01)
+        step = work.step_fn(model_name, model, setting.impl)
+        scope = compression_scope(setting.compression) if setting.compression else contextlib.nullcontext()
+        times = []
+        with scope:
+            for i in range(warmup + epochs):
+                _sync(work.device)
+                t0 = time.perf_counter()
+                opt.zero_grad(set_to_none=True)
+                loss, _ = step()
+                loss.backward()
+                opt.step()
+                _sync(work.device)
+                if i >= warmup:
+                    times.append(time.perf_counter() - t0)
+        row.update(epoch_s=statistics.fmean(times), epoch_ms=1000 * statistics.fmean(times),
+                   epoch_ms_std=1000 * (statistics.stdev(times) if len(times) > 1 else 0.0), epochs=len(times))
+        rows.append(row)
+        del model, opt
+        _free(work.device)
+    _add_ratios(rows, "epoch_s", baseline_over_value=False)
+    for r in rows:
+        sink.add(r)
+    return rows
+
+
+KERNEL_CONFIGS = [CompressionConfig(bits=8), CompressionConfig(bits=4), CompressionConfig(bits=2),
+                  CompressionConfig(bits=1), CompressionConfig(bits=2, block_rows=64, levels="optimal")]
+
+
+def kernel_grid(sink: ResultSink, device, rows: int = 169343, cols: int = 128, repeats: int = 5,
+                progress: bool = True) -> List[Dict]:
+    """compress / decompress throughput (GB/s of fp32 input) per available backend on ``device``."""
+    device = torch.device(device)
+    x = torch.randn(rows, cols, device=device)
+    nbytes = x.numel() * 4
+    out = []
+    backends = [b for b, status in kernels.available_backends().items() if status == "available"]
+    grid = [(b, c) for b in backends for c in KERNEL_CONFIGS]
+    for backend_name, cfg in _progress(grid, progress, desc="kernels", unit="setting"):
+        with kernels.use_backend(backend_name):
+            served = kernels.backend(device).ops.get("quantize_pack")
+            if served != backend_name:
+                continue  # this backend cannot serve this device
+            c = compress(x, cfg)
+            decompress(c)
+            for op, fn in (("compress", lambda: compress(x, cfg)), ("decompress", lambda: decompress(c))):
+                times = []
+                for _ in range(repeats):
+                    _sync(device)
+                    t0 = time.perf_counter()
+                    fn()
+                    _sync(device)
+                    times.append(time.perf_counter() - t0)
+                best = min(times)
+                row = {"kind": "kernel", "backend": backend_name, "op": op, "setting": cfg.describe(),
+                       "shape": f"{rows}x{cols}", "ms": best * 1000, "GB_per_s": nbytes / best / 1e9,
+                       "device": str(device)}
+                out.append(row)
+                sink.add(row)
+    return out
+
+
+def accuracy_grid(dataset, base_config, settings: Sequence[Setting], runs: int, sink: ResultSink,
+                  progress: bool = True) -> List[Dict]:
+    """Test metric over ``runs`` seeds per setting (same seeds for every setting) and its difference to
+    the exact fp32 baseline."""
+    from ..training.trainer import Trainer
+
+    rows = []
+    fp32_mean = None
+    for setting in _progress(settings, progress, desc="accuracy", unit="setting"):
+        if setting.impl == "pyg":
+            continue
+        cfg = base_config
+        if setting.compression is None or not setting.compression.enabled:
+            cfg = cfg.replace(act_fp=True)
+        else:
+            c = setting.compression
+            cfg = cfg.replace(act_fp=False, bits=c.bits, kept_frac=c.kept_frac, block_rows=c.block_rows, levels=c.levels)
+        cfg = cfg.replace(runs=runs)
+        trainer = Trainer(cfg, dataset=dataset, progress=False, log=None)
+        res = trainer.fit()
+        tests = [r.test for r in res.runs]
+        row = {"kind": "accuracy", "dataset": dataset.name, "model": cfg.model, "setting": setting.name, "runs": runs,
+               "metric": res.metric, "test_mean": statistics.fmean(tests),
+               "test_std": statistics.stdev(tests) if len(tests) > 1 else 0.0, "tests": tests,
+               "epoch_ms": 1000 * statistics.fmean(r.epoch_time for r in res.runs)}
+        if setting.name in ("DGL fp32", "dgl_exact fp32") and fp32_mean is None:
+            fp32_mean = row["test_mean"]
+        row["delta_vs_fp32"] = None if fp32_mean is None else row["test_mean"] - fp32_mean
+        rows.append(row)
+        sink.add(row)
+    return rows
+
+
+def published_rows() -> List[Dict]:
+    """EXACT's and i-EXACT's published figures (from their papers), for context; not measured here."""
+    return [
+        {"source": "EXACT (ICLR 2022), published", "setting": "INT2", "claim": "~14x activation memory (arxiv SAGE estimate: 786 -> 57 MiB)"},
+        {"source": "EXACT (ICLR 2022), published", "setting": "INT2 + RP(0.125)", "claim": "~26x (786 -> 30 MiB); up to 32x overall; 10-25% time overhead"},
+        {"source": "i-EXACT (ICASSP 2024), published", "setting": "INT2 + RP + blocks", "claim": ">95% reduction vs fp32 (~31x, 25.6 MB); >15% below EXACT; ~5% faster than EXACT"},
+    ]
