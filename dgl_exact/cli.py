@@ -418,5 +418,31 @@ def main(argv=None):
         raise
 
 
+def example_main(dataset: str, confs: dict, default_model: str = "sage", argv=None) -> None:
+    """Entry point of the per-dataset example scripts in ``examples/``: ``--model``/``--sampler`` choose a
+    bundled config (``confs[(model, sampler)]``) and every other option goes to ``dgl-exact train``."""
+
+    @click.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True,
+                                     "help_option_names": ["-h", "--help"]},
+                   help=f"Train on {dataset} with the EXACT benchmark hyperparameters; other options are "
+                        "those of `dgl-exact train` (see `dgl-exact train --help`).")
+    @click.option("--model", type=click.Choice(sorted({m for m, _ in confs})), default=default_model,
+                  show_default=True)
+    @click.option("--sampler", type=click.Choice(sorted({s for _, s in confs})), default="full", show_default=True)
+    @click.pass_context
+    def command(ctx, model, sampler):
+        conf = confs.get((model, sampler))
+        if conf is None:
+            raise UserError(f"no bundled {dataset} config for model {model} with sampler {sampler}; available: "
+                            + ", ".join(f"{m}/{s}" for m, s in sorted(confs)))
+        main(["train", "--conf", conf, "--dataset", dataset, *ctx.args])
+
+    try:
+        command.main(args=argv, standalone_mode=False)
+    except click.ClickException as e:
+        click.echo(f"error: {e.format_message()}", err=True)
+        sys.exit(2)
+
+
 if __name__ == "__main__":
     main()

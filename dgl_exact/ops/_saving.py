@@ -35,15 +35,21 @@ def alive_anyway(x: torch.Tensor) -> bool:
 
 def fresh_outputs(fn):
     """Decorator for public ops: outputs computed without autograd are temporaries nobody else keeps;
-    mark them so a later op compresses rather than references them."""
+    mark them so a later op compresses rather than references them. An output sharing storage with an
+    input (an op that returned its input, or a view of it) is not fresh."""
     import functools
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         out = fn(*args, **kwargs)
+        inputs = None
         for t in (out if isinstance(out, tuple) else (out,)):
             if isinstance(t, torch.Tensor) and t.grad_fn is None and not t.requires_grad:
-                setattr(t, _FRESH, True)
+                if inputs is None:
+                    inputs = {a.untyped_storage().data_ptr() for a in (*args, *kwargs.values())
+                              if isinstance(a, torch.Tensor)}
+                if t.untyped_storage().data_ptr() not in inputs:
+                    setattr(t, _FRESH, True)
         return out
 
     return wrapper
