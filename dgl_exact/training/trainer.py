@@ -258,7 +258,7 @@ class Trainer:
         optimizer = opt_cls(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         scaler = None
         if cfg.amp and self.device.type == "cuda":
-            scaler = torch.amp.GradScaler("cuda")
+            scaler = torch.amp.GradScaler("cuda") if hasattr(torch.amp, "GradScaler") else torch.cuda.amp.GradScaler()
         return model, optimizer, scaler
 
     def wrap_model(self, model):
