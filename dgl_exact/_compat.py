@@ -12,7 +12,10 @@ Two known breakages are handled here, and nowhere else:
    A working DGL install (library present, or dgl already imported by the user) is never touched.
    The placeholder stays registered, so a later ``import dgl`` by the user keeps working.
 
-2. **numba-cuda with numpy >= 2.5.** numba-cuda 0.30 references ``numpy.row_stack``, which numpy 2.5
+2. **ogb's update check.** ``import dgl`` imports ogb, which starts a network request without timeout in a
+   non-daemon thread; it is suppressed for that import (see :func:`_import_dgl_without_update_check`).
+
+3. **numba-cuda with numpy >= 2.5.** numba-cuda 0.30 references ``numpy.row_stack``, which numpy 2.5
    removed, and fails to compile any kernel. :func:`patch_numpy_for_numba` restores the alias
    (``numpy.vstack`` is what ``row_stack`` always was) right before ``numba.cuda`` is imported.
 """
@@ -73,6 +76,8 @@ def import_dgl():
         stub = _GraphboltUnavailable(_GRAPHBOLT, "placeholder installed by dgl_exact._compat")
         setattr(stub, _STUB_FLAG, True)
         sys.modules[_GRAPHBOLT] = stub
+    if "dgl" not in sys.modules:
+        _import_dgl_without_update_check()
     import dgl
 
     if stub is not None and "graphbolt" not in vars(dgl):
@@ -80,6 +85,20 @@ def import_dgl():
         # raises the explanatory ImportError instead of "module 'dgl' has no attribute 'graphbolt'"
         dgl.graphbolt = stub
     return dgl
+
+
+def _import_dgl_without_update_check() -> None:
+    """``import dgl`` imports ogb, whose import starts a non-daemon thread asking PyPI whether ogb is
+    outdated, with no timeout: offline or behind a firewall that drops packets, the process could not
+    exit. Blocking the ``outdated`` module for that one import makes ogb skip the check."""
+    blocked = "outdated" not in sys.modules
+    if blocked:
+        sys.modules["outdated"] = None  # ImportError inside ogb's optional check
+    try:
+        import dgl  # noqa: F401
+    finally:
+        if blocked and sys.modules.get("outdated", 0) is None:
+            del sys.modules["outdated"]
 
 
 def patch_numpy_for_numba() -> None:

@@ -15,7 +15,7 @@ import dgl_exact
 from dgl_exact import _compat
 
 REPO = Path(__file__).resolve().parents[1]
-PYTHON = "/work/venv/bin/python" if os.path.exists("/work/venv/bin/python") else sys.executable
+PYTHON = sys.executable
 
 
 def run_fresh(code: str, timeout: int = 120) -> dict:
