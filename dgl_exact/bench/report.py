@@ -28,7 +28,9 @@ def machine_line(device) -> str:
     from .. import __version__, backend
     from .._compat import import_dgl
 
-    device = torch.device(device) if not isinstance(device, torch.device) else device
+    from ..training.trainer import resolve_device
+
+    device = resolve_device(str(device))
     if device.type == "cuda":
         hw = f"GPU {torch.cuda.get_device_name(device)}"
     else:

@@ -23,7 +23,7 @@ from .settings import Setting
 
 dgl = import_dgl()
 
-DEFAULT_HIDDEN = {"gcn": 256, "sage": 128, "gat": 126, "gcn2": 256}  # gat: divisible by 3 heads
+DEFAULT_HIDDEN = {"gcn": 256, "sage": 128, "gat": 128, "gcn2": 256}  # gat: per head (3 heads concatenated)
 
 MEMORY_COLUMNS = ["model", "setting", "activation_MiB", "ratio_vs_baseline", "peak_MiB", "device"]
 SPEED_COLUMNS = ["model", "setting", "epoch_ms", "epoch_ms_std", "ratio_vs_baseline", "device"]

@@ -60,7 +60,9 @@ class StackedGNN(nn.Module):
             raise ValueError(f"layers must be >= 1, got {layers}")
         self._lib = _Layers(impl)
         self.model, self.dropout, self.input_dropout = model, dropout, input_dropout
-        dims = [in_feats] + [hidden] * (layers - 1) + [num_classes]
+        # GAT concatenates its hidden heads (``hidden`` is the size per head, as in DGL's ogbn-arxiv example)
+        width = hidden * heads if model == "gat" else hidden
+        dims = [in_feats] + [width] * (layers - 1) + [num_classes]
         self.convs = nn.ModuleList()
         for i, (a, b) in enumerate(zip(dims[:-1], dims[1:])):
             last = i == layers - 1
@@ -69,14 +71,12 @@ class StackedGNN(nn.Module):
             elif model == "sage":
                 conv = self._lib.SAGEConv(a, b, "mean")
             elif model == "gat":
-                if not last and b % heads:
-                    raise ValueError(f"GAT hidden size {b} must be divisible by heads={heads}")
-                conv = self._lib.GATConv(a, b if last else b // heads, num_heads=1 if last else heads,
+                conv = self._lib.GATConv(a, b if last else hidden, num_heads=1 if last else heads,
                                          allow_zero_in_degree=True)
             else:
                 raise ValueError(f"unknown model {model!r}; expected one of {MODELS}")
             self.convs.append(conv)
-        self.norms = nn.ModuleList([self._lib.BatchNorm1d(hidden) for _ in range(layers - 1)]) if batch_norm else None
+        self.norms = nn.ModuleList([self._lib.BatchNorm1d(width) for _ in range(layers - 1)]) if batch_norm else None
 
     def reset_parameters(self):
         for m in self.modules():
