@@ -4,10 +4,34 @@ installs pure-Python and compiles the extension just in time on first use, if it
 Environment variables:
     DGL_EXACT_BUILD_CUDA=1   build the extension even if torch sees no GPU (nvcc must exist)
     DGL_EXACT_BUILD_CUDA=0   never build it at install time
+
+The C++/CUDA sources in ``cuda/`` are also copied into the package (``dgl_exact/_cuda_src``) so that an
+installed wheel can compile them just in time (see dgl_exact/kernels/extension.py).
 """
+import glob
 import os
+import shutil
 
 from setuptools import setup
+from setuptools.command.build_py import build_py
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CUDA_DIR = os.path.join(HERE, "cuda")
+SOURCE_PATTERNS = ("*.cpp", "*.cu", "*.h", "*.cuh")
+
+
+class BuildPyWithSources(build_py):
+    """build_py that also ships the extension sources as package data (dgl_exact/_cuda_src)."""
+
+    def run(self):
+        super().run()
+        if self.dry_run or not os.path.isdir(CUDA_DIR):
+            return
+        target = os.path.join(self.build_lib, "dgl_exact", "_cuda_src")
+        os.makedirs(target, exist_ok=True)
+        for pattern in SOURCE_PATTERNS:
+            for path in glob.glob(os.path.join(CUDA_DIR, pattern)):
+                shutil.copy2(path, os.path.join(target, os.path.basename(path)))
 
 
 def _extensions():
@@ -21,19 +45,21 @@ def _extensions():
         return [], {}
     if flag != "1" and not (torch.cuda.is_available() and CUDA_HOME):
         return [], {}
-    here = os.path.dirname(os.path.abspath(__file__))
-    cuda_dir = os.path.join(here, "cuda")
-    sources = sorted(os.path.join("cuda", f) for f in os.listdir(cuda_dir) if f.endswith((".cpp", ".cu")))
+    if not os.path.isdir(CUDA_DIR):
+        return [], {}
+    sources = sorted(os.path.join("cuda", f) for f in os.listdir(CUDA_DIR) if f.endswith((".cpp", ".cu")))
     if not sources:
         return [], {}
     ext = CUDAExtension(
         name="dgl_exact._C",
         sources=sources,
-        include_dirs=[cuda_dir],
-        extra_compile_args={"cxx": ["-O3"], "nvcc": ["-O3", "--use_fast_math", "-lineinfo"]},
+        include_dirs=[CUDA_DIR],
+        # No --use_fast_math / -ffast-math: the kernels must reproduce the reference's IEEE rounding bit for bit.
+        extra_compile_args={"cxx": ["-O3", "-ffp-contract=off"], "nvcc": ["-O3", "-lineinfo"]},
     )
     return [ext], {"build_ext": BuildExtension}
 
 
 ext_modules, cmdclass = _extensions()
+cmdclass["build_py"] = BuildPyWithSources
 setup(ext_modules=ext_modules, cmdclass=cmdclass)

@@ -1,0 +1,203 @@
+// CUDA kernels of the compression codec: quantize_pack / unpack_dequantize. Bit-exact with reference.py
+// (codes; decoded values are the same fp32 operations, issued with explicit round-to-nearest intrinsics).
+//
+// Layout for bandwidth: every thread owns one 32-bit word of packed output, i.e. 32 / bits consecutive
+// elements (16 for INT2), read with 16-byte vector loads; the group's lo / 1/step are loaded once per
+// word (twice when the word crosses into the next group), the uniforms come from the counter-based hash
+// in registers (no noise tensor), and the word is written with one 32-bit store. Grid-stride loops, any
+// shape: rows narrower than a word (k < 32 / bits) and the tail take a scalar path.
+// fp64 tensors go through fp32 (the reference quantises x.float() and decodes in fp32 too).
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
+#include <torch/library.h>
+
+#include "cuda_utils.cuh"
+#include "dgl_exact.h"
+
+// fp32, fp16, bf16 (fp64 goes through fp32 in the dispatchers: fewer kernels to compile).
+#define DGL_EXACT_DISPATCH_FLOAT_HALF_BF16(TYPE, NAME, ...)   \
+  AT_DISPATCH_SWITCH(TYPE, NAME, AT_DISPATCH_CASE(at::ScalarType::Float, __VA_ARGS__) \
+                                     AT_DISPATCH_CASE(at::ScalarType::Half, __VA_ARGS__)  \
+                                     AT_DISPATCH_CASE(at::ScalarType::BFloat16, __VA_ARGS__))
+
+namespace dgl_exact {
+namespace {
+
+// Element access for the word templates of common.h: vector loads / stores on the fast path.
+template <typename scalar_t, int EPW>
+struct CudaSrc {
+  const scalar_t* x;
+  __device__ __forceinline__ void block(int64_t e0, float (&v)[EPW]) const {
+    scalar_t raw[EPW];
+    load_vec<scalar_t, EPW>(x + e0, raw);
+#pragma unroll
+    for (int i = 0; i < EPW; ++i) v[i] = static_cast<float>(raw[i]);
+  }
+  __device__ __forceinline__ float one(int64_t e) const { return static_cast<float>(x[e]); }
+};
+
+template <typename out_t, int EPW>
+struct CudaDst {
+  out_t* out;
+  __device__ __forceinline__ void block(int64_t e0, const float (&v)[EPW]) const {
+    out_t o[EPW];
+#pragma unroll
+    for (int i = 0; i < EPW; ++i) o[i] = static_cast<out_t>(v[i]);
+    store_vec<out_t, EPW>(out + e0, o);
+  }
+  __device__ __forceinline__ void one(int64_t e, float v) const { out[e] = static_cast<out_t>(v); }
+};
+
+// The level table (2^bits fp32) goes to shared memory.
+template <bool LEVELS, int NL>
+__device__ __forceinline__ const float* stage_levels(const float* __restrict__ levels, float* s_levels) {
+  if (LEVELS) {
+    for (int i = threadIdx.x; i < NL; i += blockDim.x) s_levels[i] = levels[i];
+    __syncthreads();
+  }
+  return s_levels;
+}
+
+// One thread per 32-bit word of codes (grid-stride).
+template <int BITS, bool LEVELS, typename scalar_t>
+__global__ void __launch_bounds__(kThreads)
+    quantize_pack_kernel(const scalar_t* __restrict__ x, const float* __restrict__ lo, const float* __restrict__ step,
+                         const float* __restrict__ levels, uint8_t* __restrict__ out, CodecShape sh, uint64_t seed,
+                         bool stochastic, bool vec) {
+  constexpr int EPW = 32 / BITS;
+  constexpr int NL = LEVELS ? (1 << BITS) : 1;
+  __shared__ float s_levels[NL];
+  const float* L = stage_levels<LEVELS, NL>(levels, s_levels);
+  const CudaSrc<scalar_t, EPW> src{x};
+  const int64_t n_words = (sh.n + EPW - 1) / EPW;
+  const int64_t n_full = sh.n / EPW;
+  const int64_t nbytes = packed_nbytes(sh.n, BITS);
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t w = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; w < n_words; w += stride) {
+    const uint32_t word = quantize_word<BITS, LEVELS>(src, w, sh, lo, step, L, seed, stochastic, vec);
+    if (w < n_full) {
+      reinterpret_cast<uint32_t*>(out)[w] = word;
+    } else {
+#pragma unroll
+      for (int b = 0; b < 4; ++b)
+        if (4 * w + b < nbytes) out[4 * w + b] = static_cast<uint8_t>(word >> (8 * b));
+    }
+  }
+}
+
+template <int BITS, bool LEVELS, typename out_t>
+__global__ void __launch_bounds__(kThreads)
+    unpack_dequantize_kernel(const uint8_t* __restrict__ packed, const float* __restrict__ lo,
+                             const float* __restrict__ step, const float* __restrict__ levels, out_t* __restrict__ out,
+                             CodecShape sh, bool vec_in, bool vec_out) {
+  constexpr int EPW = 32 / BITS;
+  constexpr int NL = LEVELS ? (1 << BITS) : 1;
+  __shared__ float s_levels[NL];
+  const float* L = stage_levels<LEVELS, NL>(levels, s_levels);
+  const CudaDst<out_t, EPW> dst{out};
+  const int64_t n_words = (sh.n + EPW - 1) / EPW;
+  const int64_t n_full = sh.n / EPW;
+  const int64_t nbytes = packed_nbytes(sh.n, BITS);
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t w = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; w < n_words; w += stride) {
+    uint32_t word = 0;
+    if (w < n_full && vec_in) {
+      word = __ldg(reinterpret_cast<const unsigned int*>(packed) + w);
+    } else {
+#pragma unroll
+      for (int b = 0; b < 4; ++b)
+        if (4 * w + b < nbytes) word |= static_cast<uint32_t>(packed[4 * w + b]) << (8 * b);
+    }
+    dequantize_word<BITS, LEVELS>(dst, word, w, sh, lo, step, L, vec_out);
+  }
+}
+
+template <int BITS, typename F>
+void with_levels(bool has_levels, F&& f) {
+  if (has_levels) {
+    f(std::integral_constant<int, BITS>{}, std::true_type{});
+  } else {
+    f(std::integral_constant<int, BITS>{}, std::false_type{});
+  }
+}
+
+template <typename F>
+void dispatch_bits(int64_t bits, bool has_levels, F&& f) {
+  switch (bits) {
+    case 1: with_levels<1>(has_levels, f); break;
+    case 2: with_levels<2>(has_levels, f); break;
+    case 4: with_levels<4>(has_levels, f); break;
+    case 8: with_levels<8>(has_levels, f); break;
+    default: TORCH_CHECK(false, "dgl_exact: bits must be 1, 2, 4 or 8, got ", bits);
+  }
+}
+
+
+}  // namespace
+
+at::Tensor quantize_pack_cuda(const at::Tensor& x_in, const at::Tensor& lo, const at::Tensor& step,
+                              const OptTensor& levels, int64_t bits, int64_t block_rows, int64_t seed,
+                              bool stochastic) {
+  TORCH_CHECK(x_in.is_cuda(), "dgl_exact.quantize_pack: x must be a CUDA tensor");
+  const c10::cuda::CUDAGuard guard(x_in.device());
+  at::Tensor x = prepare_quantize_input(x_in);
+  if (x.scalar_type() == at::kDouble) x = x.to(at::kFloat);  // the reference quantises x.float()
+  const int64_t n_rows = x.size(0), k = x.size(1), n = x.numel();
+  const CodecArgs c = prepare_codec(lo, step, levels, bits, block_rows, n_rows, x.device());
+  at::Tensor out = at::empty({packed_nbytes(n, bits)}, x.options().dtype(at::kByte));
+  if (n == 0) return out;
+  const float* L = c.has_levels ? c.levels.data_ptr<float>() : nullptr;
+  const CodecShape sh = make_codec_shape(n_rows, k, block_rows);
+  const auto stream = c10::cuda::getCurrentCUDAStream();
+  DGL_EXACT_DISPATCH_FLOAT_HALF_BF16(x.scalar_type(), "dgl_exact_quantize_pack_cuda", [&] {
+    dispatch_bits(bits, c.has_levels, [&](auto bits_c, auto levels_c) {
+      constexpr int B = decltype(bits_c)::value;
+      constexpr bool LV = decltype(levels_c)::value;
+      const int64_t words = (n + 32 / B - 1) / (32 / B);
+      quantize_pack_kernel<B, LV, scalar_t><<<grid_for(words), kThreads, 0, stream>>>(
+          x.data_ptr<scalar_t>(), c.lo.data_ptr<float>(), c.step.data_ptr<float>(), L, out.data_ptr<uint8_t>(), sh,
+          static_cast<uint64_t>(seed), stochastic, aligned16(x.data_ptr()));
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    });
+  });
+  return out;
+}
+
+at::Tensor unpack_dequantize_cuda(const at::Tensor& packed_in, const at::Tensor& lo, const at::Tensor& step,
+                                  const OptTensor& levels, int64_t bits, int64_t block_rows, int64_t n_rows, int64_t k,
+                                  at::ScalarType dtype) {
+  TORCH_CHECK(packed_in.is_cuda(), "dgl_exact.unpack_dequantize: packed must be a CUDA tensor");
+  check_bits(bits);
+  TORCH_CHECK(n_rows >= 0 && k >= 0, "dgl_exact.unpack_dequantize: negative shape");
+  TORCH_CHECK(is_float_type(dtype), "dgl_exact.unpack_dequantize: dtype must be floating, got ", dtype);
+  const c10::cuda::CUDAGuard guard(packed_in.device());
+  const int64_t n = n_rows * k;
+  const at::Tensor packed = prepare_packed(packed_in, packed_nbytes(n, bits), "dgl_exact.unpack_dequantize");
+  const CodecArgs c = prepare_codec(lo, step, levels, bits, block_rows, n_rows, packed.device());
+  // fp64 output: decode in fp32 (as the reference does) and widen; exact.
+  const at::ScalarType kernel_dtype = dtype == at::kDouble ? at::kFloat : dtype;
+  at::Tensor out = at::empty({n_rows, k}, packed.options().dtype(kernel_dtype));
+  if (n == 0) return out.to(dtype);
+  const float* L = c.has_levels ? c.levels.data_ptr<float>() : nullptr;
+  const CodecShape sh = make_codec_shape(n_rows, k, block_rows);
+  const auto stream = c10::cuda::getCurrentCUDAStream();
+  DGL_EXACT_DISPATCH_FLOAT_HALF_BF16(kernel_dtype, "dgl_exact_unpack_dequantize_cuda", [&] {
+    dispatch_bits(bits, c.has_levels, [&](auto bits_c, auto levels_c) {
+      constexpr int B = decltype(bits_c)::value;
+      constexpr bool LV = decltype(levels_c)::value;
+      const int64_t words = (n + 32 / B - 1) / (32 / B);
+      unpack_dequantize_kernel<B, LV, scalar_t><<<grid_for(words), kThreads, 0, stream>>>(
+          packed.data_ptr<uint8_t>(), c.lo.data_ptr<float>(), c.step.data_ptr<float>(), L, out.data_ptr<scalar_t>(),
+          sh, (reinterpret_cast<uintptr_t>(packed.data_ptr()) & 3) == 0, aligned16(out.data_ptr()));
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    });
+  });
+  return kernel_dtype == dtype ? out : out.to(dtype);
+}
+
+}  // namespace dgl_exact
+
+TORCH_LIBRARY_IMPL(dgl_exact, CUDA, m) {
+  m.impl("quantize_pack", &dgl_exact::quantize_pack_cuda);
+  m.impl("unpack_dequantize", &dgl_exact::unpack_dequantize_cuda);
+}

@@ -1,0 +1,315 @@
+// Math shared by the CPU (.cpp, host compiler) and CUDA (.cu, nvcc) kernels of dgl_exact.
+//
+// Everything here follows the contract in dgl_exact/kernels/reference.py bit for bit:
+//   * hash_uniform: two rounds of MurmurHash3's fmix32 over (seed, element index), 24 random bits;
+//   * quantize_code: t = clamp((x - lo) * inv, 0, M) (NaN -> 0), j = floor / level search, q = j + (u < frac);
+//   * decode_value: lo + L[q] * step, rounded once per operation (no FMA contraction).
+// Device code uses the explicitly rounded intrinsics (__fmul_rn, ...), so nvcc cannot contract a
+// multiply and an add into an FMA; host code is compiled with -ffp-contract=off for the same reason.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define DE_HD __host__ __device__ __forceinline__
+// The word-level templates below call the (device-only, in CUDA) loaders/stores they are instantiated with.
+#define DE_EXEC_CHECK_DISABLE _Pragma("nv_exec_check_disable")
+#else
+#define DE_HD inline
+#define DE_EXEC_CHECK_DISABLE
+#endif
+
+namespace dgl_exact {
+
+// ---------------------------------------------------------------------------------------------------
+// IEEE operations rounded to nearest, never fused.
+// ---------------------------------------------------------------------------------------------------
+DE_HD float f_add(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+DE_HD float f_sub(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fsub_rn(a, b);
+#else
+  return a - b;
+#endif
+}
+DE_HD float f_mul(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+DE_HD float f_div(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+DE_HD double f_mul(double a, double b) {
+#if defined(__CUDA_ARCH__)
+  return __dmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+DE_HD float f_max(float a, float b) { return fmaxf(a, b); }  // returns the non-NaN operand
+DE_HD float f_min(float a, float b) { return fminf(a, b); }
+
+// ---------------------------------------------------------------------------------------------------
+// Counter-based random numbers (reference.hash_uniform).
+// ---------------------------------------------------------------------------------------------------
+DE_HD uint32_t fmix32(uint32_t h) {
+  h ^= h >> 16;
+  h *= 0x85EBCA6Bu;
+  h ^= h >> 13;
+  h *= 0xC2B2AE35u;
+  h ^= h >> 16;
+  return h;
+}
+
+// u(seed, e) in [0, 1): h = fmix32(fmix32(e_lo ^ s_lo) ^ (e_hi + s_hi)), u = (h >> 8) * 2^-24.
+DE_HD float hash_uniform(uint64_t seed, uint64_t e) {
+  const uint32_t s_lo = static_cast<uint32_t>(seed);
+  const uint32_t s_hi = static_cast<uint32_t>(seed >> 32);
+  const uint32_t e_lo = static_cast<uint32_t>(e);
+  const uint32_t e_hi = static_cast<uint32_t>(e >> 32);
+  const uint32_t h = fmix32(fmix32(e_lo ^ s_lo) ^ (e_hi + s_hi));
+  return static_cast<float>(h >> 8) * (1.0f / 16777216.0f);  // exact: 24-bit integer times 2^-24
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Quantization of one value.
+// ---------------------------------------------------------------------------------------------------
+// inv = 1 / step, 0 where step <= 0 (or NaN); the reciprocal is correctly rounded (torch's reciprocal).
+DE_HD float inv_step(float s) { return s > 0.0f ? f_div(1.0f, s) : 0.0f; }
+
+// Code of x in its group: uniform levels (LEVELS = false) or the ascending table L[0..M] (LEVELS = true).
+// u is the uniform of the element (0.5 for nearest rounding).
+template <int BITS, bool LEVELS>
+DE_HD uint32_t quantize_code(float x, float lo, float inv, const float* L, float u) {
+  constexpr int M = (1 << BITS) - 1;
+  // nan_to_num then clamp: NaN -> 0, +inf -> M, -inf -> 0. fmaxf drops the NaN.
+  float t = f_mul(f_sub(x, lo), inv);
+  t = f_min(f_max(t, 0.0f), static_cast<float>(M));
+  float frac;
+  uint32_t j;
+  if (LEVELS) {
+    // searchsorted(L, t, right=True) - 1: the last index with L[j] <= t, clamped to [0, M - 1].
+    int first = 0, count = M + 1;
+    while (count > 0) {
+      const int half = count >> 1;
+      if (L[first + half] <= t) {
+        first += half + 1;
+        count -= half + 1;
+      } else {
+        count = half;
+      }
+    }
+    int jj = first - 1;
+    jj = jj < 0 ? 0 : (jj > M - 1 ? M - 1 : jj);
+    const float a = L[jj], b = L[jj + 1];
+    frac = f_div(f_sub(t, a), f_sub(b, a));
+    j = static_cast<uint32_t>(jj);
+  } else {
+    float jf = floorf(t);
+    jf = jf > static_cast<float>(M - 1) ? static_cast<float>(M - 1) : jf;
+    frac = f_sub(t, jf);
+    j = static_cast<uint32_t>(jf);
+  }
+  return j + (u < frac ? 1u : 0u);
+}
+
+// x_hat = lo + L[q] * step (L[q] = q for uniform levels), each operation rounded separately.
+template <bool LEVELS>
+DE_HD float decode_value(uint32_t q, float lo, float step, const float* L) {
+  const float level = LEVELS ? L[q] : static_cast<float>(q);
+  return f_add(lo, f_mul(level, step));
+}
+
+// Bytes of `numel` packed codes of `bits` bits: ceil(numel * bits / 8).
+DE_HD int64_t packed_nbytes(int64_t numel, int64_t bits) { return (numel * bits + 7) / 8; }
+
+// a / b, in 32-bit arithmetic when the caller knows both fit (much cheaper on a GPU).
+DE_HD int64_t div_fast(int64_t a, int64_t b, bool small) {
+  return small ? static_cast<int64_t>(static_cast<uint32_t>(a) / static_cast<uint32_t>(b)) : a / b;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Whole 32-bit words of codes: the unit of work of both the CPU and the CUDA codec kernels.
+//
+// Word w holds the EPW = 32 / bits codes of flat elements [w * EPW, w * EPW + EPW) of the [n_rows, k]
+// input (element e = row * k + col), code i at bits [i * bits, i * bits + bits). The fast path (a full
+// word, k >= EPW, the caller's vector access allowed) loads the word's values at once and is fully
+// unrolled: a word then crosses at most one row boundary, so it needs at most two groups. Everything else
+// (rows narrower than a word, the tail word, unaligned memory) walks element by element.
+// ---------------------------------------------------------------------------------------------------
+struct CodecShape {
+  int64_t n;           // elements (n_rows * k)
+  int64_t k;           // columns
+  int64_t block_rows;  // rows per group
+  bool small_e;        // n fits 32 bits (element / row arithmetic in 32 bits)
+  bool small_r;        // n_rows and block_rows fit 32 bits
+};
+
+// src.block(e0, v): v[0..EPW) = values of elements e0.. (as float); src.one(e): one value.
+DE_EXEC_CHECK_DISABLE
+template <int BITS, bool LEVELS, typename Src>
+DE_HD uint32_t quantize_word(const Src& src, int64_t w, const CodecShape& sh, const float* lo, const float* step,
+                             const float* L, uint64_t seed, bool stochastic, bool fast_ok) {
+  constexpr int EPW = 32 / BITS;
+  const int64_t e0 = w * EPW;
+  const int64_t row = div_fast(e0, sh.k, sh.small_e);
+  const int64_t col = e0 - row * sh.k;
+  const int64_t g = div_fast(row, sh.block_rows, sh.small_r);
+  const int64_t rb = row - g * sh.block_rows;
+  const float lo_a = lo[g];
+  const float inv_a = inv_step(step[g]);
+  uint32_t word = 0;
+  if (fast_ok && e0 + EPW <= sh.n && sh.k >= EPW) {
+    // the word crosses a row boundary after `split` elements (EPW: it does not); the next row may
+    // start the next group
+    const int split = col + EPW <= sh.k ? EPW : static_cast<int>(sh.k - col);
+    float lo_b = lo_a, inv_b = inv_a;
+    if (split < EPW && rb + 1 == sh.block_rows) {
+      lo_b = lo[g + 1];
+      inv_b = inv_step(step[g + 1]);
+    }
+    float v[EPW];
+    src.block(e0, v);
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+    for (int i = 0; i < EPW; ++i) {
+      const bool second = i >= split;
+      const float u = stochastic ? hash_uniform(seed, static_cast<uint64_t>(e0 + i)) : 0.5f;
+      word |= quantize_code<BITS, LEVELS>(v[i], second ? lo_b : lo_a, second ? inv_b : inv_a, L, u) << (i * BITS);
+    }
+    return word;
+  }
+  int64_t c = col, r = rb, gg = g;
+  float lo_g = lo_a, inv_g = inv_a;
+#if defined(__CUDA_ARCH__)
+#pragma unroll 1
+#endif
+  for (int i = 0; i < EPW && e0 + i < sh.n; ++i) {
+    const float u = stochastic ? hash_uniform(seed, static_cast<uint64_t>(e0 + i)) : 0.5f;
+    word |= quantize_code<BITS, LEVELS>(src.one(e0 + i), lo_g, inv_g, L, u) << (i * BITS);
+    if (++c == sh.k) {
+      c = 0;
+      if (++r == sh.block_rows) {
+        r = 0;
+        ++gg;
+        if (e0 + i + 1 < sh.n) {
+          lo_g = lo[gg];
+          inv_g = inv_step(step[gg]);
+        }
+      }
+    }
+  }
+  return word;
+}
+
+// Decodes word w (its 32 bits in `word`): dst.block(e0, v) stores EPW values, dst.one(e, value) one.
+DE_EXEC_CHECK_DISABLE
+template <int BITS, bool LEVELS, typename Dst>
+DE_HD void dequantize_word(const Dst& dst, uint32_t word, int64_t w, const CodecShape& sh, const float* lo,
+                           const float* step, const float* L, bool fast_ok) {
+  constexpr int EPW = 32 / BITS;
+  constexpr uint32_t MASK = (1u << BITS) - 1;
+  const int64_t e0 = w * EPW;
+  const int64_t row = div_fast(e0, sh.k, sh.small_e);
+  const int64_t col = e0 - row * sh.k;
+  const int64_t g = div_fast(row, sh.block_rows, sh.small_r);
+  const int64_t rb = row - g * sh.block_rows;
+  const float lo_a = lo[g];
+  const float step_a = step[g];
+  if (fast_ok && e0 + EPW <= sh.n && sh.k >= EPW) {
+    const int split = col + EPW <= sh.k ? EPW : static_cast<int>(sh.k - col);
+    float lo_b = lo_a, step_b = step_a;
+    if (split < EPW && rb + 1 == sh.block_rows) {
+      lo_b = lo[g + 1];
+      step_b = step[g + 1];
+    }
+    float v[EPW];
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+    for (int i = 0; i < EPW; ++i) {
+      const bool second = i >= split;
+      v[i] = decode_value<LEVELS>((word >> (i * BITS)) & MASK, second ? lo_b : lo_a, second ? step_b : step_a, L);
+    }
+    dst.block(e0, v);
+    return;
+  }
+  int64_t c = col, r = rb, gg = g;
+  float lo_g = lo_a, step_g = step_a;
+#if defined(__CUDA_ARCH__)
+#pragma unroll 1
+#endif
+  for (int i = 0; i < EPW && e0 + i < sh.n; ++i) {
+    dst.one(e0 + i, decode_value<LEVELS>((word >> (i * BITS)) & MASK, lo_g, step_g, L));
+    if (++c == sh.k) {
+      c = 0;
+      if (++r == sh.block_rows) {
+        r = 0;
+        ++gg;
+        if (e0 + i + 1 < sh.n) {
+          lo_g = lo[gg];
+          step_g = step[gg];
+        }
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Elementwise ops with 1-bit masks (dropout, relu_dropout, masked_scale), per element, in the op math
+// type acc_t (fp32 for fp16/bf16/fp32 tensors, fp64 for fp64) exactly as torch evaluates the reference:
+// Python scalars become acc_t; masked_scale's where(mask, on, off) rounds on/off to the tensor dtype.
+// ---------------------------------------------------------------------------------------------------
+enum ElementwiseOp { kDropout = 0, kReluDropout = 1, kMaskedScale = 2 };
+
+template <typename acc_t>
+struct ElementwiseParams {
+  uint64_t seed;
+  float p;        // dropout probability, compared with the fp32 uniforms in fp32 (as torch does)
+  bool drop;      // relu_dropout: p > 0
+  acc_t scale;    // 1 / (1 - p)
+  bool zero_off;  // masked_scale: off == 0
+  bool scale_on;  // masked_scale: on != 1
+  acc_t on_s;     // on as an op-math scalar
+  acc_t on_t;     // on rounded to the tensor dtype
+  acc_t off_t;    // off rounded to the tensor dtype
+};
+
+// x: the element (as acc_t), e: its flat index, bit_in: its mask bit (masked_scale). Returns the output;
+// relu_dropout sets bit_out (the single bit its backward needs).
+template <int OP, typename acc_t>
+DE_HD acc_t apply_elementwise(acc_t x, int64_t e, bool bit_in, bool& bit_out, const ElementwiseParams<acc_t>& prm) {
+  if (OP == kDropout) {
+    const acc_t keep = hash_uniform(prm.seed, static_cast<uint64_t>(e)) >= prm.p ? acc_t(1) : acc_t(0);
+    return f_mul(f_mul(x, keep), prm.scale);  // x * keep (inf/NaN become NaN when dropped), then * 1/(1-p)
+  } else if (OP == kReluDropout) {
+    bool m = x > acc_t(0);
+    if (prm.drop) m = m && hash_uniform(prm.seed, static_cast<uint64_t>(e)) >= prm.p;
+    bit_out = m;
+    const acc_t r = f_mul(x, m ? acc_t(1) : acc_t(0));
+    return prm.drop ? f_mul(r, prm.scale) : r;
+  } else {
+    if (prm.zero_off) {
+      const acc_t r = f_mul(x, bit_in ? acc_t(1) : acc_t(0));
+      return prm.scale_on ? f_mul(r, prm.on_s) : r;
+    }
+    return f_mul(x, bit_in ? prm.on_t : prm.off_t);
+  }
+}
+
+}  // namespace dgl_exact

@@ -1,0 +1,225 @@
+// CPU kernels: compression (quantize_pack / unpack_dequantize), 1-bit masks, dropout, fused ReLU+dropout,
+// masked_scale; bit-exact with reference.py. The codec walks whole 32-bit code words and the elementwise
+// ops call the per-element function through the same templates (common.h) as the CUDA kernels, so the
+// CPU tests also check the CUDA kernels' logic. Parallelised with at::parallel_for.
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include "dgl_exact.h"
+
+namespace dgl_exact {
+namespace {
+
+constexpr int64_t kGrainWords = 1 << 10;
+
+// Element access for the word templates of common.h (the same code the CUDA kernels run).
+template <typename scalar_t, int EPW>
+struct CpuSrc {
+  const scalar_t* x;
+  void block(int64_t e0, float (&v)[EPW]) const {
+    for (int i = 0; i < EPW; ++i) v[i] = static_cast<float>(x[e0 + i]);
+  }
+  float one(int64_t e) const { return static_cast<float>(x[e]); }
+};
+
+template <typename out_t, int EPW>
+struct CpuDst {
+  out_t* out;
+  void block(int64_t e0, const float (&v)[EPW]) const {
+    for (int i = 0; i < EPW; ++i) out[e0 + i] = static_cast<out_t>(v[i]);
+  }
+  void one(int64_t e, float v) const { out[e] = static_cast<out_t>(v); }
+};
+
+template <int BITS, bool LEVELS, typename scalar_t>
+void quantize_pack_loop(const scalar_t* x, const float* lo, const float* step, const float* L, uint8_t* out,
+                        const CodecShape& sh, uint64_t seed, bool stochastic) {
+  constexpr int EPW = 32 / BITS;
+  const int64_t n_words = (sh.n + EPW - 1) / EPW;
+  const int64_t nbytes = packed_nbytes(sh.n, BITS);
+  const CpuSrc<scalar_t, EPW> src{x};
+  at::parallel_for(0, n_words, kGrainWords, [&](int64_t w0, int64_t w1) {
+    for (int64_t w = w0; w < w1; ++w) {
+      const uint32_t word = quantize_word<BITS, LEVELS>(src, w, sh, lo, step, L, seed, stochastic, true);
+      for (int b = 0; b < 4 && 4 * w + b < nbytes; ++b) out[4 * w + b] = static_cast<uint8_t>(word >> (8 * b));
+    }
+  });
+}
+
+template <int BITS, bool LEVELS, typename out_t>
+void unpack_dequantize_loop(const uint8_t* packed, const float* lo, const float* step, const float* L, out_t* out,
+                            const CodecShape& sh) {
+  constexpr int EPW = 32 / BITS;
+  const int64_t n_words = (sh.n + EPW - 1) / EPW;
+  const int64_t nbytes = packed_nbytes(sh.n, BITS);
+  const CpuDst<out_t, EPW> dst{out};
+  at::parallel_for(0, n_words, kGrainWords, [&](int64_t w0, int64_t w1) {
+    for (int64_t w = w0; w < w1; ++w) {
+      uint32_t word = 0;
+      for (int b = 0; b < 4 && 4 * w + b < nbytes; ++b) word |= static_cast<uint32_t>(packed[4 * w + b]) << (8 * b);
+      dequantize_word<BITS, LEVELS>(dst, word, w, sh, lo, step, L, true);
+    }
+  });
+}
+
+// dropout / relu_dropout / masked_scale over bytes of 8 elements (one byte of mask bits in or out).
+template <int OP>
+void elementwise_cpu(const at::Tensor& x, const at::Tensor& y, const uint8_t* mask_in, uint8_t* mask_out,
+                     uint64_t seed, double p, double on, double off) {
+  const int64_t n = x.numel();
+  const int64_t nbytes = packed_nbytes(n, 1);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "dgl_exact_elementwise_cpu", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    const auto prm = make_elementwise_params<scalar_t, acc_t>(OP, seed, p, on, off);
+    const scalar_t* xp = x.data_ptr<scalar_t>();
+    scalar_t* yp = y.data_ptr<scalar_t>();
+    at::parallel_for(0, nbytes, kGrainWords * 4, [&](int64_t b0, int64_t b1) {
+      for (int64_t b = b0; b < b1; ++b) {
+        const uint32_t in = mask_in ? mask_in[b] : 0u;
+        uint32_t bits = 0;
+        for (int i = 0; i < 8 && b * 8 + i < n; ++i) {
+          const int64_t e = b * 8 + i;
+          bool bit = false;
+          yp[e] = static_cast<scalar_t>(apply_elementwise<OP>(static_cast<acc_t>(xp[e]), e, (in >> i) & 1u, bit, prm));
+          bits |= static_cast<uint32_t>(bit) << i;
+        }
+        if (mask_out) mask_out[b] = static_cast<uint8_t>(bits);
+      }
+    });
+  });
+}
+
+template <int BITS, typename F>
+void with_levels(bool has_levels, F&& f) {
+  if (has_levels) {
+    f(std::integral_constant<int, BITS>{}, std::true_type{});
+  } else {
+    f(std::integral_constant<int, BITS>{}, std::false_type{});
+  }
+}
+
+template <typename F>
+void dispatch_bits(int64_t bits, bool has_levels, F&& f) {
+  switch (bits) {
+    case 1: with_levels<1>(has_levels, f); break;
+    case 2: with_levels<2>(has_levels, f); break;
+    case 4: with_levels<4>(has_levels, f); break;
+    case 8: with_levels<8>(has_levels, f); break;
+    default: TORCH_CHECK(false, "dgl_exact: bits must be 1, 2, 4 or 8, got ", bits);
+  }
+}
+
+}  // namespace
+
+at::Tensor quantize_pack_cpu(const at::Tensor& x_in, const at::Tensor& lo, const at::Tensor& step,
+                             const OptTensor& levels, int64_t bits, int64_t block_rows, int64_t seed,
+                             bool stochastic) {
+  const at::Tensor x = prepare_quantize_input(x_in);
+  const int64_t n_rows = x.size(0), k = x.size(1), n = x.numel();
+  const CodecArgs c = prepare_codec(lo, step, levels, bits, block_rows, n_rows, x.device());
+  at::Tensor out = at::empty({packed_nbytes(n, bits)}, x.options().dtype(at::kByte));
+  if (n == 0) return out;
+  const float* L = c.has_levels ? c.levels.data_ptr<float>() : nullptr;
+  const CodecShape sh = make_codec_shape(n_rows, k, block_rows);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "dgl_exact_quantize_pack_cpu", [&] {
+    dispatch_bits(bits, c.has_levels, [&](auto bits_c, auto levels_c) {
+      quantize_pack_loop<decltype(bits_c)::value, decltype(levels_c)::value, scalar_t>(
+          x.data_ptr<scalar_t>(), c.lo.data_ptr<float>(), c.step.data_ptr<float>(), L, out.data_ptr<uint8_t>(), sh,
+          static_cast<uint64_t>(seed), stochastic);
+    });
+  });
+  return out;
+}
+
+at::Tensor unpack_dequantize_cpu(const at::Tensor& packed_in, const at::Tensor& lo, const at::Tensor& step,
+                                 const OptTensor& levels, int64_t bits, int64_t block_rows, int64_t n_rows, int64_t k,
+                                 at::ScalarType dtype) {
+  check_bits(bits);
+  TORCH_CHECK(n_rows >= 0 && k >= 0, "dgl_exact.unpack_dequantize: negative shape");
+  TORCH_CHECK(is_float_type(dtype), "dgl_exact.unpack_dequantize: dtype must be floating, got ", dtype);
+  const int64_t n = n_rows * k;
+  const at::Tensor packed = prepare_packed(packed_in, packed_nbytes(n, bits), "dgl_exact.unpack_dequantize");
+  const CodecArgs c = prepare_codec(lo, step, levels, bits, block_rows, n_rows, packed.device());
+  at::Tensor out = at::empty({n_rows, k}, packed.options().dtype(dtype));
+  if (n == 0) return out;
+  const float* L = c.has_levels ? c.levels.data_ptr<float>() : nullptr;
+  const CodecShape sh = make_codec_shape(n_rows, k, block_rows);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "dgl_exact_unpack_dequantize_cpu", [&] {
+    dispatch_bits(bits, c.has_levels, [&](auto bits_c, auto levels_c) {
+      unpack_dequantize_loop<decltype(bits_c)::value, decltype(levels_c)::value, scalar_t>(
+          packed.data_ptr<uint8_t>(), c.lo.data_ptr<float>(), c.step.data_ptr<float>(), L, out.data_ptr<scalar_t>(),
+          sh);
+    });
+  });
+  return out;
+}
+
+at::Tensor pack_mask_cpu(const at::Tensor& mask_in) {
+  const at::Tensor mask = mask_in.to(at::kBool).contiguous().reshape({-1});
+  const int64_t n = mask.numel();
+  const int64_t nbytes = packed_nbytes(n, 1);
+  at::Tensor out = at::empty({nbytes}, mask.options().dtype(at::kByte));
+  const bool* m = mask.data_ptr<bool>();
+  uint8_t* o = out.data_ptr<uint8_t>();
+  at::parallel_for(0, nbytes, kGrainWords * 4, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      uint32_t byte = 0;
+      const int64_t e0 = b * 8;
+      for (int i = 0; i < 8 && e0 + i < n; ++i) byte |= static_cast<uint32_t>(m[e0 + i] ? 1 : 0) << i;
+      o[b] = static_cast<uint8_t>(byte);
+    }
+  });
+  return out;
+}
+
+at::Tensor unpack_mask_cpu(const at::Tensor& packed_in, int64_t numel) {
+  TORCH_CHECK(numel >= 0, "dgl_exact.unpack_mask: negative numel");
+  const at::Tensor packed = prepare_packed(packed_in, packed_nbytes(numel, 1), "dgl_exact.unpack_mask");
+  at::Tensor out = at::empty({numel}, packed.options().dtype(at::kBool));
+  const uint8_t* p = packed.data_ptr<uint8_t>();
+  bool* o = out.data_ptr<bool>();
+  at::parallel_for(0, numel, kGrainWords * 32, [&](int64_t e0, int64_t e1) {
+    for (int64_t e = e0; e < e1; ++e) o[e] = (p[e >> 3] >> (e & 7)) & 1;
+  });
+  return out;
+}
+
+at::Tensor dropout_cpu(const at::Tensor& x_in, double p, int64_t seed) {
+  const at::Tensor x = x_in.contiguous();
+  TORCH_CHECK(is_float_type(x.scalar_type()), "dgl_exact.dropout: x must be floating, got ", x.scalar_type());
+  at::Tensor y = at::empty(x.sizes(), x.options());
+  elementwise_cpu<kDropout>(x, y, nullptr, nullptr, static_cast<uint64_t>(seed), p, 1.0, 0.0);
+  return y;
+}
+
+std::tuple<at::Tensor, at::Tensor> relu_dropout_cpu(const at::Tensor& x_in, double p, int64_t seed) {
+  const at::Tensor x = x_in.contiguous();
+  TORCH_CHECK(is_float_type(x.scalar_type()), "dgl_exact.relu_dropout: x must be floating, got ", x.scalar_type());
+  at::Tensor y = at::empty(x.sizes(), x.options());
+  at::Tensor packed = at::empty({packed_nbytes(x.numel(), 1)}, x.options().dtype(at::kByte));
+  elementwise_cpu<kReluDropout>(x, y, nullptr, packed.data_ptr<uint8_t>(), static_cast<uint64_t>(seed), p, 1.0, 0.0);
+  return {y, packed};
+}
+
+at::Tensor masked_scale_cpu(const at::Tensor& g_in, const at::Tensor& packed_in, double on, double off) {
+  const at::Tensor g = g_in.contiguous();
+  TORCH_CHECK(is_float_type(g.scalar_type()), "dgl_exact.masked_scale: g must be floating, got ", g.scalar_type());
+  const at::Tensor packed = prepare_packed(packed_in, packed_nbytes(g.numel(), 1), "dgl_exact.masked_scale");
+  at::Tensor y = at::empty(g.sizes(), g.options());
+  elementwise_cpu<kMaskedScale>(g, y, packed.data_ptr<uint8_t>(), nullptr, 0, 0.0, on, off);
+  return y;
+}
+
+}  // namespace dgl_exact
+
+TORCH_LIBRARY_IMPL(dgl_exact, CPU, m) {
+  m.impl("quantize_pack", &dgl_exact::quantize_pack_cpu);
+  m.impl("unpack_dequantize", &dgl_exact::unpack_dequantize_cpu);
+  m.impl("pack_mask", &dgl_exact::pack_mask_cpu);
+  m.impl("unpack_mask", &dgl_exact::unpack_mask_cpu);
+  m.impl("dropout", &dgl_exact::dropout_cpu);
+  m.impl("relu_dropout", &dgl_exact::relu_dropout_cpu);
+  m.impl("masked_scale", &dgl_exact::masked_scale_cpu);
+}

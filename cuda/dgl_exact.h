@@ -1,0 +1,184 @@
+// Host-side declarations and argument handling shared by the CPU and CUDA implementations.
+//
+// The dispatchers (schemas in dgl_exact.cpp, CPU kernels in *_cpu.cpp, CUDA kernels in *_cuda.cu)
+// all normalise their inputs the same way here, so both backends see contiguous tensors of the
+// types they expect and raise the same errors.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <c10/util/Optional.h>
+
+#include <cstdint>
+#include <string>
+#include <tuple>
+
+#include "common.h"
+
+namespace dgl_exact {
+
+using OptTensor = c10::optional<at::Tensor>;
+
+inline void check_bits(int64_t bits) {
+  TORCH_CHECK(bits == 1 || bits == 2 || bits == 4 || bits == 8, "dgl_exact: bits must be 1, 2, 4 or 8, got ", bits);
+}
+
+inline bool is_float_type(at::ScalarType t) {
+  return t == at::kFloat || t == at::kHalf || t == at::kBFloat16 || t == at::kDouble;
+}
+
+// fp32, contiguous, on `device` (the caller's lo/step/levels are normally already that).
+inline at::Tensor as_f32(const at::Tensor& t, const at::Device& device) {
+  return t.to(device, at::kFloat).contiguous();
+}
+
+struct CodecArgs {
+  at::Tensor lo, step, levels;  // fp32 contiguous; levels undefined for uniform levels
+  bool has_levels = false;
+};
+
+inline CodecArgs prepare_codec(const at::Tensor& lo, const at::Tensor& step, const OptTensor& levels, int64_t bits,
+                               int64_t block_rows, int64_t n_rows, const at::Device& device) {
+  check_bits(bits);
+  TORCH_CHECK(block_rows >= 1, "dgl_exact: block_rows must be >= 1, got ", block_rows);
+  const int64_t n_groups = (n_rows + block_rows - 1) / block_rows;
+  CodecArgs a;
+  a.lo = as_f32(lo, device).reshape({-1});
+  a.step = as_f32(step, device).reshape({-1});
+  TORCH_CHECK(a.lo.numel() >= n_groups && a.step.numel() >= n_groups, "dgl_exact: lo/step hold ", a.lo.numel(), "/",
+              a.step.numel(), " groups, need ", n_groups, " (", n_rows, " rows, block_rows ", block_rows, ")");
+  if (levels.has_value() && levels->defined()) {
+    a.levels = as_f32(*levels, device).reshape({-1});
+    TORCH_CHECK(a.levels.numel() == (int64_t(1) << bits), "dgl_exact: a level table for ", bits, " bits has ",
+                (int64_t(1) << bits), " entries, got ", a.levels.numel());
+    a.has_levels = true;
+  }
+  return a;
+}
+
+inline at::Tensor prepare_quantize_input(const at::Tensor& x) {
+  TORCH_CHECK(x.dim() == 2, "dgl_exact.quantize_pack: x must be [N, k], got ", x.dim(), " dims");
+  TORCH_CHECK(is_float_type(x.scalar_type()), "dgl_exact.quantize_pack: x must be floating, got ", x.scalar_type());
+  return x.contiguous();
+}
+
+inline at::Tensor prepare_packed(const at::Tensor& packed, int64_t nbytes, const char* op) {
+  TORCH_CHECK(packed.scalar_type() == at::kByte, op, ": packed must be uint8, got ", packed.scalar_type());
+  auto p = packed.contiguous().reshape({-1});
+  TORCH_CHECK(p.numel() >= nbytes, op, ": packed holds ", p.numel(), " bytes, need ", nbytes);
+  return p;
+}
+
+// Graph in CSR over destinations; every index tensor converted to the dtype of `indices`.
+struct GraphArgs {
+  at::Tensor indptr, indices, eids;  // eids undefined for identity edge ids
+  bool has_eids = false;
+  int64_t n_dst = 0, nnz = 0;
+};
+
+inline GraphArgs prepare_graph(const at::Tensor& indptr, const at::Tensor& indices, const OptTensor& eids,
+                               int64_t n_dst, const at::Device& device, const char* op) {
+  const auto it = indices.scalar_type();
+  TORCH_CHECK(it == at::kInt || it == at::kLong, op, ": indices must be int32 or int64, got ", it);
+  GraphArgs g;
+  g.indices = indices.to(device).contiguous().reshape({-1});
+  g.indptr = indptr.to(device, it).contiguous().reshape({-1});
+  TORCH_CHECK(g.indptr.numel() == n_dst + 1, op, ": indptr has ", g.indptr.numel(), " entries, expected n_dst + 1 = ",
+              n_dst + 1);
+  if (eids.has_value() && eids->defined()) {
+    g.eids = eids->to(device, it).contiguous().reshape({-1});
+    TORCH_CHECK(g.eids.numel() == g.indices.numel(), op, ": eids and indices differ in length");
+    g.has_eids = true;
+  }
+  g.n_dst = n_dst;
+  g.nnz = g.indices.numel();
+  return g;
+}
+
+inline at::Tensor prepare_features(const at::Tensor& x, const char* op) {
+  TORCH_CHECK(x.dim() == 3, op, ": features must be [n, H, D], got ", x.dim(), " dims");
+  TORCH_CHECK(is_float_type(x.scalar_type()), op, ": features must be floating, got ", x.scalar_type());
+  return x.contiguous();
+}
+
+// Per-edge values [E, H] (or [E] when H == 1), converted to the feature dtype as the reference does.
+inline at::Tensor prepare_edge_values(const at::Tensor& w, const at::Tensor& x, const char* op) {
+  const int64_t heads = x.size(1);
+  at::Tensor v = w.to(x.device(), x.scalar_type()).contiguous();
+  if (v.dim() == 1) {
+    TORCH_CHECK(heads == 1, op, ": 1-D edge values need H == 1, features have H = ", heads);
+    v = v.reshape({-1, 1});
+  }
+  TORCH_CHECK(v.dim() == 2 && v.size(1) == heads, op, ": edge values must be [E, H] with H = ", heads);
+  return v;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Implementations (CPU in *_cpu.cpp, CUDA in *_cuda.cu). Same signatures as the schemas.
+// ---------------------------------------------------------------------------------------------------
+#define DGL_EXACT_DECLARE_OPS(SUFFIX)                                                                              \
+  at::Tensor quantize_pack_##SUFFIX(const at::Tensor& x, const at::Tensor& lo, const at::Tensor& step,             \
+                                    const OptTensor& levels, int64_t bits, int64_t block_rows, int64_t seed,       \
+                                    bool stochastic);                                                              \
+  at::Tensor unpack_dequantize_##SUFFIX(const at::Tensor& packed, const at::Tensor& lo, const at::Tensor& step,    \
+                                        const OptTensor& levels, int64_t bits, int64_t block_rows, int64_t n_rows, \
+                                        int64_t k, at::ScalarType dtype);                                          \
+  at::Tensor pack_mask_##SUFFIX(const at::Tensor& mask);                                                           \
+  at::Tensor unpack_mask_##SUFFIX(const at::Tensor& packed, int64_t numel);                                        \
+  at::Tensor dropout_##SUFFIX(const at::Tensor& x, double p, int64_t seed);                                        \
+  std::tuple<at::Tensor, at::Tensor> relu_dropout_##SUFFIX(const at::Tensor& x, double p, int64_t seed);           \
+  at::Tensor masked_scale_##SUFFIX(const at::Tensor& g, const at::Tensor& packed, double on, double off);          \
+  at::Tensor spmm_sum_##SUFFIX(const at::Tensor& indptr, const at::Tensor& indices, const OptTensor& eids,         \
+                               const at::Tensor& x, const OptTensor& w, int64_t n_dst);                            \
+  std::tuple<at::Tensor, at::Tensor> spmm_minmax_##SUFFIX(const at::Tensor& indptr, const at::Tensor& indices,     \
+                                                          const OptTensor& eids, const at::Tensor& x,              \
+                                                          c10::string_view reduce, int64_t n_dst);                 \
+  at::Tensor sddmm_dot_##SUFFIX(const at::Tensor& indptr, const at::Tensor& indices, const OptTensor& eids,        \
+                                const at::Tensor& a, const at::Tensor& b);
+
+DGL_EXACT_DECLARE_OPS(cpu)
+DGL_EXACT_DECLARE_OPS(cuda)
+
+inline bool parse_reduce(c10::string_view reduce, const char* op) {
+  const std::string r(reduce.data(), reduce.size());  // c10::string_view differs across torch versions
+  TORCH_CHECK(r == "max" || r == "min", op, ": reduce must be 'max' or 'min', got '", r, "'");
+  return r == "max";
+}
+
+// Scalars of the elementwise ops (see common.h), converted the way torch converts the reference's scalars.
+template <typename scalar_t, typename acc_t>
+ElementwiseParams<acc_t> make_elementwise_params(int op, uint64_t seed, double p, double on, double off) {
+  ElementwiseParams<acc_t> prm;
+  prm.seed = seed;
+  prm.p = static_cast<float>(p);
+  prm.drop = op == kDropout || p > 0;
+  prm.scale = static_cast<acc_t>(prm.drop ? 1.0 / (1.0 - p) : 1.0);
+  prm.zero_off = off == 0.0;
+  prm.scale_on = on != 1.0;
+  prm.on_s = static_cast<acc_t>(on);
+  prm.on_t = static_cast<acc_t>(static_cast<scalar_t>(static_cast<acc_t>(on)));
+  prm.off_t = static_cast<acc_t>(static_cast<scalar_t>(static_cast<acc_t>(off)));
+  return prm;
+}
+
+inline CodecShape make_codec_shape(int64_t n_rows, int64_t k, int64_t block_rows) {
+  constexpr int64_t kU32Max = 0xFFFFFFFFll;
+  CodecShape sh;
+  sh.n = n_rows * k;
+  sh.k = k;
+  sh.block_rows = block_rows;
+  sh.small_e = sh.n <= kU32Max;
+  sh.small_r = n_rows <= kU32Max && block_rows <= kU32Max;
+  return sh;
+}
+
+// Output shapes and dtype of sddmm_dot: [nnz, H] in the promoted dtype of a and b.
+inline std::tuple<at::Tensor, at::Tensor> prepare_sddmm_operands(const at::Tensor& a, const at::Tensor& b,
+                                                                 const char* op) {
+  TORCH_CHECK(a.dim() == 3 && b.dim() == 3, op, ": a and b must be [n, H, D]");
+  TORCH_CHECK(a.size(1) == b.size(1) && a.size(2) == b.size(2), op, ": a and b differ in H or D");
+  const auto t = at::result_type(a, b);
+  TORCH_CHECK(is_float_type(t), op, ": features must be floating, got ", t);
+  return {a.to(t).contiguous(), b.to(b.device(), t).contiguous()};
+}
+
+}  // namespace dgl_exact
