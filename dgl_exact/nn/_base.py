@@ -32,19 +32,28 @@ class CompressedModuleMixin:
         return resolve_config(self.compression)
 
 
-def compressed_activation(act: Optional[Callable]) -> Optional[Callable]:
-    """Map standard activations to their dgl_exact versions (1 bit kept instead of a full tensor)."""
+def compressed_activation(act: Optional[Callable], config: Optional[CompressionConfig] = None) -> Optional[Callable]:
+    """Map standard activations to their dgl_exact versions (1 bit kept instead of a full tensor).
+    ``config``: the calling module's compression (ELU keeps its output compressed with it)."""
     if act is None:
         return None
     if act in (F.relu, torch.relu) or isinstance(act, nn.ReLU):
         return ops.relu
     if act is F.elu or isinstance(act, nn.ELU):
         alpha = act.alpha if isinstance(act, nn.ELU) else 1.0
-        return functools.partial(ops.elu, alpha=alpha)
+        return functools.partial(ops.elu, alpha=alpha, config=config)
     if act is F.leaky_relu or isinstance(act, nn.LeakyReLU):
         slope = act.negative_slope if isinstance(act, nn.LeakyReLU) else 0.01
         return functools.partial(ops.leaky_relu, negative_slope=slope)
     return act
+
+
+def check_feature_rows(st, feat_src) -> None:
+    """ValueError naming the node count when the features do not have one row per source node (before an
+    elementwise degree normalisation would fail with a bare broadcasting error)."""
+    from ..ops.graph import _check_nodes
+
+    _check_nodes(st, feat_src, "src")
 
 
 def check_zero_in_degree(module, st) -> None:

@@ -67,11 +67,11 @@ def compress_model(model: nn.Module, config: Optional[CompressionConfig] = None,
         target = _CONVERSIONS.get(type(module))
         if target is None:
             continue
-        old = type(module).__name__
+        old = f"{type(module).__module__.split('.')[0]}.{type(module).__name__}"  # before the class changes
         module.__class__ = target
         if hasattr(target, "_init_compression"):
             module.compression = config
-        report.converted[name] = f"{type(module).__module__.split('.')[0]}.{old} -> dgl_exact.{target.__name__}"
+        report.converted[name] = f"{old} -> dgl_exact.{target.__name__}"
     if fuse:
         for name, module in list(model.named_modules()):
             if isinstance(module, nn.Sequential):

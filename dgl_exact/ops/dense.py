@@ -59,7 +59,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
 class _BatchNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, running_mean, running_var, training, momentum, eps, cfg):
-        xf = x.float()
+        cdt = torch.promote_types(x.dtype, torch.float32)  # fp16/bf16 in fp32, fp64 stays fp64
+        xf = x.to(cdt)
         if training:
             mean = xf.mean(0)
             var = xf.var(0, unbiased=False)
@@ -70,11 +71,11 @@ class _BatchNorm(torch.autograd.Function):
                     unbiased = var * (n / max(n - 1, 1))
                     running_var.mul_(1 - momentum).add_(unbiased.to(running_var.dtype), alpha=momentum)
         else:
-            mean, var = running_mean.float(), running_var.float()
+            mean, var = running_mean.to(cdt), running_var.to(cdt)
         invstd = torch.rsqrt(var + eps)
         y = (xf - mean) * invstd
         if weight is not None:
-            y = y * weight.float() + bias.float()
+            y = y * weight.to(cdt) + bias.to(cdt)
         ctx.training = training
         save(ctx, stash(x, cfg.replace(kept_frac=1.0)), mean, invstd, weight)
         return y.to(x.dtype)
@@ -82,12 +83,12 @@ class _BatchNorm(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         x_s, mean, invstd, weight = load(ctx)
-        x = unstash(x_s).float()
-        g = grad.float()
+        x = unstash(x_s).to(mean.dtype)
+        g = grad.to(mean.dtype)
         xhat = (x - mean) * invstd
         gw = (g * xhat).sum(0) if weight is not None else None
         gb = g.sum(0) if weight is not None else None
-        gy = g * weight.float() if weight is not None else g
+        gy = g * weight.to(g.dtype) if weight is not None else g
         if ctx.training:
             n = x.shape[0]
             gx = invstd / n * (n * gy - gy.sum(0) - xhat * (gy * xhat).sum(0))

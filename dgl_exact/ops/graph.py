@@ -8,7 +8,9 @@ u_mul_e sum        x for grad_e, edge values for grad_x         compressed x, ed
 copy_u max/min     which source won                             arg indices, narrowest signed int
 u_add_v            nothing                                      nothing
 edge_softmax       its output                                   compressed output
-gat_attention      feat, el/er (attention is recomputed)        compressed feat, el and er ([N, H])
+gat_attention      feat, el/er (attention is recomputed)        compressed feat (twice, independently:
+                                                               unbiased attention-vector gradients),
+                                                               el and er ([N, H])
 =================  ==========================================  =====================================
 
 Features are ``[N, D]`` or ``[N, H, D]``; edge values ``[E]``, ``[E, H]`` or ``[E, H, 1]``. The graph may
@@ -108,7 +110,9 @@ class _UMulESum(torch.autograd.Function):
         x3, w2 = _as3(x), _edge2(w, st.num_edges)
         out = st.aggregate(x3, w2.to(x3.dtype))
         ctx.st, ctx.xshape, ctx.wshape = st, x.shape, w.shape
-        save(ctx, stash(x3, cfg) if ctx.needs_input_grad[1] else None,
+        # stash x itself, not the view x3: views made inside forward have no grad_fn and would pass for
+        # tensors alive anyway (kept uncompressed, by reference)
+        save(ctx, stash(x, cfg) if ctx.needs_input_grad[1] else None,
              stash(w2, cfg, force=False) if ctx.needs_input_grad[0] else None)
         return out.view((st.num_dst,) + tuple(x3.shape[1:])) if x.dim() == 3 else out.view(st.num_dst, -1)
 
@@ -122,7 +126,7 @@ class _UMulESum(torch.autograd.Function):
             w2 = unstash(w_s)
             gx = st.aggregate(g, w2.to(g.dtype), transpose=True).reshape(ctx.xshape)
         if ctx.needs_input_grad[1]:
-            x3 = unstash(x_s)
+            x3 = _as3(unstash(x_s))
             gw = st.edge_dot(x3.to(g.dtype), g).reshape(ctx.wshape)
         return gx, gw, None, None
 
@@ -267,15 +271,24 @@ class _GATAttention(torch.autograd.Function):
         out = st.aggregate(feat_src, a.to(feat_src.dtype))
         prefix = _is_prefix_view(feat_dst, feat_src)
         ctx.st, ctx.slope, ctx.p, ctx.seed, ctx.prefix, ctx.n_dst = st, slope, p, seed, prefix, feat_dst.shape[0]
-        save(ctx, stash(feat_src, cfg), None if prefix else stash(feat_dst, cfg), el, er, attn_l, attn_r, ew)
+        fs_kept = stash(feat_src, cfg)
+        # The attention-vector gradients multiply the features by a gradient that is itself linear in the
+        # (decompressed) source features: with a single compressed copy the product is biased
+        # (E[x_hat x_hat^T] != x x^T; about 10% at INT2, ~100% with projection). A second, independently
+        # compressed copy of the source features serves those products and keeps them unbiased.
+        second = not isinstance(fs_kept, torch.Tensor) and (ctx.needs_input_grad[2] or
+                                                              (prefix and ctx.needs_input_grad[3]))
+        save(ctx, fs_kept, stash(feat_src, cfg) if second else None, None if prefix else stash(feat_dst, cfg),
+             el, er, attn_l, attn_r, ew)
         return out, a
 
     @staticmethod
     def backward(ctx, g_out, g_a):
-        fs_s, fd_s, el, er, attn_l, attn_r, ew = load(ctx)
+        fs_s, fs2_s, fd_s, el, er, attn_l, attn_r, ew = load(ctx)
         st = ctx.st
         fs = unstash(fs_s)
-        fd = fs[: ctx.n_dst] if ctx.prefix else unstash(fd_s)
+        fs2 = fs if fs2_s is None else unstash(fs2_s)  # independent of fs when compressed (see forward)
+        fd = fs2[: ctx.n_dst] if ctx.prefix else unstash(fd_s)
         dtype = g_out.dtype
         raw, s, a = _attention(st, el, er, ctx.slope, ctx.p, ctx.seed, ew)
         g_out = g_out.contiguous()
@@ -297,7 +310,7 @@ class _GATAttention(torch.autograd.Function):
         grad_er = st.edge_sum_to(grad_raw, "dst")
         grad_fs = grad_fs + grad_el.unsqueeze(-1) * attn_l
         grad_fd = grad_er.unsqueeze(-1) * attn_r
-        grad_attn_l = (grad_el.unsqueeze(-1) * fs.to(dtype)).sum(0, keepdim=True).view(attn_l.shape)
+        grad_attn_l = (grad_el.unsqueeze(-1) * fs2.to(dtype)).sum(0, keepdim=True).view(attn_l.shape)
         grad_attn_r = (grad_er.unsqueeze(-1) * fd.to(dtype)).sum(0, keepdim=True).view(attn_r.shape)
         return grad_fs, grad_fd, grad_attn_l, grad_attn_r, grad_ew, None, None, None, None, None
 
@@ -313,7 +326,8 @@ def gat_attention(g, feat_src: torch.Tensor, feat_dst: torch.Tensor, attn_l: tor
 
     Nothing per-edge is kept for backward: the attention is recomputed from ``el`` and ``er`` (``[N, H]``)
     and the dropout mask from its seed; only ``feat_src`` is kept, compressed (EXACT keeps every per-edge
-    tensor in fp32)."""
+    tensor in fp32), twice with independent noise when the attention vectors need gradients: their
+    gradient is a product of two functions of the features, unbiased only with independent copies."""
     st = structure_of(g, feat_src.device)
     _check_nodes(st, feat_src, "src")
     _check_nodes(st, feat_dst, "dst")

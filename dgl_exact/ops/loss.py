@@ -18,11 +18,16 @@ def _select(x, index):
     return x if index is None else x[index]
 
 
+def _compute(z):
+    """Losses run in fp32 at least: half-precision logits are upcast, fp64 stays fp64."""
+    return z.to(torch.promote_types(z.dtype, torch.float32))
+
+
 class _CrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, target, index, weight):
         z = _select(logits, index)
-        loss = F.cross_entropy(z.float(), target, reduction="none")
+        loss = F.cross_entropy(_compute(z), target, reduction="none")
         denom = z.shape[0] if weight is None else None
         if weight is not None:
             loss = loss * weight
@@ -33,7 +38,7 @@ class _CrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         logits, target, index, weight = load(ctx)
-        z = _select(logits, index).float()
+        z = _compute(_select(logits, index))
         g = torch.softmax(z, dim=-1)
         g[torch.arange(g.shape[0], device=g.device), target] -= 1.0
         g = g * (grad / ctx.denom if ctx.denom is not None else grad)
@@ -54,7 +59,7 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, index: Optional[to
     if target.dtype not in (torch.int64, torch.int32):
         raise TypeError(f"cross_entropy expects integer class targets, got {target.dtype}")
     if not needs_saving(logits):
-        z = _select(logits, index).float()
+        z = _compute(_select(logits, index))
         loss = F.cross_entropy(z, target.long(), reduction="none")
         return (loss * weight).sum() if weight is not None else loss.mean()
     return _CrossEntropy.apply(logits, target.long(), index, weight)
@@ -63,8 +68,8 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, index: Optional[to
 class _BCEWithLogits(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, target, index, weight):
-        z = _select(logits, index).float()
-        loss = F.binary_cross_entropy_with_logits(z, target.float(), reduction="none").mean(-1)
+        z = _compute(_select(logits, index))
+        loss = F.binary_cross_entropy_with_logits(z, target.to(z.dtype), reduction="none").mean(-1)
         denom = z.shape[0] if weight is None else None
         if weight is not None:
             loss = loss * weight
@@ -75,8 +80,8 @@ class _BCEWithLogits(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         logits, target, index, weight = load(ctx)
-        z = _select(logits, index).float()
-        g = (torch.sigmoid(z) - target.float()) / z.shape[-1]
+        z = _compute(_select(logits, index))
+        g = (torch.sigmoid(z) - target.to(z.dtype)) / z.shape[-1]
         g = g * (grad / ctx.denom if ctx.denom is not None else grad)
         if weight is not None:
             g = g * weight.unsqueeze(-1)
@@ -93,7 +98,7 @@ def binary_cross_entropy_with_logits(logits: torch.Tensor, target: torch.Tensor,
     """Multi-label BCE (mean over labels, then mean over rows, or ``weight``-ed sum over rows), keeping no
     activation."""
     if not needs_saving(logits):
-        z = _select(logits, index).float()
-        loss = F.binary_cross_entropy_with_logits(z, target.float(), reduction="none").mean(-1)
+        z = _compute(_select(logits, index))
+        loss = F.binary_cross_entropy_with_logits(z, target.to(z.dtype), reduction="none").mean(-1)
         return (loss * weight).sum() if weight is not None else loss.mean()
     return _BCEWithLogits.apply(logits, target, index, weight)

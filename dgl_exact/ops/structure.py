@@ -159,14 +159,24 @@ class GraphStructure:
             out = _dgl_sparse._gspmm(gidx, op, "sum", xin, win)[0]
             return out.to(x.dtype)
         indptr, indices, eids = self.csr if transpose else self.csc
-        return kernels.get("spmm_sum", x.device)(indptr, indices, eids, x, w, n_out)
+        # kernels compute in the dtype they are given: autocast must not recast their internal products
+        # (on the CPU it turns the sparse product into a bf16 one torch does not implement)
+        with torch.autocast(x.device.type, enabled=False):
+            return kernels.get("spmm_sum", x.device)(indptr, indices, eids, x, w, n_out)
 
     def aggregate_minmax(self, x: torch.Tensor, reduce: str) -> Tuple[torch.Tensor, torch.Tensor]:
         """Max/min over in-edges and the source node attaining it (``-1`` without in-edges)."""
         if self.use_dgl:
             out, (arg_u, _) = _dgl_sparse._gspmm(self._gidx, "copy_lhs", reduce, _dgl_dtype(x), None)
             arg_u = arg_u.long()
-            return out.to(x.dtype), torch.where(arg_u >= self.num_src, torch.full_like(arg_u, -1), arg_u)
+            arg_u = torch.where(arg_u >= self.num_src, torch.full_like(arg_u, -1), arg_u)
+            if self.has_zero_in_degree:
+                # DGL's raw kernel leaves -inf/+inf and arg 0 where a destination has no in-edge (its
+                # message passing replaces the infinities with 0 afterwards): output 0, no source
+                empty = (self.in_degrees() == 0).view(-1, *([1] * (out.dim() - 1)))
+                out = out.masked_fill(empty, 0.0)
+                arg_u = arg_u.masked_fill(empty, -1)
+            return out.to(x.dtype), arg_u
         indptr, indices, eids = self.csc
         return kernels.get("spmm_minmax", x.device)(indptr, indices, eids, x, reduce, self.num_dst)
 

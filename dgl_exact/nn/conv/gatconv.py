@@ -95,7 +95,7 @@ class GATConv(CompressedModuleMixin, dgl.nn.GATConv):
         if self.has_explicit_bias:
             rst = rst + self.bias.view(*((1,) * len(dst_prefix)), heads, out)
         if self.activation:
-            rst = compressed_activation(self.activation)(rst)
+            rst = compressed_activation(self.activation, cfg)(rst)
         if get_attention:
             return rst, attention
         return rst

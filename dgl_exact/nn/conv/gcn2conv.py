@@ -6,7 +6,7 @@ from typing import Optional
 from ..._compat import import_dgl
 from ... import ops
 from ...config import CompressionConfig
-from .._base import CompressedModuleMixin, check_zero_in_degree, compressed_activation
+from .._base import CompressedModuleMixin, check_feature_rows, check_zero_in_degree, compressed_activation
 
 dgl = import_dgl()
 
@@ -54,6 +54,7 @@ class GCN2Conv(CompressedModuleMixin, dgl.nn.GCN2Conv):
 
     def forward(self, graph, feat, feat_0, edge_weight=None):
         st = ops.structure_of(graph, feat.device)
+        check_feature_rows(st, feat)
         check_zero_in_degree(self, st)
         cfg = self._config()
         if edge_weight is None:
@@ -73,5 +74,5 @@ class GCN2Conv(CompressedModuleMixin, dgl.nn.GCN2Conv):
         if self._bias:
             rst = rst + self.bias
         if self._activation is not None:
-            rst = compressed_activation(self._activation)(rst)
+            rst = compressed_activation(self._activation, cfg)(rst)
         return rst

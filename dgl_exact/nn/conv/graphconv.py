@@ -8,7 +8,7 @@ import torch
 from ..._compat import import_dgl
 from ... import ops
 from ...config import CompressionConfig
-from .._base import CompressedModuleMixin, check_zero_in_degree, compressed_activation
+from .._base import CompressedModuleMixin, check_feature_rows, check_zero_in_degree, compressed_activation
 
 dgl = import_dgl()
 from dgl.utils import expand_as_pair  # noqa: E402
@@ -61,6 +61,7 @@ class GraphConv(CompressedModuleMixin, dgl.nn.GraphConv):
     def forward(self, graph, feat, weight=None, edge_weight=None):
         feat_src, feat_dst = expand_as_pair(feat, graph)
         st = ops.structure_of(graph, feat_src.device)
+        check_feature_rows(st, feat_src)
         check_zero_in_degree(self, st)
         cfg = self._config()
         if weight is not None:
@@ -98,5 +99,5 @@ class GraphConv(CompressedModuleMixin, dgl.nn.GraphConv):
         if self.bias is not None:
             rst = rst + self.bias
         if self._activation is not None:
-            rst = compressed_activation(self._activation)(rst)
+            rst = compressed_activation(self._activation, cfg)(rst)
         return rst

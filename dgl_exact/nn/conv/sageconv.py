@@ -125,7 +125,7 @@ class SAGEConv(CompressedModuleMixin, dgl.nn.SAGEConv):
         else:
             rst = fc(self.fc_self, feat_dst) + h_neigh
         if self.activation is not None:
-            rst = compressed_activation(self.activation)(rst)
+            rst = compressed_activation(self.activation, cfg)(rst)
         if self.norm is not None:
             rst = self.norm(rst)
         return rst
