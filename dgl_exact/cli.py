@@ -93,32 +93,70 @@ def cli():
 @click.option("--checkpoint", type=click.Path(dir_okay=False), help="Save a checkpoint here after every epoch.")
 @click.option("--resume", is_flag=True, help="Continue from --checkpoint where it stopped.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars.")
+@click.option("--nproc", type=int, default=None, metavar="N",
+              help="Data-parallel training in N processes on this machine (torch.distributed: NCCL, one GPU "
+                   "each, or gloo on CPU); saint and cluster samplers. Under torchrun, leave it out.")
+@click.option("--dist-timeout", type=float, default=None, metavar="SECONDS", envvar="DGL_EXACT_DIST_TIMEOUT",
+              help="Multi-process runs: give up when another process is silent this long (default 60).")
 @click.pass_context
-def train(ctx, conf, debug_mem, test_speed, json_path, checkpoint, resume, quiet, **params):
+def train(ctx, conf, debug_mem, test_speed, json_path, checkpoint, resume, quiet, nproc, dist_timeout, **params):
     """Train a model; with no options, a GCN with INT2 activations on the bundled Cora graph."""
     params["conf"] = conf
     cfg = _config_from(ctx, params)
     from .data import DatasetNotFoundError
     from .memory import format_bytes
+    from .training import distributed
     from .training.trainer import Trainer
 
     if resume and not checkpoint:
         raise UserError("--resume needs --checkpoint PATH")
     if test_speed is not None and test_speed < 1:
         raise UserError("--test-speed needs a number of epochs >= 1")
+    if nproc is not None and nproc < 1:
+        raise UserError(f"--nproc must be >= 1, got {nproc}")
+    if dist_timeout is not None and dist_timeout <= 0:
+        raise UserError(f"--dist-timeout must be > 0 seconds, got {dist_timeout}")
+    worker = distributed.in_distributed_env()
+    if ((nproc or 1) > 1 or worker) and cfg.sampler == "full":
+        raise UserError(distributed.FULL_GRAPH_ERROR)
+    if worker and (nproc or 1) > 1 and not distributed.is_launched_child():
+        raise UserError("--nproc starts the processes itself; under torchrun (WORLD_SIZE set) leave it out")
     signal.signal(signal.SIGTERM, _raise_interrupt)
+    if not worker and (nproc or 1) > 1:
+        args = [a for a, on in (("--debug-mem", debug_mem), ("--resume", resume), ("--quiet", quiet)) if on]
+        for option, value in (("--test-speed", test_speed), ("--json", json_path), ("--checkpoint", checkpoint),
+                              ("--dist-timeout", dist_timeout)):
+            args += [option, str(value)] if value is not None else []
+        try:
+            code = distributed.launch(nproc, cfg, args, log=lambda m: click.echo(m, err=True))
+        except ValueError as e:
+            raise UserError(str(e)) from None
+        sys.exit(code)
     try:
-        trainer = Trainer(cfg, progress=False if quiet else None, log=click.echo)
-        click.echo(f"{trainer.dataset.summary()}")
-        click.echo(f"model {cfg.model}, {cfg.layers} layers x {cfg.hidden}, sampler {cfg.sampler}, "
-                   f"activations {cfg.compression.describe()}, device {trainer.device}")
+        if worker:
+            trainer = distributed.DistributedTrainer(cfg, progress=False if quiet else None, log=click.echo,
+                                                     timeout=dist_timeout)
+        else:
+            trainer = Trainer(cfg, progress=False if quiet else None, log=click.echo)
+        if trainer.rank == 0:
+            click.echo(f"{trainer.dataset.summary()}")
+            click.echo(f"model {cfg.model}, {cfg.layers} layers x {cfg.hidden}, sampler {cfg.sampler}, "
+                       f"activations {cfg.compression.describe()}, device {trainer.device}"
+                       + (f", {trainer.ctx.describe()}" if worker else ""))
         results = trainer.fit(checkpoint=checkpoint, resume=resume, debug_mem=debug_mem, test_speed=test_speed)
     except KeyboardInterrupt:
         where = f"; the last finished epoch is saved in {checkpoint}: rerun with --resume" if checkpoint else ""
         click.echo(f"interrupted{where}", err=True)
         sys.exit(130)
+    except distributed.DistributedError as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(1)
     except (DatasetNotFoundError, FileNotFoundError, ValueError, FloatingPointError) as e:
         raise UserError(str(e).splitlines()[0] if not isinstance(e, DatasetNotFoundError) else str(e)) from None
+    if worker:
+        distributed.shutdown()
+        if trainer.rank != 0:
+            return
     _print_summary(results, format_bytes)
     if json_path:
         folder = os.path.dirname(os.path.abspath(json_path))

@@ -6,7 +6,8 @@ under their name: ``cuda`` (the compiled extension in ``cuda/``, loaded through 
 
 * the backend forced by ``DGL_EXACT_BACKEND=cuda|numba|torch`` (or :func:`use_backend`), if it
   implements the op for that device, else the next one in the chain;
-* on CUDA tensors: ``cuda`` -> ``numba`` -> ``torch``; on CPU tensors: ``torch``.
+* on CUDA tensors: ``cuda`` -> ``numba`` -> ``torch``; on CPU tensors: ``numba`` (its CPU kernels) ->
+  ``torch``.
 
 All backends implement the same contract bit for bit, including the random numbers: stochastic
 rounding and dropout draw their uniforms from :func:`dgl_exact.kernels.reference.hash_uniform`, a
@@ -27,7 +28,7 @@ import torch
 __all__ = ["register", "get", "backend", "use_backend", "BACKENDS", "BackendReport", "available_backends"]
 
 BACKENDS = ("cuda", "numba", "torch")
-_CHAIN = {"cuda": ("cuda", "numba", "torch"), "cpu": ("torch",)}
+_CHAIN = {"cuda": ("cuda", "numba", "torch"), "cpu": ("numba", "torch")}
 ENV_VAR = "DGL_EXACT_BACKEND"
 
 # op name -> backend name -> (function, devices it supports)

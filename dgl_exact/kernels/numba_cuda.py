@@ -1,5 +1,537 @@
-"""Placeholder: Numba CUDA kernels (filled in by the kernels work)."""
+"""The ``numba`` backend: Numba kernels for the compression and mask ops, on CUDA and on the CPU.
+
+Ops (signatures and results exactly those of :mod:`.reference`, codes and masks bit for bit):
+``quantize_pack``, ``unpack_dequantize``, ``pack_mask``, ``unpack_mask``, ``dropout``,
+``relu_dropout``, ``masked_scale``.
+
+Two kernel sets share one scalar source (the hash and the rounding rule live in :mod:`._numba_cpu`):
+
+* CPU: ``njit(cache=True, nogil=True)`` kernels (:mod:`._numba_cpu`), for CPU tensors, each call split
+  across ``torch.get_num_threads()`` threads of a small thread pool (no Numba threading layer: safe
+  with fork, no second OpenMP runtime). Compiled on first use and cached on disk next to the module
+  (or in ``NUMBA_CACHE_DIR``).
+* CUDA: ``numba.cuda.jit`` kernels (:mod:`._numba_gpu`), for CUDA tensors, which reach Numba zero-copy
+  through ``__cuda_array_interface__`` and run on torch's current stream. Registered only when a real
+  GPU works: never when ``NUMBA_ENABLE_CUDASIM=1`` makes ``numba.cuda`` the simulator.
+
+Tensors are handed to the kernels as flat 1-D arrays. fp32 goes straight through; fp16/bf16/fp64 are
+converted to fp32 by torch in chunks of :data:`CHUNK` elements (the reference computes in fp32 too), and
+results are converted back per chunk, so the extra memory stays bounded. The elementwise ops
+(``dropout``, ``relu_dropout``, ``masked_scale``) compute in fp32 and round once to the tensor's dtype,
+as torch does for fp16/bf16; fp64 tensors there are left to the reference (it computes in fp64).
+
+For tests and tools, :func:`get_ops` returns the torch-level ops of one kernel set directly:
+``get_ops("cpu")``, ``get_ops("cuda")``, or ``get_ops("simulator")`` (the CUDA kernels run by
+Numba's simulator on CPU tensors; ``NUMBA_ENABLE_CUDASIM=1`` must be set before ``numba.cuda`` is first
+imported).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import warnings
+from typing import Optional
+
+import torch
+
+from . import register
+
+__all__ = ["load", "get_ops", "OPS", "CHUNK", "cpu_status", "cuda_status"]
+
+OPS = ("quantize_pack", "unpack_dequantize", "pack_mask", "unpack_mask", "dropout", "relu_dropout",
+       "masked_scale")
+CHUNK = 1 << 22  # elements per dtype-conversion chunk (a multiple of 8: chunks start on byte boundaries)
+
+_status = {"cpu": "not loaded", "cuda": "not loaded"}
+_ops = {}  # "cpu" / "cuda" / "simulator" -> _TorchOps
+_lock = threading.Lock()
+_LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
-def load():
-    return "not implemented"
+def cpu_status() -> str:
+    """``"available"`` or why the Numba CPU kernels are not used."""
+    return _status["cpu"]
+
+
+def cuda_status() -> str:
+    """``"available"`` or why the Numba CUDA kernels are not registered for CUDA tensors."""
+    return _status["cuda"]
+
+
+# ----------------------------------------------------------------------------------------------------
+# Engines: how arrays reach the kernels and how kernels are launched.
+# ----------------------------------------------------------------------------------------------------
+
+class _CpuEngine:
+    """Serial ``nogil`` kernels, each call split into contiguous unit ranges run on a thread pool of
+    ``torch.get_num_threads()`` threads (small calls run inline)."""
+
+    name = "numba CPU"
+    min_units_per_thread = 1 << 15
+
+    def __init__(self, module):
+        self.module = module
+        self._pool = None
+        self._pool_key = None
+        self._pool_lock = threading.Lock()
+        if hasattr(os, "register_at_fork"):  # a forked child has none of the parent's pool threads
+            os.register_at_fork(after_in_child=self._reset_pool)
+
+    def _reset_pool(self):
+        self._pool = None
+        self._pool_key = None
+        self._pool_lock = threading.Lock()
+
+    @staticmethod
+    def array(t: torch.Tensor):
+        return t.detach().numpy()
+
+    def scope(self, device):
+        return contextlib.nullcontext()
+
+    def _executor(self, workers: int):
+        key = (os.getpid(), workers)
+        with self._pool_lock:
+            if self._pool_key != key:
+                from concurrent.futures import ThreadPoolExecutor
+
+                if self._pool is not None and self._pool_key[0] == os.getpid():
+                    self._pool.shutdown(wait=False)
+                self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dgl_exact_numba")
+                self._pool_key = key
+            return self._pool
+
+    def launch(self, kernel: str, units: int, device, *args):
+        fn = getattr(self.module, kernel)
+        threads = max(1, min(torch.get_num_threads(), units // self.min_units_per_thread))
+        if threads == 1:
+            fn(*args, 0, units)
+            return
+        per = -(-units // threads)
+        bounds = [(a, min(units, a + per)) for a in range(0, units, per)]
+        pool = self._executor(torch.get_num_threads() - 1)  # the calling thread runs the first range
+        futures = [pool.submit(fn, *args, a, b) for a, b in bounds[1:]]
+        try:
+            fn(*args, *bounds[0])
+        finally:
+            for f in futures:
+                f.result()
+
+
+class _CudaEngine:
+    """Numba CUDA kernels; with ``simulator=True`` they run in Numba's simulator on CPU tensors."""
+
+    def __init__(self, module, cuda, simulator: bool):
+        self.module = module
+        self.cuda = cuda
+        self.simulator = simulator
+        self.name = "numba CUDA simulator" if simulator else "numba CUDA"
+        # the simulator runs one Python thread per CUDA thread: few, small blocks (grid-stride loops
+        # cover the rest, which also exercises them)
+        self.threads = 32 if simulator else 256
+        self.max_blocks = 4 if simulator else 65535
+
+    def array(self, t: torch.Tensor):
+        t = t.detach()
+        if t.is_cuda:
+            return self.cuda.as_cuda_array(t, sync=False)  # we launch on torch's current stream
+        if self.simulator:
+            return t.numpy()
+        raise ValueError("the Numba CUDA kernels need CUDA tensors")
+
+    def scope(self, device):
+        if device.type != "cuda":
+            return contextlib.nullcontext()
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return self.cuda.gpus[index]
+
+    def launch(self, kernel: str, units: int, device, *args):
+        fn = getattr(self.module, kernel)
+        blocks = max(1, min(self.max_blocks, -(-units // self.threads)))
+        if device.type == "cuda":
+            stream = self.cuda.external_stream(torch.cuda.current_stream(device).cuda_stream)
+            fn[blocks, self.threads, stream](*args)
+        else:
+            fn[blocks, self.threads](*args)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Torch-level ops over an engine (the reference's signatures).
+# ----------------------------------------------------------------------------------------------------
+
+def _seed_words(seed: int):
+    import numpy as np
+
+    from .reference import split_seed
+
+    s_lo, s_hi = split_seed(seed)
+    return np.uint64(s_lo), np.uint64(s_hi)
+
+
+def _f32(v: float):
+    import numpy as np
+
+    return np.float32(v)
+
+
+def _f32_chunks(flat: torch.Tensor):
+    """``(start, end, fp32 view or copy)`` over a flat tensor, in chunks unless it is fp32 already."""
+    n = flat.numel()
+    if flat.dtype == torch.float32:
+        yield 0, n, flat
+        return
+    for a in range(0, n, CHUNK):
+        b = min(n, a + CHUNK)
+        yield a, b, flat[a:b].float()
+
+
+def _check_codes(bits, block_rows, levels, lo, step, n_rows):
+    """The kernels do not bounds-check: refuse arguments that would make them read out of bounds."""
+    if bits not in (1, 2, 4, 8):
+        raise ValueError(f"bits must be 1, 2, 4 or 8, got {bits}")
+    if block_rows < 1:
+        raise ValueError(f"block_rows must be >= 1, got {block_rows}")
+    if levels is not None and levels.numel() != 1 << bits:
+        raise ValueError(f"a level table for {bits}-bit codes has {1 << bits} entries, got {levels.numel()}")
+    groups = -(-n_rows // block_rows)
+    if lo.numel() < groups or step.numel() < groups:
+        raise ValueError(f"{n_rows} rows in blocks of {block_rows} need {groups} lo/step values, got "
+                         f"{lo.numel()}/{step.numel()}")
+
+
+def _check_packed(packed, n_bits):
+    if packed.dtype != torch.uint8 or packed.numel() * 8 < n_bits:
+        raise ValueError(f"packed must be uint8 with at least {-(-n_bits // 8)} bytes, got {packed.dtype} "
+                         f"with {packed.numel()}")
+
+
+class _TorchOps:
+    """The registered ops, implemented with one engine's kernels."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self._dummy_levels = {}
+        self._uniform_tables = {}
+
+    def __repr__(self):
+        return f"<dgl_exact {self.engine.name} ops>"
+
+    # helpers ------------------------------------------------------------------------------------
+    def _a(self, t: torch.Tensor):
+        return self.engine.array(t)
+
+    def _levels(self, levels: Optional[torch.Tensor], device):
+        if levels is not None:
+            return levels.float().contiguous(), True
+        key = str(device)
+        if key not in self._dummy_levels:
+            self._dummy_levels[key] = torch.zeros(1, dtype=torch.float32, device=device)
+        return self._dummy_levels[key], False
+
+    def _table(self, levels: Optional[torch.Tensor], bits: int, device):
+        """The decode table: ``levels``, or ``0, 1, ..., 2**bits - 1`` (exactly ``float(q)``)."""
+        if levels is not None:
+            return levels.float().contiguous()
+        key = (str(device), bits)
+        if key not in self._uniform_tables:
+            self._uniform_tables[key] = torch.arange(1 << bits, dtype=torch.float32, device=device)
+        return self._uniform_tables[key]
+
+    def _elementwise_out(self, x: torch.Tensor):
+        """(flat output, fp32 scratch or None)."""
+        out = torch.empty(x.numel(), dtype=x.dtype, device=x.device)
+        scratch = None if x.dtype == torch.float32 else torch.empty(min(CHUNK, x.numel()), dtype=torch.float32,
+                                                                    device=x.device)
+        return out, scratch
+
+    # compression --------------------------------------------------------------------------------
+    def quantize_pack(self, x, lo, step, levels, bits, block_rows, seed, stochastic):
+        n_rows, k = x.shape
+        n = n_rows * k
+        bits, block_rows = int(bits), int(block_rows)
+        _check_codes(bits, block_rows, levels, lo, step, n_rows)
+        out = torch.empty(-(-n * bits // 8), dtype=torch.uint8, device=x.device)
+        if n == 0:
+            return out
+        inv = torch.where(step > 0, 1.0 / step, torch.zeros_like(step)).float().contiguous()
+        lo32 = lo.float().contiguous()
+        lv, has_levels = self._levels(levels, x.device)
+        s_lo, s_hi = _seed_words(seed)
+        flat = x.contiguous().view(-1)
+        eng = self.engine
+        with eng.scope(x.device):
+            a_lo, a_inv, a_lv = self._a(lo32), self._a(inv), self._a(lv)
+            for a, b, xc in _f32_chunks(flat):
+                oc = out[a * bits // 8: -(-b * bits // 8)]
+                eng.launch("quantize_pack", oc.numel(), x.device, self._a(xc), a, k, block_rows, a_lo, a_inv,
+                           a_lv, has_levels, bits, s_lo, s_hi, bool(stochastic), self._a(oc))
+        return out
+
+    def unpack_dequantize(self, packed, lo, step, levels, bits, block_rows, n_rows, k, dtype):
+        n = n_rows * k
+        bits, block_rows, k = int(bits), int(block_rows), int(k)
+        _check_codes(bits, block_rows, levels, lo, step, n_rows)
+        _check_packed(packed, n * bits)
+        out = torch.empty((n_rows, k), dtype=dtype, device=packed.device)
+        if n == 0:
+            return out
+        lo32, step32 = lo.float().contiguous(), step.float().contiguous()
+        table = self._table(levels, bits, packed.device)
+        flat = out.view(-1)
+        eng = self.engine
+        with eng.scope(packed.device):
+            a_packed, a_table = self._a(packed.contiguous()), self._a(table)
+            a_lo, a_step = self._a(lo32), self._a(step32)
+
+            def decode(e0, dst):
+                eng.launch("unpack_dequantize", dst.numel(), packed.device, a_packed, e0, k, block_rows, a_lo, a_step,
+                           a_table, bits, self._a(dst))
+
+            if dtype == torch.float32:
+                decode(0, flat)
+                return out
+            scratch = torch.empty(min(CHUNK, n), dtype=torch.float32, device=packed.device)
+            for a in range(0, n, CHUNK):
+                b = min(n, a + CHUNK)
+                decode(a, scratch[: b - a])
+                flat[a:b].copy_(scratch[: b - a])
+        return out
+
+    # masks --------------------------------------------------------------------------------------
+    def pack_mask(self, mask):
+        from . import reference
+
+        flat = mask.reshape(-1)
+        if flat.dtype != torch.bool:
+            return reference.pack_mask(mask)
+        n = flat.numel()
+        out = torch.empty(-(-n // 8), dtype=torch.uint8, device=mask.device)
+        if n:
+            with self.engine.scope(mask.device):
+                self.engine.launch("pack_mask", out.numel(), mask.device,
+                                   self._a(flat.contiguous().view(torch.uint8)), self._a(out))
+        return out
+
+    def unpack_mask(self, packed, numel):
+        numel = int(numel)
+        _check_packed(packed, numel)
+        out = torch.empty(numel, dtype=torch.bool, device=packed.device)
+        if numel:
+            with self.engine.scope(packed.device):
+                self.engine.launch("unpack_mask", numel, packed.device, self._a(packed.contiguous()),
+                                   self._a(out.view(torch.uint8)))
+        return out
+
+    def dropout(self, x, p, seed):
+        from . import reference
+
+        if x.dtype != torch.float32 and x.dtype not in _LOW_PRECISION:
+            return reference.dropout(x, p, seed)
+        scale = 1.0 / (1.0 - p)  # p == 1 raises ZeroDivisionError, as in the reference
+        p32, sc = _f32(p), _f32(scale)
+        s_lo, s_hi = _seed_words(seed)
+        out, scratch = self._elementwise_out(x)
+        eng = self.engine
+        with eng.scope(x.device):
+            for a, b, xc in _f32_chunks(x.contiguous().view(-1)):
+                oc = out if scratch is None else scratch[: b - a]
+                eng.launch("dropout", b - a, x.device, self._a(xc), a, p32, s_lo, s_hi, sc, self._a(oc))
+                if scratch is not None:
+                    out[a:b].copy_(oc)
+        return out.view(x.shape)
+
+    def relu_dropout(self, x, p, seed):
+        from . import reference
+
+        if x.dtype != torch.float32 and x.dtype not in _LOW_PRECISION:
+            return reference.relu_dropout(x, p, seed)
+        use_p = p > 0
+        scale = 1.0 / (1.0 - p) if use_p else 1.0
+        p32, sc = _f32(p), _f32(scale)
+        s_lo, s_hi = _seed_words(seed)
+        n = x.numel()
+        out, scratch = self._elementwise_out(x)
+        packed = torch.empty(-(-n // 8), dtype=torch.uint8, device=x.device)
+        eng = self.engine
+        with eng.scope(x.device):
+            for a, b, xc in _f32_chunks(x.contiguous().view(-1)):
+                oc = out if scratch is None else scratch[: b - a]
+                pc = packed[a // 8: -(-b // 8)]
+                eng.launch("relu_dropout", pc.numel(), x.device, self._a(xc), a, bool(use_p), p32, s_lo, s_hi, sc,
+                           self._a(oc), self._a(pc))
+                if scratch is not None:
+                    out[a:b].copy_(oc)
+        return out.view(x.shape), packed
+
+    def masked_scale(self, g, packed, on, off):
+        from . import reference
+
+        if g.dtype != torch.float32 and g.dtype not in _LOW_PRECISION:
+            return reference.masked_scale(g, packed, on, off)
+        if off == 0.0:  # reference: (g * mask) * on
+            a_on, a_off, c = _f32(1.0), _f32(0.0), _f32(on)
+        else:  # reference: g * where(mask, on, off), the factors in g's dtype
+            a_on = _f32(torch.tensor(on, dtype=g.dtype).item())
+            a_off = _f32(torch.tensor(off, dtype=g.dtype).item())
+            c = _f32(1.0)
+        _check_packed(packed, g.numel())
+        out, scratch = self._elementwise_out(g)
+        eng = self.engine
+        with eng.scope(g.device):
+            a_packed = self._a(packed.contiguous())
+            for a, b, gc in _f32_chunks(g.contiguous().view(-1)):
+                oc = out if scratch is None else scratch[: b - a]
+                eng.launch("masked_scale", b - a, g.device, self._a(gc), a, a_packed, a_on, a_off, c, self._a(oc))
+                if scratch is not None:
+                    out[a:b].copy_(oc)
+        return out.view(g.shape)
+
+    # random numbers (not a registered op: for the smoke test and tests) --------------------------
+    def hash_uniform(self, seed: int, start: int, count: int, device) -> torch.Tensor:
+        device = torch.device(device)
+        out = torch.empty(int(count), dtype=torch.float32, device=device)
+        if count:
+            s_lo, s_hi = _seed_words(seed)
+            with self.engine.scope(device):
+                self.engine.launch("hash_uniform", int(count), device, int(start), s_lo, s_hi, self._a(out))
+        return out
+
+
+# ----------------------------------------------------------------------------------------------------
+# Loading and registration.
+# ----------------------------------------------------------------------------------------------------
+
+def _import_numba_cuda():
+    from .._compat import patch_numpy_for_numba
+
+    patch_numpy_for_numba()
+    from numba import cuda
+
+    return cuda
+
+
+def get_ops(kind: str) -> _TorchOps:
+    """The torch-level ops of one kernel set: ``"cpu"``, ``"cuda"`` or ``"simulator"``.
+
+    Raises ``RuntimeError`` when that kernel set cannot run here. ``"simulator"`` needs
+    ``NUMBA_ENABLE_CUDASIM=1`` in the environment before ``numba.cuda`` is first imported; its ops take
+    CPU tensors.
+    """
+    if kind not in ("cpu", "cuda", "simulator"):
+        raise ValueError(f"kind must be 'cpu', 'cuda' or 'simulator', got {kind!r}")
+    with _lock:
+        if kind in _ops:
+            return _ops[kind]
+        if kind == "cpu":
+            from . import _numba_cpu
+
+            ops = _TorchOps(_CpuEngine(_numba_cpu))
+        else:
+            from numba import config as numba_config
+
+            simulator = bool(numba_config.ENABLE_CUDASIM)
+            if simulator != (kind == "simulator"):
+                raise RuntimeError(f"numba.cuda kernels of kind {kind!r} need NUMBA_ENABLE_CUDASIM="
+                                   f"{'1' if kind == 'simulator' else '0'} (it is {int(simulator)})")
+            cuda = _import_numba_cuda()
+            if kind == "cuda" and not cuda.is_available():
+                raise RuntimeError("numba.cuda sees no usable GPU (no device or no driver)")
+            from . import _numba_gpu
+
+            ops = _TorchOps(_CudaEngine(_numba_gpu, cuda, simulator=simulator))
+        _ops[kind] = ops
+        return ops
+
+
+def _load_cuda() -> Optional[str]:
+    """None when the Numba CUDA kernels run on this machine's GPU, else why not."""
+    from numba import config as numba_config
+
+    if numba_config.ENABLE_CUDASIM or os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0"):
+        return "NUMBA_ENABLE_CUDASIM is set: numba.cuda is the simulator (not used for real work)"
+    if not torch.cuda.is_available():
+        return "torch sees no CUDA device"
+    try:
+        ops = get_ops("cuda")
+        # smoke test: compile and run one kernel, and check the contract's random numbers
+        from . import reference
+
+        device = torch.device("cuda", torch.cuda.current_device())
+        seed, start = 0x1234_5678_9ABC_DEF0 & ((1 << 63) - 1), (1 << 32) - 5
+        got = ops.hash_uniform(seed, start, 64, device)
+        want = reference.hash_uniform(seed, start, 64, device)
+        if not torch.equal(got, want):
+            return "numba CUDA smoke test failed: hash_uniform differs from the reference"
+    except Exception as exc:
+        return f"numba CUDA unavailable ({type(exc).__name__}: {exc})"
+    return None
+
+
+_warned = set()
+
+
+def _is_numba_failure(exc: BaseException) -> bool:
+    return type(exc).__module__.split(".", 1)[0] in ("numba", "numba_cuda", "llvmlite")
+
+
+def _dispatcher(op: str):
+    from . import reference
+
+    fallback = getattr(reference, op)
+
+    def run(*args, **kwargs):
+        device = args[0].device if args else next(iter(kwargs.values())).device
+        kind = "cuda" if device.type == "cuda" else "cpu"
+        ops = _ops.get(kind)
+        if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+            ops = None  # the kernels are not differentiable: keep the reference's autograd semantics
+        if ops is not None and _status[kind] == "available":
+            try:
+                return getattr(ops, op)(*args, **kwargs)
+            except Exception as exc:
+                if not _is_numba_failure(exc):
+                    raise
+                # a kernel failed to compile or launch: use the reference from now on for this device
+                _status[kind] = f"disabled after an error in {op}: {type(exc).__name__}: {exc}"
+                if kind not in _warned:
+                    _warned.add(kind)
+                    warnings.warn(f"dgl_exact: numba {kind} kernels disabled ({_status[kind]}); "
+                                  "using the torch reference", RuntimeWarning, stacklevel=2)
+        return fallback(*args, **kwargs)
+
+    run.__name__ = f"numba_{op}"
+    run.__doc__ = getattr(_TorchOps, op).__doc__ or fallback.__doc__
+    return run
+
+
+def load() -> Optional[str]:
+    """Register the ops; return None when at least the CPU kernels are usable, else the reason.
+
+    Never raises. The CUDA kernels are registered for CUDA tensors only when a real GPU works (see
+    :func:`cuda_status`).
+    """
+    try:
+        import numba
+    except Exception as exc:
+        _status["cpu"] = _status["cuda"] = f"numba is not importable ({type(exc).__name__}: {exc})"
+        return _status["cpu"]
+    try:
+        version = tuple(int(p) for p in numba.__version__.split(".")[:2])
+    except ValueError:
+        version = (0, 0)
+    if version < (0, 58):
+        _status["cpu"] = _status["cuda"] = f"numba {numba.__version__} is too old (need >= 0.58)"
+        return _status["cpu"]
+    try:
+        get_ops("cpu")
+    except Exception as exc:
+        _status["cpu"] = _status["cuda"] = f"numba CPU kernels failed to import ({type(exc).__name__}: {exc})"
+        return _status["cpu"]
+    _status["cpu"] = "available"
+    reason = _load_cuda()
+    _status["cuda"] = "available" if reason is None else reason
+    devices = ("cpu", "cuda") if reason is None else ("cpu",)
+    for op in OPS:
+        register(op, "numba", devices=devices)(_dispatcher(op))
+    return None

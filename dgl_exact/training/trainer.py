@@ -151,7 +151,8 @@ class Trainer:
         self.train_label = self.label[self.split["train"]]
         self.sampler = self._make_sampler()
 
-    def _make_sampler(self):
+    def _make_sampler(self, assignment=None):
+        """The training sampler (None for full-graph); ``assignment``: a given ClusterGCN partition."""
         cfg = self.cfg
         common = dict(seed=cfg.seed, rank=self.rank, world_size=self.world_size, even=self.world_size > 1)
         if cfg.sampler == "full":
@@ -160,10 +161,10 @@ class Trainer:
         if cfg.sampler == "saint":
             walk = cfg.walk_length if cfg.saint_mode == "walk" else None
             return SAINTSampler(self.graph, cfg.saint_mode, cfg.saint_budget, walk, sample_coverage=cfg.sample_coverage,
-                                cache_dir=cache_dir, dataset=self.dataset.name, progress=self.progress, **common)
+                                cache_dir=cache_dir, dataset=self.dataset.key, progress=self.progress, **common)
         num_parts = min(cfg.num_parts, self.graph.num_nodes())
         return ClusterGCNSampler(self.graph, num_parts, min(cfg.parts_per_batch, num_parts), cache_dir=cache_dir,
-                                 dataset=self.dataset.name, **common)
+                                 dataset=self.dataset.name, assignment=assignment, **common)
 
     # --- one step -----------------------------------------------------------------------------------
     def _loss(self, logits, label_rows, index, weight=None):
@@ -350,6 +351,10 @@ class Trainer:
         return (statistics.fmean(losses) if losses else float("nan")), report
 
     # --- all runs -----------------------------------------------------------------------------------
+    def _load_resume_state(self, checkpoint: str) -> Dict[str, Any]:
+        """Hook: the checkpoint ``--resume`` continues from (distributed: read by rank 0, broadcast)."""
+        return load_checkpoint(checkpoint)
+
     def fit(self, *, checkpoint: Optional[str] = None, resume: bool = False, debug_mem: bool = False,
             test_speed: Optional[int] = None) -> TrainResults:
         cfg = self.cfg
@@ -358,7 +363,7 @@ class Trainer:
         if resume:
             if not checkpoint:
                 raise ValueError("--resume needs --checkpoint PATH")
-            state = load_checkpoint(checkpoint)
+            state = self._load_resume_state(checkpoint)
             _check_resumable(state["config"], cfg)
             results = [RunResult(**r) for r in state["completed"]]
             first_run = state["run"]
