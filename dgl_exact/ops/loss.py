@@ -28,7 +28,7 @@ class _CrossEntropy(torch.autograd.Function):
     def forward(ctx, logits, target, index, weight):
         z = _select(logits, index)
         loss = F.cross_entropy(_compute(z), target, reduction="none")
-        denom = z.shape[0] if weight is None else None
+        denom = max(z.shape[0], 1) if weight is None else None  # no rows: loss 0, gradient 0
         if weight is not None:
             loss = loss * weight
         ctx.denom = denom
@@ -61,7 +61,7 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, index: Optional[to
     if not needs_saving(logits):
         z = _compute(_select(logits, index))
         loss = F.cross_entropy(z, target.long(), reduction="none")
-        return (loss * weight).sum() if weight is not None else loss.mean()
+        return (loss * weight).sum() if weight is not None else loss.sum() / max(loss.numel(), 1)
     return _CrossEntropy.apply(logits, target.long(), index, weight)
 
 
@@ -70,7 +70,7 @@ class _BCEWithLogits(torch.autograd.Function):
     def forward(ctx, logits, target, index, weight):
         z = _compute(_select(logits, index))
         loss = F.binary_cross_entropy_with_logits(z, target.to(z.dtype), reduction="none").mean(-1)
-        denom = z.shape[0] if weight is None else None
+        denom = max(z.shape[0], 1) if weight is None else None  # no rows: loss 0, gradient 0
         if weight is not None:
             loss = loss * weight
         ctx.denom = denom
@@ -100,5 +100,5 @@ def binary_cross_entropy_with_logits(logits: torch.Tensor, target: torch.Tensor,
     if not needs_saving(logits):
         z = _compute(_select(logits, index))
         loss = F.binary_cross_entropy_with_logits(z, target.to(z.dtype), reduction="none").mean(-1)
-        return (loss * weight).sum() if weight is not None else loss.mean()
+        return (loss * weight).sum() if weight is not None else loss.sum() / max(loss.numel(), 1)
     return _BCEWithLogits.apply(logits, target, index, weight)
