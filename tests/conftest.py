@@ -20,6 +20,32 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """One OpenMP thread for a module: on a small shared machine DGL's/torch's thread pools spin-wait for
+    cores other processes hold (x15 slower on tiny graphs). Use with ``pytest.mark.usefixtures``."""
+    from dgl.utils.internal import get_num_threads, set_num_threads
+
+    previous = get_num_threads(), torch.get_num_threads()
+    set_num_threads(1)
+    torch.set_num_threads(1)
+    yield
+    set_num_threads(previous[0])
+    torch.set_num_threads(previous[1])
+
+
+@pytest.fixture(params=["dgl_kernels", "device_kernels"])
+def kernel_path(request):
+    """Run a test with DGL's CPU kernels, or with dgl_exact's torch kernels (the GPU code path)."""
+    from dgl_exact.ops.structure import device_kernels_only
+
+    if request.param == "device_kernels":
+        with device_kernels_only():
+            yield request.param
+    else:
+        yield request.param
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

@@ -20,6 +20,8 @@ from dgl_exact.training.models import build_model
 
 import dgl  # noqa: E402  (after dgl_exact)
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 N_NODES, N_EDGES, IN_FEATS, HIDDEN, CLASSES = 2000, 16000, 64, 64, 8
 
 CONFIGS = {
@@ -31,18 +33,6 @@ CONFIGS = {
 }
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """One OpenMP thread: on a small shared machine DGL's/torch's thread pools spin-wait for cores other
-    processes hold."""
-    from dgl.utils.internal import get_num_threads, set_num_threads
-
-    previous = get_num_threads(), torch.get_num_threads()
-    set_num_threads(1)
-    torch.set_num_threads(1)
-    yield
-    set_num_threads(previous[0])
-    torch.set_num_threads(previous[1])
 
 
 @pytest.fixture(scope="module")

@@ -33,9 +33,10 @@ import torch.nn.functional as F
 import dgl_exact
 from dgl_exact import CompressionConfig
 from dgl_exact.ops import structure as structure_mod
-from dgl_exact.ops.structure import device_kernels_only
 
 import dgl  # noqa: E402  (after dgl_exact: installs the import shim)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 OFF = CompressionConfig(enabled=False)
 INT8 = CompressionConfig(bits=8)
@@ -72,28 +73,6 @@ def graphs(tmp_path_factory):
 GRAPH_KINDS = ["graph", "block", "saint", "cluster"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """One OpenMP thread: on a small shared machine DGL's/torch's thread pools spin-wait for cores other
-    processes hold (x15 slower on these tiny graphs)."""
-    from dgl.utils.internal import get_num_threads, set_num_threads
-
-    previous = get_num_threads(), torch.get_num_threads()
-    set_num_threads(1)
-    torch.set_num_threads(1)
-    yield
-    set_num_threads(previous[0])
-    torch.set_num_threads(previous[1])
-
-
-@pytest.fixture(params=["dgl_kernels", "device_kernels"])
-def kernel_path(request):
-    """Run the test with DGL's CPU kernels, or with dgl_exact's torch kernels (the GPU code path)."""
-    if request.param == "device_kernels":
-        with device_kernels_only():
-            yield request.param
-    else:
-        yield request.param
 
 
 # ---------------------------------------------------------------------------------------------------

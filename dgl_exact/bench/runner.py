@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import math
 import statistics
 import time
 from typing import Callable, Dict, List, Optional, Sequence

@@ -6,9 +6,7 @@ into one op keeping a single bit per element.
 """
 from __future__ import annotations
 
-from typing import Optional
 
-import torch
 import torch.nn as nn
 import torch.nn.functional as F
 

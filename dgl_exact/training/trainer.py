@@ -24,7 +24,7 @@ from ..data import GraphDataset, load_dataset
 from .checkpoint import load_checkpoint, save_checkpoint
 from .config import TrainConfig
 from .models import build_model
-from .samplers import ClusterGCNSampler, FullGraphSampler, SAINTSampler
+from .samplers import ClusterGCNSampler, SAINTSampler
 
 dgl = import_dgl()
 
