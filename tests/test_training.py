@@ -168,7 +168,7 @@ def test_cli_default_train_on_bundled_cora_json(tmp_path):
 
 
 def test_cli_interrupt_then_resume_matches_uninterrupted(tmp_path):
-    common = ["train", "--epochs", "30", "--quiet", "--model", "sage", "--hidden", "16"]
+    common = ["train", "--epochs", "120", "--eval-every", "10", "--quiet", "--model", "sage", "--hidden", "16"]
     ref = cli(*common, "--json", str(tmp_path / "ref.json"), cwd=str(tmp_path))
     assert ref.returncode == 0, ref.stderr
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
