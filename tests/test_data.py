@@ -161,8 +161,12 @@ def test_cora_matches_dgl(tmp_path):
     g = load_dataset("cora").graph
     for a, b in zip(ref.edges(), g.edges()):
         assert torch.equal(a, b)  # same edges, same order
-    for key in ("feat", "label", "train_mask", "val_mask", "test_mask"):
+    for key in ("label", "train_mask", "val_mask", "test_mask"):
         assert torch.equal(ref.ndata[key], g.ndata[key]), key
+    # DGL row-normalises with numpy/scipy, whose summation order differs across versions: equal to fp32
+    # rounding, and exactly the same non-zero pattern
+    assert torch.equal(ref.ndata["feat"] != 0, g.ndata["feat"] != 0)
+    torch.testing.assert_close(ref.ndata["feat"], g.ndata["feat"], rtol=1e-6, atol=1e-7)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -90,31 +90,35 @@ def draw_seed() -> int:
     return int(torch.randint(0, 2**63 - 1, (), dtype=torch.int64).item())
 
 
-def _round_bf16(v: torch.Tensor, up: bool) -> torch.Tensor:
-    """Round fp32 to the nearest bf16 value below (``up=False``) or above (``up=True``), as fp32."""
+_LOW16 = 0xFFFF
+_HIGH16 = -65536  # 0xFFFF0000 as int32: bf16 keeps the top 16 bits of an fp32
+
+
+def _bf16_floor(v: torch.Tensor) -> torch.Tensor:
+    """The largest bf16 value <= ``v`` (fp32 in, fp32 out). On the bit pattern: truncation rounds positive
+    values down; for negative ones adding 0xFFFF first moves the magnitude up to the next bf16."""
     bits = v.contiguous().view(torch.int32)
-    trunc = bits & -65536  # 0xFFFF0000: bf16 keeps the top 16 bits; truncation rounds toward zero
-    inexact = (bits & 0xFFFF) != 0
-    negative = bits < 0
-    away = inexact & (negative != up)  # need to move away from zero: down for negatives, up for positives
-    out = torch.where(away, trunc + 65536, trunc).view(torch.float32)
-    return torch.where(torch.isfinite(v), out, v)
+    return torch.where(bits < 0, bits + _LOW16, bits).bitwise_and_(_HIGH16).view(torch.float32)
+
+
+def _bf16_ceil_nonneg(v: torch.Tensor) -> torch.Tensor:
+    """The smallest bf16 value >= ``v`` for ``v >= 0`` (fp32 in, fp32 out)."""
+    return (v.contiguous().view(torch.int32) + _LOW16).bitwise_and_(_HIGH16).view(torch.float32)
 
 
 def _group_minmax(x: torch.Tensor, block_rows: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Per-group (min, max) in fp32, one pass over ``x`` (groups: ``block_rows`` consecutive rows)."""
     n = x.shape[0]
     full = (n // block_rows) * block_rows
-    mins, maxs = [], []
+    parts = []
     if full:
-        body = x[:full].reshape(full // block_rows, -1)
-        mins.append(body.amin(dim=1))
-        maxs.append(body.amax(dim=1))
+        parts.append(torch.aminmax(x[:full].reshape(full // block_rows, -1), dim=1))
     if full < n:
-        tail = x[full:].reshape(1, -1)
-        mins.append(tail.amin(dim=1))
-        maxs.append(tail.amax(dim=1))
-    mn = torch.cat(mins) if len(mins) > 1 else mins[0]
-    mx = torch.cat(maxs) if len(maxs) > 1 else maxs[0]
+        parts.append(torch.aminmax(x[full:].reshape(1, -1), dim=1))
+    if len(parts) == 1:
+        mn, mx = parts[0]
+    else:
+        mn, mx = torch.cat([parts[0][0], parts[1][0]]), torch.cat([parts[0][1], parts[1][1]])
     return mn.float(), mx.float()
 
 
@@ -174,16 +178,17 @@ def compress(x: torch.Tensor, config: Optional[CompressionConfig] = None, seed: 
         return CompressedTensor(width=k, proj_seed=proj_seed, packed=empty, lo=meta, step=meta.clone(), **base)
 
     mn, mx = _group_minmax(rows, cfg.block_rows)
-    finite = torch.isfinite(mn) & torch.isfinite(mx)
+    lo = _bf16_floor(mn)
+    span = mx - lo  # NaN or inf exactly when the group holds a NaN or an inf
+    finite = torch.isfinite(span)
     if cfg.nonfinite == "raise" and not bool(finite.all()):
         bad = int((~finite).sum())
         raise FloatingPointError(f"compress: {bad} group(s) of the activation contain NaN or Inf; "
                                  "check the model for overflow (or use nonfinite='propagate' under AMP)")
-    lo = _round_bf16(mn, up=False)
-    step = _round_bf16((mx - lo) * (1.0 + 2.0**-20) / top, up=True)
-    step = torch.where(mx > lo, step, torch.zeros_like(step))
+    # step rounded up (by a hair more than fp32 rounding can lose) so that every value maps inside [0, top]
+    step = _bf16_ceil_nonneg(span * ((1.0 + 2.0**-20) / top))
+    step = torch.where(finite & (span > 0), step, torch.zeros_like(step))
     lo = torch.where(finite, lo, torch.full_like(lo, float("nan")))
-    step = torch.where(finite, step, torch.zeros_like(step))
 
     exc_index = exc_value = None
     inexact_constant = finite & (mn == mx) & (lo != mn)

@@ -57,44 +57,36 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
 
 
 class _BatchNorm(torch.autograd.Function):
+    """ATen's batch-norm kernels (fused, multithreaded / cuDNN-free) on both passes; only what backward
+    reads changes: the input comes from its compressed copy."""
+
     @staticmethod
     def forward(ctx, x, weight, bias, running_mean, running_var, training, momentum, eps, cfg):
         cdt = torch.promote_types(x.dtype, torch.float32)  # fp16/bf16 in fp32, fp64 stays fp64
-        xf = x.to(cdt)
-        if training:
-            mean = xf.mean(0)
-            var = xf.var(0, unbiased=False)
-            if running_mean is not None:
-                n = x.shape[0]
-                with torch.no_grad():
-                    running_mean.mul_(1 - momentum).add_(mean.to(running_mean.dtype), alpha=momentum)
-                    unbiased = var * (n / max(n - 1, 1))
-                    running_var.mul_(1 - momentum).add_(unbiased.to(running_var.dtype), alpha=momentum)
-        else:
-            mean, var = running_mean.to(cdt), running_var.to(cdt)
-        invstd = torch.rsqrt(var + eps)
-        y = (xf - mean) * invstd
-        if weight is not None:
-            y = y * weight.to(cdt) + bias.to(cdt)
-        ctx.training = training
-        save(ctx, stash(x, cfg.replace(kept_frac=1.0)), mean, invstd, weight)
+        w = None if weight is None else weight.to(cdt)
+        b = None if bias is None else bias.to(cdt)
+        # running statistics are updated in place (unbiased variance), as F.batch_norm does
+        y, save_mean, save_invstd = torch.native_batch_norm(x.to(cdt), w, b, running_mean, running_var, training,
+                                                            momentum, eps)
+        ctx.training, ctx.eps = training, eps
+        stats = (save_mean, save_invstd) if training else (running_mean.to(cdt), running_var.to(cdt))
+        save(ctx, stash(x, cfg.replace(kept_frac=1.0)), *stats, weight)
         return y.to(x.dtype)
 
     @staticmethod
     def backward(ctx, grad):
-        x_s, mean, invstd, weight = load(ctx)
-        x = unstash(x_s).to(mean.dtype)
-        g = grad.to(mean.dtype)
-        xhat = (x - mean) * invstd
-        gw = (g * xhat).sum(0) if weight is not None else None
-        gb = g.sum(0) if weight is not None else None
-        gy = g * weight.to(g.dtype) if weight is not None else g
+        x_s, stat_a, stat_b, weight = load(ctx)
+        cdt = stat_a.dtype
+        x = unstash(x_s).to(cdt)
+        w = None if weight is None else weight.to(cdt)
         if ctx.training:
-            n = x.shape[0]
-            gx = invstd / n * (n * gy - gy.sum(0) - xhat * (gy * xhat).sum(0))
+            save_mean, save_invstd, run_mean, run_var = stat_a, stat_b, None, None
         else:
-            gx = gy * invstd
-        gx = gx.to(grad.dtype)
+            save_mean, save_invstd, run_mean, run_var = None, None, stat_a, stat_b
+        gx, gw, gb = torch.ops.aten.native_batch_norm_backward(
+            grad.to(cdt).contiguous(), x, w, run_mean, run_var, save_mean, save_invstd, ctx.training, ctx.eps,
+            [ctx.needs_input_grad[0], weight is not None, weight is not None])
+        gx = None if gx is None else gx.to(grad.dtype)
         if weight is not None:
             gw, gb = gw.to(weight.dtype), gb.to(weight.dtype)
         return gx, gw, gb, None, None, None, None, None, None
