@@ -121,7 +121,10 @@ def train(ctx, conf, debug_mem, test_speed, json_path, checkpoint, resume, quiet
         raise UserError(distributed.FULL_GRAPH_ERROR)
     if worker and (nproc or 1) > 1 and not distributed.is_launched_child():
         raise UserError("--nproc starts the processes itself; under torchrun (WORLD_SIZE set) leave it out")
+    # Ctrl-C and kill both stop at once, keeping the last finished epoch's checkpoint. SIGINT is installed
+    # explicitly: a shell starting us in the background (``cmd &``) leaves it ignored.
     signal.signal(signal.SIGTERM, _raise_interrupt)
+    signal.signal(signal.SIGINT, _raise_interrupt)
     if not worker and (nproc or 1) > 1:
         args = [a for a, on in (("--debug-mem", debug_mem), ("--resume", resume), ("--quiet", quiet)) if on]
         for option, value in (("--test-speed", test_speed), ("--json", json_path), ("--checkpoint", checkpoint),

@@ -167,7 +167,8 @@ def test_cli_default_train_on_bundled_cora_json(tmp_path):
     assert data["environment"]["backend"] and data["environment"]["torch"] == torch.__version__
 
 
-def test_cli_interrupt_then_resume_matches_uninterrupted(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "kill"])
+def test_cli_interrupt_then_resume_matches_uninterrupted(tmp_path, sig):
     common = ["train", "--epochs", "120", "--eval-every", "10", "--quiet", "--model", "sage", "--hidden", "16"]
     ref = cli(*common, "--json", str(tmp_path / "ref.json"), cwd=str(tmp_path))
     assert ref.returncode == 0, ref.stderr
@@ -179,7 +180,7 @@ def test_cli_interrupt_then_resume_matches_uninterrupted(tmp_path):
     deadline = time.time() + 240
     while not ckpt.exists() and time.time() < deadline and proc.poll() is None:
         time.sleep(0.05)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     _, err = proc.communicate(timeout=120)
     if proc.returncode == 0:
         pytest.skip("training finished before the interrupt arrived")
