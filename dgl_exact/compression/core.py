@@ -106,15 +106,24 @@ def _bf16_ceil_nonneg(v: torch.Tensor) -> torch.Tensor:
     return (v.contiguous().view(torch.int32) + _LOW16).bitwise_and_(_HIGH16).view(torch.float32)
 
 
+def _aminmax(rows: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Row-wise (min, max) in one pass where torch has the kernel (older torch lacks fp16/bf16 ``aminmax``
+    on the CPU: two passes there)."""
+    try:
+        return torch.aminmax(rows, dim=1)
+    except RuntimeError:
+        return rows.amin(dim=1), rows.amax(dim=1)
+
+
 def _group_minmax(x: torch.Tensor, block_rows: int) -> Tuple[torch.Tensor, torch.Tensor]:
     """Per-group (min, max) in fp32, one pass over ``x`` (groups: ``block_rows`` consecutive rows)."""
     n = x.shape[0]
     full = (n // block_rows) * block_rows
     parts = []
     if full:
-        parts.append(torch.aminmax(x[:full].reshape(full // block_rows, -1), dim=1))
+        parts.append(_aminmax(x[:full].reshape(full // block_rows, -1)))
     if full < n:
-        parts.append(torch.aminmax(x[full:].reshape(1, -1), dim=1))
+        parts.append(_aminmax(x[full:].reshape(1, -1)))
     if len(parts) == 1:
         mn, mx = parts[0]
     else:
