@@ -21,7 +21,7 @@ from dgl_exact.training.config import TrainConfig
 from dgl_exact.training.trainer import Trainer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-JOB_TIMEOUT = 240  # s, one launched job (import + 2 workers + a few tiny epochs take ~30 s on 2 busy cores)
+JOB_TIMEOUT = 400  # s, one launched job (import + 2 workers + a few tiny epochs: ~30 s on 2 cores, minutes when loaded)
 FAIL_BOUND = 30    # s, after a rank died the other one must have exited (--dist-timeout 5 + launcher grace 10)
 
 # tiny epochs: SAINT 4 global batches (2 steps per rank), ClusterGCN 10 batches of 4 of 40 partitions. On the
