@@ -41,7 +41,7 @@ class GATConv(CompressedModuleMixin, dgl.nn.GATConv):
 
     Example
     -------
-    >>> import dgl, torch, dgl_exact
+    >>> import torch, dgl_exact, dgl  # dgl_exact first: it makes DGL importable on new torch
     >>> g = dgl.add_self_loop(dgl.rand_graph(100, 500))
     >>> dgl_exact.GATConv(16, 8, num_heads=3)(g, torch.randn(100, 16)).shape
     torch.Size([100, 3, 8])

@@ -37,7 +37,7 @@ class GCN2Conv(CompressedModuleMixin, dgl.nn.GCN2Conv):
 
     Example
     -------
-    >>> import dgl, torch, dgl_exact
+    >>> import torch, dgl_exact, dgl  # dgl_exact first: it makes DGL importable on new torch
     >>> g = dgl.add_self_loop(dgl.rand_graph(100, 500))
     >>> h0 = torch.randn(100, 16)
     >>> dgl_exact.GCN2Conv(16, layer=1)(g, h0, h0).shape

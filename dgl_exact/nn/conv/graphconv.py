@@ -45,7 +45,7 @@ class GraphConv(CompressedModuleMixin, dgl.nn.GraphConv):
 
     Example
     -------
-    >>> import dgl, torch, dgl_exact
+    >>> import torch, dgl_exact, dgl  # dgl_exact first: it makes DGL importable on new torch
     >>> g = dgl.add_self_loop(dgl.rand_graph(100, 500))
     >>> conv = dgl_exact.GraphConv(16, 8, compression=dgl_exact.CompressionConfig(bits=2))
     >>> conv(g, torch.randn(100, 16)).shape

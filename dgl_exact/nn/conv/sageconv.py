@@ -47,7 +47,7 @@ class SAGEConv(CompressedModuleMixin, dgl.nn.SAGEConv):
 
     Example
     -------
-    >>> import dgl, torch, dgl_exact
+    >>> import torch, dgl_exact, dgl  # dgl_exact first: it makes DGL importable on new torch
     >>> g = dgl.rand_graph(100, 500)
     >>> dgl_exact.SAGEConv(16, 8, "mean")(g, torch.randn(100, 16)).shape
     torch.Size([100, 8])
