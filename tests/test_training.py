@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from dgl_exact.data import load_dataset
+from dgl_exact.training.checkpoint import load_checkpoint, save_checkpoint
 from dgl_exact.training.config import TrainConfig, bundled_configs, load_conf
 from dgl_exact.training.trainer import Trainer
 
@@ -99,6 +100,26 @@ def test_checkpoint_resume_is_bit_for_bit(small, tmp_path, sampler, monkeypatch)
         assert torch.equal(v, reference[k]), k
 
 
+class _InterruptWhilePickled:
+    """Sends this process Ctrl-C while ``torch.save`` is writing it."""
+
+    def __reduce__(self):
+        os.kill(os.getpid(), signal.SIGINT)
+        return (dict, ())
+
+
+def test_ctrl_c_while_writing_a_checkpoint_waits_for_the_file(tmp_path):
+    path = tmp_path / "c.pt"
+    handler = signal.getsignal(signal.SIGINT)
+    save_checkpoint({"epoch": 1}, str(path))
+    with pytest.raises(KeyboardInterrupt):  # delivered, but only once the new file is complete and in place
+        save_checkpoint({"epoch": 2, "payload": torch.arange(1000), "probe": _InterruptWhilePickled()}, str(path))
+    state = load_checkpoint(str(path))
+    assert state["epoch"] == 2 and torch.equal(state["payload"], torch.arange(1000))
+    assert sorted(os.listdir(tmp_path)) == ["c.pt"]  # no temporary file left behind
+    assert signal.getsignal(signal.SIGINT) is handler  # handlers restored
+
+
 def test_resume_refuses_other_settings(small, tmp_path):
     cfg = TrainConfig(dataset=SMALL, hidden=16, epochs=2, data_root=str(tmp_path))
     Trainer(cfg, dataset=small, progress=False, log=None).fit(checkpoint=str(tmp_path / "c.pt"))
@@ -169,7 +190,7 @@ def test_cli_default_train_on_bundled_cora_json(tmp_path):
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "kill"])
 def test_cli_interrupt_then_resume_matches_uninterrupted(tmp_path, sig):
-    common = ["train", "--epochs", "120", "--eval-every", "10", "--quiet", "--model", "sage", "--hidden", "16"]
+    common = ["train", "--epochs", "40", "--eval-every", "5", "--quiet", "--model", "sage", "--hidden", "16"]
     ref = cli(*common, "--json", str(tmp_path / "ref.json"), cwd=str(tmp_path))
     assert ref.returncode == 0, ref.stderr
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -179,25 +200,27 @@ def test_cli_interrupt_then_resume_matches_uninterrupted(tmp_path, sig):
                             stdin=subprocess.DEVNULL)
     deadline = time.time() + 240
     while not ckpt.exists() and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.05)
-    proc.send_signal(sig)
+        time.sleep(0.01)
+    proc.send_signal(sig)  # most likely lands while the next checkpoint is being written
     _, err = proc.communicate(timeout=120)
     if proc.returncode == 0:
         pytest.skip("training finished before the interrupt arrived")
-    assert proc.returncode == 130 and "--resume" in err and "Traceback" not in err
+    assert proc.returncode == 130 and "--resume" in err and "Traceback" not in err, err
+    resumed_from = torch.load(ckpt, weights_only=False)["epoch"] + 1
     res = cli(*common, "--checkpoint", str(ckpt), "--resume", "--json", str(tmp_path / "res.json"),
               cwd=str(tmp_path))
     assert res.returncode == 0, res.stderr
-    a = json.loads((tmp_path / "ref.json").read_text())["runs"][0]
-    b = json.loads((tmp_path / "res.json").read_text())["runs"][0]
-    assert [h["epoch"] for h in a["history"]] == [h["epoch"] for h in b["history"]]
-    # Across processes the CPU BLAS may round differently (its kernel choice depends on buffer alignment),
-    # so the two runs agree to float rounding rather than bit for bit; within one process resuming is bit for
-    # bit (test_checkpoint_resume_is_bit_for_bit). A resume that replayed or skipped an epoch, or restarted
-    # the random streams, would differ by far more than this tolerance.
-    torch.testing.assert_close(torch.tensor([h["loss"] for h in b["history"]]),
-                               torch.tensor([h["loss"] for h in a["history"]]), rtol=1e-4, atol=1e-6)
-    assert abs(a["test"] - b["test"]) <= 0.005
+    a = json.loads((tmp_path / "ref.json").read_text())["runs"][0]["history"]
+    b = json.loads((tmp_path / "res.json").read_text())["runs"][0]["history"]
+    assert [h["epoch"] for h in a] == [h["epoch"] for h in b] == list(range(40))
+    loss_a, loss_b = (torch.tensor([h["loss"] for h in x], dtype=torch.float64) for x in (a, b))
+    # Across processes the CPU BLAS may round differently (its kernel choice depends on memory layout; within one
+    # process resume is bit for bit, test_checkpoint_resume_is_bit_for_bit), and last-bit differences grow
+    # slowly as training goes on. Up to the first resumed epoch (saved weights, saved random state) the losses
+    # agree to rounding; a restarted dropout stream or a replayed epoch changes them by ~1e-2.
+    torch.testing.assert_close(loss_b[:resumed_from + 1], loss_a[:resumed_from + 1], rtol=1e-5, atol=0)
+    # Lost optimizer state or a replayed step moves the later losses by ~1e-2; rounding drift stays < 1e-4.
+    torch.testing.assert_close(loss_b, loss_a, rtol=1e-3, atol=0)
 
 
 def test_cli_datasets_and_info(tmp_path):
