@@ -321,6 +321,26 @@ def bench_speed(dataset, models, settings, hidden, layers, device, data_root, ou
         click.echo("figure: " + plots.plot_speed(rows, os.path.join(out, "speed.png")))
 
 
+@bench.command("profile")
+@_bench_options
+@click.option("--steps", type=int, default=3, show_default=True, help="Profiled training steps per setting.")
+@click.option("--warmup", type=int, default=2, show_default=True, help="Unprofiled warm-up steps.")
+def bench_profile(dataset, models, settings, hidden, layers, device, data_root, out, plot, quiet, steps, warmup):
+    """Where a training step's time goes: wall vs GPU kernel time, launches, syncs, top ops per setting."""
+    from .bench.results import ResultSink
+    from .bench.runner import PROFILE_COLUMNS, profile_grid
+
+    if steps < 1 or warmup < 0:
+        raise UserError("--steps must be >= 1 and --warmup >= 0")
+    if plot:
+        raise UserError("bench profile writes tables, not figures: leave out --plot")
+    work, model_list, chosen = _bench_setup(dataset, models, settings, hidden, layers, device, data_root)
+    sink = ResultSink(out, "profile")
+    profile_grid(work, model_list, chosen, sink, out, steps=steps, warmup=warmup, progress=not quiet)
+    click.echo(sink.finish(PROFILE_COLUMNS + ["note"], "Step profile", _bench_header("profile", work)))
+    click.echo(f"per-op tables: {os.path.join(out, 'profile_*.txt')}")
+
+
 @bench.command("kernels")
 @click.option("--rows", type=int, default=169343, show_default=True)
 @click.option("--cols", type=int, default=128, show_default=True)

@@ -44,9 +44,15 @@ timeout 40 python3 -m dgl_exact bench memory --device cuda --dataset synthetic-a
   --settings "dgl_exact fp32,INT8,INT2,INT2 + RP(0.125),INT2 + RP(0.125) + blocks(64) + optimal,INT1,PyG fp32" \
   --out "$OUT/arxiv" -q
 
+step "arxiv-sized GCN step profile: wall vs GPU kernel time, launches, syncs, top ops (fp32 vs INT2)"
+timeout 60 python3 -m dgl_exact bench profile --device cuda --dataset synthetic-arxiv --models gcn --steps 3 \
+  --settings "dgl_exact fp32,INT2" --out "$OUT/arxiv_profile" -q
+
 step "products-sized GCN: activation memory (peak minus static) and epoch time, fp32 vs INT2 + RP(0.125)"
 timeout 150 python3 -m dgl_exact bench memory --device cuda --dataset synthetic-products --models gcn \
   --settings "dgl_exact fp32,INT2 + RP(0.125)" --out "$OUT/products" -q
+timeout 120 python3 -m dgl_exact bench speed --device cuda --dataset synthetic-products --models gcn --epochs 3 \
+  --warmup 1 --settings "dgl_exact fp32,INT2 + RP(0.125)" --out "$OUT/products" -q
 
 step "CUDA-marked tests"
 timeout 90 python3 -m pytest -q -x -m cuda -p no:cacheprovider tests 2>&1 | tail -15 | tee "$OUT/cuda_tests.txt"

@@ -75,3 +75,17 @@ def test_bench_bad_input(tmp_path):
     assert proc.returncode == 2 and proc.stderr.startswith("error:") and "Traceback" not in proc.stderr
     proc = cli("memory", "--settings", "INT3", "--dataset", TINY, cwd=str(tmp_path))
     assert proc.returncode == 2 and "unknown setting" in proc.stderr
+
+
+def test_bench_profile_writes_per_op_tables(tmp_path):
+    out = tmp_path / "out"
+    proc = cli("profile", "--dataset", TINY, "--models", "gcn", "--hidden", "16", "--layers", "2", "--steps", "1",
+               "--warmup", "0", "--settings", "dgl_exact fp32,INT2", "--out", str(out), "-q", cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    rows = _rows(out / "profile.jsonl")
+    assert [r["setting"] for r in rows] == ["dgl_exact fp32", "INT2"] and all(r["wall_ms"] > 0 for r in rows)
+    int2 = (out / rows[1]["table"]).read_text()
+    assert "_Linear" in int2 and "aten::aminmax" in int2  # the compressed path shows up op by op
+    assert "_Linear" in (out / rows[0]["table"]).read_text() and "aten::aminmax" not in (out / rows[0]["table"]).read_text()
+    bad = cli("profile", "--dataset", TINY, "--steps", "0", "--out", str(out), "-q", cwd=str(tmp_path))
+    assert bad.returncode == 2 and bad.stderr.startswith("error:")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
 import statistics
 import time
 from typing import Callable, Dict, List, Optional, Sequence
@@ -26,6 +27,7 @@ DEFAULT_HIDDEN = {"gcn": 256, "sage": 128, "gat": 128, "gcn2": 256}  # gat: per 
 
 MEMORY_COLUMNS = ["model", "setting", "activation_MiB", "ratio_vs_baseline", "peak_MiB", "device"]
 SPEED_COLUMNS = ["model", "setting", "epoch_ms", "epoch_ms_std", "ratio_vs_baseline", "device"]
+PROFILE_COLUMNS = ["model", "setting", "wall_ms", "gpu_kernel_ms", "launches", "syncs", "device", "table"]
 KERNEL_COLUMNS = ["backend", "op", "setting", "shape", "ms", "GB_per_s", "device"]
 ACCURACY_COLUMNS = ["dataset", "model", "setting", "runs", "test_mean", "test_std", "delta_vs_fp32", "epoch_ms"]
 
@@ -195,6 +197,23 @@ def _add_ratios(rows, key, baseline_over_value):
                 r["baseline"] = next(x["setting"] for x in group if x.get(key) == base)
 
 
+def _training_step(work: Workload, model_name: str, setting: Setting):
+    """``(model, run_one_step, scope)``: one full training step (forward, backward, Adam) for a setting."""
+    model = work.build(model_name, setting.impl)
+    model.train()
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    step = work.step_fn(model_name, model, setting.impl)
+
+    def one_step():
+        opt.zero_grad(set_to_none=True)
+        loss, _ = step()
+        loss.backward()
+        opt.step()
+
+    scope = compression_scope(setting.compression) if setting.compression else contextlib.nullcontext()
+    return model, one_step, scope
+
+
 def speed_grid(work: Workload, models: Sequence[str], settings: Sequence[Setting], sink: ResultSink,
                epochs: int = 5, warmup: int = 2, progress: bool = True) -> List[Dict]:
     """Epoch time (forward, backward, Adam step) per (model, setting), after warm-up; mean and std."""
@@ -207,32 +226,96 @@ def speed_grid(work: Workload, models: Sequence[str], settings: Sequence[Setting
             row["note"] = why
             rows.append(row)
             continue
-        model = work.build(model_name, setting.impl)
-        model.train()
-        opt = torch.optim.Adam(model.parameters(), lr=0.01)
-        step = work.step_fn(model_name, model, setting.impl)
-        scope = compression_scope(setting.compression) if setting.compression else contextlib.nullcontext()
+        model, one_step, scope = _training_step(work, model_name, setting)
         times = []
         with scope:
             for i in range(warmup + epochs):
                 _sync(work.device)
                 t0 = time.perf_counter()
-                opt.zero_grad(set_to_none=True)
-                loss, _ = step()
-                loss.backward()
-                opt.step()
+                one_step()
                 _sync(work.device)
                 if i >= warmup:
                     times.append(time.perf_counter() - t0)
         row.update(epoch_s=statistics.fmean(times), epoch_ms=1000 * statistics.fmean(times),
                    epoch_ms_std=1000 * (statistics.stdev(times) if len(times) > 1 else 0.0), epochs=len(times))
         rows.append(row)
-        del model, opt
+        del model, one_step
         _free(work.device)
     _add_ratios(rows, "epoch_s", baseline_over_value=False)
     for r in rows:
         sink.add(r)
     return rows
+
+
+# Runtime calls that block the host until the GPU catches up: each one empties the launch queue.
+_SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
+_LAUNCH_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx")
+
+
+def profile_grid(work: Workload, models: Sequence[str], settings: Sequence[Setting], sink: ResultSink, out_dir: str,
+                 steps: int = 3, warmup: int = 2, row_limit: int = 30, progress: bool = True) -> List[Dict]:
+    """Where a training step's time goes, per (model, setting), from ``torch.profiler``.
+
+    Per step: wall time, GPU kernel time (CUDA), kernel launches and host-blocking synchronisations; the
+    per-op table (sorted by self device time on CUDA, self CPU time otherwise) goes to
+    ``out_dir/profile_<model>_<setting>.txt``. Wall time well above kernel time means the step is
+    launch- or sync-bound rather than bandwidth-bound.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    os.makedirs(out_dir, exist_ok=True)
+    cuda = work.device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    rows = []
+    for model_name, setting in _progress([(m, s) for m in models for s in settings], progress, desc="profile",
+                                         unit="setting"):
+        row = {"kind": "profile", "model": model_name, "setting": setting.name, "device": str(work.device)}
+        why = work.runnable(setting.impl)
+        if why:
+            rows.append(dict(row, note=why))
+            continue
+        model, one_step, scope = _training_step(work, model_name, setting)
+        with scope:
+            for _ in range(warmup):
+                one_step()
+            _sync(work.device)
+            with profile(activities=activities) as prof:
+                t0 = time.perf_counter()
+                for _ in range(steps):
+                    one_step()
+                _sync(work.device)
+                wall = (time.perf_counter() - t0) / steps
+        averages = prof.key_averages()
+        calls = {e.key: e.count for e in averages}
+        row["wall_ms"] = 1000 * wall
+        if cuda:
+            row["gpu_kernel_ms"] = sum(_self_device_us(e) for e in averages if _is_kernel(e)) / 1000 / steps
+            row["launches"] = sum(calls.get(k, 0) for k in _LAUNCH_CALLS) / steps
+            row["syncs"] = sum(calls.get(k, 0) for k in _SYNC_CALLS) / steps
+        sort = "self_cuda_time_total" if cuda else "self_cpu_time_total"
+        table = averages.table(sort_by=sort, row_limit=row_limit)
+        safe = "".join(ch if ch.isalnum() else "_" for ch in setting.name).strip("_")
+        path = os.path.join(out_dir, f"profile_{model_name}_{safe}.txt")
+        with open(path, "w") as f:
+            f.write(f"{model_name} / {setting.name} on {work.device}, {steps} profiled steps after {warmup} warm-up\n")
+            f.write(table)
+        row["table"] = os.path.basename(path)
+        rows.append(row)
+        del model, one_step, prof
+        _free(work.device)
+    for r in rows:
+        sink.add(r)
+    return rows
+
+
+def _self_device_us(event) -> float:
+    return float(getattr(event, "self_device_time_total", getattr(event, "self_cuda_time_total", 0.0)) or 0.0)
+
+
+def _is_kernel(event) -> bool:
+    """A GPU kernel / memcpy / memset entry (device activity), not a host-side op that launched one."""
+    device_type = getattr(event, "device_type", None)
+    return device_type is not None and "CUDA" in str(device_type) and _self_device_us(event) > 0
 
 
 KERNEL_CONFIGS = [CompressionConfig(bits=8), CompressionConfig(bits=4), CompressionConfig(bits=2),
