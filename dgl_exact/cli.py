@@ -104,7 +104,6 @@ def train(ctx, conf, debug_mem, test_speed, json_path, checkpoint, resume, quiet
     params["conf"] = conf
     cfg = _config_from(ctx, params)
     from .data import DatasetNotFoundError
-    from .memory import format_bytes
     from .training import distributed
     from .training.trainer import Trainer
 
@@ -150,16 +149,36 @@ def train(ctx, conf, debug_mem, test_speed, json_path, checkpoint, resume, quiet
     except KeyboardInterrupt:
         where = f"; the last finished epoch is saved in {checkpoint}: rerun with --resume" if checkpoint else ""
         click.echo(f"interrupted{where}", err=True)
-        sys.exit(130)
+        _exit(130, worker)
     except distributed.DistributedError as e:
         click.echo(f"error: {e}", err=True)
-        sys.exit(1)
+        _exit(1, worker)
     except (DatasetNotFoundError, FileNotFoundError, ValueError, FloatingPointError) as e:
         raise UserError(str(e).splitlines()[0] if not isinstance(e, DatasetNotFoundError) else str(e)) from None
+    if not worker:
+        _report(results, json_path)
+        return
+    code = 1
+    try:
+        if trainer.rank == 0:
+            _report(results, json_path)
+        code = 0
+    finally:
+        distributed.exit_worker(code)
+
+
+def _exit(code: int, worker: bool) -> None:
     if worker:
-        distributed.shutdown()
-        if trainer.rank != 0:
-            return
+        from .training import distributed
+
+        distributed.exit_worker(code)
+    sys.exit(code)
+
+
+def _report(results, json_path) -> None:
+    """The summary table, and the JSON results file if asked for."""
+    from .memory import format_bytes
+
     _print_summary(results, format_bytes)
     if json_path:
         folder = os.path.dirname(os.path.abspath(json_path))

@@ -68,7 +68,7 @@ from .config import TrainConfig
 from .trainer import RunResult, Trainer, TrainResults, resolve_device
 
 __all__ = ["DistributedTrainer", "GlobalBatchTrainer", "DistributedError", "DistContext", "init_distributed",
-           "shutdown", "launch", "in_distributed_env", "is_launched_child", "rank_seed", "device_for_rank",
+           "shutdown", "exit_worker", "launch", "in_distributed_env", "is_launched_child", "rank_seed", "device_for_rank",
            "DEFAULT_TIMEOUT", "DEFAULT_SETUP_TIMEOUT", "FULL_GRAPH_ERROR"]
 
 DEFAULT_TIMEOUT = 60.0           # s: collectives of a training step (a dead / hung rank is noticed within this)
@@ -227,12 +227,50 @@ def init_distributed(device: Optional[str] = "auto", timeout: Optional[float] = 
     return _CONTEXT
 
 
+def _quiesce() -> None:
+    """Barriers on the control and the main group: every rank is done, and the gloo worker threads have let
+    go of the last collectives' tensors (they need the GIL for that; see :func:`shutdown`)."""
+    if _CONTEXT is not None:
+        dist.barrier(group=_CONTEXT.control)
+    dist.barrier()
+
+
 def shutdown() -> None:
-    """Leave the process group (after a successful run; a failed one just exits)."""
+    """Leave the process group (after a successful run; a failed one just exits).
+
+    On torch before 2.8 (pytorch/pytorch#56297, fixed by #154976) destroying a gloo process group holds the
+    GIL while it joins gloo's worker threads, and a worker thread dropping the last reference to a tensor
+    of a Python-level collective (``all_gather_object`` and friends) needs the GIL: a deadlock, seen at the
+    end of runs. Barriers first (they wait with the GIL released) make that very unlikely; the command line
+    does not destroy at all (:func:`exit_worker`).
+    """
     global _CONTEXT
     if dist.is_available() and dist.is_initialized():
+        _quiesce()
         dist.destroy_process_group()
     _CONTEXT = None
+
+
+def exit_worker(code: int) -> None:
+    """End a ``dgl-exact train`` worker process: barriers, flush, and exit without tearing down the process
+    group or the interpreter, which on older torch can deadlock or abort in gloo's destructor
+    (:func:`shutdown`). Nothing is left to clean up: results and checkpoints are written and closed."""
+    global _CONTEXT
+    try:
+        if code == 0 and dist.is_available() and dist.is_initialized():
+            _quiesce()
+    except Exception as e:  # noqa: BLE001 - another rank failed after this one finished
+        rank = _CONTEXT.rank if _CONTEXT is not None else "?"
+        print(f"error: rank {rank}: the final barrier failed: {_first_line(e)}", file=sys.stderr)
+        code = 1
+    finally:
+        _CONTEXT = None
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001 - a closed pipe must not change the exit status
+                pass
+        os._exit(code)
 
 
 def _first_line(e: BaseException) -> str:
@@ -598,6 +636,7 @@ def launch(nproc: int, config: TrainConfig, args: Sequence[str] = (), *, grace: 
 
 def _monitor(procs: List[subprocess.Popen], grace: float, log, timeout: Optional[float] = None) -> int:
     failed, deadline, terminated = None, None, False
+    reported = set()
     end = None if timeout is None else time.monotonic() + timeout
     while True:
         if end is not None and time.monotonic() > end:
@@ -609,10 +648,15 @@ def _monitor(procs: List[subprocess.Popen], grace: float, log, timeout: Optional
             code = p.poll()
             if code is None:
                 running += 1
-            elif code != 0 and failed is None:
-                failed = (rank, code)
-                deadline = time.monotonic() + grace
-                log(f"error: rank {rank} exited with status {code}; stopping the other ranks")
+            elif code != 0 and rank not in reported:
+                # Ranks that fail together (one dies, the others' collectives fail at once) may all be seen in
+                # one poll: report each, since which one failed first is then unknown.
+                reported.add(rank)
+                if failed is None:
+                    failed = (rank, code)
+                    deadline = time.monotonic() + grace
+                log(f"error: rank {rank} exited with status {code}"
+                    + ("; stopping the other ranks" if failed[0] == rank else ""))
         if running == 0:
             break
         if failed is not None and not terminated and time.monotonic() > deadline:
