@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #if defined(__CUDACC__)
 #define DE_HD __host__ __device__ __forceinline__
@@ -132,6 +133,54 @@ template <bool LEVELS>
 DE_HD float decode_value(uint32_t q, float lo, float step, const float* L) {
   const float level = LEVELS ? L[q] : static_cast<float>(q);
   return f_add(lo, f_mul(level, step));
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Group metadata (reference.group_meta): lo = mn rounded down to bf16, step = (mx - lo) * factor rounded
+// up to bf16, both on the fp32 bit patterns; lo = NaN, step = 0 for a group with a NaN or an inf.
+// ---------------------------------------------------------------------------------------------------
+DE_HD uint32_t float_bits(float v) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(v);
+#else
+  uint32_t u;
+  std::memcpy(&u, &v, sizeof(u));
+  return u;
+#endif
+}
+DE_HD float bits_float(uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  float v;
+  std::memcpy(&v, &u, sizeof(v));
+  return v;
+#endif
+}
+// The largest bf16 <= v: truncation rounds positive values down; a set sign bit first moves the magnitude up.
+DE_HD float bf16_floor(float v) {
+  uint32_t b = float_bits(v);
+  if (b & 0x80000000u) b += 0xFFFFu;
+  return bits_float(b & 0xFFFF0000u);
+}
+// The smallest bf16 >= max(v, 2^-126), for v >= 0 (a step of at least the smallest normal fp32, so that
+// 1 / step stays finite for a denormal span).
+DE_HD float bf16_ceil_pos(float v) {
+  const uint32_t b = float_bits(v);
+  return bits_float(((b < 0x00800000u ? 0x00800000u : b) + 0xFFFFu) & 0xFFFF0000u);
+}
+
+// factor = fp32((1 + 2^-20) / M): step rounded up by a hair more than fp32 rounding can lose.
+inline float meta_factor(int64_t bits) {
+  return static_cast<float>((1.0 + 1.0 / 1048576.0) / static_cast<double>((int64_t(1) << bits) - 1));
+}
+
+DE_HD void group_meta_one(float mn, float mx, float factor, float& lo, float& step) {
+  const float l = bf16_floor(mn);
+  const float span = f_sub(mx, l);
+  const bool finite = (float_bits(span) & 0x7F800000u) != 0x7F800000u;  // not inf, not NaN
+  lo = finite ? l : bits_float(0x7FC00000u);  // NaN
+  step = (finite && span > 0.0f) ? bf16_ceil_pos(f_mul(span, factor)) : 0.0f;
 }
 
 // Bytes of `numel` packed codes of `bits` bits: ceil(numel * bits / 8).

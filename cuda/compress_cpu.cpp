@@ -113,6 +113,21 @@ void dispatch_bits(int64_t bits, bool has_levels, F&& f) {
 
 }  // namespace
 
+at::Tensor group_meta_cpu(const at::Tensor& mn_in, const at::Tensor& mx_in, int64_t bits) {
+  check_bits(bits);
+  const auto [mn, mx] = prepare_minmax(mn_in, mx_in);
+  const int64_t g = mn.numel();
+  at::Tensor out = at::empty({2, g}, mn.options());
+  const float factor = meta_factor(bits);
+  const float* a = mn.data_ptr<float>();
+  const float* b = mx.data_ptr<float>();
+  float* o = out.data_ptr<float>();
+  at::parallel_for(0, g, kGrainWords * 16, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) group_meta_one(a[i], b[i], factor, o[i], o[g + i]);
+  });
+  return out;
+}
+
 at::Tensor quantize_pack_cpu(const at::Tensor& x_in, const at::Tensor& lo, const at::Tensor& step,
                              const OptTensor& levels, int64_t bits, int64_t block_rows, int64_t seed,
                              bool stochastic) {
@@ -215,6 +230,7 @@ at::Tensor masked_scale_cpu(const at::Tensor& g_in, const at::Tensor& packed_in,
 }  // namespace dgl_exact
 
 TORCH_LIBRARY_IMPL(dgl_exact, CPU, m) {
+  m.impl("group_meta", &dgl_exact::group_meta_cpu);
   m.impl("quantize_pack", &dgl_exact::quantize_pack_cpu);
   m.impl("unpack_dequantize", &dgl_exact::unpack_dequantize_cpu);
   m.impl("pack_mask", &dgl_exact::pack_mask_cpu);

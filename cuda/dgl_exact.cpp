@@ -9,6 +9,7 @@
 #include "dgl_exact.h"
 
 TORCH_LIBRARY(dgl_exact, m) {
+  m.def("group_meta(Tensor mn, Tensor mx, int bits) -> Tensor");
   m.def("quantize_pack(Tensor x, Tensor lo, Tensor step, Tensor? levels, int bits, int block_rows, int seed, "
         "bool stochastic) -> Tensor");
   m.def("unpack_dequantize(Tensor packed, Tensor lo, Tensor step, Tensor? levels, int bits, int block_rows, "

@@ -55,6 +55,16 @@ inline CodecArgs prepare_codec(const at::Tensor& lo, const at::Tensor& step, con
   return a;
 }
 
+// group_meta's per-group minima and maxima: fp32, contiguous, 1-D, the same length.
+inline std::tuple<at::Tensor, at::Tensor> prepare_minmax(const at::Tensor& mn, const at::Tensor& mx) {
+  TORCH_CHECK(mn.numel() == mx.numel(), "dgl_exact.group_meta: mn and mx differ in length (", mn.numel(), " vs ",
+              mx.numel(), ")");
+  TORCH_CHECK(mn.device() == mx.device(), "dgl_exact.group_meta: mn and mx are on different devices");
+  TORCH_CHECK(is_float_type(mn.scalar_type()) && is_float_type(mx.scalar_type()),
+              "dgl_exact.group_meta: mn and mx must be floating");
+  return {as_f32(mn, mn.device()).reshape({-1}), as_f32(mx, mx.device()).reshape({-1})};
+}
+
 inline at::Tensor prepare_quantize_input(const at::Tensor& x) {
   TORCH_CHECK(x.dim() == 2, "dgl_exact.quantize_pack: x must be [N, k], got ", x.dim(), " dims");
   TORCH_CHECK(is_float_type(x.scalar_type()), "dgl_exact.quantize_pack: x must be floating, got ", x.scalar_type());
@@ -116,6 +126,7 @@ inline at::Tensor prepare_edge_values(const at::Tensor& w, const at::Tensor& x, 
 // Implementations (CPU in *_cpu.cpp, CUDA in *_cuda.cu). Same signatures as the schemas.
 // ---------------------------------------------------------------------------------------------------
 #define DGL_EXACT_DECLARE_OPS(SUFFIX)                                                                              \
+  at::Tensor group_meta_##SUFFIX(const at::Tensor& mn, const at::Tensor& mx, int64_t bits);                        \
   at::Tensor quantize_pack_##SUFFIX(const at::Tensor& x, const at::Tensor& lo, const at::Tensor& step,             \
                                     const OptTensor& levels, int64_t bits, int64_t block_rows, int64_t seed,       \
                                     bool stochastic);                                                              \

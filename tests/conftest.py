@@ -53,3 +53,19 @@ def _seed():
 
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.fixture
+def meta_cases() -> tuple:
+    """Per-group (min, max) pairs covering every branch of ``group_meta``: ordinary, constant (bf16-exact or
+    not), signed zeros, denormals, huge values, NaN and infinities."""
+    g = torch.Generator().manual_seed(11)
+    a = torch.randn(4000, generator=g) * torch.logspace(-30, 30, 4000)
+    b = a + torch.rand(4000, generator=g) * a.abs()
+    special = [(0.0, 0.0), (-0.0, 0.0), (1.0, 1.0), (3.14159, 3.14159), (-3.14159, -3.14159), (-1.0, 2.0),
+               (1e-40, 1e-40), (-1e-40, 3e-40), (1e-45, 1e-45), (3e38, 3.4e38), (-3.4e38, 3.4e38),
+               (-3.3e38, -3.3e38), (float("nan"), float("nan")), (float("-inf"), 1.0), (0.0, float("inf")),
+               (float("-inf"), float("inf")), (5.0, 5.0000005)]
+    mn = torch.cat([a, torch.tensor([p[0] for p in special])])
+    mx = torch.cat([b, torch.tensor([p[1] for p in special])])
+    return mn, mx

@@ -144,6 +144,26 @@ SHAPES = [(37, 5), (10, 1), (7, 1500), (64, 3)]
 
 
 @pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("bits", [1, 2, 4, 8])
+def test_group_meta(kind, bits, meta_cases, _library):
+    dev = _setup(kind, _library)
+    mn, mx = meta_cases
+    g = torch.Generator().manual_seed(bits)
+    big = torch.randn(300_000, generator=g)  # several parallel chunks / blocks
+    mn, mx = torch.cat([mn, big]), torch.cat([mx, big + torch.rand(300_000, generator=g)])
+    for a, b in ((mn, mx), (mn[:0], mx[:0]), (mn[:1], mx[:1])):
+        a, b = a.to(dev), b.to(dev)
+        _same(X.group_meta(a, b, bits), R.group_meta(a, b, bits))
+    # low-precision inputs are widened exactly, as the reference does
+    _same(X.group_meta(mn[:500].half().to(dev), mx[:500].half().to(dev), bits),
+          R.group_meta(mn[:500].half().to(dev), mx[:500].half().to(dev), bits))
+    with pytest.raises(RuntimeError, match="differ in length"):
+        X.group_meta(mn[:3].to(dev), mx[:4].to(dev), bits)
+    with pytest.raises(RuntimeError, match="bits"):
+        X.group_meta(mn[:3].to(dev), mx[:3].to(dev), 3)
+
+
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("levels", ["uniform", "table"])
 @pytest.mark.parametrize("block_rows", [1, 3, 64])
 @pytest.mark.parametrize("bits", [1, 2, 4, 8])

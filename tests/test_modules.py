@@ -966,3 +966,28 @@ def test_cuda_int2_gradients_unbiased(cid, graphs):
             samples[name].append(gi[name].double().flatten().cpu())
     assert_unbiased({n: e.double().flatten() for n, e in exact.items()},
                     {n: torch.stack(r) for n, r in samples.items()}, f"{cid} CUDA")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("bits", [2, 8])
+def test_compressed_layers_train_without_synchronising(bits):
+    """Linear -> BatchNorm1d -> ReLU+dropout, forward and backward, under torch's sync debug mode."""
+    cfg = CompressionConfig(bits=bits)
+    model = nn.Sequential(dgl_exact.nn.Linear(64, 128, compression=cfg),
+                          dgl_exact.nn.BatchNorm1d(128, compression=cfg), dgl_exact.nn.ReLUDropout(0.5),
+                          dgl_exact.nn.Linear(128, 8, compression=cfg)).cuda()
+    x = torch.randn(2000, 64, device="cuda")
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        model(x).square().mean().backward()
+
+    step()  # warm-up: cuBLAS handles, level tables, kernel loads
+    torch.cuda.synchronize()
+    previous = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        step()
+    finally:
+        torch.cuda.set_sync_debug_mode(previous)
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())

@@ -8,8 +8,10 @@ turn values into codes and back are chosen by :mod:`dgl_exact.kernels`.
 Metadata is rounded *before* quantising, in the direction that keeps every value inside the
 representable range: ``lo`` is rounded down and ``step`` up to bf16. Stochastic rounding against the
 rounded values is then exactly unbiased (EXACT quantised against the fp32 values and stored rounded
-ones: a small per-row bias). A constant group decodes exactly: ``step = 0``; when its value is not
-representable in bf16 it is also kept, exactly, in a (normally empty) exception list.
+ones: a small per-row bias). A constant group whose value bf16 holds (zeros above all) decodes exactly:
+``step = 0``. Any other constant group is quantised like every group, against ``[lo, lo + M step]`` of
+width below one bf16 ulp of its value: unbiased, error under that ulp. Compression never synchronises
+the host with the device (``nonfinite="raise"`` excepted: it has to look at the data).
 """
 from __future__ import annotations
 
@@ -47,8 +49,6 @@ class CompressedTensor:
     packed: Optional[torch.Tensor] = None   # uint8 codes
     lo: Optional[torch.Tensor] = None       # [G] bf16
     step: Optional[torch.Tensor] = None     # [G] bf16
-    exc_index: Optional[torch.Tensor] = None  # [n_exc] int32 group ids of constant groups not representable in bf16
-    exc_value: Optional[torch.Tensor] = None  # [n_exc] fp32 their exact values
     raw: Optional[torch.Tensor] = None       # compression disabled: the tensor itself
 
     @property
@@ -57,10 +57,10 @@ class CompressedTensor:
 
     def tensors(self) -> Tuple[torch.Tensor, ...]:
         """Every tensor this object keeps (for ``ctx.save_for_backward`` and for size accounting)."""
-        return tuple(t for t in (self.packed, self.lo, self.step, self.exc_index, self.exc_value, self.raw)
+        return tuple(t for t in (self.packed, self.lo, self.step, self.raw)
                      if t is not None)
 
-    _TENSOR_FIELDS = ("packed", "lo", "step", "exc_index", "exc_value", "raw")
+    _TENSOR_FIELDS = ("packed", "lo", "step", "raw")
 
     def split(self) -> Tuple["CompressedTensor", Tuple[torch.Tensor, ...]]:
         """``(shell, tensors)``: a tensor-free description plus the tensors, so an autograd function can
@@ -88,22 +88,6 @@ class CompressedTensor:
 def draw_seed() -> int:
     """A 63-bit seed from torch's default CPU generator (so ``torch.manual_seed`` makes runs repeatable)."""
     return int(torch.randint(0, 2**63 - 1, (), dtype=torch.int64).item())
-
-
-_LOW16 = 0xFFFF
-_HIGH16 = -65536  # 0xFFFF0000 as int32: bf16 keeps the top 16 bits of an fp32
-
-
-def _bf16_floor(v: torch.Tensor) -> torch.Tensor:
-    """The largest bf16 value <= ``v`` (fp32 in, fp32 out). On the bit pattern: truncation rounds positive
-    values down; for negative ones adding 0xFFFF first moves the magnitude up to the next bf16."""
-    bits = v.contiguous().view(torch.int32)
-    return torch.where(bits < 0, bits + _LOW16, bits).bitwise_and_(_HIGH16).view(torch.float32)
-
-
-def _bf16_ceil_nonneg(v: torch.Tensor) -> torch.Tensor:
-    """The smallest bf16 value >= ``v`` for ``v >= 0`` (fp32 in, fp32 out)."""
-    return (v.contiguous().view(torch.int32) + _LOW16).bitwise_and_(_HIGH16).view(torch.float32)
 
 
 def _aminmax(rows: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -179,7 +163,6 @@ def compress(x: torch.Tensor, config: Optional[CompressionConfig] = None, seed: 
     else:
         k = width
     rows = rows.contiguous()
-    top = (1 << cfg.bits) - 1
     n_groups = -(-n_rows // cfg.block_rows)
     if rows.numel() == 0:
         empty = torch.empty(0, dtype=torch.uint8, device=x.device)
@@ -187,30 +170,19 @@ def compress(x: torch.Tensor, config: Optional[CompressionConfig] = None, seed: 
         return CompressedTensor(width=k, proj_seed=proj_seed, packed=empty, lo=meta, step=meta.clone(), **base)
 
     mn, mx = _group_minmax(rows, cfg.block_rows)
-    lo = _bf16_floor(mn)
-    span = mx - lo  # NaN or inf exactly when the group holds a NaN or an inf
-    finite = torch.isfinite(span)
-    if cfg.nonfinite == "raise" and not bool(finite.all()):
-        bad = int((~finite).sum())
-        raise FloatingPointError(f"compress: {bad} group(s) of the activation contain NaN or Inf; "
-                                 "check the model for overflow (or use nonfinite='propagate' under AMP)")
-    # step rounded up (by a hair more than fp32 rounding can lose) so that every value maps inside [0, top]
-    step = _bf16_ceil_nonneg(span * ((1.0 + 2.0**-20) / top))
-    step = torch.where(finite & (span > 0), step, torch.zeros_like(step))
-    lo = torch.where(finite, lo, torch.full_like(lo, float("nan")))
-
-    exc_index = exc_value = None
-    inexact_constant = finite & (mn == mx) & (lo != mn)
-    if bool(inexact_constant.any()):  # rare: a constant group whose value bf16 cannot hold
-        exc_index = inexact_constant.nonzero().flatten().to(torch.int32)
-        exc_value = mn[exc_index.long()]
-
+    meta = kernels.get("group_meta", x.device)(mn, mx, cfg.bits)  # [2, G] fp32: lo, step (bf16 values)
+    lo, step = meta[0], meta[1]
+    if cfg.nonfinite == "raise":
+        bad = int(torch.isnan(lo).sum())  # lo is NaN exactly for the groups holding a NaN or an inf
+        if bad:
+            raise FloatingPointError(f"compress: {bad} group(s) of the activation contain NaN or Inf; "
+                                     "check the model for overflow (or use nonfinite='propagate' under AMP)")
     group_size = cfg.block_rows * k if n_rows >= cfg.block_rows else n_rows * k
     levels = _level_table(cfg.bits, cfg.levels, group_size, x.device)
     packed = kernels.get("quantize_pack", x.device)(rows, lo, step, levels, cfg.bits, cfg.block_rows, seed,
                                                     cfg.stochastic)
-    return CompressedTensor(width=k, proj_seed=proj_seed, packed=packed, lo=lo.to(META_DTYPE),
-                            step=step.to(META_DTYPE), exc_index=exc_index, exc_value=exc_value, **base)
+    meta = meta.to(META_DTYPE)  # exact: the values are bf16's
+    return CompressedTensor(width=k, proj_seed=proj_seed, packed=packed, lo=meta[0], step=meta[1], **base)
 
 
 def decompress(c: CompressedTensor) -> torch.Tensor:
@@ -229,19 +201,12 @@ def decompress(c: CompressedTensor) -> torch.Tensor:
     out_dtype = c.dtype if c.proj_seed is None else torch.float32
     rows = kernels.get("unpack_dequantize", c.device)(c.packed, lo, step, levels, c.bits, c.block_rows,
                                                       c.n_rows, c.width, out_dtype)
-    if c.exc_index is not None:
-        idx = c.exc_index.long()
-        row_ids = torch.arange(c.n_rows, device=c.device) // c.block_rows
-        hit = torch.isin(row_ids, idx)
-        value_of = torch.zeros(lo.shape[0], dtype=torch.float32, device=c.device)
-        value_of[idx] = c.exc_value
-        rows[hit] = value_of[row_ids[hit]][:, None].to(rows.dtype)
     if c.proj_seed is not None:
         rows = projection.unproject(rows, c.orig_width, c.proj_seed).to(c.dtype)
     return rows.reshape(c.shape)
 
 
-def compressed_nbytes(shape, config: CompressionConfig, n_exceptions: int = 0) -> int:
+def compressed_nbytes(shape, config: CompressionConfig) -> int:
     """The exact ``nbytes`` a tensor of ``shape`` compresses to under ``config`` (formula; no data)."""
     if not isinstance(config, CompressionConfig):
         raise TypeError(f"compressed_nbytes expects a CompressionConfig, got {type(config).__name__}")
@@ -258,4 +223,4 @@ def compressed_nbytes(shape, config: CompressionConfig, n_exceptions: int = 0) -
     n_groups = -(-n_rows // config.block_rows)
     codes = -(-(n_rows * k * config.bits) // 8)
     meta = 2 * n_groups * torch.finfo(META_DTYPE).bits // 8
-    return codes + meta + n_exceptions * 8
+    return codes + meta

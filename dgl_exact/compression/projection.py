@@ -18,7 +18,8 @@ def rademacher(d: int, k: int, seed: int, device, dtype=torch.float32) -> torch.
     """The ``d x k`` projection matrix for ``seed`` (entries ``+-1/sqrt(k)``)."""
     signs = hash_uniform(seed, 0, d * k, device).view(d, k) < 0.5
     value = 1.0 / math.sqrt(k)
-    return torch.where(signs, torch.tensor(value, device=device), torch.tensor(-value, device=device)).to(dtype)
+    # Python scalars, not device tensors: copying a scalar to the GPU would synchronise the host with it
+    return torch.where(signs, value, -value).to(dtype)
 
 
 def project(x: torch.Tensor, k: int, seed: int) -> torch.Tensor:

@@ -34,7 +34,7 @@ from . import register
 
 __all__ = ["load", "load_library", "library_info", "OPS", "source_dir"]
 
-OPS = ("quantize_pack", "unpack_dequantize", "pack_mask", "unpack_mask", "dropout", "relu_dropout", "masked_scale",
+OPS = ("group_meta", "quantize_pack", "unpack_dequantize", "pack_mask", "unpack_mask", "dropout", "relu_dropout", "masked_scale",
        "spmm_sum", "spmm_minmax", "sddmm_dot")
 
 ENV_CPU_EXT = "DGL_EXACT_BUILD_CPU_EXT"
@@ -207,7 +207,8 @@ def load() -> Optional[str]:
     devices = ("cpu", "cuda") if has_cuda else ("cpu",)
     if _registered_devices != devices:
         for op in OPS:
-            register(op, "cuda", devices=devices)(globals()[op])
+            if _has_op(op):  # a library built from older sources may lack newer ops: those stay on the chain
+                register(op, "cuda", devices=devices)(globals()[op])
         _registered_devices = devices
     return None
 
@@ -216,10 +217,22 @@ def load() -> Optional[str]:
 # Python wrappers with the reference signatures.
 # ----------------------------------------------------------------------------------------------------
 
+def _has_op(op: str) -> bool:
+    try:
+        getattr(torch.ops.dgl_exact, op)
+        return True
+    except (AttributeError, RuntimeError):
+        return False
+
+
 def _seed(seed) -> int:
     """A Python int seed as the int64 with the same low 64 bits (the kernels use them as uint64)."""
     s = int(seed) & 0xFFFFFFFFFFFFFFFF
     return s - (1 << 64) if s >= (1 << 63) else s
+
+
+def group_meta(mn, mx, bits):
+    return torch.ops.dgl_exact.group_meta(mn, mx, int(bits))
 
 
 def quantize_pack(x, lo, step, levels, bits, block_rows, seed, stochastic):
@@ -290,6 +303,10 @@ def _register_fakes() -> None:
 
     def _bytes(numel, bits):
         return (numel * bits + 7) // 8
+
+    @fake("group_meta")
+    def _(mn, mx, bits):
+        return mn.new_empty((2, mn.numel()), dtype=torch.float32)
 
     @fake("quantize_pack")
     def _(x, lo, step, levels, bits, block_rows, seed, stochastic):

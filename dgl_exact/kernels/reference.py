@@ -16,6 +16,15 @@ Compression (``quantize_pack`` / ``unpack_dequantize``)
 
     Decoding: ``x_hat = lo + L[q] * step`` (``L[q] = q`` for uniform levels), cast to ``dtype``.
 
+Group metadata (``group_meta``): from the fp32 per-group minimum ``mn`` and maximum ``mx``, ``[2, G]``
+    fp32 rows ``lo``, ``step`` (values bf16 holds exactly). On the fp32 bit patterns, ``lo`` is ``mn``
+    rounded down to bf16 (``b + 0xFFFF`` first when the sign bit is set, then ``& 0xFFFF0000``);
+    ``span = mx - lo``; ``step`` is ``span * f`` rounded up to bf16 (``(max(b, 0x00800000) + 0xFFFF) & 0xFFFF0000``: at least 2^-126, so
+    ``1 / step`` stays finite), with
+    ``f = fp32((1 + 2^-20) / M)`` (so every value lands in ``[0, M]`` despite fp32 rounding). Where
+    ``span`` is not finite (the group holds a NaN or an inf) ``lo = NaN, step = 0``; where ``span == 0``
+    (a constant group bf16 holds) ``step = 0``.
+
 Masks (``pack_mask`` / ``unpack_mask``): one bit per element, same bit order as 1-bit codes.
 
 Random numbers (``hash_uniform``): ``u(seed, e)`` in ``[0, 1)`` with 24 random bits, from two rounds of
@@ -115,6 +124,31 @@ def unpack_codes(packed: torch.Tensor, bits: int, n: int) -> torch.Tensor:
     shifts = torch.arange(0, 8, bits, device=packed.device, dtype=torch.int32)
     codes = (packed.to(torch.int32)[:, None] >> shifts) & ((1 << bits) - 1)
     return codes.reshape(-1)[:n].to(torch.int64)
+
+
+_LOW16 = 0xFFFF
+_HIGH16 = -65536  # 0xFFFF0000 as int32: bf16 keeps the top 16 bits of an fp32
+_MIN_NORMAL = 0x00800000  # bits of the smallest normal fp32, 2^-126
+
+
+def meta_factor(bits: int) -> float:
+    """``(1 + 2^-20) / M`` rounded to fp32 (as torch rounds a Python scalar multiplying an fp32 tensor)."""
+    return float(torch.tensor((1.0 + 2.0**-20) / ((1 << bits) - 1), dtype=torch.float32))
+
+
+@register("group_meta", "torch")
+def group_meta(mn: torch.Tensor, mx: torch.Tensor, bits: int) -> torch.Tensor:
+    mn, mx = mn.float().reshape(-1), mx.float().reshape(-1)
+    b = mn.contiguous().view(torch.int32)
+    lo = torch.where(b < 0, b + _LOW16, b).bitwise_and_(_HIGH16).view(torch.float32)
+    span = mx - lo
+    finite = torch.isfinite(span)
+    # at least the smallest normal fp32 (a bf16): 1 / step must not overflow for a denormal span
+    step = (span * meta_factor(bits)).view(torch.int32).clamp_(min=_MIN_NORMAL).add_(_LOW16).bitwise_and_(_HIGH16)
+    step = step.view(torch.float32)
+    step = torch.where(finite & (span > 0), step, torch.zeros_like(step))
+    lo = torch.where(finite, lo, torch.full_like(lo, float("nan")))
+    return torch.stack([lo, step])
 
 
 @register("quantize_pack", "torch")
