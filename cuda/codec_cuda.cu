@@ -1,11 +1,13 @@
 // CUDA kernels of the compression codec: quantize_pack / unpack_dequantize. Bit-exact with reference.py
 // (codes; decoded values are the same fp32 operations, issued with explicit round-to-nearest intrinsics).
 //
-// Layout for bandwidth: every thread owns one 32-bit word of packed output, i.e. 32 / bits consecutive
-// elements (16 for INT2), read with 16-byte vector loads; the group's lo / 1/step are loaded once per
-// word (twice when the word crosses into the next group), the uniforms come from the counter-based hash
-// in registers (no noise tensor), and the word is written with one 32-bit store. Grid-stride loops, any
-// shape: rows narrower than a word (k < 32 / bits) and the tail take a scalar path.
+// Layout for bandwidth. Quantize: every thread owns one 32-bit word of packed output, i.e. 32 / bits
+// consecutive elements (16 for INT2), read with 16-byte vector loads; the group's lo / 1/step are loaded
+// once per word (twice when the word crosses into the next group), the uniforms come from the
+// counter-based hash in registers (no noise tensor), and the word is written with one 32-bit store.
+// Decode: every thread owns one 16-byte chunk of output (4 fp32 or 8 fp16/bf16 values), so a warp's
+// stores are contiguous for every code width. Grid-stride loops, any shape: rows narrower than a word or
+// chunk and the tail take a scalar path. group_meta: one thread per group.
 // fp64 tensors go through fp32 (the reference quantises x.float() and decodes in fp32 too).
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
@@ -34,18 +36,6 @@ struct CudaSrc {
     for (int i = 0; i < EPW; ++i) v[i] = static_cast<float>(raw[i]);
   }
   __device__ __forceinline__ float one(int64_t e) const { return static_cast<float>(x[e]); }
-};
-
-template <typename out_t, int EPW>
-struct CudaDst {
-  out_t* out;
-  __device__ __forceinline__ void block(int64_t e0, const float (&v)[EPW]) const {
-    out_t o[EPW];
-#pragma unroll
-    for (int i = 0; i < EPW; ++i) o[i] = static_cast<out_t>(v[i]);
-    store_vec<out_t, EPW>(out + e0, o);
-  }
-  __device__ __forceinline__ void one(int64_t e, float v) const { out[e] = static_cast<out_t>(v); }
 };
 
 // The level table (2^bits fp32) goes to shared memory.
@@ -85,30 +75,32 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// One thread per chunk of V = 16 / sizeof(out_t) output elements (grid-stride): one 16-byte store each,
+// consecutive threads writing consecutive chunks.
 template <int BITS, bool LEVELS, typename out_t>
 __global__ void __launch_bounds__(kThreads)
     unpack_dequantize_kernel(const uint8_t* __restrict__ packed, const float* __restrict__ lo,
                              const float* __restrict__ step, const float* __restrict__ levels, out_t* __restrict__ out,
-                             CodecShape sh, bool vec_in, bool vec_out) {
-  constexpr int EPW = 32 / BITS;
+                             CodecShape sh, bool aligned_in, bool vec_out) {
+  constexpr int V = 16 / static_cast<int>(sizeof(out_t));
   constexpr int NL = LEVELS ? (1 << BITS) : 1;
   __shared__ float s_levels[NL];
   const float* L = stage_levels<LEVELS, NL>(levels, s_levels);
-  const CudaDst<out_t, EPW> dst{out};
-  const int64_t n_words = (sh.n + EPW - 1) / EPW;
-  const int64_t n_full = sh.n / EPW;
-  const int64_t nbytes = packed_nbytes(sh.n, BITS);
+  const int64_t n_chunks = (sh.n + V - 1) / V;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t w = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; w < n_words; w += stride) {
-    uint32_t word = 0;
-    if (w < n_full && vec_in) {
-      word = __ldg(reinterpret_cast<const unsigned int*>(packed) + w);
-    } else {
+  for (int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; c < n_chunks; c += stride) {
+    const int64_t left = sh.n - c * V;
+    const int count = left < V ? static_cast<int>(left) : V;
+    float v[V];
+    dequantize_chunk<BITS, LEVELS, V>(packed, c, count, sh, lo, step, L, aligned_in, v);
+    if (count == V && vec_out) {
+      out_t o[V];
 #pragma unroll
-      for (int b = 0; b < 4; ++b)
-        if (4 * w + b < nbytes) word |= static_cast<uint32_t>(packed[4 * w + b]) << (8 * b);
+      for (int i = 0; i < V; ++i) o[i] = static_cast<out_t>(v[i]);
+      store_vec<out_t, V>(out + c * V, o);
+    } else {
+      for (int i = 0; i < count; ++i) out[c * V + i] = static_cast<out_t>(v[i]);
     }
-    dequantize_word<BITS, LEVELS>(dst, word, w, sh, lo, step, L, vec_out);
   }
 }
 
@@ -212,10 +204,10 @@ at::Tensor unpack_dequantize_cuda(const at::Tensor& packed_in, const at::Tensor&
     dispatch_bits(bits, c.has_levels, [&](auto bits_c, auto levels_c) {
       constexpr int B = decltype(bits_c)::value;
       constexpr bool LV = decltype(levels_c)::value;
-      const int64_t words = (n + 32 / B - 1) / (32 / B);
-      unpack_dequantize_kernel<B, LV, scalar_t><<<grid_for(words), kThreads, 0, stream>>>(
+      constexpr int V = 16 / static_cast<int>(sizeof(scalar_t));
+      unpack_dequantize_kernel<B, LV, scalar_t><<<grid_for((n + V - 1) / V), kThreads, 0, stream>>>(
           packed.data_ptr<uint8_t>(), c.lo.data_ptr<float>(), c.step.data_ptr<float>(), L, out.data_ptr<scalar_t>(),
-          sh, (reinterpret_cast<uintptr_t>(packed.data_ptr()) & 3) == 0, aligned16(out.data_ptr()));
+          sh, (reinterpret_cast<uintptr_t>(packed.data_ptr()) & 7) == 0, aligned16(out.data_ptr()));
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     });
   });

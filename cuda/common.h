@@ -217,7 +217,7 @@ DE_HD uint32_t quantize_word(const Src& src, int64_t w, const CodecShape& sh, co
   const int64_t e0 = w * EPW;
   const int64_t row = div_fast(e0, sh.k, sh.small_e);
   const int64_t col = e0 - row * sh.k;
-  const int64_t g = div_fast(row, sh.block_rows, sh.small_r);
+  const int64_t g = sh.block_rows == 1 ? row : div_fast(row, sh.block_rows, sh.small_r);
   const int64_t rb = row - g * sh.block_rows;
   const float lo_a = lo[g];
   const float inv_a = inv_step(step[g]);
@@ -266,51 +266,79 @@ DE_HD uint32_t quantize_word(const Src& src, int64_t w, const CodecShape& sh, co
   return word;
 }
 
-// Decodes word w (its 32 bits in `word`): dst.block(e0, v) stores EPW values, dst.one(e, value) one.
-DE_EXEC_CHECK_DISABLE
-template <int BITS, bool LEVELS, typename Dst>
-DE_HD void dequantize_word(const Dst& dst, uint32_t word, int64_t w, const CodecShape& sh, const float* lo,
-                           const float* step, const float* L, bool fast_ok) {
-  constexpr int EPW = 32 / BITS;
-  constexpr uint32_t MASK = (1u << BITS) - 1;
-  const int64_t e0 = w * EPW;
+// ---------------------------------------------------------------------------------------------------
+// Decoding works on chunks of V consecutive output elements (V = 16 / sizeof(output): one 16-byte store
+// on a GPU, consecutive threads storing consecutive chunks, so the stores coalesce whatever the code
+// width; decoding by code words made INT2's per-thread stores 64 bytes apart). A full chunk's V * BITS
+// code bits are whole bytes, or part of one byte when V * BITS < 8.
+// ---------------------------------------------------------------------------------------------------
+template <int BITS, int V>
+DE_HD uint64_t chunk_code_bits(const uint8_t* packed, int64_t c, int count, bool aligned) {
+  constexpr int CB = V * BITS;             // code bits of a full chunk
+  constexpr int NB = CB < 8 ? 1 : CB / 8;  // bytes holding them
+  const int64_t byte0 = CB < 8 ? (c * CB) >> 3 : c * NB;
+  uint64_t bits = 0;
+#if defined(__CUDA_ARCH__)
+  if (NB > 1 && count == V && aligned) {  // one aligned load (the base is 8-byte aligned, byte0 % NB == 0)
+    if constexpr (NB == 2) bits = __ldg(reinterpret_cast<const unsigned short*>(packed + byte0));
+    if constexpr (NB == 4) bits = __ldg(reinterpret_cast<const unsigned int*>(packed + byte0));
+    if constexpr (NB == 8) bits = __ldg(reinterpret_cast<const unsigned long long*>(packed + byte0));
+    return bits;
+  }
+#endif
+  (void)aligned;
+  const int nb = count == V ? NB : (CB < 8 ? 1 : (count * BITS + 7) / 8);  // never past the buffer's end
+  for (int b = 0; b < nb; ++b) bits |= static_cast<uint64_t>(packed[byte0 + b]) << (8 * b);
+  if (CB < 8) bits >>= (c * CB) & 7;
+  return bits;
+}
+
+// v[0..count) = the decoded elements [c * V, c * V + count) (count == V except for the last chunk).
+template <int BITS, bool LEVELS, int V>
+DE_HD void dequantize_chunk(const uint8_t* packed, int64_t c, int count, const CodecShape& sh, const float* lo,
+                            const float* step, const float* L, bool aligned, float (&v)[V]) {
+  constexpr uint64_t MASK = (uint64_t(1) << BITS) - 1;
+  const uint64_t bits = chunk_code_bits<BITS, V>(packed, c, count, aligned);
+  const int64_t e0 = c * V;
   const int64_t row = div_fast(e0, sh.k, sh.small_e);
   const int64_t col = e0 - row * sh.k;
-  const int64_t g = div_fast(row, sh.block_rows, sh.small_r);
+  const int64_t g = sh.block_rows == 1 ? row : div_fast(row, sh.block_rows, sh.small_r);
   const int64_t rb = row - g * sh.block_rows;
   const float lo_a = lo[g];
   const float step_a = step[g];
-  if (fast_ok && e0 + EPW <= sh.n && sh.k >= EPW) {
-    const int split = col + EPW <= sh.k ? EPW : static_cast<int>(sh.k - col);
+  if (count == V && sh.k >= V) {
+    // the chunk crosses a row boundary after `split` elements (V: it does not); the next row may start the
+    // next group (it exists: the chunk is full)
+    const int split = col + V <= sh.k ? V : static_cast<int>(sh.k - col);
     float lo_b = lo_a, step_b = step_a;
-    if (split < EPW && rb + 1 == sh.block_rows) {
+    if (split < V && rb + 1 == sh.block_rows) {
       lo_b = lo[g + 1];
       step_b = step[g + 1];
     }
-    float v[EPW];
 #if defined(__CUDA_ARCH__)
 #pragma unroll
 #endif
-    for (int i = 0; i < EPW; ++i) {
+    for (int i = 0; i < V; ++i) {
       const bool second = i >= split;
-      v[i] = decode_value<LEVELS>((word >> (i * BITS)) & MASK, second ? lo_b : lo_a, second ? step_b : step_a, L);
+      v[i] = decode_value<LEVELS>(static_cast<uint32_t>((bits >> (i * BITS)) & MASK), second ? lo_b : lo_a,
+                                  second ? step_b : step_a, L);
     }
-    dst.block(e0, v);
     return;
   }
-  int64_t c = col, r = rb, gg = g;
+  // rows narrower than a chunk, or the last chunk: element by element
+  int64_t cc = col, r = rb, gg = g;
   float lo_g = lo_a, step_g = step_a;
 #if defined(__CUDA_ARCH__)
 #pragma unroll 1
 #endif
-  for (int i = 0; i < EPW && e0 + i < sh.n; ++i) {
-    dst.one(e0 + i, decode_value<LEVELS>((word >> (i * BITS)) & MASK, lo_g, step_g, L));
-    if (++c == sh.k) {
-      c = 0;
+  for (int i = 0; i < count; ++i) {
+    v[i] = decode_value<LEVELS>(static_cast<uint32_t>((bits >> (i * BITS)) & MASK), lo_g, step_g, L);
+    if (++cc == sh.k) {
+      cc = 0;
       if (++r == sh.block_rows) {
         r = 0;
         ++gg;
-        if (e0 + i + 1 < sh.n) {
+        if (i + 1 < count) {
           lo_g = lo[gg];
           step_g = step[gg];
         }

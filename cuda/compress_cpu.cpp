@@ -2,6 +2,8 @@
 // masked_scale; bit-exact with reference.py. The codec walks whole 32-bit code words and the elementwise
 // ops call the per-element function through the same templates (common.h) as the CUDA kernels, so the
 // CPU tests also check the CUDA kernels' logic. Parallelised with at::parallel_for.
+#include <algorithm>
+
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
@@ -24,15 +26,6 @@ struct CpuSrc {
   float one(int64_t e) const { return static_cast<float>(x[e]); }
 };
 
-template <typename out_t, int EPW>
-struct CpuDst {
-  out_t* out;
-  void block(int64_t e0, const float (&v)[EPW]) const {
-    for (int i = 0; i < EPW; ++i) out[e0 + i] = static_cast<out_t>(v[i]);
-  }
-  void one(int64_t e, float v) const { out[e] = static_cast<out_t>(v); }
-};
-
 template <int BITS, bool LEVELS, typename scalar_t>
 void quantize_pack_loop(const scalar_t* x, const float* lo, const float* step, const float* L, uint8_t* out,
                         const CodecShape& sh, uint64_t seed, bool stochastic) {
@@ -48,18 +41,18 @@ void quantize_pack_loop(const scalar_t* x, const float* lo, const float* step, c
   });
 }
 
+// By chunks of V = 16 / sizeof(out_t) elements, through the CUDA kernel's per-chunk function (common.h).
 template <int BITS, bool LEVELS, typename out_t>
 void unpack_dequantize_loop(const uint8_t* packed, const float* lo, const float* step, const float* L, out_t* out,
                             const CodecShape& sh) {
-  constexpr int EPW = 32 / BITS;
-  const int64_t n_words = (sh.n + EPW - 1) / EPW;
-  const int64_t nbytes = packed_nbytes(sh.n, BITS);
-  const CpuDst<out_t, EPW> dst{out};
-  at::parallel_for(0, n_words, kGrainWords, [&](int64_t w0, int64_t w1) {
-    for (int64_t w = w0; w < w1; ++w) {
-      uint32_t word = 0;
-      for (int b = 0; b < 4 && 4 * w + b < nbytes; ++b) word |= static_cast<uint32_t>(packed[4 * w + b]) << (8 * b);
-      dequantize_word<BITS, LEVELS>(dst, word, w, sh, lo, step, L, true);
+  constexpr int V = 16 / static_cast<int>(sizeof(out_t));
+  const int64_t n_chunks = (sh.n + V - 1) / V;
+  at::parallel_for(0, n_chunks, kGrainWords * 4, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      const int count = static_cast<int>(std::min<int64_t>(V, sh.n - c * V));
+      float v[V];
+      dequantize_chunk<BITS, LEVELS, V>(packed, c, count, sh, lo, step, L, false, v);
+      for (int i = 0; i < count; ++i) out[c * V + i] = static_cast<out_t>(v[i]);
     }
   });
 }

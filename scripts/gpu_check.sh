@@ -32,7 +32,7 @@ print(dgl_exact.backend("cuda"))
 PY
 
 step "CUDA-marked tests"
-timeout 90 python3 -m pytest -q -x -m cuda -p no:cacheprovider tests 2>&1 | tail -15 | tee "$OUT/cuda_tests.txt"
+timeout 120 python3 -m pytest -q -x -m cuda -p no:cacheprovider tests 2>&1 | tail -15 | tee "$OUT/cuda_tests.txt"
 
 step "raw kernel throughput (CUDA events; extension vs torch reference, bit-exact check)"
 timeout 60 python3 cuda/bench.py --rows 2449029 --cols 256 2>&1 | tee "$OUT/kernels_raw.txt"
