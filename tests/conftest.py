@@ -58,7 +58,8 @@ DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 @pytest.fixture
 def meta_cases() -> tuple:
     """Per-group (min, max) pairs covering every branch of ``group_meta``: ordinary, constant (bf16-exact or
-    not), signed zeros, denormals, huge values, NaN and infinities."""
+    not), signed zeros, denormals, huge values, NaN and infinities: 4000 ordinary groups, then 17 special
+    ones (from index 4000), then 20000 random bit patterns."""
     g = torch.Generator().manual_seed(11)
     a = torch.randn(4000, generator=g) * torch.logspace(-30, 30, 4000)
     b = a + torch.rand(4000, generator=g) * a.abs()
@@ -66,6 +67,9 @@ def meta_cases() -> tuple:
                (1e-40, 1e-40), (-1e-40, 3e-40), (1e-45, 1e-45), (3e38, 3.4e38), (-3.4e38, 3.4e38),
                (-3.3e38, -3.3e38), (float("nan"), float("nan")), (float("-inf"), 1.0), (0.0, float("inf")),
                (float("-inf"), float("inf")), (5.0, 5.0000005)]
-    mn = torch.cat([a, torch.tensor([p[0] for p in special])])
-    mx = torch.cat([b, torch.tensor([p[1] for p in special])])
+    # then every class of fp32 bit pattern (NaN payloads, denormals, both signs), ordered per pair
+    r1 = torch.randint(-2**31, 2**31, (20000,), generator=g, dtype=torch.int64).to(torch.int32).view(torch.float32)
+    r2 = torch.randint(-2**31, 2**31, (20000,), generator=g, dtype=torch.int64).to(torch.int32).view(torch.float32)
+    mn = torch.cat([a, torch.tensor([p[0] for p in special]), torch.minimum(r1, r2)])
+    mx = torch.cat([b, torch.tensor([p[1] for p in special]), torch.maximum(r1, r2)])
     return mn, mx

@@ -21,6 +21,8 @@ cache).
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numba import njit
 
@@ -125,10 +127,48 @@ def code_levels4_py(xv, log, invg, l0, l1, l2, l3, u):
     return j
 
 
+# Group metadata without bit casts (Numba has no scalar float <-> int reinterpretation on the CPU): a
+# rounding to bf16 is a rounding to 8 significant bits, or to a multiple of 2^-133 (bf16's denormal
+# spacing) below 2^-126, done exactly in float64 with frexp / ldexp / floor / ceil.
+_TWO_M133 = 2.0**-133
+_MIN_NORMAL = np.float32(2.0**-126)
+_NAN32 = np.float32(np.nan)
+
+
+def group_meta1_py(mnv, mxv, factor):
+    """(lo, step) of one group from its fp32 min and max (``reference.group_meta``). One function (the
+    jitted helpers cannot call plain-Python ones): lo = the largest bf16 <= min (inf and NaN pass through,
+    zeros keep their sign); step = the smallest bf16 >= max(span * factor, 2^-126)."""
+    lo = mnv
+    if mnv - mnv == _ZERO and mnv != _ZERO:
+        a = np.float64(abs(mnv))
+        q = math.ldexp(1.0, math.frexp(a)[1] - 8)  # a = m 2^e with 0.5 <= m < 1: 8 significant bits
+        if q < _TWO_M133:
+            q = _TWO_M133
+        if mnv > _ZERO:
+            lo = np.float32(math.floor(a / q) * q)
+        else:
+            lo = np.float32(-(math.ceil(a / q) * q))  # may round to -inf, as the bit pattern does
+    span = mxv - lo
+    if span - span != _ZERO:  # the group holds a NaN or an inf
+        return _NAN32, _ZERO
+    if not span > _ZERO:
+        return lo, _ZERO
+    p = span * factor
+    if p < _MIN_NORMAL:
+        return lo, _MIN_NORMAL
+    if p - p != _ZERO:  # overflowed to inf
+        return lo, p
+    a = np.float64(p)
+    q = math.ldexp(1.0, math.frexp(a)[1] - 8)
+    return lo, np.float32(math.ceil(a / q) * q)
+
+
 _hash_u = njit(inline="always", cache=True)(hash_u_py)
 _code_levels4 = njit(inline="always", cache=True)(code_levels4_py)
 _code_uniform = njit(inline="always", cache=True)(code_uniform_py)
 _code_levels = njit(inline="always", cache=True)(code_levels_py)
+_group_meta1 = njit(inline="always", cache=True)(group_meta1_py)
 
 
 _SEG = 1024  # codes computed per segment before packing (a segment never crosses a row)
@@ -159,6 +199,16 @@ def _unpack_run(packed, byte0, n_full, out, base, log, stepg, table, BITS):
         v = np.int64(packed[byte0 + bb])
         for i in range(8 // BITS):
             out[base + bb * (8 // BITS) + i] = log + table[(v >> (i * BITS)) & ((1 << BITS) - 1)] * stepg
+
+
+@njit(**_KERNEL)
+def group_meta(mn, mx, factor, out, start, end):
+    """``out[i], out[G + i]`` = lo, step of group ``i`` (``G = mn.size``). Units: groups."""
+    g = mn.size
+    for i in range(start, end):
+        lo, step = _group_meta1(mn[i], mx[i], factor)
+        out[i] = lo
+        out[g + i] = step
 
 
 @njit(**_KERNEL)

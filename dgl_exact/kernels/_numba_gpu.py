@@ -30,6 +30,7 @@ if SIMULATOR:
     _hash_u = _numba_cpu.hash_u_py
     _code_uniform = _numba_cpu.code_uniform_py
     _code_levels = _numba_cpu.code_levels_py
+    _group_meta1 = _numba_cpu.group_meta1_py
 
     def _fmul(a, b):
         return a * b
@@ -41,7 +42,17 @@ else:  # pragma: no cover - needs a GPU (tests compile these to PTX without one)
     _hash_u = _numba_cpu._hash_u
     _code_uniform = _numba_cpu._code_uniform
     _code_levels = _numba_cpu._code_levels
+    _group_meta1 = _numba_cpu._group_meta1
     _fmul = _libdevice.fmul_rn
+
+
+@cuda.jit
+def group_meta(mn, mx, factor, out):
+    g = mn.size
+    for i in range(cuda.grid(1), g, cuda.gridsize(1)):
+        lo, step = _group_meta1(mn[i], mx[i], factor)
+        out[i] = lo
+        out[g + i] = step
 
 
 @cuda.jit

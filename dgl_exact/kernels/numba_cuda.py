@@ -39,7 +39,7 @@ from . import register
 
 __all__ = ["load", "get_ops", "OPS", "CHUNK", "cpu_status", "cuda_status"]
 
-OPS = ("quantize_pack", "unpack_dequantize", "pack_mask", "unpack_mask", "dropout", "relu_dropout",
+OPS = ("group_meta", "quantize_pack", "unpack_dequantize", "pack_mask", "unpack_mask", "dropout", "relu_dropout",
        "masked_scale")
 CHUNK = 1 << 22  # elements per dtype-conversion chunk (a multiple of 8: chunks start on byte boundaries)
 
@@ -246,6 +246,24 @@ class _TorchOps:
         return out, scratch
 
     # compression --------------------------------------------------------------------------------
+    def group_meta(self, mn, mx, bits):
+        from .reference import meta_factor
+
+        bits = int(bits)
+        if bits not in (1, 2, 4, 8):
+            raise ValueError(f"bits must be 1, 2, 4 or 8, got {bits}")
+        if mn.numel() != mx.numel():
+            raise ValueError(f"group_meta: mn and mx differ in length ({mn.numel()} vs {mx.numel()})")
+        mn32 = mn.float().contiguous().view(-1)
+        mx32 = mx.float().contiguous().view(-1)
+        g = mn32.numel()
+        out = torch.empty((2, g), dtype=torch.float32, device=mn.device)
+        if g:
+            with self.engine.scope(mn.device):
+                self.engine.launch("group_meta", g, mn.device, self._a(mn32), self._a(mx32), _f32(meta_factor(bits)),
+                                   self._a(out.view(-1)))
+        return out
+
     def quantize_pack(self, x, lo, step, levels, bits, block_rows, seed, stochastic):
         n_rows, k = x.shape
         n = n_rows * k
