@@ -46,6 +46,7 @@ def register(op: str, backend: str, devices=("cpu", "cuda")):
 
     def wrap(fn):
         _REGISTRY.setdefault(op, {})[backend] = (fn, tuple(devices))
+        _chosen.clear()
         return fn
 
     return wrap
@@ -82,15 +83,26 @@ def _forced() -> Optional[str]:
 
 
 _warned_forced = set()
+# (op, device type, forced backend) -> (backend, function): the choice is made once per key (it runs on
+# every compress / decompress, where Python overhead competes with kernel launches); register() resets it.
+_chosen: Dict[tuple, tuple] = {}
 
 
 def _choose(op: str, device_type: str) -> tuple:
     _load_backends()
+    forced = _forced()
+    key = (op, device_type, forced)
+    choice = _chosen.get(key)
+    if choice is None:
+        choice = _chosen[key] = _choose_uncached(op, device_type, forced)
+    return choice
+
+
+def _choose_uncached(op: str, device_type: str, forced: Optional[str]) -> tuple:
     impls = _REGISTRY.get(op)
     if not impls:
         raise KeyError(f"no kernel registered for op {op!r}")
     chain = list(_CHAIN.get(device_type, ("torch",)))
-    forced = _forced()
     if forced is not None:
         chain = [forced] + [b for b in chain if b != forced and BACKENDS.index(b) > BACKENDS.index(forced)]
     for name in chain:
@@ -108,7 +120,10 @@ def _choose(op: str, device_type: str) -> tuple:
 
 def get(op: str, device) -> Callable:
     """The implementation of ``op`` that serves tensors on ``device``."""
-    device_type = torch.device(device).type if not isinstance(device, str) or ":" in device else device
+    if isinstance(device, torch.device):
+        device_type = device.type
+    else:
+        device_type = torch.device(device).type if not isinstance(device, str) or ":" in device else device
     return _choose(op, device_type)[1]
 
 
