@@ -1,6 +1,7 @@
 // CUDA kernels on 1-bit masks and elementwise dropout: pack_mask / unpack_mask, dropout, relu_dropout,
-// masked_scale. Bit-exact with reference.py. One thread per 32 consecutive elements (one 32-bit word of
-// mask bits), vectorised loads/stores, uniforms from the counter-based hash in registers.
+// masked_scale. Bit-exact with reference.py. Mask packing: one thread per 32-bit word of bits, vectorised
+// loads/stores. Elementwise ops: a warp per run of words, one element per lane per word (coalesced; a
+// word of bits is a warp ballot). Uniforms come from the counter-based hash in registers.
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <torch/library.h>
@@ -85,41 +86,43 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // ---------------------------------------------------------------------------------------------------
-// Elementwise ops on 32 consecutive elements per thread (dropout, relu_dropout, masked_scale).
+// Elementwise ops (dropout, relu_dropout, masked_scale): lane i of a warp owns element 32 w + i of every
+// word w of mask bits the warp visits, so each load and store instruction of a warp covers 32 consecutive
+// elements (coalesced for every dtype) and a word of output bits is one __ballot_sync. (A thread per
+// word, reading and writing its own 128 bytes, left a warp's stores 128 bytes apart: 0.5-0.8 TB/s.)
 // ---------------------------------------------------------------------------------------------------
-// One thread per 32 consecutive elements (one word of mask bits in or out).
+constexpr int kWordsPerStep = 8;  // words per warp per step: 8 independent loads in flight per thread
+
 template <int OP, typename scalar_t, typename acc_t>
 __global__ void __launch_bounds__(kThreads)
     elementwise_kernel(const scalar_t* __restrict__ x, scalar_t* __restrict__ y, const uint8_t* __restrict__ mask_in,
-                       uint8_t* __restrict__ mask_out, int64_t n, ElementwiseParams<acc_t> prm, bool vec,
-                       bool vec_mask) {
+                       uint8_t* __restrict__ mask_out, int64_t n, ElementwiseParams<acc_t> prm, bool vec_mask) {
   const int64_t n_words = (n + 31) / 32, n_full = n / 32, nbytes = packed_nbytes(n, 1);
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t w = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; w < n_words; w += stride) {
-    const int64_t e0 = w * 32;
-    const bool full = w < n_full;
-    const uint32_t word_in = OP == kMaskedScale ? load_mask_word(mask_in, w, full, vec_mask, nbytes) : 0u;
-    uint32_t word_out = 0;
-    if (full && vec) {
-      scalar_t v[32];
-      load_vec<scalar_t, 32>(x + e0, v);
+  const int64_t n_steps = (n_words + kWordsPerStep - 1) / kWordsPerStep;
+  const int lane = static_cast<int>(threadIdx.x & 31);
+  const int64_t warps = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5;
+  // warp-uniform loop (blockDim is a multiple of 32): every lane reaches every __ballot_sync
+  for (int64_t s = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5; s < n_steps; s += warps) {
+    const int64_t w0 = s * kWordsPerStep;
+    acc_t v[kWordsPerStep];
 #pragma unroll
-      for (int i = 0; i < 32; ++i) {
-        bool bit = false;
-        v[i] = static_cast<scalar_t>(apply_elementwise<OP>(static_cast<acc_t>(v[i]), e0 + i, (word_in >> i) & 1u, bit, prm));
-        word_out |= static_cast<uint32_t>(bit) << i;
-      }
-      store_vec<scalar_t, 32>(y + e0, v);
-    } else {
-#pragma unroll 1
-      for (int i = 0; i < 32 && e0 + i < n; ++i) {
-        bool bit = false;
-        y[e0 + i] = static_cast<scalar_t>(
-            apply_elementwise<OP>(static_cast<acc_t>(x[e0 + i]), e0 + i, (word_in >> i) & 1u, bit, prm));
-        word_out |= static_cast<uint32_t>(bit) << i;
+    for (int j = 0; j < kWordsPerStep; ++j) {
+      const int64_t e = (w0 + j) * 32 + lane;
+      v[j] = e < n ? static_cast<acc_t>(x[e]) : acc_t(0);
+    }
+#pragma unroll
+    for (int j = 0; j < kWordsPerStep; ++j) {
+      const int64_t w = w0 + j;
+      const int64_t e = w * 32 + lane;
+      const uint32_t word_in =
+          OP == kMaskedScale && w < n_words ? load_mask_word(mask_in, w, w < n_full, vec_mask, nbytes) : 0u;
+      bool bit = false;
+      if (e < n) y[e] = static_cast<scalar_t>(apply_elementwise<OP>(v[j], e, (word_in >> lane) & 1u, bit, prm));
+      if (OP == kReluDropout) {
+        const uint32_t word = __ballot_sync(0xffffffffu, bit);  // bit i = lane i's element; 0 past the end
+        if (lane == 0 && w < n_words) store_mask_word(mask_out, w, word, w < n_full, nbytes);
       }
     }
-    if (OP == kReluDropout) store_mask_word(mask_out, w, word_out, full, nbytes);
   }
 }
 
@@ -127,14 +130,13 @@ template <int OP>
 void launch_elementwise(const at::Tensor& x, const at::Tensor& y, const uint8_t* mask_in, uint8_t* mask_out,
                         uint64_t seed, double p, double on, double off) {
   const int64_t n = x.numel();
+  const int64_t steps = ((n + 31) / 32 + kWordsPerStep - 1) / kWordsPerStep;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "dgl_exact_elementwise_cuda", [&] {
     using acc_t = at::opmath_type<scalar_t>;
     const auto prm = make_elementwise_params<scalar_t, acc_t>(OP, seed, p, on, off);
-    elementwise_kernel<OP, scalar_t, acc_t>
-        <<<grid_for((n + 31) / 32), kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(
-            x.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(), mask_in, mask_out, n, prm,
-            aligned16(x.data_ptr()) && aligned16(y.data_ptr()),
-            mask_in != nullptr && (reinterpret_cast<uintptr_t>(mask_in) & 3) == 0);
+    elementwise_kernel<OP, scalar_t, acc_t><<<grid_for(steps * 32), kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(
+        x.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(), mask_in, mask_out, n, prm,
+        mask_in != nullptr && (reinterpret_cast<uintptr_t>(mask_in) & 3) == 0);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
 }
