@@ -71,12 +71,18 @@ def main() -> int:
         step = (xr.amax(1) - lo) * (1 + 2**-20) / top
         tag = f"INT{bits} br={block_rows}{' levels' if levels is not None else ''}"
         packed = X.quantize_pack(x, lo, step, levels, bits, block_rows, seed, True)
-        if bits == 2 and block_rows == 1:
-            check(f"quantize_pack {tag}", packed, R.quantize_pack(x, lo, step, levels, bits, block_rows, seed, True))
-            dec = X.unpack_dequantize(packed, lo, step, levels, bits, block_rows, n, k, torch.float32)
-            check(f"unpack_dequantize {tag}", dec,
-                  R.unpack_dequantize(packed, lo, step, levels, bits, block_rows, n, k, torch.float32), exact=False)
-            del dec
+        # every configuration checked against the reference on a slice (the reference's int64 codes of the
+        # whole tensor would take gigabytes); an odd row count exercises the tail
+        ns = min(n, 65537)
+        gs = -(-ns // block_rows)
+        p_small = X.quantize_pack(x[:ns], lo[:gs], step[:gs], levels, bits, block_rows, seed, True)
+        check(f"quantize_pack {tag}", p_small, R.quantize_pack(x[:ns], lo[:gs], step[:gs], levels, bits, block_rows,
+                                                                seed, True))
+        for dt in (torch.float32, torch.float16):
+            check(f"unpack_dequantize {tag} {str(dt)[6:]}",
+                  X.unpack_dequantize(p_small, lo[:gs], step[:gs], levels, bits, block_rows, ns, k, dt),
+                  R.unpack_dequantize(p_small, lo[:gs], step[:gs], levels, bits, block_rows, ns, k, dt), exact=False)
+        del p_small
         t_q = _time_ms(lambda: X.quantize_pack(x, lo, step, levels, bits, block_rows, seed, True), args.iters)
         t_d = _time_ms(lambda: X.unpack_dequantize(packed, lo, step, levels, bits, block_rows, n, k, torch.float32),
                        args.iters)
@@ -85,6 +91,23 @@ def main() -> int:
         if bits == 2 and block_rows == 1 and levels is None:
             t_ref = _time_ms(lambda: R.quantize_pack(x, lo, step, levels, bits, block_rows, seed, True), 3)
             results.append((f"  (torch reference {tag})", t_ref, x.numel() * 4 / t_ref / 1e6))
+    mn, mx = torch.aminmax(x, dim=1)
+    check("group_meta", X.group_meta(mn, mx, 2), R.group_meta(mn, mx, 2))
+    results.append(("group_meta (one per row)", _time_ms(lambda: X.group_meta(mn, mx, 2), args.iters), float("nan")))
+    results.append(("  (torch reference group_meta)", _time_ms(lambda: R.group_meta(mn, mx, 2), args.iters),
+                    float("nan")))
+    results.append(("aminmax per row (torch)", _time_ms(lambda: torch.aminmax(x, dim=1), args.iters),
+                    x.numel() * 4 / _time_ms(lambda: torch.aminmax(x, dim=1), args.iters) / 1e6))
+    del mn, mx
+    xs = x[:65537]
+    for dt in (torch.float32, torch.float16):
+        check(f"dropout {str(dt)[6:]}", X.dropout(xs.to(dt), 0.3, seed), R.dropout(xs.to(dt), 0.3, seed))
+        ys, ms = X.relu_dropout(xs.to(dt), 0.3, seed)
+        ys_ref, ms_ref = R.relu_dropout(xs.to(dt), 0.3, seed)
+        check(f"relu_dropout {str(dt)[6:]}", ys, ys_ref)
+        check(f"relu_dropout mask {str(dt)[6:]}", ms, ms_ref)
+        check(f"masked_scale {str(dt)[6:]}", X.masked_scale(xs.to(dt), ms, 1.5, 0.25),
+              R.masked_scale(xs.to(dt), ms, 1.5, 0.25))
     y, mask = X.relu_dropout(x, 0.5, seed)
     y_ref, mask_ref = R.relu_dropout(x, 0.5, seed)
     check("relu_dropout y", y, y_ref)
