@@ -89,3 +89,36 @@ def test_bench_profile_writes_per_op_tables(tmp_path):
     assert "_Linear" in (out / rows[0]["table"]).read_text() and "aten::aminmax" not in (out / rows[0]["table"]).read_text()
     bad = cli("profile", "--dataset", TINY, "--steps", "0", "--out", str(out), "-q", cwd=str(tmp_path))
     assert bad.returncode == 2 and bad.stderr.startswith("error:")
+
+
+def test_sync_sites_counts_each_synchronising_call_site(monkeypatch):
+    """The GPU profile's list of host-GPU synchronisations: torch's sync debug mode warns at each site;
+    counted per file:line, most frequent first, and the mode is restored even if the step raises."""
+    import warnings
+
+    import torch
+
+    from dgl_exact.bench import runner
+
+    modes = []
+    monkeypatch.setattr(torch.cuda, "get_sync_debug_mode", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", modes.append)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+
+    def step():
+        for _ in range(3):
+            warnings.warn("called a synchronizing CUDA operation")  # one site, three times
+        warnings.warn("called a synchronizing CUDA operation")  # another site, once
+        warnings.warn("something else")
+
+    sites = runner._sync_sites(step)
+    assert len(sites) == 2 and sites[0].endswith(" x3") and sites[1].endswith(" x1")
+    assert all("test_bench.py:" in s for s in sites) and sites[0].split(" ")[0] != sites[1].split(" ")[0]
+    assert modes == ["warn", 0]
+
+    def failing():
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError):
+        runner._sync_sites(failing)
+    assert modes[-1] == 0

@@ -286,6 +286,7 @@ def profile_grid(work: Workload, models: Sequence[str], settings: Sequence[Setti
                     one_step()
                 _sync(work.device)
                 wall = (time.perf_counter() - t0) / steps
+            sites = _sync_sites(one_step) if cuda else []
         averages = prof.key_averages()
         calls = {e.key: e.count for e in averages}
         row["wall_ms"] = 1000 * wall
@@ -300,6 +301,9 @@ def profile_grid(work: Workload, models: Sequence[str], settings: Sequence[Setti
         with open(path, "w") as f:
             f.write(f"{model_name} / {setting.name} on {work.device}, {steps} profiled steps after {warmup} warm-up\n")
             f.write(table)
+            if cuda:
+                f.write("\nhost-GPU synchronisations of one more step (torch.cuda.set_sync_debug_mode), by call site:\n")
+                f.write("".join(f"  {site}\n" for site in sites) or "  none\n")
         row["table"] = os.path.basename(path)
         rows.append(row)
         del model, one_step, prof
@@ -307,6 +311,25 @@ def profile_grid(work: Workload, models: Sequence[str], settings: Sequence[Setti
     for r in rows:
         sink.add(r)
     return rows
+
+
+def _sync_sites(one_step: Callable[[], None]) -> List[str]:
+    """``"file:line xN"`` for every call site that synchronises the host with the GPU during one step,
+    most frequent first (torch's sync debug mode warns at each; the step itself still runs normally)."""
+    import collections
+
+    previous = torch.cuda.get_sync_debug_mode()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            one_step()
+        finally:
+            torch.cuda.set_sync_debug_mode(previous)
+    torch.cuda.synchronize()
+    sites = collections.Counter(f"{os.path.relpath(w.filename)}:{w.lineno}" for w in caught
+                                if "synchroniz" in str(w.message))
+    return [f"{site} x{count}" for site, count in sites.most_common()]
 
 
 def _self_device_us(event) -> float:
