@@ -104,39 +104,18 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// One thread per group (grid-stride): the metadata of G groups in one launch instead of a dozen torch ops.
+// One thread per group (grid-stride): the metadata of all G groups in one launch.
 __global__ void __launch_bounds__(kThreads)
     group_meta_kernel(const float* __restrict__ mn, const float* __restrict__ mx, float* __restrict__ out, int64_t g,
-                      float factor) {
+                      float factor, float top) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < g; i += stride) {
     float lo, step;
-    group_meta_one(mn[i], mx[i], factor, lo, step);
+    group_meta_one(mn[i], mx[i], factor, top, lo, step);
     out[i] = lo;
     out[g + i] = step;
   }
 }
-
-template <int BITS, typename F>
-void with_levels(bool has_levels, F&& f) {
-  if (has_levels) {
-    f(std::integral_constant<int, BITS>{}, std::true_type{});
-  } else {
-    f(std::integral_constant<int, BITS>{}, std::false_type{});
-  }
-}
-
-template <typename F>
-void dispatch_bits(int64_t bits, bool has_levels, F&& f) {
-  switch (bits) {
-    case 1: with_levels<1>(has_levels, f); break;
-    case 2: with_levels<2>(has_levels, f); break;
-    case 4: with_levels<4>(has_levels, f); break;
-    case 8: with_levels<8>(has_levels, f); break;
-    default: TORCH_CHECK(false, "dgl_exact: bits must be 1, 2, 4 or 8, got ", bits);
-  }
-}
-
 
 }  // namespace
 
@@ -149,7 +128,8 @@ at::Tensor group_meta_cuda(const at::Tensor& mn_in, const at::Tensor& mx_in, int
   at::Tensor out = at::empty({2, g}, mn.options());
   if (g == 0) return out;
   group_meta_kernel<<<grid_for(g), kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(
-      mn.data_ptr<float>(), mx.data_ptr<float>(), out.data_ptr<float>(), g, meta_factor(bits));
+      mn.data_ptr<float>(), mx.data_ptr<float>(), out.data_ptr<float>(), g, meta_factor(bits),
+      static_cast<float>((int64_t(1) << bits) - 1));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return out;
 }

@@ -86,6 +86,10 @@ DE_HD float hash_uniform(uint64_t seed, uint64_t e) {
   return static_cast<float>(h >> 8) * (1.0f / 16777216.0f);  // exact: 24-bit integer times 2^-24
 }
 
+// Entry e of the Rademacher projection matrix (reference.rademacher): v = fp32(1 / sqrt(k)) where the
+// element's uniform is below 1/2, else -v.
+DE_HD float rademacher_entry(uint64_t seed, uint64_t e, float v) { return hash_uniform(seed, e) < 0.5f ? v : -v; }
+
 // ---------------------------------------------------------------------------------------------------
 // Quantization of one value.
 // ---------------------------------------------------------------------------------------------------
@@ -137,7 +141,8 @@ DE_HD float decode_value(uint32_t q, float lo, float step, const float* L) {
 
 // ---------------------------------------------------------------------------------------------------
 // Group metadata (reference.group_meta): lo = mn rounded down to bf16, step = (mx - lo) * factor rounded
-// up to bf16, both on the fp32 bit patterns; lo = NaN, step = 0 for a group with a NaN or an inf.
+// up to bf16, both on the fp32 bit patterns; lo = NaN, step = 0 for a group with a NaN or an inf; a finite
+// group that would not decode finite saturates (group_meta_one).
 // ---------------------------------------------------------------------------------------------------
 DE_HD uint32_t float_bits(float v) {
 #if defined(__CUDA_ARCH__)
@@ -175,12 +180,29 @@ inline float meta_factor(int64_t bits) {
   return static_cast<float>((1.0 + 1.0 / 1048576.0) / static_cast<double>((int64_t(1) << bits) - 1));
 }
 
-DE_HD void group_meta_one(float mn, float mx, float factor, float& lo, float& step) {
-  const float l = bf16_floor(mn);
-  const float span = f_sub(mx, l);
-  const bool finite = (float_bits(span) & 0x7F800000u) != 0x7F800000u;  // not inf, not NaN
-  lo = finite ? l : bits_float(0x7FC00000u);  // NaN
-  step = (finite && span > 0.0f) ? bf16_ceil_pos(f_mul(span, factor)) : 0.0f;
+// Saturation (reference.DECODE_MAX / SATURATE): a finite group whose top code lo + M * step would not decode
+// finite is redone from its min and max clamped to [-kSaturate, kSaturate], which always decodes finite.
+constexpr float kDecodeMax = 3.4028232635611926e38f;  // bits 0x7F7FFFFE: one ulp below fp32's largest
+constexpr float kSaturate = 1.2760588759535192e38f;  // 1.5 * 2^126, bits 0x7EC00000
+
+DE_HD bool finite_bits(float v) { return (float_bits(v) & 0x7F800000u) != 0x7F800000u; }  // not inf, not NaN
+
+DE_HD void group_meta_one(float mn, float mx, float factor, float top, float& lo, float& step) {
+  if (!finite_bits(mn) || !finite_bits(mx)) {  // the group holds a NaN or an inf
+    lo = bits_float(0x7FC00000u);  // NaN
+    step = 0.0f;
+    return;
+  }
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    lo = bf16_floor(mn);
+    const float span = f_sub(mx, lo);
+    // span > 0 is false for 0; an overflowed span (inf) gives step = inf, which saturates
+    step = span > 0.0f ? bf16_ceil_pos(f_mul(span, factor)) : 0.0f;
+    const float p = f_mul(step, top);
+    if (attempt == 1 || (p <= kDecodeMax && p <= f_sub(kDecodeMax, lo))) return;
+    mn = fminf(fmaxf(mn, -kSaturate), kSaturate);
+    mx = fminf(fmaxf(mx, -kSaturate), kSaturate);
+  }
 }
 
 // Bytes of `numel` packed codes of `bits` bits: ceil(numel * bits / 8).
@@ -269,7 +291,7 @@ DE_HD uint32_t quantize_word(const Src& src, int64_t w, const CodecShape& sh, co
 // ---------------------------------------------------------------------------------------------------
 // Decoding works on chunks of V consecutive output elements (V = 16 / sizeof(output): one 16-byte store
 // on a GPU, consecutive threads storing consecutive chunks, so the stores coalesce whatever the code
-// width; decoding by code words made INT2's per-thread stores 64 bytes apart). A full chunk's V * BITS
+// width). A full chunk's V * BITS
 // code bits are whole bytes, or part of one byte when V * BITS < 8.
 // ---------------------------------------------------------------------------------------------------
 template <int BITS, int V>

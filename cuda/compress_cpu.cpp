@@ -84,26 +84,6 @@ void elementwise_cpu(const at::Tensor& x, const at::Tensor& y, const uint8_t* ma
   });
 }
 
-template <int BITS, typename F>
-void with_levels(bool has_levels, F&& f) {
-  if (has_levels) {
-    f(std::integral_constant<int, BITS>{}, std::true_type{});
-  } else {
-    f(std::integral_constant<int, BITS>{}, std::false_type{});
-  }
-}
-
-template <typename F>
-void dispatch_bits(int64_t bits, bool has_levels, F&& f) {
-  switch (bits) {
-    case 1: with_levels<1>(has_levels, f); break;
-    case 2: with_levels<2>(has_levels, f); break;
-    case 4: with_levels<4>(has_levels, f); break;
-    case 8: with_levels<8>(has_levels, f); break;
-    default: TORCH_CHECK(false, "dgl_exact: bits must be 1, 2, 4 or 8, got ", bits);
-  }
-}
-
 }  // namespace
 
 at::Tensor group_meta_cpu(const at::Tensor& mn_in, const at::Tensor& mx_in, int64_t bits) {
@@ -112,11 +92,12 @@ at::Tensor group_meta_cpu(const at::Tensor& mn_in, const at::Tensor& mx_in, int6
   const int64_t g = mn.numel();
   at::Tensor out = at::empty({2, g}, mn.options());
   const float factor = meta_factor(bits);
+  const float top = static_cast<float>((int64_t(1) << bits) - 1);
   const float* a = mn.data_ptr<float>();
   const float* b = mx.data_ptr<float>();
   float* o = out.data_ptr<float>();
   at::parallel_for(0, g, kGrainWords * 16, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) group_meta_one(a[i], b[i], factor, o[i], o[g + i]);
+    for (int64_t i = i0; i < i1; ++i) group_meta_one(a[i], b[i], factor, top, o[i], o[g + i]);
   });
   return out;
 }
@@ -220,6 +201,19 @@ at::Tensor masked_scale_cpu(const at::Tensor& g_in, const at::Tensor& packed_in,
   return y;
 }
 
+void rademacher_cpu(const at::Tensor& out, int64_t seed) {
+  const float v = prepare_rademacher(out);
+  const int64_t n = out.numel();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, out.scalar_type(), "dgl_exact_rademacher_cpu", [&] {
+    scalar_t* o = out.data_ptr<scalar_t>();
+    at::parallel_for(0, n, kGrainWords * 32, [&](int64_t e0, int64_t e1) {
+      for (int64_t e = e0; e < e1; ++e) {
+        o[e] = static_cast<scalar_t>(rademacher_entry(static_cast<uint64_t>(seed), static_cast<uint64_t>(e), v));
+      }
+    });
+  });
+}
+
 }  // namespace dgl_exact
 
 TORCH_LIBRARY_IMPL(dgl_exact, CPU, m) {
@@ -231,4 +225,5 @@ TORCH_LIBRARY_IMPL(dgl_exact, CPU, m) {
   m.impl("dropout", &dgl_exact::dropout_cpu);
   m.impl("relu_dropout", &dgl_exact::relu_dropout_cpu);
   m.impl("masked_scale", &dgl_exact::masked_scale_cpu);
+  m.impl("rademacher_", &dgl_exact::rademacher_cpu);
 }

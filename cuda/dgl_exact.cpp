@@ -1,8 +1,9 @@
 // Operator schemas of the dgl_exact extension (torch.ops.dgl_exact.*).
 //
-// Layout (like torch_scatter): this file declares the schemas; *_cpu.cpp register the CPU kernels,
+// Layout (like torchvision's csrc/ops): this file declares the schemas; *_cpu.cpp register the CPU kernels,
 // *_cuda.cu the CUDA kernels. Fake (meta) implementations for torch.compile are registered from Python
-// (dgl_exact/kernels/extension.py) with torch.library.register_fake. Semantics: reference.py.
+// (dgl_exact/kernels/extension.py) with torch.library.register_fake. Semantics: reference.py; the list
+// of ops with their schemas: dgl_exact/kernels/spec.py (tests check the two agree).
 #include <Python.h>
 #include <torch/library.h>
 
@@ -19,6 +20,7 @@ TORCH_LIBRARY(dgl_exact, m) {
   m.def("dropout(Tensor x, float p, int seed) -> Tensor");
   m.def("relu_dropout(Tensor x, float p, int seed) -> (Tensor, Tensor)");
   m.def("masked_scale(Tensor g, Tensor packed, float on, float off) -> Tensor");
+  m.def("rademacher_(Tensor(a!) out, int seed) -> ()");
   m.def("spmm_sum(Tensor indptr, Tensor indices, Tensor? eids, Tensor x, Tensor? w, int n_dst) -> Tensor");
   m.def("spmm_minmax(Tensor indptr, Tensor indices, Tensor? eids, Tensor x, str reduce, int n_dst) "
         "-> (Tensor, Tensor)");

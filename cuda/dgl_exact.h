@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <string>
 #include <tuple>
+#include <type_traits>
 
 #include "common.h"
 
@@ -20,6 +21,28 @@ using OptTensor = c10::optional<at::Tensor>;
 
 inline void check_bits(int64_t bits) {
   TORCH_CHECK(bits == 1 || bits == 2 || bits == 4 || bits == 8, "dgl_exact: bits must be 1, 2, 4 or 8, got ", bits);
+}
+
+// Calls f(integral_constant<int, BITS>, bool_constant<has_levels>) for the runtime bits / level choice, so
+// that kernels and loops are instantiated per bit width (the CPU and the CUDA codec share this dispatch).
+template <int BITS, typename F>
+void with_levels(bool has_levels, F&& f) {
+  if (has_levels) {
+    f(std::integral_constant<int, BITS>{}, std::true_type{});
+  } else {
+    f(std::integral_constant<int, BITS>{}, std::false_type{});
+  }
+}
+
+template <typename F>
+void dispatch_bits(int64_t bits, bool has_levels, F&& f) {
+  switch (bits) {
+    case 1: with_levels<1>(has_levels, f); break;
+    case 2: with_levels<2>(has_levels, f); break;
+    case 4: with_levels<4>(has_levels, f); break;
+    case 8: with_levels<8>(has_levels, f); break;
+    default: TORCH_CHECK(false, "dgl_exact: bits must be 1, 2, 4 or 8, got ", bits);
+  }
 }
 
 inline bool is_float_type(at::ScalarType t) {
@@ -138,6 +161,7 @@ inline at::Tensor prepare_edge_values(const at::Tensor& w, const at::Tensor& x, 
   at::Tensor dropout_##SUFFIX(const at::Tensor& x, double p, int64_t seed);                                        \
   std::tuple<at::Tensor, at::Tensor> relu_dropout_##SUFFIX(const at::Tensor& x, double p, int64_t seed);           \
   at::Tensor masked_scale_##SUFFIX(const at::Tensor& g, const at::Tensor& packed, double on, double off);          \
+  void rademacher_##SUFFIX(const at::Tensor& out, int64_t seed);                                                   \
   at::Tensor spmm_sum_##SUFFIX(const at::Tensor& indptr, const at::Tensor& indices, const OptTensor& eids,         \
                                const at::Tensor& x, const OptTensor& w, int64_t n_dst);                            \
   std::tuple<at::Tensor, at::Tensor> spmm_minmax_##SUFFIX(const at::Tensor& indptr, const at::Tensor& indices,     \
@@ -180,6 +204,16 @@ inline CodecShape make_codec_shape(int64_t n_rows, int64_t k, int64_t block_rows
   sh.small_e = sh.n <= kU32Max;
   sh.small_r = n_rows <= kU32Max && block_rows <= kU32Max;
   return sh;
+}
+
+// rademacher_: out must be a contiguous [d, k] float tensor; returns fp32(1 / sqrt(k)) (the value Python's
+// 1.0 / math.sqrt(k) rounds to: both are correctly rounded double operations).
+inline float prepare_rademacher(const at::Tensor& out) {
+  TORCH_CHECK(out.dim() == 2, "dgl_exact.rademacher_: out must be [d, k], got ", out.dim(), " dims");
+  TORCH_CHECK(out.is_contiguous(), "dgl_exact.rademacher_: out must be contiguous");
+  TORCH_CHECK(is_float_type(out.scalar_type()), "dgl_exact.rademacher_: out must be floating, got ",
+              out.scalar_type());
+  return static_cast<float>(1.0 / std::sqrt(static_cast<double>(out.size(1))));
 }
 
 // Output shapes and dtype of sddmm_dot: [nnz, H] in the promoted dtype of a and b.

@@ -1,5 +1,5 @@
 // CUDA kernels on 1-bit masks and elementwise dropout: pack_mask / unpack_mask, dropout, relu_dropout,
-// masked_scale. Bit-exact with reference.py. Mask packing: one thread per 32-bit word of bits, vectorised
+// masked_scale, and the Rademacher projection matrix. Bit-exact with reference.py. Mask packing: one thread per 32-bit word of bits, vectorised
 // loads/stores. Elementwise ops: a warp per run of words, one element per lane per word (coalesced; a
 // word of bits is a warp ballot). Uniforms come from the counter-based hash in registers.
 #include <ATen/Dispatch.h>
@@ -88,8 +88,7 @@ __global__ void __launch_bounds__(kThreads)
 // ---------------------------------------------------------------------------------------------------
 // Elementwise ops (dropout, relu_dropout, masked_scale): lane i of a warp owns element 32 w + i of every
 // word w of mask bits the warp visits, so each load and store instruction of a warp covers 32 consecutive
-// elements (coalesced for every dtype) and a word of output bits is one __ballot_sync. (A thread per
-// word, reading and writing its own 128 bytes, left a warp's stores 128 bytes apart: 0.5-0.8 TB/s.)
+// elements (coalesced for every dtype) and a word of output bits is one __ballot_sync.
 // ---------------------------------------------------------------------------------------------------
 constexpr int kWordsPerStep = 8;  // words per warp per step: 8 independent loads in flight per thread
 
@@ -139,6 +138,15 @@ void launch_elementwise(const at::Tensor& x, const at::Tensor& y, const uint8_t*
         mask_in != nullptr && (reinterpret_cast<uintptr_t>(mask_in) & 3) == 0);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
+}
+
+template <typename scalar_t>
+__global__ void __launch_bounds__(kThreads)
+rademacher_kernel(scalar_t* __restrict__ out, int64_t n, uint64_t seed, float v) {
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < n;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    out[e] = static_cast<scalar_t>(rademacher_entry(seed, static_cast<uint64_t>(e), v));
+  }
 }
 
 }  // namespace
@@ -207,6 +215,19 @@ at::Tensor masked_scale_cuda(const at::Tensor& g_in, const at::Tensor& packed_in
   return y;
 }
 
+void rademacher_cuda(const at::Tensor& out, int64_t seed) {
+  TORCH_CHECK(out.is_cuda(), "dgl_exact.rademacher_: out must be a CUDA tensor");
+  const c10::cuda::CUDAGuard guard(out.device());
+  const float v = prepare_rademacher(out);
+  const int64_t n = out.numel();
+  if (n == 0) return;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, out.scalar_type(), "dgl_exact_rademacher_cuda", [&] {
+    rademacher_kernel<scalar_t><<<grid_for(n), kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(
+        out.data_ptr<scalar_t>(), n, static_cast<uint64_t>(seed), v);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+}
+
 }  // namespace dgl_exact
 
 TORCH_LIBRARY_IMPL(dgl_exact, CUDA, m) {
@@ -215,4 +236,5 @@ TORCH_LIBRARY_IMPL(dgl_exact, CUDA, m) {
   m.impl("dropout", &dgl_exact::dropout_cuda);
   m.impl("relu_dropout", &dgl_exact::relu_dropout_cuda);
   m.impl("masked_scale", &dgl_exact::masked_scale_cuda);
+  m.impl("rademacher_", &dgl_exact::rademacher_cuda);
 }

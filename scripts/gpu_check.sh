@@ -44,9 +44,14 @@ step "arxiv-sized GCN (hidden 256, BN, dropout): epoch time vs own fp32 and PyG 
 timeout 90 python3 -m dgl_exact bench speed --device cuda --dataset synthetic-arxiv --models gcn --epochs 10 --warmup 3 \
   --settings "dgl_exact fp32,INT2,INT2 + RP(0.125),INT2 + RP(0.125) + blocks(64) + optimal,PyG fp32" \
   --out "$OUT/arxiv" -q
-timeout 40 python3 -m dgl_exact bench memory --device cuda --dataset synthetic-arxiv --models gcn,sage \
+
+step "arxiv-sized step peak (CUDA max_memory_allocated over forward + backward + Adam, 2nd step) beside activations"
+timeout 60 python3 -m dgl_exact bench memory --device cuda --dataset synthetic-arxiv --models gcn,sage \
   --settings "dgl_exact fp32,INT8,INT2,INT2 + RP(0.125),INT2 + RP(0.125) + blocks(64) + optimal,INT1,PyG fp32" \
   --out "$OUT/arxiv" -q
+timeout 90 python3 -m dgl_exact bench memory --device cuda --dataset synthetic-arxiv --models gcn2 --layers 16 \
+  --settings "dgl_exact fp32,INT2,INT2 + RP(0.125),INT2 + RP(0.125) + blocks(64) + optimal" \
+  --out "$OUT/arxiv_gcn2_16" -q
 
 step "arxiv-sized GCN step profile: wall vs GPU kernel time, launches, syncs, top ops (fp32 vs INT2)"
 timeout 60 python3 -m dgl_exact bench profile --device cuda --dataset synthetic-arxiv --models gcn --steps 3 \

@@ -26,8 +26,8 @@ from dgl_exact import kernels
 from dgl_exact.kernels import extension as X
 from dgl_exact.kernels import reference as R
 
-SEED = 0x5DEECE66D_1234567  # > 2**32: both seed words matter
-DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+from backend_checks import DTYPES, SEED, assert_same  # tests/backend_checks.py
+
 KINDS = [pytest.param("cpu", marks=pytest.mark.slow), pytest.param("cuda", marks=pytest.mark.cuda)]
 
 
@@ -51,7 +51,14 @@ def test_sources_are_found_and_complete():
     # every op has a schema
     schema = open(os.path.join(src, "dgl_exact.cpp")).read()
     for op in X.OPS:
-        assert f'm.def("{op}(' in schema, op
+        assert f'm.def("{X.SCHEMAS[op].split("(")[0]}(' in schema, op
+
+
+def test_every_op_of_the_spec_has_a_schema_and_fake():
+    from dgl_exact.kernels.spec import OPS
+
+    for op in X.OPS:
+        assert op in X.SCHEMAS and (OPS[op].fake is not None or OPS[op].schema is None), op
 
 
 def test_ops_missing_from_an_older_library_are_not_registered():
@@ -104,16 +111,6 @@ def _setup(kind, _library):
     return "cuda" if kind == "cuda" else "cpu"
 
 
-def _same(got, want, exact=True, **tol):
-    assert got.shape == want.shape, (got.shape, want.shape)
-    assert got.dtype == want.dtype, (got.dtype, want.dtype)
-    assert got.device == want.device
-    if exact:
-        torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
-    else:
-        torch.testing.assert_close(got, want, equal_nan=True, **tol)
-
-
 def _groups(x32, bits, block_rows, n_groups):
     """Group lo/step roughly like the compressor: bf16 min and a step a little above (max - min) / M."""
     n, k = x32.shape
@@ -145,6 +142,18 @@ def _input(shape, dtype, seed=0):
 # Compression.
 # ----------------------------------------------------------------------------------------------------
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_rademacher(kind, _library):
+    """The projection matrix, bit for bit in every dtype (many parallel chunks / blocks in the largest)."""
+    dev = _setup(kind, _library)
+    for (d, k), seed in [((1, 1), 0), ((7, 3), SEED), ((301, 77), 2**64 - 1), ((2000, 513), SEED)]:
+        for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
+            assert_same(X.rademacher(d, k, seed, dev, dtype), R.rademacher(d, k, seed, dev, dtype))
+    assert X.rademacher(0, 5, 1, dev).shape == (0, 5)
+    with pytest.raises(RuntimeError, match="floating"):
+        torch.ops.dgl_exact.rademacher_(torch.empty(2, 2, dtype=torch.int32, device=dev), 1)
+
+
 SHAPES = [(37, 5), (10, 1), (7, 1500), (64, 3)]
 
 
@@ -158,9 +167,9 @@ def test_group_meta(kind, bits, meta_cases, _library):
     mn, mx = torch.cat([mn, big]), torch.cat([mx, big + torch.rand(300_000, generator=g)])
     for a, b in ((mn, mx), (mn[:0], mx[:0]), (mn[:1], mx[:1])):
         a, b = a.to(dev), b.to(dev)
-        _same(X.group_meta(a, b, bits), R.group_meta(a, b, bits))
+        assert_same(X.group_meta(a, b, bits), R.group_meta(a, b, bits))
     # low-precision inputs are widened exactly, as the reference does
-    _same(X.group_meta(mn[:500].half().to(dev), mx[:500].half().to(dev), bits),
+    assert_same(X.group_meta(mn[:500].half().to(dev), mx[:500].half().to(dev), bits),
           R.group_meta(mn[:500].half().to(dev), mx[:500].half().to(dev), bits))
     with pytest.raises(RuntimeError, match="differ in length"):
         X.group_meta(mn[:3].to(dev), mx[:4].to(dev), bits)
@@ -185,13 +194,13 @@ def test_quantize_pack_and_decode(kind, bits, block_rows, levels, _library):
             args = [t.to(dev) if t is not None else None for t in (x, lo, step, lv)]
             want = R.quantize_pack(*args, bits, block_rows, SEED, stochastic)
             got = X.quantize_pack(*args, bits, block_rows, SEED, stochastic)
-            _same(got, want)
+            assert_same(got, want)
             assert got.numel() == -(-x.numel() * bits // 8)
             dec_ref = R.unpack_dequantize(want, args[1], args[2], args[3], bits, block_rows, shape[0], shape[1],
                                           torch.float32)
             dec = X.unpack_dequantize(got, args[1], args[2], args[3], bits, block_rows, shape[0], shape[1],
                                       torch.float32)
-            _same(dec, dec_ref, exact=(dev == "cpu"), rtol=1e-6, atol=1e-6)
+            assert_same(dec, dec_ref, exact=(dev == "cpu"), rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -208,10 +217,10 @@ def test_quantize_dtypes(kind, bits, dtype, _library):
         for stochastic in (True, False):
             want = R.quantize_pack(x, lo, step, levels, bits, 4, SEED, stochastic)
             got = X.quantize_pack(x, lo, step, levels, bits, 4, SEED, stochastic)
-            _same(got, want)
+            assert_same(got, want)
             dec_ref = R.unpack_dequantize(want, lo, step, levels, bits, 4, 29, 33, dt)
             dec = X.unpack_dequantize(got, lo, step, levels, bits, 4, 29, 33, dt)
-            _same(dec, dec_ref, exact=(dev == "cpu"), rtol=1e-6, atol=1e-6)
+            assert_same(dec, dec_ref, exact=(dev == "cpu"), rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -227,11 +236,11 @@ def test_quantize_nonfinite_and_seeds(kind, _library):
     for seed in (0, 1, 2**32 - 1, 2**32, 2**63 - 1, 2**64 - 1, -5):
         want = R.quantize_pack(x, lo, step, None, 2, 2, seed, True)
         got = X.quantize_pack(x, lo, step, None, 2, 2, seed, True)
-        _same(got, want)
+        assert_same(got, want)
     # non-contiguous input
     xt = _input((20, 12), torch.float32, seed=4).to(dev).t()
     lo2, step2 = _groups(xt.cpu().contiguous(), 4, 1, 12)
-    _same(X.quantize_pack(xt, lo2.to(dev), step2.to(dev), None, 4, 1, SEED, True),
+    assert_same(X.quantize_pack(xt, lo2.to(dev), step2.to(dev), None, 4, 1, SEED, True),
           R.quantize_pack(xt, lo2.to(dev), step2.to(dev), None, 4, 1, SEED, True))
 
 
@@ -258,11 +267,11 @@ def test_masks(kind, n, _library):
     g = torch.Generator().manual_seed(n)
     mask = (torch.rand(n, generator=g) < 0.4).to(dev)
     packed = X.pack_mask(mask)
-    _same(packed, R.pack_mask(mask))
-    _same(X.unpack_mask(packed, n), R.unpack_mask(packed, n))
+    assert_same(packed, R.pack_mask(mask))
+    assert_same(X.unpack_mask(packed, n), R.unpack_mask(packed, n))
     # any shape, through the same flat bit order
     m2 = mask[: (n // 3) * 3].view(-1, 3) if n >= 3 else mask
-    _same(X.pack_mask(m2), R.pack_mask(m2))
+    assert_same(X.pack_mask(m2), R.pack_mask(m2))
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -273,14 +282,14 @@ def test_dropout_family(kind, dtype, p, _library):
     dt = DTYPES[dtype]
     x = _input((37, 29), dt, seed=7).to(dev)
     x[0, 0], x[0, 1], x[0, 2] = float("inf"), float("-inf"), float("nan")
-    _same(X.dropout(x, p, SEED), R.dropout(x, p, SEED))
+    assert_same(X.dropout(x, p, SEED), R.dropout(x, p, SEED))
     y, packed = X.relu_dropout(x, p, SEED)
     y_ref, packed_ref = R.relu_dropout(x, p, SEED)
-    _same(y, y_ref)
-    _same(packed, packed_ref)
+    assert_same(y, y_ref)
+    assert_same(packed, packed_ref)
     g = _input((37, 29), dt, seed=8).to(dev)
     for on, off in ((1.0 / (1.0 - p), 0.0), (1.0, 0.0), (1 + 2**-11 + 2**-30, 0.25), (2.0, -0.1)):
-        _same(X.masked_scale(g, packed, on, off), R.masked_scale(g, packed, on, off))
+        assert_same(X.masked_scale(g, packed, on, off), R.masked_scale(g, packed, on, off))
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -329,7 +338,7 @@ def test_spmm_sum(kind, dtype, idx, heads, dim, _library):
         args = [t.to(dev) if t is not None else None for t in (indptr, indices, eids, x, w)]
         got = X.spmm_sum(*args, n_dst)
         want = _reference_sum(R.spmm_sum, args + [n_dst], dt)
-        _same(got, want, exact=False, **_tol(dt))
+        assert_same(got, want, exact=False, **_tol(dt))
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -349,8 +358,8 @@ def test_spmm_minmax(kind, dtype, idx, reduce, heads, dim, _library):
     args = [t.to(dev) if t is not None else None for t in (indptr, indices, eids, x)]
     out, arg = X.spmm_minmax(*args, reduce, n_dst)
     out_ref, arg_ref = R.spmm_minmax(*args, reduce, n_dst)
-    _same(out, out_ref)
-    _same(arg, arg_ref)
+    assert_same(out, out_ref)
+    assert_same(arg, arg_ref)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -363,8 +372,8 @@ def test_spmm_minmax_nan(kind, _library):
     for reduce in ("max", "min"):
         out, arg = X.spmm_minmax(*args, reduce, 11)
         out_ref, arg_ref = R.spmm_minmax(*args, reduce, 11)
-        _same(out, out_ref)
-        _same(arg, arg_ref)
+        assert_same(out, out_ref)
+        assert_same(arg, arg_ref)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -383,7 +392,7 @@ def test_sddmm_dot(kind, dtype, idx, heads, dim, _library):
         got = X.sddmm_dot(*args)
         want = _reference_sum(R.sddmm_dot, args, dt)
         tol = _tol(dt) if dim < 100 else dict(rtol=_tol(dt)["rtol"], atol=_tol(dt)["atol"] * 10)
-        _same(got, want, exact=False, **tol)
+        assert_same(got, want, exact=False, **tol)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -394,10 +403,21 @@ def test_sddmm_dot(kind, dtype, idx, heads, dim, _library):
 def test_registry_serves_cuda_tensors_with_the_extension(_library):
     _setup("cuda", _library)
     assert X.load() is None
-    assert kernels.available_backends()["cuda"] == "available"
+    assert kernels.available_backends()["ext"] == "available"
     assert kernels.get("quantize_pack", "cuda") is X.quantize_pack
-    with kernels.use_backend("cuda"):
+    with kernels.use_backend("ext"):
         assert kernels.get("spmm_sum", "cuda") is X.spmm_sum
+        assert kernels.get("rademacher", "cuda") is X.rademacher
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_schemas_of_the_library_are_the_spec(kind, _library):
+    """The schemas cuda/dgl_exact.cpp declares are the ones the wrappers were derived from."""
+    _setup(kind, _library)
+    for op, schema in X.SCHEMAS.items():
+        name = schema.split("(")[0]
+        got = str(getattr(torch.ops.dgl_exact, name).default._schema)
+        assert got == f"dgl_exact::{schema}", (got, schema)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -417,4 +437,4 @@ def test_torch_compile_traces_the_ops(kind, _library):
 
     compiled = torch.compile(roundtrip, backend="aot_eager", fullgraph=True)
     for got, want in zip(compiled(x, lo, step), roundtrip(x, lo, step)):
-        _same(got, want)
+        assert_same(got, want)

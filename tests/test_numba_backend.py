@@ -18,7 +18,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import warnings
 
 import pytest
 import torch
@@ -28,12 +27,12 @@ numba = pytest.importorskip("numba")
 import dgl_exact  # noqa: E402
 from dgl_exact import kernels  # noqa: E402
 from dgl_exact.compression.levels import optimal_levels  # noqa: E402
-from dgl_exact.kernels import numba_cuda as NC  # noqa: E402
+from dgl_exact.kernels import numba_kernels as NC  # noqa: E402
 from dgl_exact.kernels import reference as R  # noqa: E402
 
+from backend_checks import DTYPES, SEED, assert_same  # noqa: E402  (tests/backend_checks.py)
+
 SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0")
-DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-SEED = 0x5DEECE66D_1234567  # > 2**32: both seed words matter
 
 
 def _ops(kind: str):
@@ -50,14 +49,6 @@ def _device(kind: str) -> str:
 
 def _exact(kind: str) -> bool:
     return kind != "cuda"
-
-
-def _assert_same(got: torch.Tensor, want: torch.Tensor, exact: bool):
-    assert got.shape == want.shape and got.dtype == want.dtype and got.device == want.device
-    if exact:
-        torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
-    else:
-        torch.testing.assert_close(got, want, equal_nan=True)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -118,7 +109,7 @@ def _check_compression(kind, n_rows, k, bits, block_rows, level_kind, dtype_name
     assert torch.equal(packed, want), f"codes differ at bytes {(packed != want).nonzero().flatten()[:10].tolist()}"
     out_dtype = dtype if dtype_name != "fp32" else torch.float32
     got = ops.unpack_dequantize(packed, lo, step, levels, bits, block_rows, n_rows, k, out_dtype)
-    _assert_same(got, R.unpack_dequantize(want, lo, step, levels, bits, block_rows, n_rows, k, out_dtype),
+    assert_same(got, R.unpack_dequantize(want, lo, step, levels, bits, block_rows, n_rows, k, out_dtype),
                  _exact(kind))
 
 
@@ -188,6 +179,18 @@ def test_hash_uniform_matches_reference(kind):
         assert torch.equal(ops.hash_uniform(seed, start, 80, "cpu"), want), (seed, start)
 
 
+@pytest.mark.parametrize("kind", ["cpu", "sim"])
+def test_rademacher_matches_reference(kind):
+    """The projection matrix, bit for bit in every dtype (both seed words, k not a power of two)."""
+    ops = _ops(kind)
+    shapes = [(1, 1), (7, 3), (33, 16)] if kind == "sim" else [(1, 1), (7, 3), (128, 16), (301, 77), (2000, 64)]
+    for (d, k), seed in itertools.product(shapes, (0, SEED)):
+        for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
+            got, want = ops.rademacher(d, k, seed, "cpu", dtype), R.rademacher(d, k, seed, "cpu", dtype)
+            assert got.dtype == want.dtype and torch.equal(got, want), (d, k, seed, dtype)
+    assert ops.rademacher(0, 4, 1, "cpu").shape == (0, 4)
+
+
 # ----------------------------------------------------------------------------------------------------
 # Masks and dropout
 # ----------------------------------------------------------------------------------------------------
@@ -213,14 +216,14 @@ def _check_masks(kind, shape, dtype_name, p, on_off):
     assert torch.equal(ops.unpack_mask(packed, n), R.unpack_mask(packed, n))
 
     if p > 0:
-        _assert_same(ops.dropout(x, p, SEED), R.dropout(x, p, SEED), exact)
+        assert_same(ops.dropout(x, p, SEED), R.dropout(x, p, SEED), exact)
     y, bits = ops.relu_dropout(x, p, SEED)
     y_ref, bits_ref = R.relu_dropout(x, p, SEED)
     assert torch.equal(bits, bits_ref)
-    _assert_same(y, y_ref, exact)
+    assert_same(y, y_ref, exact)
 
     on, off = on_off
-    _assert_same(ops.masked_scale(x, bits, on, off), R.masked_scale(x, bits_ref, on, off), exact)
+    assert_same(ops.masked_scale(x, bits, on, off), R.masked_scale(x, bits_ref, on, off), exact)
 
 
 _MASK_CASES = []
@@ -260,7 +263,7 @@ def test_chunked_low_precision(monkeypatch):
         for bits in (1, 2, 4, 8):
             packed = ops.quantize_pack(x, lo, step, None, bits, 3, SEED, True)
             assert torch.equal(packed, R.quantize_pack(x, lo, step, None, bits, 3, SEED, True))
-            _assert_same(ops.unpack_dequantize(packed, lo, step, None, bits, 3, 50, 7, dtype),
+            assert_same(ops.unpack_dequantize(packed, lo, step, None, bits, 3, 50, 7, dtype),
                          R.unpack_dequantize(packed, lo, step, None, bits, 3, 50, 7, dtype), True)
         y, m = ops.relu_dropout(x, 0.4, SEED)
         y_ref, m_ref = R.relu_dropout(x, 0.4, SEED)
@@ -360,18 +363,16 @@ def test_compress_end_to_end_matches_torch_backend(bits, block_rows, levels):
     assert torch.equal(d, d_ref) and torch.equal(d_cross, d_ref)
 
 
-def test_inputs_requiring_grad():
-    """Direct calls detach; through the registry, grad mode with inputs requiring grad keeps the
-    reference's autograd semantics (the kernels are not differentiable)."""
+def test_registered_ops_do_not_differentiate():
+    """Like every backend, the registered functions compute values only: callers (autograd Functions) call
+    them with gradients off; there is no private fallback to the reference for inputs requiring grad."""
     ops = _ops("cpu")
     x = torch.randn(30, 5, requires_grad=True)
     y, m = ops.relu_dropout(x, 0.3, 2)
     assert torch.equal(y, R.relu_dropout(x, 0.3, 2)[0].detach()) and not y.requires_grad
     with kernels.use_backend("numba"):
         y2 = kernels.get("dropout", "cpu")(x, 0.3, 2)
-        assert y2.requires_grad
-        with torch.no_grad():
-            assert torch.equal(kernels.get("dropout", "cpu")(x, 0.3, 2), y2.detach())
+    assert not y2.requires_grad and torch.equal(y2, R.dropout(x, 0.3, 2).detach())
 
 
 def test_load_never_raises_without_numba(monkeypatch):
@@ -384,24 +385,20 @@ def test_load_never_raises_without_numba(monkeypatch):
     assert isinstance(reason, str) and "numba" in reason
 
 
-def test_kernel_failure_falls_back_to_reference(monkeypatch):
+def test_kernel_failure_raises(monkeypatch):
+    """No private fallback: a failing Numba kernel raises (the registry is the one selector; force another
+    backend with DGL_EXACT_BACKEND to avoid it)."""
     kernels.available_backends()
-    fn = kernels._REGISTRY["pack_mask"]["numba"][0]
     ops = NC.get_ops("cpu")
 
     def broken(mask):
         raise numba.core.errors.TypingError("simulated compile failure")
 
     monkeypatch.setattr(ops, "pack_mask", broken)
-    monkeypatch.setitem(NC._status, "cpu", "available")
-    monkeypatch.setattr(NC, "_warned", set())
-    mask = torch.rand(30) > 0.5
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        out = fn(mask)
-    assert torch.equal(out, R.pack_mask(mask))
-    assert NC.cpu_status().startswith("disabled")
-    assert any("numba cpu kernels disabled" in str(w.message) for w in caught)
+    fn = NC._registered("pack_mask", ops, None)
+    with pytest.raises(numba.core.errors.TypingError):
+        fn(torch.rand(30) > 0.5)
+    assert NC.cpu_status() == "available"
 
 
 @pytest.mark.slow
@@ -415,7 +412,7 @@ def test_cuda_kernels_compile_to_ptx_without_fma_in_decode():
         from dgl_exact.kernels import _numba_gpu as G
         f32, u8, i64, u64, b, f = T.float32[::1], T.uint8[::1], T.int64, T.uint64, T.boolean, T.float32
         sigs = {
-            "group_meta": (f32, f32, f, f32),
+            "group_meta": (f32, f32, f, f, f32),
             "quantize_pack": (f32, i64, i64, i64, f32, f32, f32, b, i64, u64, u64, b, u8),
             "unpack_dequantize": (u8, i64, i64, i64, f32, f32, f32, i64, f32),
             "pack_mask": (u8, u8), "unpack_mask": (u8, u8),
@@ -423,6 +420,7 @@ def test_cuda_kernels_compile_to_ptx_without_fma_in_decode():
             "relu_dropout": (f32, i64, b, f, u64, u64, f, f32, u8),
             "masked_scale": (f32, i64, u8, f, f, f, f32),
             "hash_uniform": (i64, u64, u64, f32),
+            "rademacher": (u64, u64, f, f32),
         }
         for name, sig in sigs.items():
             try:
@@ -443,7 +441,7 @@ def test_cuda_kernels_compile_to_ptx_without_fma_in_decode():
     if res.returncode == 0 and res.stdout.startswith("SKIP"):
         pytest.skip(f"NVVM unavailable: {res.stdout.strip()}")
     assert res.returncode == 0, res.stdout + res.stderr
-    assert res.stdout.count("OK") == 9, res.stdout
+    assert res.stdout.count("OK") == 10, res.stdout
 
 
 # ----------------------------------------------------------------------------------------------------

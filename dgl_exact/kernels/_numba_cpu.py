@@ -64,9 +64,9 @@ def hash_u_py(e, s_lo, s_hi):
     return np.float32(h >> _S8) * _TWO_M24
 
 
-def code_uniform_py(xv, log, invg, top, u):
+def code_uniform_py(xv, lo_g, inv_g, top, u):
     """The code of one value with uniform levels: fp32 ``xv``, its group's ``lo`` and ``1/step``."""
-    t = (xv - log) * invg
+    t = (xv - lo_g) * inv_g
     if t != t:  # nan_to_num
         t = _ZERO
     # clamp to [0, top] (spelled out: Numba's CUDA target implements min/max as device functions that
@@ -84,9 +84,9 @@ def code_uniform_py(xv, log, invg, top, u):
     return j
 
 
-def code_levels_py(xv, log, invg, levels, top, u):
+def code_levels_py(xv, lo_g, inv_g, levels, top, u):
     """The code of one value with the level table ``levels`` (fp32, ascending, ``top + 1`` entries)."""
-    t = (xv - log) * invg
+    t = (xv - lo_g) * inv_g
     if t != t:
         t = _ZERO
     if t < _ZERO:
@@ -108,10 +108,10 @@ def code_levels_py(xv, log, invg, levels, top, u):
     return j
 
 
-def code_levels4_py(xv, log, invg, l0, l1, l2, l3, u):
+def code_levels4_py(xv, lo_g, inv_g, l0, l1, l2, l3, u):
     """:func:`code_levels_py` for a 4-entry table held in scalars (2-bit codes: i-EXACT's non-uniform
     levels), branch-free: ``j`` = the number of interior levels ``<= t``."""
-    t = (xv - log) * invg
+    t = (xv - lo_g) * inv_g
     if t != t:
         t = _ZERO
     if t < _ZERO:
@@ -133,35 +133,53 @@ def code_levels4_py(xv, log, invg, l0, l1, l2, l3, u):
 _TWO_M133 = 2.0**-133
 _MIN_NORMAL = np.float32(2.0**-126)
 _NAN32 = np.float32(np.nan)
+_INF32 = np.float32(np.inf)
+_DECODE_MAX = np.float32(3.4028232635611926e38)  # reference.DECODE_MAX
+_SATURATE = np.float32(1.5 * 2.0**126)  # reference.SATURATE
 
 
-def group_meta1_py(mnv, mxv, factor):
+def group_meta1_py(mnv, mxv, factor, top):
     """(lo, step) of one group from its fp32 min and max (``reference.group_meta``). One function (the
     jitted helpers cannot call plain-Python ones): lo = the largest bf16 <= min (inf and NaN pass through,
-    zeros keep their sign); step = the smallest bf16 >= max(span * factor, 2^-126)."""
-    lo = mnv
-    if mnv - mnv == _ZERO and mnv != _ZERO:
-        a = np.float64(abs(mnv))
-        q = math.ldexp(1.0, math.frexp(a)[1] - 8)  # a = m 2^e with 0.5 <= m < 1: 8 significant bits
-        if q < _TWO_M133:
-            q = _TWO_M133
-        if mnv > _ZERO:
-            lo = np.float32(math.floor(a / q) * q)
-        else:
-            lo = np.float32(-(math.ceil(a / q) * q))  # may round to -inf, as the bit pattern does
-    span = mxv - lo
-    if span - span != _ZERO:  # the group holds a NaN or an inf
+    zeros keep their sign); step = the smallest bf16 >= max(span * factor, 2^-126). A finite group whose
+    top code ``lo + top * step`` would not decode finite (``reference.DECODE_MAX``) is redone once from its
+    min and max clamped to ``[-SATURATE, SATURATE]``, which always decodes finite."""
+    if mnv - mnv != _ZERO or mxv - mxv != _ZERO:  # the group holds a NaN or an inf
         return _NAN32, _ZERO
-    if not span > _ZERO:
-        return lo, _ZERO
-    p = span * factor
-    if p < _MIN_NORMAL:
-        return lo, _MIN_NORMAL
-    if p - p != _ZERO:  # overflowed to inf
-        return lo, p
-    a = np.float64(p)
-    q = math.ldexp(1.0, math.frexp(a)[1] - 8)
-    return lo, np.float32(math.ceil(a / q) * q)
+    lo = mnv
+    span = step = _ZERO
+    for attempt in range(2):
+        lo = mnv
+        if mnv != _ZERO:
+            a = np.float64(abs(mnv))
+            q = math.ldexp(1.0, math.frexp(a)[1] - 8)  # a = m 2^e with 0.5 <= m < 1: 8 significant bits
+            if q < _TWO_M133:
+                q = _TWO_M133
+            if mnv > _ZERO:
+                lo = np.float32(math.floor(a / q) * q)
+            else:
+                lo = np.float32(-(math.ceil(a / q) * q))  # may round to -inf, as the bit pattern does
+        span = mxv - lo
+        if span - span != _ZERO:  # overflowed (the bit-pattern path: lo NaN-free, step inf)
+            step = _INF32
+        elif not span > _ZERO:
+            step = _ZERO
+        else:
+            p = span * factor
+            if p < _MIN_NORMAL:
+                step = _MIN_NORMAL
+            elif p - p != _ZERO:  # overflowed to inf
+                step = p
+            else:
+                a = np.float64(p)
+                q = math.ldexp(1.0, math.frexp(a)[1] - 8)
+                step = np.float32(math.ceil(a / q) * q)
+        p = step * top
+        if attempt == 1 or (p <= _DECODE_MAX and p <= _DECODE_MAX - lo):
+            break
+        mnv = min(max(mnv, -_SATURATE), _SATURATE)
+        mxv = min(max(mxv, -_SATURATE), _SATURATE)
+    return lo, step
 
 
 _hash_u = njit(inline="always", cache=True)(hash_u_py)
@@ -193,20 +211,20 @@ def _pack_run(buf, j, n_full, out, bi, BITS):
 
 
 @njit(inline="always", cache=True)
-def _unpack_run(packed, byte0, n_full, out, base, log, stepg, table, BITS):
+def _unpack_run(packed, byte0, n_full, out, base, lo_g, step_g, table, BITS):
     """Decode the ``n_full`` whole bytes from ``packed[byte0]`` into ``out[base ...]``."""
     for bb in range(n_full):
         v = np.int64(packed[byte0 + bb])
         for i in range(8 // BITS):
-            out[base + bb * (8 // BITS) + i] = log + table[(v >> (i * BITS)) & ((1 << BITS) - 1)] * stepg
+            out[base + bb * (8 // BITS) + i] = lo_g + table[(v >> (i * BITS)) & ((1 << BITS) - 1)] * step_g
 
 
 @njit(**_KERNEL)
-def group_meta(mn, mx, factor, out, start, end):
+def group_meta(mn, mx, factor, top, out, start, end):
     """``out[i], out[G + i]`` = lo, step of group ``i`` (``G = mn.size``). Units: groups."""
     g = mn.size
     for i in range(start, end):
-        lo, step = _group_meta1(mn[i], mx[i], factor)
+        lo, step = _group_meta1(mn[i], mx[i], factor, top)
         out[i] = lo
         out[g + i] = step
 
@@ -232,23 +250,23 @@ def quantize_pack(x, e0, k, block_rows, lo, inv, levels, has_levels, bits, s_lo,
         row = ge // k
         m = min(e_b - e, k - (ge - row * k), _SEG)
         g = row // block_rows
-        log = lo[g]
-        invg = inv[g]
+        lo_g = lo[g]
+        inv_g = inv[g]
         # u = hash (stochastic) or 0.5 (nearest), written branch-free (both products are exact) so
         # one loop serves both roundings and still vectorizes
         if has_levels and bits == 2:
             l0, l1, l2, l3 = levels[0], levels[1], levels[2], levels[3]
             for j in range(m):
                 u = _hash_u(ge + j, s_lo, s_hi) * u_mul + u_add
-                buf[j] = _code_levels4(x[e + j], log, invg, l0, l1, l2, l3, u)
+                buf[j] = _code_levels4(x[e + j], lo_g, inv_g, l0, l1, l2, l3, u)
         elif has_levels:
             for j in range(m):
                 u = _hash_u(ge + j, s_lo, s_hi) * u_mul + u_add
-                buf[j] = _code_levels(x[e + j], log, invg, levels, top, u)
+                buf[j] = _code_levels(x[e + j], lo_g, inv_g, levels, top, u)
         else:
             for j in range(m):
                 u = _hash_u(ge + j, s_lo, s_hi) * u_mul + u_add
-                buf[j] = _code_uniform(x[e + j], log, invg, top, u)
+                buf[j] = _code_uniform(x[e + j], lo_g, inv_g, top, u)
         # pack: single codes until byte-aligned, then whole bytes, then the tail
         j = 0
         while j < m and sh != 0:
@@ -294,29 +312,29 @@ def unpack_dequantize(packed, e0, k, block_rows, lo, step, table, bits, out, sta
         row = ge // k
         m = min(end - e, k - (ge - row * k))
         g = row // block_rows
-        log = lo[g]
-        stepg = step[g]
+        lo_g = lo[g]
+        step_g = step[g]
         bit = ge * bits
         # single codes until byte-aligned, then whole bytes, then the tail
         j = 0
         while j < m and ((bit + j * bits) & 7) != 0:
             b = bit + j * bits
-            out[e + j] = log + table[(np.int64(packed[b >> 3]) >> (b & 7)) & mask] * stepg
+            out[e + j] = lo_g + table[(np.int64(packed[b >> 3]) >> (b & 7)) & mask] * step_g
             j += 1
         n_full = (m - j) // per_byte
         byte0 = (bit + j * bits) >> 3
         if bits == 1:
-            _unpack_run(packed, byte0, n_full, out, e + j, log, stepg, table, 1)
+            _unpack_run(packed, byte0, n_full, out, e + j, lo_g, step_g, table, 1)
         elif bits == 2:
-            _unpack_run(packed, byte0, n_full, out, e + j, log, stepg, table, 2)
+            _unpack_run(packed, byte0, n_full, out, e + j, lo_g, step_g, table, 2)
         elif bits == 4:
-            _unpack_run(packed, byte0, n_full, out, e + j, log, stepg, table, 4)
+            _unpack_run(packed, byte0, n_full, out, e + j, lo_g, step_g, table, 4)
         else:
-            _unpack_run(packed, byte0, n_full, out, e + j, log, stepg, table, 8)
+            _unpack_run(packed, byte0, n_full, out, e + j, lo_g, step_g, table, 8)
         j += n_full * per_byte
         while j < m:
             b = bit + j * bits
-            out[e + j] = log + table[(np.int64(packed[b >> 3]) >> (b & 7)) & mask] * stepg
+            out[e + j] = lo_g + table[(np.int64(packed[b >> 3]) >> (b & 7)) & mask] * step_g
             j += 1
         e += m
 
@@ -399,3 +417,10 @@ def hash_uniform(e0, s_lo, s_hi, out, start, end):
     """``out[i] = u(seed, e0 + i)``. Units: elements."""
     for i in range(start, end):
         out[i] = _hash_u(e0 + i, s_lo, s_hi)
+
+
+@njit(**_KERNEL)
+def rademacher(s_lo, s_hi, v, out, start, end):
+    """``out[e] = v if u(seed, e) < 0.5 else -v`` (the flat ``[d, k]`` projection matrix). Units: elements."""
+    for e in range(start, end):
+        out[e] = v if _hash_u(e, s_lo, s_hi) < _HALF else -v

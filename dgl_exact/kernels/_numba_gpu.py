@@ -47,10 +47,10 @@ else:  # pragma: no cover - needs a GPU (tests compile these to PTX without one)
 
 
 @cuda.jit
-def group_meta(mn, mx, factor, out):
+def group_meta(mn, mx, factor, top, out):
     g = mn.size
     for i in range(cuda.grid(1), g, cuda.gridsize(1)):
-        lo, step = _group_meta1(mn[i], mx[i], factor)
+        lo, step = _group_meta1(mn[i], mx[i], factor, top)
         out[i] = lo
         out[g + i] = step
 
@@ -150,3 +150,13 @@ def hash_uniform(e0, s_lo, s_hi, out):
     """``out[i] = u(seed, e0 + i)`` (used by load()'s smoke test and by tests)."""
     for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
         out[i] = _hash_u(e0 + i, s_lo, s_hi)
+
+
+@cuda.jit
+def rademacher(s_lo, s_hi, v, out):
+    """``out[e] = v if u(seed, e) < 0.5 else -v`` (the flat ``[d, k]`` projection matrix)."""
+    for e in range(cuda.grid(1), out.size, cuda.gridsize(1)):
+        if _hash_u(e, s_lo, s_hi) < _HALF:
+            out[e] = v
+        else:
+            out[e] = -v

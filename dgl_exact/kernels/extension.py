@@ -1,4 +1,4 @@
-"""The compiled extension backend (``cuda``): ``torch.ops.dgl_exact.*`` built from the sources in ``cuda/``.
+"""The compiled extension backend (``ext``, any device): ``torch.ops.dgl_exact.*`` built from the sources in ``cuda/``.
 
 :func:`load` makes the operators available, trying in order:
 
@@ -14,12 +14,16 @@ It returns ``None`` when the operators are available (and registers them with :m
 else the reason. A failed build warns once and never raises. ``DGL_EXACT_VERBOSE_BUILD=1`` shows the
 compiler output.
 
-The Python wrappers below have the reference signatures (:mod:`dgl_exact.kernels.reference`) and follow
-its contract bit for bit. Fake implementations are registered for ``torch.compile``.
+The Python wrappers have the reference signatures (:mod:`dgl_exact.kernels.reference`) and follow its
+contract bit for bit. They and the fake implementations for ``torch.compile`` are derived from the one list
+of ops (:data:`dgl_exact.kernels.spec.OPS`): a wrapper converts each argument as the op's schema types it
+(``int``, ``float``, ``bool``, ``str``; ``int seed`` as the int64 with the seed's low 64 bits). An op whose
+schema differs from its Python signature (``rademacher``) has its wrapper written below.
 """
 from __future__ import annotations
 
 import glob
+import inspect
 import logging
 import os
 import shutil
@@ -31,11 +35,12 @@ from typing import Optional
 import torch
 
 from . import register
+from .spec import OPS as _SPEC
+from .spec import implemented
 
-__all__ = ["load", "load_library", "library_info", "OPS", "source_dir"]
+__all__ = ["load", "load_library", "library_info", "OPS", "source_dir", "wrapper"]
 
-OPS = ("group_meta", "quantize_pack", "unpack_dequantize", "pack_mask", "unpack_mask", "dropout", "relu_dropout", "masked_scale",
-       "spmm_sum", "spmm_minmax", "sddmm_dot")
+OPS = implemented("ext")  # from the one list of ops (spec.py)
 
 ENV_CPU_EXT = "DGL_EXACT_BUILD_CPU_EXT"
 ENV_VERBOSE = "DGL_EXACT_VERBOSE_BUILD"
@@ -207,8 +212,8 @@ def load() -> Optional[str]:
     devices = ("cpu", "cuda") if has_cuda else ("cpu",)
     if _registered_devices != devices:
         for op in OPS:
-            if _has_op(op):  # a library built from older sources may lack newer ops: those stay on the chain
-                register(op, "cuda", devices=devices)(globals()[op])
+            if _has_op(_SCHEMA_NAME.get(op, op)):  # a library built from older sources may lack newer ops
+                register(op, "ext", devices=devices)(wrapper(op))
         _registered_devices = devices
     return None
 
@@ -231,52 +236,57 @@ def _seed(seed) -> int:
     return s - (1 << 64) if s >= (1 << 63) else s
 
 
-def group_meta(mn, mx, bits):
-    return torch.ops.dgl_exact.group_meta(mn, mx, int(bits))
+def _converter(arg: str):
+    """How a wrapper converts one argument of a schema (``"int bits"``, ``"Tensor? w"``, ...)."""
+    typ, name = arg.rsplit(" ", 1)
+    if typ == "int":
+        return _seed if name == "seed" else int
+    return {"float": float, "bool": bool, "str": str}.get(typ)
 
 
-def quantize_pack(x, lo, step, levels, bits, block_rows, seed, stochastic):
-    return torch.ops.dgl_exact.quantize_pack(x, lo, step, levels, int(bits), int(block_rows), _seed(seed),
-                                             bool(stochastic))
+def _schema_args(schema: str):
+    return [a.strip() for a in schema[schema.index("(") + 1: schema.index(")")].split(",")]
 
 
-def unpack_dequantize(packed, lo, step, levels, bits, block_rows, n_rows, k, dtype):
-    return torch.ops.dgl_exact.unpack_dequantize(packed, lo, step, levels, int(bits), int(block_rows), int(n_rows),
-                                                 int(k), dtype)
+def _derived_wrapper(op: str):
+    convert = [_converter(a) for a in _schema_args(_SPEC[op].schema)]
+
+    def run(*args):
+        return getattr(torch.ops.dgl_exact, op)(*[a if c is None else c(a) for c, a in zip(convert, args)])
+
+    from . import reference
+
+    run.__name__ = op
+    run.__doc__ = f"``torch.ops.dgl_exact.{_SPEC[op].schema}``"
+    run.__signature__ = inspect.signature(getattr(reference, op))
+    return run
 
 
-def pack_mask(mask):
-    return torch.ops.dgl_exact.pack_mask(mask)
+def rademacher(d, k, seed, device, dtype=torch.float32):
+    """``[d, k]`` of ``+-1/sqrt(k)``: the op fills a preallocated tensor (it has no tensor input to dispatch on)."""
+    out = torch.empty((int(d), int(k)), dtype=dtype, device=device)
+    torch.ops.dgl_exact.rademacher_(out, _seed(seed))
+    return out
 
 
-def unpack_mask(packed, numel):
-    return torch.ops.dgl_exact.unpack_mask(packed, int(numel))
+_HANDWRITTEN = {"rademacher": rademacher}
+#: the ``torch.ops.dgl_exact`` schema of each op (``cuda/dgl_exact.cpp``): the spec's, else the handwritten op's
+SCHEMAS = {op: _SPEC[op].schema for op in OPS if _SPEC[op].schema is not None}
+SCHEMAS["rademacher"] = "rademacher_(Tensor(a!) out, int seed) -> ()"
+_SCHEMA_NAME = {op: schema[: schema.index("(")] for op, schema in SCHEMAS.items()}
+_wrappers = {}
 
 
-def dropout(x, p, seed):
-    return torch.ops.dgl_exact.dropout(x, float(p), _seed(seed))
+def wrapper(op: str):
+    """The Python function registered for ``op``: derived from its schema, or the handwritten one."""
+    if op not in _wrappers:
+        _wrappers[op] = _HANDWRITTEN[op] if op in _HANDWRITTEN else _derived_wrapper(op)
+    return _wrappers[op]
 
 
-def relu_dropout(x, p, seed):
-    y, packed = torch.ops.dgl_exact.relu_dropout(x, float(p), _seed(seed))
-    return y, packed
-
-
-def masked_scale(g, packed, on, off):
-    return torch.ops.dgl_exact.masked_scale(g, packed, float(on), float(off))
-
-
-def spmm_sum(indptr, indices, eids, x, w, n_dst):
-    return torch.ops.dgl_exact.spmm_sum(indptr, indices, eids, x, w, int(n_dst))
-
-
-def spmm_minmax(indptr, indices, eids, x, reduce, n_dst):
-    out, arg = torch.ops.dgl_exact.spmm_minmax(indptr, indices, eids, x, str(reduce), int(n_dst))
-    return out, arg
-
-
-def sddmm_dot(indptr, indices, eids, a, b):
-    return torch.ops.dgl_exact.sddmm_dot(indptr, indices, eids, a, b)
+for _op in OPS:  # module attributes too: extension.quantize_pack, ... (what tests call directly)
+    globals()[_op] = wrapper(_op)
+del _op
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -301,50 +311,10 @@ def _register_fakes() -> None:
             return fn
         return wrap
 
-    def _bytes(numel, bits):
-        return (numel * bits + 7) // 8
+    for op in OPS:
+        if _SPEC[op].fake is not None:
+            fake(op)(_SPEC[op].fake)
 
-    @fake("group_meta")
-    def _(mn, mx, bits):
-        return mn.new_empty((2, mn.numel()), dtype=torch.float32)
-
-    @fake("quantize_pack")
-    def _(x, lo, step, levels, bits, block_rows, seed, stochastic):
-        return x.new_empty((_bytes(x.shape[0] * x.shape[1], bits),), dtype=torch.uint8)
-
-    @fake("unpack_dequantize")
-    def _(packed, lo, step, levels, bits, block_rows, n_rows, k, dtype):
-        return packed.new_empty((n_rows, k), dtype=dtype)
-
-    @fake("pack_mask")
-    def _(mask):
-        return mask.new_empty((_bytes(mask.numel(), 1),), dtype=torch.uint8)
-
-    @fake("unpack_mask")
-    def _(packed, numel):
-        return packed.new_empty((numel,), dtype=torch.bool)
-
-    @fake("dropout")
-    def _(x, p, seed):
-        return x.new_empty(x.shape)
-
-    @fake("relu_dropout")
-    def _(x, p, seed):
-        return x.new_empty(x.shape), x.new_empty((_bytes(x.numel(), 1),), dtype=torch.uint8)
-
-    @fake("masked_scale")
-    def _(g, packed, on, off):
-        return g.new_empty(g.shape)
-
-    @fake("spmm_sum")
-    def _(indptr, indices, eids, x, w, n_dst):
-        return x.new_empty((n_dst, x.shape[1], x.shape[2]))
-
-    @fake("spmm_minmax")
-    def _(indptr, indices, eids, x, reduce, n_dst):
-        shape = (n_dst, x.shape[1], x.shape[2])
-        return x.new_empty(shape), x.new_empty(shape, dtype=torch.int64)
-
-    @fake("sddmm_dot")
-    def _(indptr, indices, eids, a, b):
-        return a.new_empty((indices.shape[0], a.shape[1]), dtype=torch.promote_types(a.dtype, b.dtype))
+    @fake("rademacher_")
+    def _(out, seed):
+        return None

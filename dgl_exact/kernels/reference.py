@@ -19,11 +19,18 @@ Compression (``quantize_pack`` / ``unpack_dequantize``)
 Group metadata (``group_meta``): from the fp32 per-group minimum ``mn`` and maximum ``mx``, ``[2, G]``
     fp32 rows ``lo``, ``step`` (values bf16 holds exactly). On the fp32 bit patterns, ``lo`` is ``mn``
     rounded down to bf16 (``b + 0xFFFF`` first when the sign bit is set, then ``& 0xFFFF0000``);
-    ``span = mx - lo``; ``step`` is ``span * f`` rounded up to bf16 (``(max(b, 0x00800000) + 0xFFFF) & 0xFFFF0000``: at least 2^-126, so
-    ``1 / step`` stays finite), with
+    ``span = mx - lo``; ``step`` is ``span * f`` rounded up to bf16
+    (``(max(b, 0x00800000) + 0xFFFF) & 0xFFFF0000``: at least 2^-126, so ``1 / step`` stays finite), with
     ``f = fp32((1 + 2^-20) / M)`` (so every value lands in ``[0, M]`` despite fp32 rounding). Where
-    ``span`` is not finite (the group holds a NaN or an inf) ``lo = NaN, step = 0``; where ``span == 0``
-    (a constant group bf16 holds) ``step = 0``.
+    ``mn`` or ``mx`` is not finite (the group holds a NaN or an inf) ``lo = NaN, step = 0``; where
+    ``span == 0`` (a constant group bf16 holds) ``step = 0``.
+    Saturation: a finite group whose decoded range would not stay finite (``p = M * step`` in fp32, with
+    ``step`` already 0 for ``span == 0``, and ``p <= B`` and ``p <= B - lo`` (fp32) not both true, ``B``
+    = ``DECODE_MAX``, one fp32 ulp below fp32's largest value: the span overflowed fp32, ``mn`` is below
+    bf16's lowest (``lo = -inf``), or the top code would decode beyond ``B``; e.g. ``[3e38, -3e38]``)
+    gets ``lo, step`` computed as above from ``mn, mx`` clamped to ``[-C, C]``, ``C = 1.5 * 2^126``
+    (about 1.28e38): every code then decodes finite (``2C`` plus rounding stays far below ``B``), values
+    inside ``[-C, C]`` stay unbiased, values beyond decode near ``+-C``. Every other group is unaffected.
 
 Masks (``pack_mask`` / ``unpack_mask``): one bit per element, same bit order as 1-bit codes.
 
@@ -38,6 +45,7 @@ features as ``[n_src, H, D]`` and per-edge values as ``[E, H]`` indexed by edge 
 """
 from __future__ import annotations
 
+import math
 import warnings
 from typing import Optional
 
@@ -136,16 +144,31 @@ def meta_factor(bits: int) -> float:
     return float(torch.tensor((1.0 + 2.0**-20) / ((1 << bits) - 1), dtype=torch.float32))
 
 
-@register("group_meta", "torch")
-def group_meta(mn: torch.Tensor, mx: torch.Tensor, bits: int) -> torch.Tensor:
-    mn, mx = mn.float().reshape(-1), mx.float().reshape(-1)
+DECODE_MAX = 3.4028232635611926e38  # bits 0x7F7FFFFE: one ulp below fp32's largest (no tie rounds to inf)
+# bits 0x7EC00000, about 1.28e38: a saturated group's range is clamped to [-SATURATE, SATURATE]
+SATURATE = 1.5 * 2.0**126
+
+
+def _lo_step(mn: torch.Tensor, mx: torch.Tensor, factor: float):
+    """``lo`` (mn rounded down to bf16), ``span``, ``step`` (span * factor rounded up to bf16, >= 2^-126)."""
     b = mn.contiguous().view(torch.int32)
     lo = torch.where(b < 0, b + _LOW16, b).bitwise_and_(_HIGH16).view(torch.float32)
     span = mx - lo
-    finite = torch.isfinite(span)
     # at least the smallest normal fp32 (a bf16): 1 / step must not overflow for a denormal span
-    step = (span * meta_factor(bits)).view(torch.int32).clamp_(min=_MIN_NORMAL).add_(_LOW16).bitwise_and_(_HIGH16)
-    step = step.view(torch.float32)
+    step = (span * factor).view(torch.int32).clamp_(min=_MIN_NORMAL).add_(_LOW16).bitwise_and_(_HIGH16)
+    return lo, span, step.view(torch.float32)
+
+
+@register("group_meta", "torch")
+def group_meta(mn: torch.Tensor, mx: torch.Tensor, bits: int) -> torch.Tensor:
+    mn, mx = mn.float().reshape(-1), mx.float().reshape(-1)
+    factor, top = meta_factor(bits), float((1 << bits) - 1)
+    finite = torch.isfinite(mn) & torch.isfinite(mx)
+    lo, span, step = _lo_step(mn, mx, factor)
+    p = torch.where(span > 0, step, torch.zeros_like(step)) * top  # the top code's offset (NaN, inf: False)
+    saturate = finite & ~((p <= DECODE_MAX) & (p <= DECODE_MAX - lo))
+    mn, mx = (torch.where(saturate, v.clamp(-SATURATE, SATURATE), v) for v in (mn, mx))
+    lo, span, step = _lo_step(mn, mx, factor)  # unchanged where not saturated
     step = torch.where(finite & (span > 0), step, torch.zeros_like(step))
     lo = torch.where(finite, lo, torch.full_like(lo, float("nan")))
     return torch.stack([lo, step])
@@ -158,10 +181,8 @@ def quantize_pack(x: torch.Tensor, lo: torch.Tensor, step: torch.Tensor, levels:
     top = (1 << bits) - 1
     inv_all = torch.where(step > 0, 1.0 / step, torch.zeros_like(step))
     out = []
-    per_byte = 8 // bits
+    # row chunks bound the fp32 temporaries; the uint8 codes of all chunks are concatenated and packed once
     for start, end in _chunks(n_rows, k):
-        # chunk starts are multiples of per_byte elements only if k*start is; pack the whole at the end
-        # when that fails (tiny tensors), else pack per chunk to bound memory.
         xs = x[start:end].float()
         rows = torch.arange(start, end, device=x.device) // block_rows
         lo_r, inv_r = lo[rows][:, None], inv_all[rows][:, None]
@@ -182,7 +203,6 @@ def quantize_pack(x: torch.Tensor, lo: torch.Tensor, step: torch.Tensor, levels:
         q = (j + (u < frac).float()).to(torch.uint8)
         out.append(q.reshape(-1))
     codes = torch.cat(out) if len(out) > 1 else out[0]
-    del per_byte
     return pack_codes(codes, bits)
 
 
@@ -202,6 +222,17 @@ def pack_mask(mask: torch.Tensor) -> torch.Tensor:
 @register("unpack_mask", "torch")
 def unpack_mask(packed: torch.Tensor, numel: int) -> torch.Tensor:
     return unpack_codes(packed, 1, numel).bool()
+
+
+@register("rademacher", "torch")
+def rademacher(d: int, k: int, seed: int, device, dtype=torch.float32) -> torch.Tensor:
+    """The ``[d, k]`` random projection matrix for ``seed``: entry ``e = row * k + col`` is ``v`` where
+    ``hash_uniform(seed, e) < 0.5``, else ``-v``, with ``v = 1 / sqrt(k)`` rounded to fp32; then cast to
+    ``dtype``."""
+    signs = hash_uniform(seed, 0, d * k, device).view(d, k) < 0.5
+    value = 1.0 / math.sqrt(k)
+    # Python scalars, not device tensors: copying a scalar to the GPU would synchronise the host with it
+    return torch.where(signs, value, -value).to(dtype)
 
 
 def dropout_keep(seed: int, numel: int, p: float, device) -> torch.Tensor:
@@ -242,11 +273,13 @@ def masked_scale(g: torch.Tensor, packed: torch.Tensor, on: float, off: float) -
 # Graph kernels (CSR over destination nodes).
 # ----------------------------------------------------------------------------------------------------
 
-def csr_rows(indptr: torch.Tensor) -> torch.Tensor:
-    """Destination node of each stored edge."""
+def csr_rows(indptr: torch.Tensor, num_edges: int) -> torch.Tensor:
+    """Destination node of each of the ``num_edges`` stored edges (given, so that no device-to-host read of
+    ``indptr[-1]`` is needed)."""
     n = indptr.numel() - 1
     counts = indptr[1:] - indptr[:-1]
-    return torch.repeat_interleave(torch.arange(n, device=indptr.device, dtype=indptr.dtype), counts)
+    return torch.repeat_interleave(torch.arange(n, device=indptr.device, dtype=indptr.dtype), counts,
+                                   output_size=num_edges)
 
 
 def _edge_values(w: Optional[torch.Tensor], eids: Optional[torch.Tensor]):
@@ -270,7 +303,7 @@ def spmm_sum(indptr, indices, eids, x, w, n_dst):
             warnings.filterwarnings("ignore", message=".*[Ss]parse.*")
             adj = torch.sparse_csr_tensor(indptr, indices, values, size=(n_dst, n_src), check_invariants=False)
             return (adj @ x.reshape(n_src, heads * dim)).view(n_dst, heads, dim)
-    rows = csr_rows(indptr)
+    rows = csr_rows(indptr, indices.numel())
     msg = x[indices] * wv.to(x.dtype)[:, :, None]
     out = x.new_zeros(n_dst, heads, dim)
     return out.index_add_(0, rows, msg)
@@ -281,7 +314,7 @@ def spmm_minmax(indptr, indices, eids, x, reduce: str, n_dst):
     """``out[v] = max/min_{(u,v)} x[u]`` and the source node index attaining it (``-1`` for nodes
     without in-edges, whose output is 0). Returns ``(out [n_dst, H, D], arg [n_dst, H, D] int64)``."""
     n_src, heads, dim = x.shape
-    rows = csr_rows(indptr).long()
+    rows = csr_rows(indptr, indices.numel()).long()
     fill = float("-inf") if reduce == "max" else float("inf")
     out = x.new_full((n_dst, heads, dim), fill)
     msg = x[indices.long()]
@@ -294,8 +327,8 @@ def spmm_minmax(indptr, indices, eids, x, reduce: str, n_dst):
     arg = torch.full((n_dst, heads, dim), big, dtype=torch.int64, device=x.device)
     arg.scatter_reduce_(0, idx, torch.where(hit, src, torch.full_like(src, big)), reduce="amin", include_self=True)
     empty = (indptr[1:] == indptr[:-1])
-    out[empty] = 0
-    arg[arg == big] = -1
+    out.masked_fill_(empty[:, None, None], 0)  # masked_fill_, not boolean indexing: no host synchronisation
+    arg.masked_fill_(arg == big, -1)
     return out, arg
 
 
@@ -303,10 +336,28 @@ def spmm_minmax(indptr, indices, eids, x, reduce: str, n_dst):
 def sddmm_dot(indptr, indices, eids, a, b):
     """Per-edge ``<a[u], b[v]>`` over the last dim: ``a [n_src, H, D]``, ``b [n_dst, H, D]`` -> ``[E, H]``
     in edge-id order."""
-    rows = csr_rows(indptr).long()
+    rows = csr_rows(indptr, indices.numel()).long()
     vals = (a[indices.long()] * b[rows]).sum(-1)
     if eids is None:
         return vals
     out = torch.empty_like(vals)
     out[eids.long()] = vals
     return out
+
+
+def edge_softmax_by_dst(dst: torch.Tensor, num_dst: int, e: torch.Tensor) -> torch.Tensor:
+    """Softmax of ``e [E, ...]`` over the edges sharing a destination, ``dst [E]`` in edge-id order."""
+    shape = (num_dst,) + tuple(e.shape[1:])
+    dst = dst if dst.dtype == torch.int64 else dst.long()  # torch < 2.2 scatters with int64 indices only
+    emax = e.new_full(shape, float("-inf")).scatter_reduce_(
+        0, dst.view(-1, *([1] * (e.dim() - 1))).expand_as(e), e, reduce="amax", include_self=True)
+    ex = (e - emax[dst]).exp()
+    return ex / e.new_zeros(shape).index_add_(0, dst, ex)[dst]
+
+
+@register("edge_softmax", "torch")
+def edge_softmax(indptr, indices, eids, e):
+    """Softmax of per-edge scores ``e [E, H]`` (edge-id order) over the in-edges of each destination."""
+    rows = csr_rows(indptr, indices.numel()).long()
+    dst = rows if eids is None else torch.empty_like(rows).index_put_((eids.long(),), rows)
+    return edge_softmax_by_dst(dst, indptr.numel() - 1, e)

@@ -1,8 +1,8 @@
 """The ``numba`` backend: Numba kernels for the compression and mask ops, on CUDA and on the CPU.
 
-Ops (signatures and results exactly those of :mod:`.reference`, codes and masks bit for bit):
+Ops (from :data:`.spec.OPS`; signatures and results exactly those of :mod:`.reference`, codes and masks bit for bit):
 ``quantize_pack``, ``unpack_dequantize``, ``pack_mask``, ``unpack_mask``, ``dropout``,
-``relu_dropout``, ``masked_scale``.
+``relu_dropout``, ``masked_scale``, ``rademacher``. No fallback of its own: the registry chooses.
 
 Two kernel sets share one scalar source (the hash and the rounding rule live in :mod:`._numba_cpu`):
 
@@ -30,17 +30,16 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-import warnings
 from typing import Optional
 
 import torch
 
 from . import register
+from .spec import implemented
 
 __all__ = ["load", "get_ops", "OPS", "CHUNK", "cpu_status", "cuda_status"]
 
-OPS = ("group_meta", "quantize_pack", "unpack_dequantize", "pack_mask", "unpack_mask", "dropout", "relu_dropout",
-       "masked_scale")
+OPS = implemented("numba")  # from the one list of ops (spec.py)
 CHUNK = 1 << 22  # elements per dtype-conversion chunk (a multiple of 8: chunks start on byte boundaries)
 
 _status = {"cpu": "not loaded", "cuda": "not loaded"}
@@ -238,12 +237,20 @@ class _TorchOps:
             self._uniform_tables[key] = torch.arange(1 << bits, dtype=torch.float32, device=device)
         return self._uniform_tables[key]
 
-    def _elementwise_out(self, x: torch.Tensor):
-        """(flat output, fp32 scratch or None)."""
+    def _map_chunks(self, x: torch.Tensor, launch) -> torch.Tensor:
+        """The flat output of an elementwise op: ``launch(a, b, xc, oc)`` runs the kernel on elements
+        ``[a, b)``, from the fp32 array ``xc`` into the fp32 array ``oc``. fp32 tensors go in one chunk;
+        others through fp32 chunks of :data:`CHUNK` elements (``oc`` then a scratch buffer copied back)."""
         out = torch.empty(x.numel(), dtype=x.dtype, device=x.device)
         scratch = None if x.dtype == torch.float32 else torch.empty(min(CHUNK, x.numel()), dtype=torch.float32,
                                                                     device=x.device)
-        return out, scratch
+        with self.engine.scope(x.device):
+            for a, b, xc in _f32_chunks(x.contiguous().view(-1)):
+                oc = out if scratch is None else scratch[: b - a]
+                launch(a, b, self._a(xc), self._a(oc))
+                if scratch is not None:
+                    out[a:b].copy_(oc)
+        return out
 
     # compression --------------------------------------------------------------------------------
     def group_meta(self, mn, mx, bits):
@@ -261,6 +268,7 @@ class _TorchOps:
         if g:
             with self.engine.scope(mn.device):
                 self.engine.launch("group_meta", g, mn.device, self._a(mn32), self._a(mx32), _f32(meta_factor(bits)),
+                                   _f32((1 << bits) - 1),
                                    self._a(out.view(-1)))
         return out
 
@@ -349,14 +357,8 @@ class _TorchOps:
         scale = 1.0 / (1.0 - p)  # p == 1 raises ZeroDivisionError, as in the reference
         p32, sc = _f32(p), _f32(scale)
         s_lo, s_hi = _seed_words(seed)
-        out, scratch = self._elementwise_out(x)
-        eng = self.engine
-        with eng.scope(x.device):
-            for a, b, xc in _f32_chunks(x.contiguous().view(-1)):
-                oc = out if scratch is None else scratch[: b - a]
-                eng.launch("dropout", b - a, x.device, self._a(xc), a, p32, s_lo, s_hi, sc, self._a(oc))
-                if scratch is not None:
-                    out[a:b].copy_(oc)
+        out = self._map_chunks(x, lambda a, b, xc, oc: self.engine.launch(
+            "dropout", b - a, x.device, xc, a, p32, s_lo, s_hi, sc, oc))
         return out.view(x.shape)
 
     def relu_dropout(self, x, p, seed):
@@ -368,19 +370,14 @@ class _TorchOps:
         scale = 1.0 / (1.0 - p) if use_p else 1.0
         p32, sc = _f32(p), _f32(scale)
         s_lo, s_hi = _seed_words(seed)
-        n = x.numel()
-        out, scratch = self._elementwise_out(x)
-        packed = torch.empty(-(-n // 8), dtype=torch.uint8, device=x.device)
-        eng = self.engine
-        with eng.scope(x.device):
-            for a, b, xc in _f32_chunks(x.contiguous().view(-1)):
-                oc = out if scratch is None else scratch[: b - a]
-                pc = packed[a // 8: -(-b // 8)]
-                eng.launch("relu_dropout", pc.numel(), x.device, self._a(xc), a, bool(use_p), p32, s_lo, s_hi, sc,
-                           self._a(oc), self._a(pc))
-                if scratch is not None:
-                    out[a:b].copy_(oc)
-        return out.view(x.shape), packed
+        packed = torch.empty(-(-x.numel() // 8), dtype=torch.uint8, device=x.device)
+
+        def launch(a, b, xc, oc):
+            pc = packed[a // 8: -(-b // 8)]  # chunks start on multiples of 8 elements: whole bytes
+            self.engine.launch("relu_dropout", pc.numel(), x.device, xc, a, bool(use_p), p32, s_lo, s_hi, sc, oc,
+                               self._a(pc))
+
+        return self._map_chunks(x, launch).view(x.shape), packed
 
     def masked_scale(self, g, packed, on, off):
         from . import reference
@@ -394,18 +391,28 @@ class _TorchOps:
             a_off = _f32(torch.tensor(off, dtype=g.dtype).item())
             c = _f32(1.0)
         _check_packed(packed, g.numel())
-        out, scratch = self._elementwise_out(g)
-        eng = self.engine
-        with eng.scope(g.device):
+        with self.engine.scope(g.device):
             a_packed = self._a(packed.contiguous())
-            for a, b, gc in _f32_chunks(g.contiguous().view(-1)):
-                oc = out if scratch is None else scratch[: b - a]
-                eng.launch("masked_scale", b - a, g.device, self._a(gc), a, a_packed, a_on, a_off, c, self._a(oc))
-                if scratch is not None:
-                    out[a:b].copy_(oc)
+        out = self._map_chunks(g, lambda a, b, gc, oc: self.engine.launch(
+            "masked_scale", b - a, g.device, gc, a, a_packed, a_on, a_off, c, oc))
         return out.view(g.shape)
 
-    # random numbers (not a registered op: for the smoke test and tests) --------------------------
+    # random numbers -------------------------------------------------------------------------------
+    def rademacher(self, d, k, seed, device, dtype=torch.float32):
+        import math
+
+        device = torch.device(device)
+        d, k = int(d), int(k)
+        out = torch.empty(d * k, dtype=torch.float32, device=device)
+        if out.numel():
+            s_lo, s_hi = _seed_words(seed)
+            with self.engine.scope(device):
+                self.engine.launch("rademacher", out.numel(), device, s_lo, s_hi, _f32(1.0 / math.sqrt(k)),
+                                   self._a(out))
+        out = out.view(d, k)
+        return out if dtype == torch.float32 else out.to(dtype)
+
+    # hash_uniform is not a registered op: for the smoke test and tests
     def hash_uniform(self, seed: int, start: int, count: int, device) -> torch.Tensor:
         device = torch.device(device)
         out = torch.empty(int(count), dtype=torch.float32, device=device)
@@ -486,41 +493,27 @@ def _load_cuda() -> Optional[str]:
     return None
 
 
-_warned = set()
-
-
-def _is_numba_failure(exc: BaseException) -> bool:
-    return type(exc).__module__.split(".", 1)[0] in ("numba", "numba_cuda", "llvmlite")
-
-
-def _dispatcher(op: str):
-    from . import reference
-
-    fallback = getattr(reference, op)
+def _registered(op: str, cpu_ops: "_TorchOps", cuda_ops: Optional["_TorchOps"]):
+    """The registered function of ``op``: the CPU or the CUDA kernel set by the tensors' device. No fallback
+    of its own (the registry is the one selector); like every backend it does not differentiate its inputs."""
+    cpu_fn = getattr(cpu_ops, op)
+    cuda_fn = getattr(cuda_ops, op) if cuda_ops is not None else cpu_fn
 
     def run(*args, **kwargs):
-        device = args[0].device if args else next(iter(kwargs.values())).device
-        kind = "cuda" if device.type == "cuda" else "cpu"
-        ops = _ops.get(kind)
-        if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
-            ops = None  # the kernels are not differentiable: keep the reference's autograd semantics
-        if ops is not None and _status[kind] == "available":
-            try:
-                return getattr(ops, op)(*args, **kwargs)
-            except Exception as exc:
-                if not _is_numba_failure(exc):
-                    raise
-                # a kernel failed to compile or launch: use the reference from now on for this device
-                _status[kind] = f"disabled after an error in {op}: {type(exc).__name__}: {exc}"
-                if kind not in _warned:
-                    _warned.add(kind)
-                    warnings.warn(f"dgl_exact: numba {kind} kernels disabled ({_status[kind]}); "
-                                  "using the torch reference", RuntimeWarning, stacklevel=2)
-        return fallback(*args, **kwargs)
+        return (cuda_fn if _device_of(args, kwargs).type == "cuda" else cpu_fn)(*args, **kwargs)
 
     run.__name__ = f"numba_{op}"
-    run.__doc__ = getattr(_TorchOps, op).__doc__ or fallback.__doc__
+    run.__doc__ = cpu_fn.__doc__
     return run
+
+
+def _device_of(args, kwargs) -> torch.device:
+    for a in list(args) + list(kwargs.values()):
+        if isinstance(a, torch.Tensor):
+            return a.device
+        if isinstance(a, (torch.device, str)) and not isinstance(a, bool):
+            return torch.device(a)
+    raise TypeError("a numba op needs a tensor or device argument")
 
 
 def load() -> Optional[str]:
@@ -549,7 +542,9 @@ def load() -> Optional[str]:
     _status["cpu"] = "available"
     reason = _load_cuda()
     _status["cuda"] = "available" if reason is None else reason
-    devices = ("cpu", "cuda") if reason is None else ("cpu",)
+    cpu_ops = get_ops("cpu")
+    cuda_ops = get_ops("cuda") if reason is None else None
+    devices = ("cpu", "cuda") if cuda_ops is not None else ("cpu",)
     for op in OPS:
-        register(op, "numba", devices=devices)(_dispatcher(op))
+        register(op, "numba", devices=devices)(_registered(op, cpu_ops, cuda_ops))
     return None
