@@ -5,5 +5,6 @@
 from dgl_exact.cli import example_main
 
 if __name__ == "__main__":
-    example_main("flickr", {("gcn", "full"): "flickr_gcn", ("sage", "full"): "flickr_sage", ("gcn2", "full"): "flickr_gcn2",
+    example_main("flickr", {("gcn", "full"): "flickr_gcn", ("sage", "full"): "flickr_sage",
+                           ("gcn2", "full"): "flickr_gcn2",
                            ("sage", "saint"): "flickr_saint_sage", ("sage", "cluster"): "flickr_cluster_sage"})

@@ -5,5 +5,6 @@
 from dgl_exact.cli import example_main
 
 if __name__ == "__main__":
-    example_main("reddit", {("gcn", "full"): "reddit_gcn", ("sage", "full"): "reddit_sage", ("gcn2", "full"): "reddit_gcn2",
+    example_main("reddit", {("gcn", "full"): "reddit_gcn", ("sage", "full"): "reddit_sage",
+                           ("gcn2", "full"): "reddit_gcn2",
                            ("sage", "saint"): "reddit_saint_sage", ("sage", "cluster"): "reddit_cluster_sage"})

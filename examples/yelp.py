@@ -1,4 +1,5 @@
-"""Yelp with EXACT's hyperparameters: GCN, GraphSAGE, GCNII (full batch), GraphSAINT or ClusterGCN SAGE. Yelp is multi-label (BCE loss, micro-F1).
+"""Yelp with EXACT's hyperparameters: GCN, GraphSAGE, GCNII (full batch), GraphSAINT or ClusterGCN SAGE.
+Yelp is multi-label (BCE loss, micro-F1).
 
     python examples/yelp.py --model sage --sampler saint --bits 2 --data-root data
 """

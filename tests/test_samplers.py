@@ -8,7 +8,7 @@ import torch
 
 from dgl_exact._compat import import_dgl
 from dgl_exact.training import samplers as S
-from dgl_exact.training.samplers import Batch, ClusterGCNSampler, FullGraphSampler, SAINTSampler
+from dgl_exact.training.samplers import ClusterGCNSampler, SAINTSampler
 
 dgl = import_dgl()
 
@@ -54,17 +54,6 @@ def cluster_sampler(g, **kw):
 # ------------------------------------------------------------------------------------------------
 # Interface
 # ------------------------------------------------------------------------------------------------
-def test_full_graph(graph):
-    s = FullGraphSampler(graph)
-    (batch,) = list(s)
-    assert len(s) == 1 and batch.graph.num_nodes() == graph.num_nodes()
-    assert batch.graph.num_edges() == graph.num_edges()
-    assert torch.equal(batch.node_ids, torch.arange(graph.num_nodes()))
-    assert batch.node_norm is None and batch.edge_norm is None
-    assert dgl.NID not in graph.ndata  # the caller's graph is not modified
-    assert torch.equal(batch.feat, graph.ndata["feat"])
-
-
 @pytest.mark.parametrize("kind", list(SAMPLERS))
 def test_batch_fields(graph, kind):
     s = SAMPLERS[kind](graph)
@@ -204,7 +193,8 @@ def _weighted_loss_samples(s, node_loss, num_epochs):
     out = []
     for epoch in range(num_epochs):
         for b in s.iter_epoch(epoch):
-            out.append(float(b.reduce_loss(node_loss[b.node_ids])))
+            loss = node_loss[b.node_ids]
+            out.append(float((loss * b.node_norm)[b.train_mask].sum()))  # the trainer's SAINT loss
     return torch.tensor(out, dtype=torch.float64)
 
 
@@ -273,20 +263,11 @@ def test_saint_norm_formulas(graph):
 # ------------------------------------------------------------------------------------------------
 # Batch helpers
 # ------------------------------------------------------------------------------------------------
-def test_batch_to_and_reduce_loss(graph):
+def test_batch_to(graph):
     s = SAINTSampler(graph, "node", 40, sample_coverage=5)
     b = next(iter(s))
     moved = b.to("cpu", keys=["feat", "train_mask"])
     assert set(moved.node_data) == {"feat", "train_mask"} and moved.graph is b.graph
-    logits = torch.randn(b.graph.num_nodes(), 3, requires_grad=True)
-    l = torch.nn.functional.cross_entropy(logits, b.label, reduction="none")
-    assert torch.allclose(b.reduce_loss(l), (l * b.node_norm)[b.train_mask].sum())
-    c = next(iter(ClusterGCNSampler(graph, 10, 3)))
-    l = torch.rand(c.graph.num_nodes())
-    assert torch.allclose(c.reduce_loss(l), l[c.train_mask].mean())
-    empty = Batch(c.graph, node_data={"train_mask": torch.zeros(c.graph.num_nodes(), dtype=torch.bool)})
-    loss = empty.reduce_loss(torch.rand(c.graph.num_nodes(), requires_grad=True))
-    assert loss.item() == 0.0 and loss.requires_grad
 
 
 # ------------------------------------------------------------------------------------------------
@@ -346,5 +327,3 @@ def test_batch_to_cuda(graph):
     b = next(iter(SAINTSampler(graph, "node", 40, sample_coverage=5))).to("cuda")
     assert b.feat.is_cuda and b.train_mask.is_cuda and b.node_norm.is_cuda and b.edge_norm.is_cuda
     assert b.graph.device.type == ("cuda" if S._dgl_supports(torch.device("cuda")) else "cpu")
-    l = torch.rand(b.graph.num_nodes(), device="cuda")
-    assert b.reduce_loss(l).is_cuda

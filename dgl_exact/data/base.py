@@ -10,7 +10,8 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 import torch
 
-__all__ = ["GraphDataset", "DatasetNotFoundError", "compute_metric", "SPLITS"]
+__all__ = ["GraphDataset", "DatasetNotFoundError", "DatasetFileError", "compute_metric", "standardize_features",
+           "SPLITS"]
 
 SPLITS = ("train", "val", "test")
 _SPLIT_ALIASES = {"train": "train", "val": "val", "valid": "val", "validation": "val", "test": "test"}
@@ -40,6 +41,21 @@ class DatasetNotFoundError(FileNotFoundError):
 
     def __reduce__(self):  # picklable (e.g. across DataLoader workers / multiprocessing)
         return (type(self), (self.dataset, self.folder, self.missing, self.instructions, self.detail))
+
+
+class DatasetFileError(ValueError):
+    """A dataset file exists but cannot be used (truncated, corrupt, wrong format, or a cache that no longer
+    matches its raw files and cannot be rebuilt). The message is one line: the file, what is wrong, the fix.
+
+    Attributes: ``dataset``, ``path`` (the file), ``problem`` and ``fix``.
+    """
+
+    def __init__(self, dataset: str, path: str | os.PathLike, problem: str, fix: str):
+        self.dataset, self.path, self.problem, self.fix = dataset, os.fspath(path), problem, fix
+        super().__init__(f"dataset {dataset!r}: {self.path}: {problem}; {fix}")
+
+    def __reduce__(self):
+        return (type(self), (self.dataset, self.path, self.problem, self.fix))
 
 
 @dataclass
@@ -153,7 +169,11 @@ class GraphDataset:
 
 
 def compute_metric(metric: str, logits: torch.Tensor, labels: torch.Tensor) -> float:
-    """``"acc"``: argmax accuracy; ``"micro_f1"``: micro-F1 of ``logits > 0`` against multi-hot labels."""
+    """``"acc"``: argmax accuracy; ``"micro_f1"``: micro-F1 of ``logits > 0`` against multi-hot labels.
+
+    Micro-F1 is ``2 TP / (2 TP + FP + FN)`` over all (node, label) pairs, and 0 when that is 0/0 (no
+    positive prediction and no positive label), as ``sklearn.metrics.f1_score(average="micro")`` and EXACT.
+    """
     if logits.shape[0] == 0:
         return float("nan")
     if metric == "acc":
@@ -165,7 +185,7 @@ def compute_metric(metric: str, logits: torch.Tensor, labels: torch.Tensor) -> f
         fp = (pred & ~true).sum().item()
         fn = (~pred & true).sum().item()
         denom = 2 * tp + fp + fn
-        return 2 * tp / denom if denom else 1.0
+        return 2 * tp / denom if denom else 0.0
     raise ValueError(f"unknown metric {metric!r} (expected 'acc' or 'micro_f1')")
 
 
@@ -201,3 +221,18 @@ def no_prompt(dataset: str, folder: str, instructions: str) -> Iterator[None]:
         yield
     finally:
         builtins.input = original
+
+
+def standardize_features(feat: torch.Tensor) -> torch.Tensor:
+    """EXACT's Yelp/Reddit2 preprocessing: ``(x - mean) / std`` per feature column.
+
+    As EXACT's ``data.py`` (``(x - x.mean(dim=0)) / x.std(dim=0)`` on the whole graph): statistics over
+    **all** nodes (train, val and test rows alike), ``std`` with Bessel's correction (ddof 1), no epsilon.
+    One deliberate difference: a constant column (std 0) becomes 0 here, where EXACT's division gives NaN.
+    Computed in float64, returned as float32.
+    """
+    x = feat.double()
+    mean = x.mean(dim=0)
+    std = x.std(dim=0) if x.shape[0] > 1 else torch.zeros_like(mean)
+    std = torch.where(std > 0, std, torch.ones_like(std))
+    return ((x - mean) / std).float()

@@ -12,7 +12,13 @@ missing; it caches the processed graph as ``dgl_graph.bin`` in the same folder. 
 A plain ``<root>/flickr/`` (etc.) with the same files, e.g. the unzipped ``flickr.zip``, is accepted too.
 We check that the raw files (or DGL's ``dgl_graph.bin`` cache) exist before DGL runs, and subclass the
 DGL class so that its ``download()`` raises :class:`DatasetNotFoundError` instead of going online (DGL
-would call it if the cache fails to load and the raw folder is gone).
+would call it if the cache fails to load and the raw folder is gone). ``download=True`` lets DGL's own
+downloader fetch a dataset whose folder does not exist (DGL prints the URL and shows a progress bar).
+
+``dgl_graph.bin`` is DGL's binary graph format (no pickle). It is fingerprinted
+(:mod:`~dgl_exact.data.cache`) and checked before DGL reads it (DGL segfaults on a truncated one): it is
+rebuilt from the raw files when they changed, when it was truncated or replaced, or with
+``force_reload=True``.
 """
 from __future__ import annotations
 
@@ -21,7 +27,8 @@ import os
 from dataclasses import dataclass
 
 from .._compat import import_dgl
-from .base import DatasetNotFoundError, GraphDataset, missing_files, no_prompt
+from .base import DatasetFileError, DatasetNotFoundError, GraphDataset, missing_files, no_prompt
+from .cache import cache_verdict, check_dgl_header, resolve_unrecorded, writable, write_record
 
 __all__ = ["DGL_SPECS", "DglSpec", "check_dgl_dataset", "load_dgl_dataset", "dgl_raw_folder_name"]
 
@@ -46,9 +53,10 @@ class DglSpec:
 
     def instructions(self, root: str) -> str:
         url = self.url() + self.zip_path
-        return (f"Download {url} and unzip it into {os.path.join(root, dgl_raw_folder_name(self))}/ "
-                f"(or {os.path.join(root, self.name)}/), or run `dgl.data.{self.dgl_class}(raw_dir='{root}')` "
-                f"once with internet access.")
+        return (f"Get it with internet access once: `dgl-exact datasets --download {self.name} --data-root {root}` "
+                f"(or `python -c \"import dgl_exact, dgl; dgl.data.{self.dgl_class}(raw_dir='{root}')\"`: "
+                f"dgl_exact must be imported first, it makes DGL importable), or download {url} and unzip it into "
+                f"{os.path.join(root, dgl_raw_folder_name(self))}/ (or {os.path.join(root, self.name)}/).")
 
 
 DGL_SPECS = {
@@ -103,16 +111,65 @@ def _offline_class(base, spec: DglSpec, folder: str, dgl_native: bool, instructi
     return type(f"Offline{base.__name__}", (base,), attrs)
 
 
-def load_dgl_dataset(name: str, root: str | os.PathLike, force_reload: bool = False) -> GraphDataset:
-    """Load ``flickr``, ``reddit`` or ``yelp`` with DGL's class; Yelp labels become float32 multi-hot."""
+def _download(spec: DglSpec, root: str) -> None:
+    dgl = import_dgl()
+    if not writable(root):
+        raise DatasetFileError(spec.name, root, "read-only, cannot download into it", "choose a writable --data-root")
+    os.makedirs(root, exist_ok=True)
+    folder = os.path.join(root, dgl_raw_folder_name(spec))
+    with no_prompt(spec.name, folder, spec.instructions(root)):
+        getattr(dgl.data, spec.dgl_class)(raw_dir=root, verbose=True)
+
+
+def _diagnose_raw(name: str, folder: str) -> None:
+    """Raise DatasetFileError naming the first unreadable raw file of ``folder``, if there is one."""
+    from .pyg_layout import read_graphsaint, read_reddit
+
+    if name == "reddit":
+        read_reddit(name, folder)
+    else:
+        read_graphsaint(name, folder, DGL_SPECS[name].multilabel)
+
+
+def load_dgl_dataset(name: str, root: str | os.PathLike, force_reload: bool = False,
+                     download: bool = False) -> GraphDataset:
+    """Load ``flickr``, ``reddit`` or ``yelp`` with DGL's class; Yelp labels become float32 multi-hot.
+
+    ``force_reload`` rebuilds ``dgl_graph.bin`` from the raw files; ``download`` lets DGL download the
+    dataset when neither of its folders exists."""
     dgl = import_dgl()
     spec = DGL_SPECS[name]
     root = os.fspath(root)
+    if download and not any(os.path.isdir(os.path.join(root, f)) for f in (dgl_raw_folder_name(spec), spec.name)):
+        _download(spec, root)
     folder, dgl_native = check_dgl_dataset(name, root)
     instructions = spec.instructions(root)
+    cache = os.path.join(folder, _CACHE_FILE)
+    verdict, reason = cache_verdict(cache, folder, spec.files)
+    if force_reload and verdict != "missing":
+        verdict, reason = "rebuild", "force_reload"
+    verdict, reason = resolve_unrecorded(name, cache, verdict, reason)
+    fix_raw = f"put the raw files ({', '.join(spec.files)}) back in {folder} so that it can be rebuilt"
+    if verdict == "rebuild" and missing_files(folder, spec.files):
+        raise DatasetFileError(name, cache, f"must be rebuilt ({reason}) but raw files are missing", fix_raw)
+    if verdict in ("rebuild", "missing") and not writable(folder):
+        raise DatasetFileError(name, cache, ("not built yet" if verdict == "missing" else f"must be rebuilt ({reason})")
+                               + " and its folder is read-only", "run once with write access to the data root")
+    if verdict == "unchecked":
+        check_dgl_header(name, cache, fix_raw)
+    building = verdict in ("rebuild", "missing")
     cls = _offline_class(getattr(dgl.data, spec.dgl_class), spec, folder, dgl_native, instructions)
     with no_prompt(name, folder, instructions):
-        ds = cls(raw_dir=root, force_reload=force_reload, verbose=False)
+        try:
+            ds = cls(raw_dir=root, force_reload=verdict == "rebuild", verbose=False)
+        except DatasetNotFoundError:
+            raise
+        except Exception:
+            if building:
+                _diagnose_raw(name, folder)
+            raise
+    if building:
+        write_record(cache, folder, spec.files)
     g = ds[0]
     g.ndata["feat"] = g.ndata["feat"].float()
     label = g.ndata["label"]

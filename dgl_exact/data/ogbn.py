@@ -14,12 +14,25 @@ ogb's layout under ``root`` (from ``ogb/nodeproppred/dataset_dgl.py`` and ``mast
             node-label.csv.gz, node_year.csv.gz (arxiv only)
         split/time/{train,valid,test}.csv.gz   (or split_dict.pt; products: split/sales_ranking/)
 
-ogb writes ``processed/dgl_data_processed`` on the first load, so ``root`` must be writable then.
+ogb writes ``processed/dgl_data_processed`` on the first load, so ``root`` must be writable then (a
+read-only root works once it is there; otherwise that is said before ogb runs). The cache is
+fingerprinted (:mod:`~dgl_exact.data.cache`) and rebuilt when ``raw/`` changes, when it is truncated or
+replaced, or with ``force_reload=True``. ogb would read ``split/<split>/split_dict.pt`` with torch's default
+``torch.load``, which unpickles anything on torch < 2.6 (or with ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1``); we
+read that file ourselves with ``weights_only=True`` (tensors only) and never let ogb open it, so nothing
+read back runs code. A file that is not a dict of 1-D integer tensors ``train``/``valid``/``test`` is
+refused with one line naming it.
+
+``download=True`` hands a missing dataset to ogb's own downloader (ogb's progress bar; its "over 1 GB,
+proceed?" prompt is answered yes). A folder without ``RELEASE_v1.txt`` is never deleted: ogb's "update
+the dataset now?" prompt is refused with the fix.
 """
 from __future__ import annotations
 
 import contextlib
+import gzip
 import os
+import zlib
 import warnings
 from dataclasses import dataclass
 from types import ModuleType
@@ -28,7 +41,8 @@ from unittest import mock
 
 
 from .._compat import import_dgl
-from .base import DatasetNotFoundError, GraphDataset, index_to_mask, missing_files, no_prompt
+from .base import DatasetFileError, DatasetNotFoundError, GraphDataset, index_to_mask, missing_files, no_prompt
+from .cache import cache_verdict, check_dgl_header, resolve_unrecorded, writable, write_record
 
 __all__ = ["OGB_SPECS", "OgbSpec", "check_ogb", "load_ogbn"]
 
@@ -57,8 +71,10 @@ class OgbSpec:
         return tuple(f"split/{self.split}/{s}.csv.gz" for s in _SPLITS)
 
     def instructions(self, root: str) -> str:
-        return (f"Get it with internet access once: `python -c \"from ogb.nodeproppred import "
-                f"DglNodePropPredDataset as D; D('{self.name}', root='{root}')\"`, or download {self.url}, "
+        return (f"Get it with internet access once: `dgl-exact datasets --download {self.name} --data-root {root}` "
+                f"(or `python -c \"import dgl_exact; from ogb.nodeproppred import DglNodePropPredDataset as D; "
+                f"D('{self.name}', root='{root}')\"`: dgl_exact must be imported first, it makes DGL importable), "
+                f"or download {self.url}, "
                 f"unzip it in {root} and rename the extracted folder to {self.dir_name} (the zip holds "
                 f"RELEASE_v{self.version}.txt, raw/ and split/{self.split}/).")
 
@@ -109,35 +125,157 @@ def check_ogb(name: str, root: str | os.PathLike) -> str:
 
 
 @contextlib.contextmanager
-def _ogb_guard(name: str, folder: str, instructions: str) -> Iterator[ModuleType]:
-    """Import ogb's DGL dataset module; make ``input()`` and ogb's download functions raise."""
+def _ogb_guard(name: str, folder: str, instructions: str, download: bool = False) -> Iterator[ModuleType]:
+    """Import ogb's DGL dataset module; make ``input()`` raise and, unless ``download``, ogb's download
+    functions too. With ``download``, ogb's size prompt is answered yes (nothing else is answered)."""
     import_dgl()
     from ogb.nodeproppred import dataset_dgl
 
     def refuse_download(*args, **kwargs):
         raise DatasetNotFoundError(name, folder, instructions=instructions,
-                                   detail="ogb tried to download; dgl_exact never downloads")
+                                   detail="ogb tried to download; pass download=True (CLI: --download) to allow it")
 
-    with no_prompt(name, folder, instructions), \
-            mock.patch.object(dataset_dgl, "decide_download", refuse_download), \
-            mock.patch.object(dataset_dgl, "download_url", refuse_download):
+    if download:
+        patches = [mock.patch.object(dataset_dgl, "decide_download", lambda url: True)]
+    else:
+        patches = [mock.patch.object(dataset_dgl, "decide_download", refuse_download),
+                   mock.patch.object(dataset_dgl, "download_url", refuse_download)]
+    with no_prompt(name, folder, instructions), contextlib.ExitStack() as stack:
+        for p in patches:
+            stack.enter_context(p)
         yield dataset_dgl
 
 
-def load_ogbn(name: str, root: str | os.PathLike) -> GraphDataset:
+def _bad_gzip(folder: str, files) -> tuple[str, str] | None:
+    """The first of ``files`` (relative to ``folder``) that is not a complete gzip stream, with the reason."""
+    for rel in files:
+        path = os.path.join(folder, rel)
+        if not os.path.isfile(path):
+            continue
+        try:
+            with gzip.open(path, "rb") as f:
+                while f.read(1 << 22):
+                    pass
+        except (OSError, EOFError, zlib.error) as err:
+            return path, f"{type(err).__name__}: {err}"
+    return None
+
+
+def _download(name: str, root: str) -> None:
+    """Let ogb download ``name`` into ``root`` (only when its folder does not exist)."""
+    spec = OGB_SPECS[name]
+    folder = dataset_folder(spec, root)
+    if os.path.isdir(folder):
+        raise DatasetNotFoundError(name, folder, instructions=spec.instructions(root), detail=(
+            "the folder exists but is incomplete; dgl_exact does not delete it: move it away and rerun with "
+            "--download"))
+    if not writable(root):
+        raise DatasetFileError(name, root, "read-only, cannot download into it", "choose a writable --data-root")
+    os.makedirs(root, exist_ok=True)
+    with _ogb_guard(name, folder, spec.instructions(root), download=True) as dataset_dgl, warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")  # ogb's, harmless
+        dataset_dgl.DglNodePropPredDataset(name=name, root=root)
+
+
+def _prepare_cache(name: str, folder: str, force_reload: bool) -> bool:
+    """Check ogb's processed file against its fingerprint; delete it when it must be rebuilt. Returns
+    whether ogb will (re)build it."""
+    spec = OGB_SPECS[name]
+    cache = os.path.join(folder, "processed", "dgl_data_processed")
+    verdict, reason = cache_verdict(cache, folder, spec.raw_files)
+    if force_reload and verdict != "missing":
+        verdict, reason = "rebuild", "force_reload"
+    verdict, reason = resolve_unrecorded(name, cache, verdict, reason)
+    fix_raw = f"restore {folder}/raw/ (or get the dataset again) so that it can be rebuilt"
+    if verdict == "rebuild":
+        missing = missing_files(folder, spec.raw_files)
+        if missing:
+            raise DatasetFileError(name, cache, f"must be rebuilt ({reason}) but raw files are missing "
+                                   f"({', '.join(missing)})", fix_raw)
+        if not writable(os.path.dirname(cache)):
+            raise DatasetFileError(name, cache, f"must be rebuilt ({reason}) but its folder is read-only",
+                                   "run once with write access to the data root")
+        os.remove(cache)
+        return True
+    if verdict == "unchecked":
+        check_dgl_header(name, cache, fix_raw)
+    if verdict == "missing" and not writable(os.path.join(folder, "processed")):
+        raise DatasetFileError(name, cache, "not built yet and the data root is read-only (ogb writes it on the "
+                               "first load)", "run once with write access to the data root")
+    return verdict == "missing"
+
+
+def _split_dict_path(folder: str, spec: OgbSpec) -> str:
+    return os.path.join(folder, "split", spec.split, "split_dict.pt")
+
+
+def _split_dict(name: str, folder: str, spec: OgbSpec) -> dict:
+    """Read ogb's optional ``split_dict.pt`` tensors-only (ogb itself would unpickle it with torch's default)."""
+    import torch
+
+    path = _split_dict_path(folder, spec)
+    fix = (f"delete it (the split csv files under {os.path.dirname(path)} are used then) or replace it with "
+           f"the one from {spec.url}")
+    try:
+        split = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001 - UnpicklingError for anything but tensors, zip errors, ...
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise DatasetFileError(name, path, f"not a tensors-only split file, not loaded ({reason})", fix) from None
+    ok = isinstance(split, dict) and all(
+        isinstance(split.get(s), torch.Tensor) and split[s].dim() == 1 and not split[s].is_floating_point()
+        and not split[s].is_complex() and split[s].dtype != torch.bool for s in _SPLITS)
+    if not ok:
+        raise DatasetFileError(name, path, "not a dict of 1-D integer index tensors 'train', 'valid', 'test'", fix)
+    return {s: split[s].long() for s in _SPLITS}
+
+
+def load_ogbn(name: str, root: str | os.PathLike, force_reload: bool = False,
+              download: bool = False) -> GraphDataset:
     """Load ``ogbn-arxiv`` or ``ogbn-products`` with ogb; arxiv gets reverse edges (``dgl.to_bidirected``).
 
     Labels are flattened to 1-D int64; the ogb split becomes ``train_mask``/``val_mask``/``test_mask``.
-    Other node data ogb provides (arxiv's ``year``) is kept.
+    Other node data ogb provides (arxiv's ``year``) is kept. ``force_reload`` rebuilds ogb's processed
+    file from ``raw/``; ``download`` lets ogb download a dataset whose folder does not exist.
     """
+    import torch
+
     dgl = import_dgl()
     spec = OGB_SPECS[name]
     root = os.fspath(root)
+    if download and not os.path.isdir(dataset_folder(spec, root)):
+        _download(name, root)
     folder = check_ogb(name, root)
+    building = _prepare_cache(name, folder, force_reload)
+    cache = os.path.join(folder, "processed", "dgl_data_processed")
     with _ogb_guard(name, folder, spec.instructions(root)) as dataset_dgl, warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")  # ogb's, harmless
-        ds = dataset_dgl.DglNodePropPredDataset(name=name, root=root)
-        split = ds.get_idx_split()
+        try:
+            ds = dataset_dgl.DglNodePropPredDataset(name=name, root=root)
+        except DatasetNotFoundError:
+            raise
+        except Exception as err:
+            if building:
+                bad = _bad_gzip(folder, spec.raw_files)
+                if bad:
+                    raise DatasetFileError(name, bad[0], f"unreadable ({bad[1]})", "replace it with the file from "
+                                           f"{spec.url} (or get the dataset again)") from None
+                raise
+            raise DatasetFileError(name, cache, f"ogb cannot read it ({type(err).__name__}: {err})",
+                                   "delete it (it is rebuilt from raw/) or pass force_reload=True "
+                                   "(CLI: dgl-exact datasets --force-reload)") from None
+        try:
+            split = _split_dict(name, folder, spec) if os.path.isfile(_split_dict_path(folder, spec)) \
+                else ds.get_idx_split()
+        except (DatasetNotFoundError, DatasetFileError):
+            raise
+        except Exception:
+            bad = _bad_gzip(folder, spec.split_files)
+            if bad:
+                raise DatasetFileError(name, bad[0], f"unreadable ({bad[1]})", "replace it with the file from "
+                                       f"{spec.url} (or get the dataset again)") from None
+            raise
+    if building:
+        write_record(cache, folder, spec.raw_files)
     g, labels = ds[0]
     n = g.num_nodes()
     directed_edges = g.num_edges()
@@ -145,6 +283,13 @@ def load_ogbn(name: str, root: str | os.PathLike) -> GraphDataset:
         g = dgl.to_bidirected(g, copy_ndata=True)
     g.ndata["feat"] = g.ndata["feat"].float()
     g.ndata["label"] = labels.reshape(n, -1)[:, 0].long()
+    for part in _SPLITS:
+        idx = torch.as_tensor(split[part])
+        if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= n):
+            where = _split_dict_path(folder, spec) if os.path.isfile(_split_dict_path(folder, spec)) else \
+                os.path.join(folder, "split", spec.split, f"{part}.csv.gz")
+            raise DatasetFileError(name, where, f"{part} node ids outside [0, {n})",
+                                   f"replace it with the file from {spec.url} (or get the dataset again)")
     g.ndata["train_mask"] = index_to_mask(split["train"], n)
     g.ndata["val_mask"] = index_to_mask(split["valid"], n)
     g.ndata["test_mask"] = index_to_mask(split["test"], n)

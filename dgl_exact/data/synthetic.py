@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -80,13 +81,34 @@ def parse_synthetic_name(name: str, **overrides) -> SyntheticConfig:
         key, eq, value = item.partition("=")
         key = key.strip()
         if not eq or key not in fields:
-            raise TypeError(f"bad synthetic parameter {item!r} in {name!r}; parameters: {sorted(fields)}")
-        parsed[key] = int(float(value)) if fields[key] in ("int", int) else float(value)
+            raise SyntheticNameError(f"bad synthetic parameter {item!r} in {name!r}: expected key=value, keys: "
+                                     f"{', '.join(sorted(fields))}")
+        parsed[key] = _spec_value(name, key, value.strip(), integer=fields[key] in ("int", int))
     parsed.update(overrides)
     unknown = set(parsed) - set(fields)
     if unknown:
         raise TypeError(f"unknown synthetic parameters {sorted(unknown)}; parameters: {sorted(fields)}")
     return dataclasses.replace(cfg, **parsed)
+
+
+class SyntheticNameError(ValueError, TypeError):
+    """A malformed ``synthetic:key=value,...`` name. A ValueError (the name is a bad value), and a
+    TypeError as the unknown keys of a name always were (an unknown keyword argument)."""
+
+
+def _spec_value(name: str, key: str, text: str, integer: bool):
+    """The value of ``key=text`` in a dataset name: a finite number, an integer for integer fields (``2000``
+    and ``2e3``, not ``1.5``: nothing is truncated)."""
+    try:
+        number = float(text)
+    except ValueError:
+        number = math.nan
+    if not math.isfinite(number) or (integer and not number.is_integer()):
+        raise SyntheticNameError(f"synthetic parameter {key} in {name!r} must be "
+                                 f"{'an integer' if integer else 'a finite number'}, got {text!r}")
+    if integer:
+        return int(text) if text.lstrip("+-").isdigit() else int(number)
+    return number
 
 
 def generate_synthetic(config: SyntheticConfig = SyntheticConfig(), seed: int = 0) -> dict[str, np.ndarray]:
