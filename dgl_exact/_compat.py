@@ -1,6 +1,6 @@
 """Compatibility shims that make dgl_exact's dependencies importable where they are not by themselves.
 
-Two known breakages are handled here, and nowhere else:
+Three known breakages are handled here, and nowhere else:
 
 1. **DGL 2.1.0 on a torch it was not built for.** PyPI's only Linux DGL (2.1.0) ships its native
    ``graphbolt`` library for torch 2.0.0 to 2.2.1 only, and ``import dgl`` imports graphbolt

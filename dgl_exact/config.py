@@ -1,13 +1,18 @@
 """What to compress and how: an immutable :class:`CompressionConfig`, a process-wide default, and
-thread-local scoped overrides (``with dgl_exact.config(bits=2): ...``).
+scoped overrides (``with dgl_exact.config(bits=2): ...``) local to the current execution context.
 
 Resolution order for an op: an explicit ``config=`` argument, else a module's ``compression=``,
-else the innermost active ``dgl_exact.config(...)`` scope of the current thread, else the global
+else the innermost active ``dgl_exact.config(...)`` scope of the current context, else the global
 default set by :func:`set_config` (initially ``CompressionConfig()``: INT8, no projection).
+
+Scopes live in a :class:`contextvars.ContextVar`, not in thread-local storage: every thread has its own
+context, and so does every asyncio task (a task starts with a copy of its creator's context), so a scope
+entered in one task or thread is never seen by another, even when tasks interleave on one thread.
 """
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import math
 import threading
@@ -40,7 +45,9 @@ class CompressionConfig:
     stochastic : bool, default True
         Stochastic (unbiased) rounding. False rounds to the nearest level (biased; for ablations).
     enabled : bool, default True
-        False keeps activations uncompressed (the exact fp baseline with dgl_exact's memory-lean ops).
+        False keeps activations unquantised (the exact fp baseline with dgl_exact's memory-lean ops). A
+        ``kept_frac`` below 1 still projects (EXACT's ``--act_fp --kept_frac``): the projected activation
+        is kept in its own dtype.
     nonfinite : {"propagate", "raise"}, default "propagate"
         What a group containing NaN or Inf becomes. "propagate" decodes the whole group as NaN, so the
         gradient is visibly non-finite (GradScaler skips the step; ``clip_grad_norm_`` can error) and no
@@ -93,7 +100,9 @@ class CompressionConfig:
     def describe(self) -> str:
         """A short human-readable label, e.g. ``INT2 kf=0.125 blocks=64 optimal``."""
         if not self.enabled:
-            return "fp (uncompressed)"
+            if self.kept_frac >= 1.0:
+                return "fp (uncompressed)"
+            return f"fp kf={self.kept_frac:g} (projected, unquantised)"
         parts = [f"INT{self.bits}"]
         if self.kept_frac < 1.0:
             parts.append(f"kf={self.kept_frac:g}")
@@ -108,19 +117,20 @@ class CompressionConfig:
 
 _global_lock = threading.Lock()
 _global_config = CompressionConfig()
-_local = threading.local()
+# The active scopes, innermost last. An immutable tuple: a context copied into a new asyncio task shares
+# its creator's value, and a scope entered by the task sets a new tuple in the task's own context only.
+_scopes: contextvars.ContextVar = contextvars.ContextVar("dgl_exact_config_scopes", default=())
 
 
 def _stack() -> list:
-    if not hasattr(_local, "stack"):
-        _local.stack = []
-    return _local.stack
+    """The active scopes of the current context, outermost first (a copy)."""
+    return list(_scopes.get())
 
 
 def get_config() -> CompressionConfig:
-    """The configuration in force for the current thread (innermost scope, else the global default)."""
-    stack = _stack()
-    return stack[-1] if stack else _global_config
+    """The configuration in force in the current context (innermost scope, else the global default)."""
+    scopes = _scopes.get()
+    return scopes[-1] if scopes else _global_config
 
 
 def set_config(config: Optional[CompressionConfig] = None, **changes) -> CompressionConfig:
@@ -138,18 +148,25 @@ def set_config(config: Optional[CompressionConfig] = None, **changes) -> Compres
 
 @contextlib.contextmanager
 def config(config: Optional[CompressionConfig] = None, **changes) -> Iterator[CompressionConfig]:
-    """Scoped override for the current thread; nestable. ``with dgl_exact.config(bits=2, kept_frac=0.125):``
-    changes fields of the configuration in force; ``with dgl_exact.config(cfg):`` uses ``cfg``."""
+    """Scoped override for the current thread or asyncio task; nestable.
+    ``with dgl_exact.config(bits=2, kept_frac=0.125):`` changes fields of the configuration in force;
+    ``with dgl_exact.config(cfg):`` uses ``cfg``. Leaving the block restores exactly the scopes that were
+    active on entry, in this context only."""
     if config is not None and not isinstance(config, CompressionConfig):
         raise TypeError(f"config expects a CompressionConfig, got {type(config).__name__}")
     base = config if config is not None else get_config()
     scoped = base.replace(**changes) if changes else base
-    stack = _stack()
-    stack.append(scoped)
+    outer = _scopes.get()
+    token = _scopes.set(outer + (scoped,))
     try:
         yield scoped
     finally:
-        stack.pop()
+        try:
+            _scopes.reset(token)
+        except ValueError:  # left in another context than entered (a generator resumed elsewhere):
+            current = _scopes.get()  # drop this scope there, leave that context's other scopes alone
+            if current and current[-1] is scoped:
+                _scopes.set(current[:-1])
 
 
 def resolve_config(explicit: Optional[CompressionConfig] = None) -> CompressionConfig:

@@ -1,4 +1,5 @@
 """CompressionConfig validation and immutability; get_config / set_config / config() scoping."""
+import asyncio
 import dataclasses
 import importlib
 import math
@@ -12,8 +13,8 @@ import dgl_exact
 
 # ``dgl_exact.config`` is the context-manager function (it shadows the submodule of the same name)
 config_mod = importlib.import_module("dgl_exact.config")
-from dgl_exact.config import (VALID_BITS, VALID_LEVELS, CompressionConfig, config, get_config, resolve_config,
-                              set_config)
+from dgl_exact.config import (VALID_BITS, VALID_LEVELS, CompressionConfig, config, get_config,  # noqa: E402
+                              resolve_config, set_config)
 
 
 @pytest.fixture(autouse=True)
@@ -323,3 +324,181 @@ def test_set_config_is_atomic_across_threads():
         t.join(30)
     assert get_config() == CompressionConfig(bits=2, block_rows=7, levels="optimal", stochastic=False)
     assert math.isclose(get_config().kept_frac, 1.0)
+
+
+# ------------------------------------------------------------------------------------------------
+# Scopes and asyncio: each task has its own scopes (a contextvars.ContextVar, not thread-local state)
+# ------------------------------------------------------------------------------------------------
+
+def test_scopes_do_not_leak_between_interleaved_asyncio_tasks():
+    """Two tasks on one thread enter scopes, then leave them in the opposite order: each one always sees its
+    own scope, and after leaving it, the configuration it started with (with a thread-local stack, task a
+    popped task b's scope and b then ran with a's)."""
+    log = []
+
+    async def body(name, bits, my_turn, next_turn):
+        await my_turn.wait()
+        my_turn.clear()
+        with config(bits=bits):
+            log.append((name, "in", get_config().bits))
+            next_turn.set()
+            await my_turn.wait()  # the other task enters (or leaves) its scope meanwhile
+            my_turn.clear()
+            log.append((name, "still", get_config().bits))
+        log.append((name, "after", get_config()))
+        next_turn.set()
+
+    async def main():
+        a, b = asyncio.Event(), asyncio.Event()
+        a.set()
+        # a enters, b enters, a leaves first (out of order on the thread), then b checks and leaves
+        await asyncio.gather(body("a", 2, a, b), body("b", 4, b, a))
+
+    asyncio.run(main())
+    assert log == [("a", "in", 2), ("b", "in", 4), ("a", "still", 2), ("a", "after", CompressionConfig()),
+                   ("b", "still", 4), ("b", "after", CompressionConfig())]
+    assert get_config() == CompressionConfig() and config_mod._stack() == []
+
+
+def test_asyncio_task_inherits_its_creators_scope_but_not_the_reverse():
+    async def child():
+        inherited = get_config().bits
+        with config(block_rows=8):
+            await asyncio.sleep(0)
+            return inherited, get_config()
+
+    async def main():
+        with config(bits=1):
+            task = asyncio.create_task(child())
+            await asyncio.sleep(0)  # the child has entered its scope by now
+            here = get_config()
+            inherited, inside = await task
+            return here, inherited, inside
+
+    here, inherited, inside = asyncio.run(main())
+    assert here == CompressionConfig(bits=1)  # the child's block_rows scope is not visible to its creator
+    assert inherited == 1 and inside == CompressionConfig(bits=1, block_rows=8)
+
+
+def test_scope_follows_work_sent_to_a_thread_with_asyncio_to_thread():
+    """``asyncio.to_thread`` runs the function in the caller's context: the caller's scope applies there, and
+    a scope the function enters stays in that call."""
+    def work():
+        seen = get_config().bits
+        with config(bits=8):
+            pass
+        return seen, get_config().bits
+
+    async def main():
+        with config(bits=2):
+            return await asyncio.to_thread(work), get_config().bits
+
+    (seen, after), caller = asyncio.run(main())
+    assert (seen, after, caller) == (2, 2, 2)
+    assert get_config() == CompressionConfig()
+
+
+def test_many_asyncio_tasks_with_random_interleaving():
+    """Fifty tasks, each nesting two scopes across awaits with random sleeps: every read sees its own."""
+    rng = np.random.default_rng(0)
+    delays = rng.integers(0, 3, size=(50, 3)).tolist()
+
+    async def body(i):
+        bits, rows = VALID_BITS[i % 4], i + 1
+        errors = []
+        with config(bits=bits):
+            for _ in range(delays[i][0]):
+                await asyncio.sleep(0)
+            with config(block_rows=rows) as inner:
+                for _ in range(delays[i][1]):
+                    await asyncio.sleep(0)
+                if get_config() is not inner or inner.bits != bits:
+                    errors.append((i, "inner", get_config()))
+            for _ in range(delays[i][2]):
+                await asyncio.sleep(0)
+            if get_config() != CompressionConfig(bits=bits):
+                errors.append((i, "outer", get_config()))
+        if get_config() != CompressionConfig():
+            errors.append((i, "after", get_config()))
+        return errors
+
+    async def main():
+        return await asyncio.gather(*(body(i) for i in range(50)))
+
+    assert [e for errors in asyncio.run(main()) for e in errors] == []
+
+
+# ------------------------------------------------------------------------------------------------
+# TrainConfig: strict types, from Python as from a --conf file
+# ------------------------------------------------------------------------------------------------
+from dgl_exact.training.config import FIELD_RULES, TrainConfig, field_rule, load_conf  # noqa: E402
+
+
+@pytest.mark.parametrize("field, bad, needle", [
+    ("bits", 2.7, "bits must be an int in {1, 2, 4, 8}, got 2.7 (float)"),
+    ("bits", 2.0, "got 2.0 (float)"),
+    ("bits", "2", "got '2' (str)"),
+    ("bits", True, "got True (bool)"),
+    ("act_fp", "false", "act-fp must be true or false, got 'false' (str)"),
+    ("act_fp", 0, "got 0 (int)"),
+    ("amp", np.bool_(True), "amp must be true or false"),
+    ("lr", "1e-3", "lr must be a number > 0, got '1e-3' (str)"),
+    ("lr", float("nan"), "got nan (float)"),
+    ("lr", True, "got True (bool)"),
+    ("epochs", 2.5, "epochs must be an int >= 1, got 2.5 (float)"),
+    ("epochs", 0, "got 0 (int)"),
+    ("dataset", 5, "dataset must be a string, got 5 (int)"),
+    ("model", "GCN", "model must be one of gcn"),
+    ("kept_frac", float("inf"), "kept-frac must be a number in (0, 1]"),
+    ("dropout", 1.0, "dropout must be a number in [0, 1)"),
+    ("weight_decay", -1e-4, "weight-decay must be a number >= 0"),
+    ("grad_norm", "1", "grad-norm must be a number > 0 or null (None)"),
+    ("seed", 2**64, "seed must be an int in [0, 2**64 - 1]"),
+    ("seed", -1, "seed must be an int in [0, 2**64 - 1]"),
+    ("lambda_", -0.5, "lambda must be a number >= 0"),
+    ("sample_coverage", 0.5, "sample-coverage must be an int >= 0"),
+])
+def test_train_config_types_are_strict(field, bad, needle):
+    """``TrainConfig(bits=2.7)`` used to train INT2, ``act_fp="false"`` turned compression off, ``lr="1e-3"``
+    failed with a comparison error: every field now refuses the wrong type with a message naming the field,
+    the value and its type."""
+    with pytest.raises(ValueError) as err:
+        TrainConfig(**{field: bad})
+    assert needle in str(err.value)
+
+
+def test_train_config_normalises_numbers():
+    cfg = TrainConfig(lr=1, kept_frac=np.float32(0.5), hidden=np.int64(16), seed=2**64 - 1, grad_norm=2)
+    assert (type(cfg.lr), type(cfg.kept_frac), type(cfg.hidden), type(cfg.grad_norm)) == (float, float, int, float)
+    assert cfg.lr == 1.0 and cfg.hidden == 16 and cfg.seed == 2**64 - 1
+    with pytest.raises(ValueError, match=r"seed \+ runs - 1"):
+        TrainConfig(seed=2**64 - 1, runs=2)
+    with pytest.raises(ValueError, match="bits"):
+        TrainConfig().replace(bits=3)
+
+
+def test_every_train_config_field_has_a_rule():
+    """New fields slot in: a field without a FIELD_RULES entry is checked by its annotation."""
+    for f in dataclasses.fields(TrainConfig):
+        assert field_rule(f.name) is not None, f"{f.name}: add a FIELD_RULES entry"
+    assert set(FIELD_RULES) <= set(TrainConfig.fields())
+
+
+def test_yaml_numbers_are_read_as_yaml_1_2(tmp_path):
+    """PyYAML (YAML 1.1) reads ``1e-3`` as a string; a --conf file reads it as the float it means."""
+    conf = tmp_path / "c.yaml"
+    conf.write_text("lr: 1e-3\nweight_decay: 5E-4\nalpha: .5e-1\nkept-frac: 1.25e-1\nepochs: 3\ngrad_norm: null\n")
+    values = load_conf(str(conf))
+    assert values == {"lr": 0.001, "weight_decay": 0.0005, "alpha": 0.05, "kept_frac": 0.125, "epochs": 3,
+                      "grad_norm": None}
+    assert type(values["epochs"]) is int
+
+
+def test_yaml_round_trip_of_a_config(tmp_path):
+    """What the multi-process launcher writes (``yaml.safe_dump(cfg.to_dict())``) loads back equal."""
+    import yaml
+
+    cfg = TrainConfig(lr=1e-5, weight_decay=0.0, grad_norm=0.5, seed=2**63, kept_frac=0.125)
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(cfg.to_dict()))
+    assert TrainConfig(**load_conf(str(path))) == cfg

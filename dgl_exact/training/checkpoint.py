@@ -1,17 +1,35 @@
-"""Atomic checkpoints: a run interrupted at any moment loses at most the epoch in progress."""
+"""Atomic, weights-only checkpoints: a run interrupted at any moment loses at most the epoch in progress,
+and reading a checkpoint never runs code from it.
+
+Format. A checkpoint is ``torch.save`` of a dict that holds only tensors and plain Python values
+(``dict``, ``list``, ``tuple``, ``str``, ``int``, ``float``, ``bool``, ``None``); :func:`save_checkpoint`
+refuses anything else, so every file it writes can be read back by :func:`load_checkpoint` with
+``torch.load(weights_only=True)`` on every supported torch (2.1 and later, no safe-globals registry needed).
+``weights_only=True`` is passed explicitly, which also overrides ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1``.
+"""
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
+import re
 import signal
 import tempfile
 import threading
+import warnings
 from typing import Any, Dict, Iterator
 
+import numpy as np
 import torch
 
 FORMAT_VERSION = 1
 
+# Keys (and their types) every checkpoint written by the trainer holds.
+_REQUIRED = {"config": dict, "run": int, "epoch": int, "model": dict, "optimizer": dict, "rng_cpu": torch.Tensor,
+             "best": dict, "history": list, "completed": list}
+
+# How torch's weights-only unpickler names a global it refused (torch 2.1: class, later: global).
+_UNSAFE_GLOBAL = re.compile(r"Unsupported (?:global: GLOBAL |class )([\w.]+)")
 
 _HELD_SIGNALS = tuple(s for s in (getattr(signal, "SIGINT", None), getattr(signal, "SIGTERM", None)) if s)
 
@@ -41,18 +59,75 @@ def signals_held() -> Iterator[None]:
             signal.raise_signal(pending[0])
 
 
+def plain(obj: Any, where: str = "state") -> Any:
+    """``obj`` with numpy scalars (and other subclasses of Python numbers) turned into Python numbers;
+    ``TypeError`` for anything ``torch.load(weights_only=True)`` could not read back, so that a failure shows
+    at the first save, not on ``--resume``. Containers: ``dict`` (``OrderedDict`` kept, with a module state
+    dict's ``_metadata``), ``list``, ``tuple``; dict keys must be ``str`` or ``int``."""
+    if obj is None or type(obj) in (bool, int, float, str):
+        return obj
+    if isinstance(obj, torch.Tensor):
+        return obj if type(obj) in (torch.Tensor, torch.nn.Parameter) else obj.detach().as_subclass(torch.Tensor)
+    if isinstance(obj, dict):
+        out: Dict[Any, Any] = collections.OrderedDict() if isinstance(obj, collections.OrderedDict) else {}
+        for k, v in obj.items():
+            if type(k) not in (str, int):
+                raise TypeError(f"cannot checkpoint {where}: key {k!r} of type {type(k).__name__}")
+            out[k] = plain(v, f"{where}[{k!r}]")
+        if isinstance(out, collections.OrderedDict) and hasattr(obj, "_metadata"):
+            out._metadata = plain(obj._metadata, f"{where}._metadata")  # type: ignore[attr-defined]
+        return out
+    if isinstance(obj, (list, tuple)):
+        items = [plain(v, f"{where}[{i}]") for i, v in enumerate(obj)]
+        return items if isinstance(obj, list) else tuple(items)
+    if isinstance(obj, np.generic) and obj.ndim == 0:
+        return plain(obj.item(), where)
+    for base in (bool, int, float, str):  # e.g. an IntEnum: stored as the plain value
+        if isinstance(obj, base):
+            return base(obj)
+    raise TypeError(f"cannot checkpoint {where}: {type(obj).__module__}.{type(obj).__qualname__} is not a tensor "
+                    "or a plain Python value, and checkpoints are read back weights-only")
+
+
+def _temporary_pattern(path: str) -> re.Pattern:
+    return re.compile(rf"^\.{re.escape(os.path.basename(path))}\.partial-[a-z0-9_]{{8}}$")
+
+
+def remove_stale_temporaries(path: str) -> None:
+    """Delete temporary files of ``path`` that an earlier writer, killed mid-save, left behind.
+
+    :func:`save_checkpoint` writes ``.<name>.partial-XXXXXXXX`` beside ``<name>``; only this exact pattern is
+    removed, so another target's files are never touched.
+    """
+    folder = os.path.dirname(os.path.abspath(path))
+    pattern = _temporary_pattern(path)
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return
+    for name in names:
+        if pattern.match(name):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(folder, name))
+
+
 def save_checkpoint(state: Dict[str, Any], path: str) -> None:
     """Write ``state`` to ``path`` atomically (temporary file in the same folder, fsync, rename).
 
-    Ctrl-C or SIGTERM arriving meanwhile is delivered once the file is in place (:func:`signals_held`).
+    ``state`` must hold only tensors and plain Python values (see :func:`plain`; ``TypeError`` otherwise).
+    The temporary file is ``.<name>.partial-XXXXXXXX``; stale ones of the same target (a writer killed with
+    SIGKILL) are removed first. Ctrl-C or SIGTERM arriving meanwhile is delivered once the file is in place
+    (:func:`signals_held`).
     """
+    payload = plain({"format": FORMAT_VERSION, **state})
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     with signals_held():
-        fd, tmp = tempfile.mkstemp(prefix=".ckpt-", dir=folder)
+        remove_stale_temporaries(path)
+        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.partial-", dir=folder)
         try:
             with os.fdopen(fd, "wb") as f:
-                torch.save({"format": FORMAT_VERSION, **state}, f)
+                torch.save(payload, f)
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
@@ -63,9 +138,46 @@ def save_checkpoint(state: Dict[str, Any], path: str) -> None:
 
 
 def load_checkpoint(path: str) -> Dict[str, Any]:
+    """Read a checkpoint written by :func:`save_checkpoint`, weights-only (no code from the file runs).
+
+    Raises ``FileNotFoundError`` if there is none, and one ``ValueError`` naming the file and what to do
+    if it is empty, truncated, not a checkpoint, holds objects other than tensors and plain values, or
+    lacks what the trainer needs.
+    """
+    path = os.fspath(path)
     if not os.path.exists(path):
         raise FileNotFoundError(f"no checkpoint at {path} (run with --checkpoint {path} first, without --resume)")
-    state = torch.load(path, map_location="cpu", weights_only=False)
-    if state.get("format") != FORMAT_VERSION:
-        raise ValueError(f"{path}: unsupported checkpoint format {state.get('format')!r}")
+    if os.path.isdir(path):
+        raise ValueError(f"--checkpoint {path} is a folder; pass the checkpoint file")
+    fix = "delete it or pass another --checkpoint path to start over (without --resume)"
+    if os.path.getsize(path) == 0:
+        raise ValueError(f"checkpoint {path} is empty (the run that wrote it was killed?): {fix}")
+    try:
+        with warnings.catch_warnings():  # torch's remarks on the pickle protocol of a file we reject anyway
+            warnings.simplefilter("ignore")
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - every failure to read means the same to the user
+        unsafe = _UNSAFE_GLOBAL.search(str(e))
+        if unsafe:
+            raise ValueError(f"checkpoint {path} holds an object other than tensors and plain Python values "
+                             f"({unsafe.group(1)}), which dgl_exact refuses to load because loading it could run "
+                             f"code; {fix}") from None
+        reason = (str(e).strip().splitlines() or [""])[0][:160]
+        raise ValueError(f"checkpoint {path} cannot be read (truncated, corrupted or not a dgl_exact checkpoint: "
+                         f"{type(e).__name__}{': ' + reason if reason else ''}); {fix}") from None
+    if not isinstance(state, dict) or "format" not in state:
+        raise ValueError(f"{path} is not a dgl_exact checkpoint; {fix}")
+    if state["format"] != FORMAT_VERSION:
+        raise ValueError(f"{path}: unsupported checkpoint format {state['format']!r} (this dgl_exact writes "
+                         f"{FORMAT_VERSION}); {fix}")
     return state
+
+
+def check_trainer_state(state: Dict[str, Any], path: str) -> None:
+    """``ValueError`` unless ``state`` holds every key the trainer resumes from, with the right type."""
+    bad = [k for k, t in _REQUIRED.items() if not isinstance(state.get(k), t) or isinstance(state.get(k), bool)]
+    if not bad and (state["epoch"] < 0 or state["run"] < 0):
+        bad = ["epoch" if state["epoch"] < 0 else "run"]
+    if bad:
+        raise ValueError(f"checkpoint {path} is incomplete or damaged (bad or missing: {', '.join(bad)}); delete it "
+                         "or pass another --checkpoint path to start over (without --resume)")

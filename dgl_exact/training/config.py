@@ -1,9 +1,20 @@
-"""Everything a training run is configured by, validated in one place, loadable from YAML."""
+"""Everything a training run is configured by, validated in one place, loadable from YAML.
+
+Every :class:`TrainConfig` field is checked against :data:`FIELD_RULES` (a fields's own annotation
+when it has no entry there), whether the config comes from Python, a ``--conf`` YAML file or the
+command line. Types are strict: nothing is coerced. An int field refuses ``2.7`` (and ``2.0``), a bool
+field refuses ``"false"`` and ``1``, a number field refuses the string ``"0.01"``; numbers must be
+finite. YAML files are read as YAML 1.2 reads numbers: ``1e-3`` is the float 0.001 (YAML 1.1, and so
+PyYAML, would read it as a string), while a quoted ``"1e-3"`` stays a string and is refused.
+"""
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 import os
-from typing import Any, Dict, Optional
+import re
+from typing import Any, Dict, Optional, Tuple
 
 import yaml
 
@@ -13,6 +24,158 @@ from .models import MODELS
 SAMPLERS = ("full", "saint", "cluster")
 SAINT_MODES = ("node", "edge", "walk")
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
+
+
+MAX_SEED = 2**64 - 1  # torch.manual_seed takes up to 64 bits; numpy's SeedSequence any non-negative int
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """What one :class:`TrainConfig` field accepts.
+
+    ``kind`` is ``"int"`` (an integer, never a bool or a float), ``"number"`` (an int or a float, never a
+    bool or a string; stored as a finite float), ``"bool"`` (True or False only), ``"str"`` (a string;
+    an ``os.PathLike`` is stored as its string) or ``"choice"`` (one of ``choices``, exactly). ``lo`` /
+    ``hi`` bound ints and numbers (inclusive unless ``lo_open`` / ``hi_open``); an int rule with
+    ``choices`` accepts those values only. ``optional`` also accepts None. ``note`` ends the message.
+    """
+
+    kind: str
+    lo: Optional[float] = None
+    hi: Optional[float] = None
+    lo_open: bool = False
+    hi_open: bool = False
+    choices: Tuple[Any, ...] = ()
+    optional: bool = False
+    note: str = ""
+
+    def expected(self) -> str:
+        """What the rule accepts, as the error message says it (``an int in {1, 2, 4, 8}``)."""
+        if self.kind == "bool":
+            text = "true or false"
+        elif self.kind == "str":
+            text = "a string"
+        elif self.kind == "choice":
+            text = "one of " + ", ".join(map(str, self.choices))
+        elif self.choices:
+            text = "an int in {" + ", ".join(map(str, self.choices)) + "}"
+        else:
+            text = ("an int" if self.kind == "int" else "a number") + self._range()
+        return text + (" or null (None)" if self.optional else "")
+
+    def _range(self) -> str:
+        lo, hi = self.lo, self.hi
+        if lo is not None and hi is not None:
+            if self.kind == "int":
+                return f" in [{lo}, {'2**64 - 1' if hi == 2**64 - 1 else hi}]"
+            return f" in {'(' if self.lo_open else '['}{lo:g}, {hi:g}{')' if self.hi_open else ']'}"
+        if lo is not None:
+            return f" {'>' if self.lo_open else '>='} {lo:g}"
+        if hi is not None:
+            return f" {'<' if self.hi_open else '<='} {hi:g}"
+        return ""
+
+    def check(self, label: str, value: Any) -> Any:
+        """``value`` as stored (ints as int, numbers as float), or ValueError naming ``label``, the value,
+        its type and what is expected."""
+        if value is None and self.optional:
+            return None
+        ok, stored = self._accept(value)
+        if not ok:
+            hint = ""
+            if isinstance(value, str) and self.kind in ("int", "number", "bool"):
+                hint = " (a quoted value is a string: write it without quotes)"
+            note = f" ({self.note})" if self.note else ""
+            raise ValueError(f"{label} must be {self.expected()}{note}, got {value!r} ({type(value).__name__}){hint}")
+        return stored
+
+    def _accept(self, value: Any) -> Tuple[bool, Any]:
+        if self.kind == "bool":
+            return isinstance(value, bool), value
+        if self.kind == "str":
+            if isinstance(value, os.PathLike):
+                value = os.fspath(value)
+            return isinstance(value, str), value
+        if self.kind == "choice":
+            return isinstance(value, str) and value in self.choices, value
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            return False, value
+        if self.kind == "int":
+            if not isinstance(value, numbers.Integral):
+                return False, value
+            value = int(value)
+            if self.choices:
+                return value in self.choices, value
+        else:
+            value = float(value)
+            if not math.isfinite(value):
+                return False, value
+        lo_ok = self.lo is None or (value > self.lo if self.lo_open else value >= self.lo)
+        hi_ok = self.hi is None or (value < self.hi if self.hi_open else value <= self.hi)
+        return lo_ok and hi_ok, value
+
+
+# What each field accepts. A field missing here is checked by its annotation (int, float, bool, str,
+# Optional[...]): add an entry when it needs a range or a set of choices.
+FIELD_RULES: Dict[str, Rule] = {
+    "dataset": Rule("str"),
+    "model": Rule("choice", choices=tuple(MODELS)),
+    "sampler": Rule("choice", choices=SAMPLERS),
+    "bits": Rule("int", choices=VALID_BITS),
+    "kept_frac": Rule("number", 0.0, 1.0, lo_open=True, note="1 disables random projection"),
+    "block_rows": Rule("int", 1, note="rows sharing one min/scale; 1 = one per row"),
+    "levels": Rule("choice", choices=VALID_LEVELS),
+    "hidden": Rule("int", 1), "layers": Rule("int", 1), "heads": Rule("int", 1),
+    "dropout": Rule("number", 0.0, 1.0, hi_open=True), "input_dropout": Rule("number", 0.0, 1.0, hi_open=True),
+    "alpha": Rule("number", 0.0, 1.0), "lambda_": Rule("number", 0.0),
+    "edge_drop": Rule("number", 0.0, 1.0, hi_open=True, note="fraction of edges dropped per training forward"),
+    "mask_rate": Rule("number", 0.0, 1.0, lo_open=True, hi_open=True,
+                      note="use_labels: fraction of training nodes whose labels are inputs each epoch"),
+    "lr_warmup": Rule("int", 0, note="epochs of linear learning-rate warm-up; 0: none"),
+    "optimizer": Rule("choice", choices=("adam", "rmsprop", "sgd")),
+    "loss": Rule("choice", choices=("ce", "exact_log"), note="exact_log: EXACT's arxiv objective"),
+    "lr": Rule("number", 0.0, lo_open=True), "weight_decay": Rule("number", 0.0),
+    "grad_norm": Rule("number", 0.0, lo_open=True, optional=True),
+    "epochs": Rule("int", 1), "eval_every": Rule("int", 1), "runs": Rule("int", 1),
+    "eval_batch_size": Rule("int", 1, optional=True,
+                            note="layer-wise evaluation in batches of this many nodes; null: whole graph at once"),
+    "seed": Rule("int", 0, MAX_SEED, note="torch takes 64-bit seeds; run r uses seed + r"),
+    "saint_mode": Rule("choice", choices=SAINT_MODES), "saint_budget": Rule("int", 1), "walk_length": Rule("int", 1),
+    "sample_coverage": Rule("int", 0, note="0 skips GraphSAINT's normalisation pre-sampling"),
+    "saint_steps": Rule("int", 1, optional=True, note="GraphSAINT subgraphs per epoch; null: from the budget"),
+    "num_parts": Rule("int", 1), "parts_per_batch": Rule("int", 1),
+    "device": Rule("str"), "data_root": Rule("str"),
+}
+
+_ANNOTATION_RULES = {"int": Rule("int"), "float": Rule("number"), "bool": Rule("bool"), "str": Rule("str")}
+
+
+def field_rule(name: str) -> Optional[Rule]:
+    """The rule of field ``name``: its :data:`FIELD_RULES` entry, else one from its annotation (None when
+    the annotation is not a plain int, float, bool or str, optionally ``Optional[...]``)."""
+    if name in FIELD_RULES:
+        return FIELD_RULES[name]
+    annotation = {f.name: f.type for f in dataclasses.fields(TrainConfig)}.get(name)
+    if not isinstance(annotation, str):
+        annotation = getattr(annotation, "__name__", str(annotation))
+    inner = re.fullmatch(r"(?:typing\.)?Optional\[(\w+)\]|(\w+) \| None|(\w+)", annotation.strip())
+    if inner is None:
+        return None
+    base = next(g for g in inner.groups() if g)
+    rule = _ANNOTATION_RULES.get(base)
+    return dataclasses.replace(rule, optional=True) if rule is not None and not inner.group(3) else rule
+
+
+def option_label(name: str) -> str:
+    """How messages name field ``name``: as the command-line option without dashes (``kept-frac``)."""
+    return "lambda" if name == "lambda_" else name.replace("_", "-")
+
+
+def check_field(name: str, value: Any) -> Any:
+    """``value`` validated (and normalised: ints as int, numbers as float) for field ``name``; ValueError
+    if it does not fit, naming the field, the value, its type and what is expected."""
+    rule = field_rule(name)
+    return value if rule is None else rule.check(option_label(name), value)
 
 
 @dataclasses.dataclass
@@ -34,17 +197,34 @@ class TrainConfig:
     layers: int = 2
     dropout: float = 0.5
     input_dropout: float = 0.0
+    dropout2: bool = False   # EXACT's --dropout2: non-inverted dropout (no 1/(1-p) in training, x (1-p) in eval)
     batch_norm: bool = False
     heads: int = 3
     alpha: float = 0.1
     lambda_: float = 0.5
+    # GCNII options (EXACT's GCN2 model): separate weight for the initial representation when false, a
+    # residual connection per layer, and beta = 1 in every layer (EXACT's arxiv run) when identity_mapping false
+    shared_weights: bool = True
+    residual: bool = False   # also GAT's: EXACT's arxiv GAT adds a bias-free linear map of each layer's input
+    identity_mapping: bool = True
+    # EXACT's arxiv GAT: edges dropped per training forward; one attention vector for both edge ends when
+    # use_attn_dst is false; labels as inputs (use_labels: a random mask_rate of the training nodes shows
+    # its one-hot label, the loss is on the others; evaluation shows all training labels)
+    edge_drop: float = 0.0
+    use_attn_dst: bool = True
+    use_labels: bool = False
+    mask_rate: float = 0.5
     # optimisation
+    loss: str = "ce"   # "ce" or "exact_log" (EXACT's arxiv objective, single-label only)
     optimizer: str = "adam"
     lr: float = 0.01
+    lr_warmup: int = 0   # EXACT's adjust_lr: epoch e (1-based) <= N trains with lr * e / N (EXACT: N = 50)
     weight_decay: float = 5e-4
     grad_norm: Optional[float] = None
     epochs: int = 200
     eval_every: int = 1
+    # evaluate layer by layer in batches of this many destination nodes (EXACT's products scripts)
+    eval_batch_size: Optional[int] = None
     runs: int = 1
     seed: int = 0
     # samplers
@@ -52,38 +232,24 @@ class TrainConfig:
     saint_budget: int = 3000
     walk_length: int = 2
     sample_coverage: int = 50
+    saint_steps: Optional[int] = None   # GraphSAINT subgraphs per epoch; None: ceil(num_nodes / nominal size)
     num_parts: int = 1000
     parts_per_batch: int = 20
+    # EXACT's --inductive: train on the subgraph induced by the training nodes, evaluate on the full graph
+    inductive: bool = False
     # where
     device: str = "auto"
     data_root: str = "data"
+    # data preprocessing: EXACT's (x - mean) / std of the features (its recipe for yelp and reddit2)
+    standardize: bool = False
 
     def __post_init__(self):
-        if self.model not in MODELS:
-            raise ValueError(f"unknown model {self.model!r}; choose one of {', '.join(MODELS)}")
-        if self.sampler not in SAMPLERS:
-            raise ValueError(f"unknown sampler {self.sampler!r}; choose one of {', '.join(SAMPLERS)}")
-        if self.bits not in VALID_BITS:
-            raise ValueError(f"bits must be one of {', '.join(map(str, VALID_BITS))}, got {self.bits}")
-        if not 0.0 < float(self.kept_frac) <= 1.0:
-            raise ValueError(f"kept-frac must be in (0, 1] (1 disables random projection), got {self.kept_frac}")
-        if self.levels not in VALID_LEVELS:
-            raise ValueError(f"levels must be one of {', '.join(VALID_LEVELS)}, got {self.levels!r}")
-        if self.saint_mode not in SAINT_MODES:
-            raise ValueError(f"saint mode must be one of {', '.join(SAINT_MODES)}, got {self.saint_mode!r}")
-        if self.optimizer not in ("adam", "rmsprop", "sgd"):
-            raise ValueError(f"optimizer must be adam, rmsprop or sgd, got {self.optimizer!r}")
-        for name in ("hidden", "layers", "epochs", "runs", "eval_every", "block_rows", "heads", "num_parts",
-                     "parts_per_batch", "saint_budget", "walk_length"):
-            if int(getattr(self, name)) < 1:
-                raise ValueError(f"{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
-        for name in ("dropout", "input_dropout"):
-            if not 0.0 <= float(getattr(self, name)) < 1.0:
-                raise ValueError(f"{name.replace('_', '-')} must be in [0, 1), got {getattr(self, name)}")
-        if self.lr <= 0:
-            raise ValueError(f"lr must be > 0, got {self.lr}")
-        if self.grad_norm is not None and self.grad_norm <= 0:
-            raise ValueError(f"grad-norm must be > 0, got {self.grad_norm}")
+        """Checks every field against its rule (:data:`FIELD_RULES`); ValueError on the first that fails."""
+        for f in dataclasses.fields(self):
+            setattr(self, f.name, check_field(f.name, getattr(self, f.name)))
+        if self.seed + self.runs - 1 > MAX_SEED:
+            raise ValueError(f"seed + runs - 1 must be <= 2**64 - 1 (run r uses seed + r), got seed {self.seed} "
+                             f"with {self.runs} runs")
 
     @property
     def compression(self) -> CompressionConfig:
@@ -103,12 +269,16 @@ class TrainConfig:
 
 
 def resolve_conf_path(conf: str) -> str:
-    """A YAML path, or the name of a bundled config (``arxiv_sage`` -> ``dgl_exact/configs/arxiv_sage.yaml``)."""
-    if os.path.exists(conf):
+    """A YAML path, or the name of a bundled config (``arxiv_sage`` -> ``dgl_exact/configs/arxiv_sage.yaml``).
+    FileNotFoundError if neither exists, ValueError if ``conf`` is a folder."""
+    if os.path.exists(conf) and not os.path.isdir(conf):
         return conf
     candidate = os.path.join(CONFIG_DIR, conf if conf.endswith((".yaml", ".yml")) else conf + ".yaml")
-    if os.path.exists(candidate):
+    if os.path.isfile(candidate):
         return candidate
+    if os.path.isdir(conf):
+        raise ValueError(f"conf {conf}: is a folder; give a YAML file or one of the bundled configs "
+                         f"({', '.join(bundled_configs())})")
     raise FileNotFoundError(f"config {conf!r} not found: give a YAML file path or one of the bundled configs "
                             f"({', '.join(bundled_configs())})")
 
@@ -119,20 +289,65 @@ def bundled_configs():
     return sorted(f[:-5] for f in os.listdir(CONFIG_DIR) if f.endswith(".yaml"))
 
 
+class _ConfLoader(yaml.SafeLoader):
+    """PyYAML's safe loader (plain data only), reading numbers as YAML 1.2 does, and refusing a key given
+    twice in one mapping (PyYAML silently keeps the last one)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
+                if key_node.value in seen:
+                    raise yaml.constructor.ConstructorError(None, None, f"key {key_node.value!r} given twice",
+                                                            key_node.start_mark)
+                seen.add(key_node.value)
+        return super().construct_mapping(node, deep=deep)
+
+
+# YAML 1.1 (PyYAML) floats need a dot and a signed exponent: ``1e-3`` and ``1.0e3`` would be strings.
+_ConfLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9][0-9_]*)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."))
+
+
+def _yaml_problem(err: yaml.YAMLError) -> str:
+    """A YAML error in one line: what is wrong and where."""
+    problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+    mark = getattr(err, "problem_mark", None)
+    return f"{problem} (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else problem
+
+
 def load_conf(conf: str) -> Dict[str, Any]:
-    """Read a YAML file of ``TrainConfig`` defaults (keys may use dashes); unknown keys are an error."""
+    """Read a YAML file of ``TrainConfig`` defaults (keys may use dashes) and check every value as
+    :class:`TrainConfig` does. Unknown keys, a key given twice, a value of the wrong type or range, a file
+    that is not YAML or not a mapping: ValueError naming the file (``conf PATH: ...``)."""
     path = resolve_conf_path(conf)
-    with open(path) as f:
-        data = yaml.safe_load(f) or {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.load(f, Loader=_ConfLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as e:
+        raise ValueError(f"conf {path}: not valid YAML: {_yaml_problem(e)}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"conf {path}: not a text file (UTF-8 YAML expected)") from None
+    except OSError as e:
+        raise ValueError(f"conf {path}: cannot read it ({e.strerror or e})") from None
+    if data is None:
+        data = {}
     if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a mapping of option: value")
+        raise ValueError(f"conf {path}: expected a mapping of option: value, got a {type(data).__name__}")
     out = {}
-    known = set(TrainConfig.fields())
+    known = TrainConfig.fields()
     for key, value in data.items():
         name = str(key).replace("-", "_")
         if name == "lambda":
             name = "lambda_"
-        if name not in known:
-            raise ValueError(f"{path}: unknown option {key!r}; known: {', '.join(sorted(known))}")
-        out[name] = value
+        if not isinstance(key, str) or name not in known:
+            raise ValueError(f"conf {path}: unknown option {key!r}; valid options: "
+                             f"{', '.join(option_label(k) for k in known)}")
+        if name in out:
+            raise ValueError(f"conf {path}: {option_label(name)} given twice")
+        try:
+            out[name] = check_field(name, value)
+        except ValueError as e:
+            raise ValueError(f"conf {path}: {e}") from None
     return out
