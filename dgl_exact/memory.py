@@ -1,4 +1,5 @@
-"""Measure the activation memory of a training forward pass, the same way on CPU and CUDA.
+"""Measure the activation memory of a training forward pass and the peak memory of a whole training step,
+the same way on CPU and CUDA.
 
 Activation memory is what autograd keeps alive for the backward pass. Following the EXACT benchmark
 protocol it excludes the model, the data and the graph (alive anyway) and the step's outputs (the logits
@@ -11,21 +12,51 @@ and loss are needed by any method):
   parameters and buffers of ``modules``, the tensors in ``exclude``, dgl_exact's cached graph structure and
   the returned tensors. dgl_exact's ops keep everything through ``save_for_backward``, so nothing escapes.
 
+Whether a graph fits is decided by the **step peak**: the highest memory of a whole training step
+(forward, loss, backward, optimizer step) above the memory in use just before it. It holds the
+activations plus every transient (layer outputs, aggregation buffers, decompressed inputs, gradients,
+optimizer temporaries). :func:`measure_step` reports it beside the activation memory:
+
+* **CUDA**: ``max_memory_allocated`` over the step after ``reset_peak_memory_stats``, minus
+  ``memory_allocated`` before it (the caching allocator's own slack is not counted).
+* **CPU** (Linux): the resident high-water mark. ``5`` written to ``/proc/self/clear_refs`` resets
+  ``VmHWM`` to the current resident size; after the step, ``VmHWM`` minus ``VmRSS`` before it is the
+  peak. glibc is first told to serve every allocation of 128 KiB or more with its own ``mmap`` (fixed
+  ``M_MMAP_THRESHOLD``, which also stops its dynamic threshold from growing), so the pages of a freed
+  tensor leave the process and a later tensor cannot reuse them unseen. This counts every allocation,
+  torch's and DGL's own C++ kernels' alike (DGL 2.1.0 on modern torch allocates outside torch's
+  allocator). Pages are counted once touched; the kernel updates the
+  per-thread RSS counters lazily, an error well under 1 MiB.
+
+``torch.profiler(profile_memory=True)`` was evaluated as an allocator-level count and rejected: on torch
+2.13 (CPU) its ``[memory]`` events record the frees of large tensors but not their allocations (a
+16 MiB ``torch.ones`` shows only as ``-16 MiB``), and DGL 2.1.0's C++ kernels allocate outside torch's
+allocator on modern torch; a running sum of the events measures nothing.
+
 Usage::
 
     report = dgl_exact.memory.measure(lambda: loss_fn(model(g, x), y), modules=[model], exclude=[x])
     print(report)  # activation memory 12.3 MiB (cpu, saved-tensor hooks)
+
+    opt = torch.optim.Adam(model.parameters())
+    report = dgl_exact.memory.measure_step(lambda: loss_fn(model(g, x), y), opt, modules=[model], exclude=[x])
+    print(report)  # activation memory 12.3 MiB, step peak 80.1 MiB (cpu, saved-tensor hooks; peak: ...)
 """
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import dataclasses
+import gc
+import sys
 from typing import Any, Callable, Iterable, Optional
 
 import torch
 
 from .ops.structure import cached_static_tensors
 
-__all__ = ["MemoryReport", "measure", "tensor_bytes", "format_bytes"]
+__all__ = ["MemoryReport", "measure", "measure_step", "tensor_bytes", "format_bytes", "CPU_PEAK_METHODS",
+           "prepare_cpu_peak", "vmhwm_available"]
 
 
 def format_bytes(n: Optional[float]) -> str:
@@ -39,7 +70,11 @@ def format_bytes(n: Optional[float]) -> str:
 
 @dataclasses.dataclass
 class MemoryReport:
-    """Result of :func:`measure`. Bytes; ``peak_bytes`` is None where it cannot be measured (CPU)."""
+    """Result of :func:`measure` and :func:`measure_step`. Bytes.
+
+    ``peak_bytes``: :func:`measure`: the CUDA peak of the forward only (None on CPU); :func:`measure_step`:
+    the step peak (forward, backward, optimizer step) above the memory before the step, None where it
+    cannot be measured. ``peak_method`` says how the peak was measured."""
 
     activation_bytes: int
     peak_bytes: Optional[int]
@@ -47,14 +82,22 @@ class MemoryReport:
     method: str
     device: str
     result: Any = dataclasses.field(default=None, repr=False, compare=False)
+    peak_method: Optional[str] = None
+    step: bool = False   # True: peak_bytes covers the whole step (measure_step)
 
     @property
     def activation_mib(self) -> float:
         return self.activation_bytes / 2**20
 
+    @property
+    def peak_mib(self) -> Optional[float]:
+        return None if self.peak_bytes is None else self.peak_bytes / 2**20
+
     def __str__(self) -> str:
-        peak = f", peak {format_bytes(self.peak_bytes)}" if self.peak_bytes is not None else ""
-        return f"activation memory {format_bytes(self.activation_bytes)}{peak} ({self.device}, {self.method})"
+        label = "step peak" if self.step else "peak"
+        peak = f", {label} {format_bytes(self.peak_bytes)}" if self.peak_bytes is not None else ""
+        how = f"; peak: {self.peak_method}" if self.peak_method and self.peak_bytes is not None else ""
+        return f"activation memory {format_bytes(self.activation_bytes)}{peak} ({self.device}, {self.method}{how})"
 
 
 def _tensors_in(obj) -> list:
@@ -103,6 +146,15 @@ def measure(step: Callable[[], Any], *, modules: Iterable[torch.nn.Module] = (),
         return MemoryReport(after - before - out_bytes, peak, out_bytes, "allocated-memory delta (EXACT protocol)",
                             str(device), result)
 
+    with _saved_tensors() as saved:
+        result = step()
+    act, out_bytes = _activation_bytes(saved, modules, exclude, result)
+    return MemoryReport(act, None, out_bytes, "saved-tensor hooks", str(device), result)
+
+
+@contextlib.contextmanager
+def _saved_tensors():
+    """Records ``{storage key: bytes}`` of every tensor saved for backward inside the block."""
     saved = {}
 
     def pack(t):
@@ -111,7 +163,12 @@ def measure(step: Callable[[], Any], *, modules: Iterable[torch.nn.Module] = (),
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        result = step()
+        yield saved
+
+
+def _activation_bytes(saved: dict, modules, exclude, result):
+    """(activation bytes, output bytes): saved storages minus parameters, buffers, ``exclude``, the cached
+    graph structure and the returned tensors."""
     static = [p for m in modules for p in m.parameters()] + [b for m in modules for b in m.buffers()]
     static += list(exclude) + cached_static_tensors()
     for t in static:
@@ -120,4 +177,169 @@ def measure(step: Callable[[], Any], *, modules: Iterable[torch.nn.Module] = (),
     out_bytes = tensor_bytes(outputs)
     for t in outputs:
         saved.pop(_storage_key(t)[0], None)
-    return MemoryReport(sum(saved.values()), None, out_bytes, "saved-tensor hooks", str(device), result)
+    return sum(saved.values()), out_bytes
+
+
+# --- step peak ------------------------------------------------------------------------------------------
+CPU_PEAK_METHODS = ("auto", "vmhwm", "none")
+_VMHWM = "resident high-water mark (VmHWM after clear_refs; mmap threshold 128 KiB)"
+_MMAP_THRESHOLD = 128 * 1024
+_mallopt_done = False
+_LIBC = ctypes.CDLL(None) if sys.platform.startswith("linux") else None
+
+
+def _status_bytes(key: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key):
+                return int(line.split()[1]) * 1024  # kB
+    raise OSError(f"{key} not in /proc/self/status")
+
+
+def prepare_cpu_peak() -> None:
+    """Make the CPU step peak measurable: from now on every glibc allocation of 128 KiB or more gets its
+    own mapping, unmapped on free (see the module doc). Call it before the warm-up step (the first
+    :func:`measure_step` does, but a heap grown before it stays resident and hides reuse). No effect
+    outside Linux."""
+    _fix_mmap_threshold()
+
+
+def _fix_mmap_threshold() -> None:
+    global _mallopt_done
+    if _mallopt_done or _LIBC is None:
+        return
+    m_trim_threshold, m_mmap_threshold = -1, -3  # <malloc.h>
+    _LIBC.mallopt(m_mmap_threshold, _MMAP_THRESHOLD)
+    _LIBC.mallopt(m_trim_threshold, _MMAP_THRESHOLD)
+    _mallopt_done = True
+
+
+def vmhwm_available() -> Optional[str]:
+    """None if the CPU resident high-water mark can be reset and read here, else why not."""
+    if not sys.platform.startswith("linux"):
+        return f"the resident high-water mark needs Linux /proc (this is {sys.platform})"
+    try:
+        _status_bytes("VmHWM:")
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError as e:
+        return f"cannot reset the resident high-water mark ({e})"
+    return None
+
+
+class _VmHWMPeak:
+    def __enter__(self):
+        _fix_mmap_threshold()
+        gc.collect()
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        self.before = _status_bytes("VmRSS:")
+        return self
+
+    def __exit__(self, *exc):
+        self.peak = max(0, _status_bytes("VmHWM:") - self.before)
+        return False
+
+
+class _CudaPeak:
+    def __init__(self, device):
+        self.device = device
+
+    def __enter__(self):
+        torch.cuda.synchronize(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        self.before = torch.cuda.memory_allocated(self.device)
+        return self
+
+    def __exit__(self, *exc):
+        torch.cuda.synchronize(self.device)
+        self.peak = torch.cuda.max_memory_allocated(self.device) - self.before
+        return False
+
+
+def _peak_meter(device: torch.device, cpu_method: str):
+    """(context manager with ``.peak`` after exit, method description) or (None, why not)."""
+    if device.type == "cuda":
+        return _CudaPeak(device), "CUDA max_memory_allocated over the step minus allocated before"
+    if cpu_method not in CPU_PEAK_METHODS:
+        raise ValueError(f"cpu_method must be one of {CPU_PEAK_METHODS}, got {cpu_method!r}")
+    if cpu_method == "none":
+        return None, "not measured"
+    why = vmhwm_available()
+    if why is None:
+        return _VmHWMPeak(), _VMHWM
+    if cpu_method == "vmhwm":
+        raise RuntimeError(f"cpu_method='vmhwm': {why}; pass cpu_method='auto' to measure activations only")
+    return None, f"not measured: {why}"
+
+
+def _default_backward(result) -> None:
+    loss = result[0] if isinstance(result, (tuple, list)) else result
+    if not isinstance(loss, torch.Tensor):
+        raise TypeError("measure_step: forward() must return the loss or a tuple (loss, ...); "
+                        "or pass backward=callable(result)")
+    loss.backward()
+
+
+def measure_step(forward: Callable[[], Any], optimizer=None, *, backward: Optional[Callable[[Any], None]] = None,
+                 modules: Iterable[torch.nn.Module] = (), exclude: Iterable[torch.Tensor] = (), device=None,
+                 cpu_method: str = "auto") -> MemoryReport:
+    """Run one whole training step and measure its activation memory and its peak.
+
+    ``forward()`` computes the training forward and returns the loss, or a tuple whose first element is
+    the loss (what it returns counts as output, not activation). ``backward(result)`` runs the backward
+    (default: ``loss.backward()``; pass one for a GradScaler or gradient clipping). ``optimizer`` is an
+    optimizer (its ``step()`` is called) or any callable run after the backward, or None.
+
+    * ``activation_bytes``: what the forward keeps for backward, as :func:`measure` measures it.
+    * ``peak_bytes``: the highest memory of forward + backward + optimizer step above the memory in use
+      just before the step (see the module docstring for the method per device; ``peak_method`` names it).
+      The optimizer's state is part of the step where the step creates it (the first step of Adam):
+      measure after a warm-up step for the steady state. Gradients freed by ``zero_grad(set_to_none=True)``
+      before the step count in it; gradients kept across steps do not.
+
+    ``cpu_method``: ``"auto"`` (VmHWM where Linux allows it, else no CPU peak: ``peak_bytes`` None and
+    ``peak_method`` says why), ``"vmhwm"`` (raise where it is not available) or ``"none"``.
+    The step's result is in ``report.result``; its graph has been freed by the backward.
+    """
+    modules = list(modules)
+    if device is None:
+        params = [p for m in modules for p in m.parameters()]
+        device = params[0].device if params else torch.device("cpu")
+    device = torch.device(device)
+    backward = backward or _default_backward
+    if optimizer is None:
+        opt_step = None
+    else:
+        opt_step = optimizer.step if hasattr(optimizer, "step") else optimizer
+        if not callable(opt_step):
+            raise TypeError("measure_step: optimizer must be an optimizer or a callable, "
+                            f"got {type(optimizer).__name__}")
+    meter, peak_method = _peak_meter(device, cpu_method)
+    with (meter if meter is not None else contextlib.nullcontext()):
+        if device.type == "cuda":
+            before = meter.before
+            result = forward()
+            torch.cuda.synchronize(device)
+            out_bytes = tensor_bytes(_tensors_in(result))
+            act = torch.cuda.memory_allocated(device) - before - out_bytes
+            method = "allocated-memory delta (EXACT protocol)"
+        else:
+            with _saved_tensors() as saved:
+                result = forward()
+            act, out_bytes = _activation_bytes(saved, modules, exclude, result)
+            method = "saved-tensor hooks"
+        backward(result)
+        if opt_step is not None:
+            opt_step()
+    peak = None if meter is None else int(meter.peak)
+    if peak is not None and device.type != "cuda" and peak < act:
+        # Every activation is alive at the end of the forward, so a true step peak holds them all. A
+        # resident high-water mark below them means the step reused pages the process already had (a heap
+        # grown before prepare_cpu_peak(), in a long-lived process): no number rather than a wrong one.
+        peak = None
+        peak_method = (f"not measured: the resident high-water mark ({format_bytes(int(meter.peak))}) missed "
+                       f"allocations (below the {format_bytes(act)} of activations: memory the process already "
+                       "held was reused); call dgl_exact.memory.prepare_cpu_peak() first thing in a fresh "
+                       "process, as dgl-exact bench memory and train --debug-mem do")
+    return MemoryReport(act, peak, out_bytes, method, str(device), result, peak_method=peak_method, step=True)

@@ -441,11 +441,20 @@ def test_group_meta_reference_rounds_safely(bits, meta_cases):
     mn, mx = meta_cases
     meta = group_meta(mn, mx, bits)
     assert meta.shape == (2, mn.numel()) and meta.dtype == torch.float32
+    finite_in = torch.isfinite(mn) & torch.isfinite(mx)
+    assert torch.all(meta[0, ~finite_in].isnan()) and torch.all(meta[1, ~finite_in] == 0)
+    # every finite group decodes finite: groups that could not are the clamped ones
     lo, step = meta.double()
+    assert torch.all((lo + top * step)[finite_in].abs() <= torch.finfo(torch.float32).max)
+    clamped = group_meta(mn.clamp(-SATURATE, SATURATE), mx.clamp(-SATURATE, SATURATE), bits)
     span = mx.double() - lo
-    finite = torch.isfinite(span)
-    assert torch.all(lo[~finite].isnan()) and torch.all(step[~finite] == 0)
-    lo, step, m, M, span = lo[finite], step[finite], mn.double()[finite], mx.double()[finite], span[finite]
+    exact = finite_in & (lo <= mn.double()) & (lo + top * step >= span + lo)
+    saturated = finite_in & ~exact
+    assert torch.equal(meta[:, saturated], clamped[:, saturated])
+    assert torch.all((mn.abs() > SATURATE) | (mx.abs() > SATURATE) | ~saturated)  # only out-of-range groups
+    assert saturated[4010] and not saturated[4009]  # (-3.4e38, 3.4e38) saturates, (3e38, 3.4e38) does not
+    finite = exact
+    lo, step, m, span = lo[finite], step[finite], mn.double()[finite], span[finite]
     assert torch.equal(meta[:, finite].bfloat16().float(), meta[:, finite])  # bf16 values, stored exactly
     up = torch.nextafter(meta[0, finite].bfloat16(), torch.tensor(float("inf"), dtype=torch.bfloat16)).double()
     assert torch.all(lo <= m) and torch.all(up > m)  # the largest bf16 <= min
@@ -668,12 +677,57 @@ def test_nonfinite_raise():
     compress(x, CompressionConfig(nonfinite="raise"), seed=1)  # finite input: no error
 
 
-def test_overflowing_range_is_not_finite_wrong():
-    """A finite group whose range overflows fp32 (max - min = inf) cannot be quantised; it must not come
-    back as finite wrong values."""
-    x = torch.tensor([[-3e38, 3e38, 0.0, 1.0]])
-    y = decompress(compress(x, CompressionConfig(bits=2), seed=1))
-    assert torch.all(torch.isnan(y) | ((y - x).abs() <= 6e38 / 3 * 1.01))
+SATURATE = 1.5 * 2.0**126  # kernels.reference.SATURATE
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("bits", BITS)
+def test_range_beyond_bf16_saturates_finite(bits, dtype):
+    """A finite group whose range bf16 metadata cannot span (``[3e38, -3e38]``: the span overflows fp32)
+    used to decode to NaN/inf, and nonfinite='raise' claimed the input held NaN or Inf. Now it saturates:
+    finite decode, values beyond +-C come back near +-C, the other groups are untouched."""
+    x = torch.tensor([[3e38, -3e38], [1.0, -2.0], [3.0e38, 3.3e38], [-3.4e38, 1.0]], dtype=dtype)
+    cfg = CompressionConfig(bits=bits, block_rows=1)
+    for nonfinite in ("propagate", "raise"):
+        c = compress(x, cfg.replace(nonfinite=nonfinite), seed=3)  # no FloatingPointError: nothing is NaN
+        y = decompress(c)
+        assert torch.isfinite(y).all(), (nonfinite, y)
+        assert torch.isfinite(c.lo.float()).all() and torch.isfinite(c.step.float()).all()
+    top = (1 << bits) - 1
+    lo, step = c.lo.double(), c.step.double()
+    assert torch.all((lo + top * step).abs() <= torch.finfo(torch.float32).max)  # every code decodes finite
+    sat = [0, 3]  # their spans overflow fp32: clamped to [-C, C]
+    assert torch.all(lo[sat] == -SATURATE) and lo[0] + top * step[0] >= SATURATE and lo[3] + top * step[3] >= 1
+    assert torch.all(y[sat].double().abs() <= 1.02 * SATURATE) and y[0, 0] > 0 > y[0, 1]  # bf16 step: 2^-7
+    assert torch.all((y[1].double() - x[1].double()).abs() <= 3.01 / top)  # an ordinary group: as always
+    assert torch.all((y[2].double() - x[2].double()).abs() <= 0.31e38 * 1.01)  # near bf16's max, narrow: exact range
+    # the same rows alone give the same metadata: saturation of one group does not touch another
+    alone = compress(x[1:3], cfg, seed=3)
+    assert torch.equal(alone.lo, c.lo[1:3]) and torch.equal(alone.step, c.step[1:3])
+
+
+@pytest.mark.parametrize("bits", [2, 8])
+def test_saturated_group_is_unbiased_inside_the_clamp(bits):
+    """Values of a saturated group that lie inside [-C, C] are still quantised unbiased."""
+    row = torch.tensor([3e38, -3e38, 1e38, -5e37, 0.0, 7e36])
+    x = row.repeat(4000, 1)  # block_rows=1: 4000 independent roundings of the same group
+    y = decompress(compress(x, CompressionConfig(bits=bits, block_rows=1), seed=11)).double()
+    step = (2 * SATURATE) / ((1 << bits) - 1)
+    mean = y.mean(0)
+    tol = 5 * step / 2 / math.sqrt(4000) + 1e-3 * step
+    assert torch.all((mean[2:] - row[2:].double()).abs() <= tol), (mean[2:], row[2:])
+    assert mean[0] > 0.99 * SATURATE and mean[1] < -0.99 * SATURATE
+
+
+def test_nonfinite_raise_says_what_happened():
+    """'raise' names NaN/Inf only when the input holds them; fp64 values beyond fp32 are said as such."""
+    x = torch.tensor([[1e300, -1.0], [1.0, 2.0]], dtype=torch.float64)
+    with pytest.raises(FloatingPointError, match="finite but 1 group.*beyond float32's largest finite value") as e:
+        compress(x, CompressionConfig(nonfinite="raise", block_rows=1), seed=1)
+    assert "NaN or Inf" not in str(e.value)
+    x[0, 0] = float("nan")
+    with pytest.raises(FloatingPointError, match=r"NaN or Inf \(1 NaN, 0 inf values\)"):
+        compress(x, CompressionConfig(nonfinite="raise", block_rows=1), seed=1)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -850,7 +904,8 @@ def test_property_sizes_shapes_ranges(n, dims, bits, block_rows, kept_frac, leve
         lo, step = group_meta(c)
         rows = y.double().reshape(c.n_rows, c.width)
         out_eps = torch.finfo(dtype).eps * (lo.abs() + (2**bits - 1) * step)
-        assert torch.all(rows >= lo - out_eps - 1e-30) and torch.all(rows <= lo + (2**bits - 1) * step + out_eps + 1e-30)
+        assert torch.all(rows >= lo - out_eps - 1e-30)
+        assert torch.all(rows <= lo + (2**bits - 1) * step + out_eps + 1e-30)
 
 
 # ------------------------------------------------------------------------------------------------

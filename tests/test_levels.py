@@ -218,7 +218,7 @@ def test_optimal_levels_reduce_measured_variance_as_predicted(d, block_rows, wid
       * rounding noise: V_o and V_u come from independent seeds, each with the exact variance of a sum of
         independent sample variances (Bernoulli moments); Var = Var(V_o) / B^2 + A^2 Var(V_u) / B^4.
     |r - r_model| must be below 5 combined standard deviations (fixed seeds: deterministic)."""
-    bits, top, n_groups, n_seeds = 2, 3, max(8, 8192 // d), 96
+    bits, n_groups, n_seeds = 2, max(8, 8192 // d), 96
     gen = torch.Generator().manual_seed(d)
     x, iid = _model_tensor(bits, d, width, n_groups, gen)
     stats_by_mode = {}

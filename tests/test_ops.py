@@ -712,7 +712,9 @@ def test_normalize_edge_weight_matches_dgl(norm, graphs, kernel_path):
         ops.normalize_edge_weight(g, torch.ones(g.num_edges()), "left")
 
 
-def test_linear_under_autocast_compresses_bf16(monkeypatch):
+def test_linear_under_autocast_keeps_the_original_input(monkeypatch):
+    """Under autocast the product runs in bf16, but backward reads x from the original (fp32) input, kept
+    compressed when computed and by reference when alive anyway: never the fresh bf16 copy."""
     torch.manual_seed(0)
     x = torch.randn(40, 16, requires_grad=True)
     w = torch.randn(8, 16, requires_grad=True)
@@ -720,11 +722,11 @@ def test_linear_under_autocast_compresses_bf16(monkeypatch):
     with compress_calls(monkeypatch) as made, torch.autocast("cpu", dtype=torch.bfloat16):
         y = ops.linear(hidden(x), w, b, INT8)
     assert y.dtype == torch.bfloat16
-    assert len(made) == 1 and made[0].dtype == torch.bfloat16 and made[0].shape == (40, 16)
-    # what the backward node keeps: the compressed input (bf16 metadata) and the bf16 weight
+    assert len(made) == 1 and made[0].dtype == torch.float32 and made[0].shape == (40, 16)
+    # what the backward node keeps: the compressed original input (bf16 metadata) and the bf16 weight
     layout = y.grad_fn._dgl_exact_layout
     shell = layout[0][0]
-    assert isinstance(shell, CompressedTensor) and shell.dtype == torch.bfloat16 and shell.bits == 8
+    assert isinstance(shell, CompressedTensor) and shell.dtype == torch.float32 and shell.bits == 8
     assert {t.dtype for t in y.grad_fn.saved_tensors} >= {torch.uint8, torch.bfloat16}
     gx, gw, gb = torch.autograd.grad(y.float().square().sum(), [x, w, b])
     assert gx.dtype == gw.dtype == gb.dtype == torch.float32
@@ -732,7 +734,8 @@ def test_linear_under_autocast_compresses_bf16(monkeypatch):
     ref = torch.autograd.grad(F.linear(x, w, b).square().sum(), [x, w, b])
     for a, r in zip((gx, gw, gb), ref):
         assert (a - r).norm() <= 0.05 * r.norm()
-    # a leaf input is cast to bf16 by autocast: the copy is fresh, so it is compressed too
+    # a leaf input is alive anyway: kept by reference, nothing compressed (its bf16 copy is not kept)
     with compress_calls(monkeypatch) as made, torch.autocast("cpu", dtype=torch.bfloat16):
-        ops.linear(x, w, b, INT8)
-    assert len(made) == 1 and made[0].dtype == torch.bfloat16
+        y = ops.linear(x, w, b, INT8)
+    assert len(made) == 0
+    assert not any(t.dtype == torch.bfloat16 and t.shape == x.shape for t in y.grad_fn.saved_tensors)

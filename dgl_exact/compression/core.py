@@ -2,7 +2,9 @@
 
 ``compress`` views a tensor as ``[N, D]`` (first dim = rows, the rest flattened; a 1-D tensor is one
 row), optionally projects it to ``[N, k]``, splits the rows into groups of ``block_rows``, and stores per
-group a bf16 minimum ``lo`` and step ``step`` plus ``bits``-bit codes, packed densely. The kernels that
+group a bf16 minimum ``lo`` and step ``step`` plus ``bits``-bit codes, packed densely. With quantisation
+disabled (``enabled=False``) a projection still applies: the ``[N, k]`` projected rows are kept unquantised
+in the input's dtype (EXACT's ``--act_fp --kept_frac``); without projection the tensor itself is kept. The kernels that
 turn values into codes and back are chosen by :mod:`dgl_exact.kernels`.
 
 Metadata is rounded *before* quantising, in the direction that keeps every value inside the
@@ -12,6 +14,14 @@ ones: a small per-row bias). A constant group whose value bf16 holds (zeros abov
 ``step = 0``. Any other constant group is quantised like every group, against ``[lo, lo + M step]`` of
 width below one bf16 ulp of its value: unbiased, error under that ulp. Compression never synchronises
 the host with the device (``nonfinite="raise"`` excepted: it has to look at the data).
+
+Non-finite values: a group holding a NaN or an inf decodes to NaN throughout (``nonfinite="propagate"``,
+the default: never a finite wrong value; ``"raise"``: ``FloatingPointError``). Finite values whose group
+range bf16 metadata cannot span with a finite decode (e.g. ``[3e38, -3e38]``: the span overflows fp32; a
+minimum below bf16's lowest value -3.39e38; a top code that would decode beyond fp32) saturate: that group is quantised
+as if clamped to ``[-C, C]``, ``C = 1.5 * 2^126`` (~1.28e38), so it decodes finite, values inside stay
+unbiased and values beyond decode near ``+-C``; other groups are unaffected (``kernels.reference``'s
+``group_meta``). fp64 values beyond fp32's range become inf in fp32 and count as non-finite.
 """
 from __future__ import annotations
 
@@ -132,7 +142,8 @@ def _as_rows(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(x.shape[0], math.prod(x.shape[1:]))  # not -1: ambiguous when x has 0 elements
 
 
-def compress(x: torch.Tensor, config: Optional[CompressionConfig] = None, seed: Optional[int] = None) -> CompressedTensor:
+def compress(x: torch.Tensor, config: Optional[CompressionConfig] = None,
+             seed: Optional[int] = None) -> CompressedTensor:
     """Compress ``x`` (fp32, fp16, bf16 or fp64, any shape with at least one dimension).
 
     ``config`` defaults to the configuration in force (:func:`dgl_exact.get_config`); ``seed`` fixes the
@@ -152,7 +163,14 @@ def compress(x: torch.Tensor, config: Optional[CompressionConfig] = None, seed: 
     base = dict(shape=x.shape, dtype=x.dtype, device=x.device, bits=cfg.bits, block_rows=cfg.block_rows,
                 levels=cfg.levels, n_rows=n_rows, orig_width=width)
     if not cfg.enabled:
-        return CompressedTensor(width=width, proj_seed=None, raw=x, **base)
+        k = cfg.projected_width(width)
+        if not (k < width and n_rows > 0):
+            return CompressedTensor(width=width, proj_seed=None, raw=x, **base)
+        # projection without quantisation (EXACT's --act_fp --kept_frac): the projected rows, in x's dtype
+        seed = draw_seed() if seed is None else seed
+        proj_seed = (seed * 0x9E3779B97F4A7C15 + 1) & 0x7FFFFFFFFFFFFFFF
+        raw = projection.project(rows, k, proj_seed).to(x.dtype)
+        return CompressedTensor(width=k, proj_seed=proj_seed, raw=raw, **base)
     if seed is None:
         seed = draw_seed()
     proj_seed = None
@@ -173,10 +191,9 @@ def compress(x: torch.Tensor, config: Optional[CompressionConfig] = None, seed: 
     meta = kernels.get("group_meta", x.device)(mn, mx, cfg.bits)  # [2, G] fp32: lo, step (bf16 values)
     lo, step = meta[0], meta[1]
     if cfg.nonfinite == "raise":
-        bad = int(torch.isnan(lo).sum())  # lo is NaN exactly for the groups holding a NaN or an inf
+        bad = int(torch.isnan(lo).sum())  # lo is NaN exactly for the groups whose fp32 values hold a NaN or an inf
         if bad:
-            raise FloatingPointError(f"compress: {bad} group(s) of the activation contain NaN or Inf; "
-                                     "check the model for overflow (or use nonfinite='propagate' under AMP)")
+            raise FloatingPointError(_nonfinite_message(x, bad, proj_seed is not None))
     group_size = cfg.block_rows * k if n_rows >= cfg.block_rows else n_rows * k
     levels = _level_table(cfg.bits, cfg.levels, group_size, x.device)
     packed = kernels.get("quantize_pack", x.device)(rows, lo, step, levels, cfg.bits, cfg.block_rows, seed,
@@ -185,12 +202,28 @@ def compress(x: torch.Tensor, config: Optional[CompressionConfig] = None, seed: 
     return CompressedTensor(width=k, proj_seed=proj_seed, packed=packed, lo=meta[0], step=meta[1], **base)
 
 
+def _nonfinite_message(x: torch.Tensor, bad: int, projected: bool) -> str:
+    """What made ``bad`` groups non-finite: NaN/Inf in the input, or finite values fp32 cannot hold."""
+    n_nan, n_inf = int(torch.isnan(x).sum()), int(torch.isinf(x).sum())
+    if n_nan or n_inf:
+        return (f"compress: {bad} group(s) of the activation contain NaN or Inf ({n_nan} NaN, {n_inf} inf "
+                "values); check the model for overflow (or use nonfinite='propagate' under AMP)")
+    peak = float(x.abs().max())
+    why = (f"its {x.dtype} values reach {peak:.4g}, beyond float32's largest finite value "
+           f"{torch.finfo(torch.float32).max:.4g}" if peak > torch.finfo(torch.float32).max else
+           f"its values (up to {peak:.4g} in magnitude) overflow float32 in the random projection")
+    return (f"compress: the activation is finite but {bad} group(s) became inf in float32 ({why}); "
+            "scale the activation down, or keep it uncompressed (act_fp / enabled=False)")
+
+
 def decompress(c: CompressedTensor) -> torch.Tensor:
     """The estimate of the original tensor: same shape, dtype and device."""
     if not isinstance(c, CompressedTensor):
         raise TypeError(f"decompress expects a CompressedTensor, got {type(c).__name__}")
     if c.raw is not None:
-        return c.raw
+        if c.proj_seed is None:
+            return c.raw
+        return projection.unproject(c.raw.float(), c.orig_width, c.proj_seed).to(c.dtype).reshape(c.shape)
     if c.packed is None:
         raise ValueError("this CompressedTensor holds no data (a shell from split(); call join() first)")
     lo, step = c.lo.float(), c.step.float()

@@ -5,21 +5,17 @@ same counter-based hash the kernels use, so it costs no memory and is identical 
 """
 from __future__ import annotations
 
-import math
-
 import torch
 
-from ..kernels.reference import hash_uniform
+from .. import kernels
 
 __all__ = ["rademacher", "project", "unproject"]
 
 
 def rademacher(d: int, k: int, seed: int, device, dtype=torch.float32) -> torch.Tensor:
-    """The ``d x k`` projection matrix for ``seed`` (entries ``+-1/sqrt(k)``)."""
-    signs = hash_uniform(seed, 0, d * k, device).view(d, k) < 0.5
-    value = 1.0 / math.sqrt(k)
-    # Python scalars, not device tensors: copying a scalar to the GPU would synchronise the host with it
-    return torch.where(signs, value, -value).to(dtype)
+    """The ``d x k`` projection matrix for ``seed`` (entries ``+-1/sqrt(k)``; the kernel op ``rademacher``,
+    one launch on a GPU)."""
+    return kernels.get("rademacher", device)(d, k, seed, device, dtype)
 
 
 def project(x: torch.Tensor, k: int, seed: int) -> torch.Tensor:

@@ -23,7 +23,8 @@ class CompressedModuleMixin:
 
     def _init_compression(self, compression: Optional[CompressionConfig]) -> None:
         if compression is not None and not isinstance(compression, CompressionConfig):
-            raise TypeError(f"compression must be a dgl_exact.CompressionConfig or None, got {type(compression).__name__}")
+            raise TypeError("compression must be a dgl_exact.CompressionConfig or None, "
+                            f"got {type(compression).__name__}")
         self.compression = compression
 
     def _config(self) -> CompressionConfig:
@@ -46,6 +47,70 @@ def compressed_activation(act: Optional[Callable], config: Optional[CompressionC
         slope = act.negative_slope if isinstance(act, nn.LeakyReLU) else 0.01
         return functools.partial(ops.leaky_relu, negative_slope=slope)
     return act
+
+
+def apply_linear(layer: nn.Module, x: torch.Tensor, config: CompressionConfig) -> torch.Tensor:
+    """``layer(x)``: a plain :class:`torch.nn.Linear` (its own ``forward``) runs as :func:`ops.linear`
+    keeping its input compressed; any other module a user put in its place (``nn.Sequential``, a LoRA
+    wrapper, ``nn.Identity``, ...) is simply called, as DGL would."""
+    if plain_linear(layer):
+        return ops.linear(x, layer.weight, layer.bias, config)
+    return layer(x)
+
+
+def plain_linear(layer: nn.Module) -> bool:
+    """Whether ``layer`` is a plain :class:`torch.nn.Linear` (its own ``forward``): :func:`apply_linear` then
+    returns a fresh tensor the caller owns."""
+    return isinstance(layer, nn.Linear) and type(layer).forward is nn.Linear.forward
+
+
+def into(buf: torch.Tensor, op: str, other) -> torch.Tensor:
+    """``buf <op> other`` (``op``: 'add' or 'mul') written into ``buf`` when the caller owns ``buf`` (a fresh
+    layer-sized temporary no autograd node keeps and no caller sees) and the result has ``buf``'s dtype and
+    shape; else out of place. Same values as the out-of-place op (same operands, same order): an in-place
+    elementwise op saves nothing autograd did not save for the out-of-place one (a scalar or a tensor
+    factor that needs no gradient), so gradients are unchanged too. Cuts one layer-sized buffer per op."""
+    if isinstance(other, torch.Tensor):
+        fits = (torch.result_type(buf, other) == buf.dtype
+                and torch.broadcast_shapes(buf.shape, other.shape) == buf.shape)
+    else:
+        fits = torch.result_type(buf, other) == buf.dtype
+    if not fits or buf._base is not None:  # views of a custom Function's output refuse in-place ops
+        return torch.add(buf, other) if op == "add" else torch.mul(buf, other)
+    return buf.add_(other) if op == "add" else buf.mul_(other)
+
+
+def kept_by_reference(x: torch.Tensor, config: CompressionConfig) -> bool:
+    """Whether an op that keeps ``x`` for backward would keep ``x`` itself (not a compressed or projected
+    copy): then ``x`` must not be overwritten afterwards. Mirrors :func:`dgl_exact.ops._saving.stash`."""
+    from ..ops._saving import alive_anyway
+
+    return torch.is_grad_enabled() and ((not config.enabled and config.kept_frac >= 1.0) or alive_anyway(x))
+
+
+def apply_dropout(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``module(x)``: a plain :class:`torch.nn.Dropout` runs as :func:`ops.dropout` (no mask kept; in the
+    module's own train/eval mode, as calling it would); any replacement (``nn.Identity()``, another
+    regulariser) is simply called, as DGL would."""
+    if isinstance(module, nn.Dropout) and type(module).forward in (nn.Dropout.forward, _dropout_forward()):
+        return ops.dropout(x, module.p, module.training)
+    return module(x)
+
+
+def plain_dropout_p(module: nn.Module) -> Optional[float]:
+    """The probability of a plain :class:`torch.nn.Dropout` (0 for ``nn.Identity`` or a dropout in eval
+    mode); None for any other module (the caller cannot fuse it and must apply it as is)."""
+    if isinstance(module, nn.Identity):
+        return 0.0
+    if isinstance(module, nn.Dropout) and type(module).forward in (nn.Dropout.forward, _dropout_forward()):
+        return float(module.p) if module.training else 0.0
+    return None
+
+
+def _dropout_forward():
+    from .layers import Dropout
+
+    return Dropout.forward
 
 
 def check_feature_rows(st, feat_src) -> None:

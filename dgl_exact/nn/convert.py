@@ -47,7 +47,8 @@ class ConversionReport:
         return "\n".join(lines)
 
 
-def compress_model(model: nn.Module, config: Optional[CompressionConfig] = None, fuse: bool = True) -> ConversionReport:
+def compress_model(model: nn.Module, config: Optional[CompressionConfig] = None, fuse: bool = True,
+                   report: bool = False):
     """Convert ``model`` in place so its activations are kept compressed; weights are preserved.
 
     Converts modules whose type is exactly one of DGL's ``GraphConv``, ``SAGEConv``, ``GATConv``,
@@ -56,13 +57,16 @@ def compress_model(model: nn.Module, config: Optional[CompressionConfig] = None,
     ``compression`` (None: follow the configuration in force). With ``fuse``, a ``ReLU`` directly followed
     by a ``Dropout`` inside an ``nn.Sequential`` becomes one ``ReLUDropout`` keeping a single bit.
     Activations called functionally inside ``forward`` (``F.relu(x)``) cannot be seen and stay as they are.
-    Returns a :class:`ConversionReport`.
+
+    Returns ``model`` (converted in place, like torch's ``nn.SyncBatchNorm.convert_sync_batchnorm``), so
+    ``model = compress_model(model)`` works; with ``report=True``, ``(model, ConversionReport)``: what was
+    converted and fused (``print(report)`` lists it).
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"compress_model expects a torch.nn.Module, got {type(model).__name__}")
     if config is not None and not isinstance(config, CompressionConfig):
         raise TypeError(f"config must be a dgl_exact.CompressionConfig or None, got {type(config).__name__}")
-    report = ConversionReport()
+    result = ConversionReport()
     for name, module in list(model.named_modules()):
         target = _CONVERSIONS.get(type(module))
         if target is None:
@@ -71,12 +75,12 @@ def compress_model(model: nn.Module, config: Optional[CompressionConfig] = None,
         module.__class__ = target
         if hasattr(target, "_init_compression"):
             module.compression = config
-        report.converted[name] = f"{old} -> dgl_exact.{target.__name__}"
+        result.converted[name] = f"{old} -> dgl_exact.{target.__name__}"
     if fuse:
         for name, module in list(model.named_modules()):
             if isinstance(module, nn.Sequential):
-                _fuse_relu_dropout(module, name, report)
-    return report
+                _fuse_relu_dropout(module, name, result)
+    return (model, result) if report else model
 
 
 def _fuse_relu_dropout(seq: nn.Sequential, prefix: str, report: ConversionReport) -> None:

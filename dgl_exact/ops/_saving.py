@@ -6,14 +6,26 @@
   reference, at no cost; replacing it with a compressed copy would *add* memory. The exception is a
   tensor one of dgl_exact's ops just produced without autograd (e.g. the neighbour mean of input
   features that need no gradient): it is marked *fresh*, nobody else keeps it, so it is compressed;
-* with compression disabled, keep the tensor itself (as plain autograd would);
+* with compression disabled, keep the tensor itself (as plain autograd would), unless a random
+  projection is configured: then keep the projected tensor unquantised (EXACT's ``--act_fp --kept_frac``);
 * otherwise keep a :class:`~dgl_exact.compression.CompressedTensor`.
 
 ``save(ctx, ...)`` / ``load(ctx)`` pass any mix of tensors, compressed tensors and ``None`` through
 ``ctx.save_for_backward``, so saved-tensor hooks (memory meters, CPU offloading) see everything kept.
+
+Double backward (``torch.autograd.grad(..., create_graph=True)`` and then a backward through that
+gradient, e.g. a gradient penalty): inside a ``backward``, ``torch.is_grad_enabled()`` is True exactly
+when the caller asked for ``create_graph=True`` (:func:`create_graph_requested`). Tensors kept exactly
+are the op's own inputs/outputs (never detached copies), so a backward written with differentiable torch
+ops is exact to any order; a compressed copy is not the tensor autograd knows, so the ops raise
+(:func:`check_double_backward`) instead of returning a gradient that silently misses terms.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import dataclasses
+import math
 from typing import Optional, Union
 
 import torch
@@ -55,13 +67,23 @@ def fresh_outputs(fn):
     return wrapper
 
 
+def mark_fresh(t: torch.Tensor) -> torch.Tensor:
+    """Mark a temporary computed without autograd (no ``grad_fn``) as fresh, as :func:`fresh_outputs` does
+    for the public ops: a later op then compresses it instead of keeping it by reference. Returns ``t``."""
+    if t.grad_fn is None and not t.requires_grad:
+        setattr(t, _FRESH, True)
+    return t
+
+
 def stash(x: Optional[torch.Tensor], cfg: CompressionConfig, force: bool = False) -> Stashed:
     """Keep ``x`` for backward: by reference if it is alive anyway or compression is off, else compressed.
     ``force`` compresses even a leaf (used for per-edge tensors nobody else keeps)."""
     if x is None:
         return None
-    if not cfg.enabled or (alive_anyway(x) and not force):
-        return x.detach()
+    if (not cfg.enabled and cfg.kept_frac >= 1.0) or (alive_anyway(x) and not force):
+        # the tensor itself, not a detached alias (same storage): saved through ``save_for_backward`` it
+        # stays connected to its autograd history, which double backward needs
+        return x
     return compress(x, cfg)
 
 
@@ -69,6 +91,87 @@ def unstash(item: Stashed) -> Optional[torch.Tensor]:
     if item is None or isinstance(item, torch.Tensor):
         return item
     return decompress(item)
+
+
+#: elements (not bytes) of one decompressed row chunk in a chunked backward on the CPU: 4 MiB of fp32
+CHUNK_ELEMENTS = 1 << 20
+#: the same on a GPU: 1 GiB of fp32. Every chunk costs its kernel launches and the chunked batch-norm
+#: backward reads the input twice, so on a GPU a tensor is chunked only when its decompressed copy is
+#: large enough to matter for the step peak (a products-sized 2.4 M x 256 activation: 3 chunks; an
+#: arxiv-sized one: none, and batch norm takes ATen's fused kernel).
+CUDA_CHUNK_ELEMENTS = 1 << 28
+
+_gpu_policy_on_cpu = contextvars.ContextVar("dgl_exact_gpu_chunk_policy", default=False)
+
+
+@contextlib.contextmanager
+def gpu_chunk_policy():
+    """Within this scope CPU tensors are chunked as CUDA tensors would be (the GPU code path, emulated
+    on the CPU by :mod:`dgl_exact.bench.opcount`)."""
+    token = _gpu_policy_on_cpu.set(True)
+    try:
+        yield
+    finally:
+        _gpu_policy_on_cpu.reset(token)
+
+
+def chunk_elements_for(device) -> int:
+    """Elements of one decompressed row chunk in a chunked backward for tensors on ``device``."""
+    if torch.device(device).type == "cuda" or _gpu_policy_on_cpu.get():
+        return CUDA_CHUNK_ELEMENTS
+    return CHUNK_ELEMENTS
+
+
+def _item_numel_device(item: "Stashed"):
+    if isinstance(item, torch.Tensor):
+        return item.numel(), item.device
+    return item.n_rows * item.orig_width, item.device
+
+
+def needs_chunks(item: "Stashed") -> bool:
+    """Whether :func:`row_chunks` would split ``item`` into more than one chunk on its device."""
+    if item is None:
+        return False
+    numel, device = _item_numel_device(item)
+    return numel > chunk_elements_for(device)
+
+
+def row_chunks(item: Stashed, chunk_elements: Optional[int] = None):
+    """``(r0, r1, x_hat[r0:r1])`` over consecutive row ranges of a kept item (dim 0), so a backward can
+    work from a compressed activation without a full-size decompressed copy. Each chunk decodes exactly
+    as the same rows of :func:`unstash`: chunks start at block (group) boundaries and at whole bytes of
+    the packed codes, and hold at least one whole block (the non-uniform level table depends on the group
+    size); a projected item is unprojected row by row. An exact tensor is sliced (views, no copy)."""
+    if item is None:
+        return
+    if chunk_elements is None:
+        chunk_elements = chunk_elements_for(_item_numel_device(item)[1])
+    n = item.shape[0] if len(item.shape) else 1
+    per_row = max(1, (item.numel() if isinstance(item, torch.Tensor) else
+                      (item.n_rows * item.orig_width)) // max(n, 1))
+    if isinstance(item, torch.Tensor) or item.packed is None:
+        x = unstash(item)
+        step = max(1, chunk_elements // per_row)
+        for r0 in range(0, n, step):
+            yield r0, min(n, r0 + step), x[r0:r0 + step]
+        return
+    if len(item.shape) < 2 or item.n_rows != n or n * item.width == 0:
+        yield 0, n, unstash(item)
+        return
+    align = math.lcm(item.block_rows, 8)  # 8 rows of codes always end on a byte
+    step = max(align, (chunk_elements // per_row) // align * align)
+    bytes_per_row = item.width * item.bits  # in bits; byte offset of row r: r * bytes_per_row // 8
+    starts = list(range(0, n, step))
+    if len(starts) > 1 and n - starts[-1] < item.block_rows:
+        starts.pop()  # a last chunk shorter than a block would pick another level table: merge it
+    for i, r0 in enumerate(starts):
+        r1 = starts[i + 1] if i + 1 < len(starts) else n
+        b0 = r0 * bytes_per_row // 8
+        b1 = r1 * bytes_per_row // 8 if r1 < n else item.packed.numel()
+        g0, g1 = r0 // item.block_rows, -(-r1 // item.block_rows)
+        part = dataclasses.replace(item, shape=torch.Size((r1 - r0,) + tuple(item.shape[1:])), n_rows=r1 - r0,
+                                   packed=item.packed[b0:b1], lo=item.lo[g0:g1], step=item.step[g0:g1])
+        yield r0, r1, decompress(part)
 
 
 def save(ctx, *items: Stashed) -> None:
@@ -102,6 +205,50 @@ def load(ctx) -> list:
             shell, n = entry
             out.append(shell.join([next(tensors) for _ in range(n)]))
     return out
+
+
+DOUBLE_BACKWARD_MESSAGE = (
+    "dgl_exact.{op}: double backward (torch.autograd.grad(..., create_graph=True) followed by a backward "
+    "through that gradient, e.g. a gradient penalty) is not supported through compressed activations: the "
+    "compressed copy is not differentiable. Run the forward with compression off for the modules involved: "
+    "`with dgl_exact.config(enabled=False): out = model(g, x)`, or per module "
+    "`module.compression = dgl_exact.CompressionConfig(enabled=False)`, with kept_frac=1.0 (a random projection "
+    "is not exact either; modules in eval() mode compress nothing); double backward is then exact.")
+
+
+def create_graph_requested() -> bool:
+    """Inside an autograd Function's ``backward``: whether the caller asked for ``create_graph=True``
+    (autograd runs backward with grad mode on exactly then), i.e. the gradient itself must be
+    differentiable."""
+    return torch.is_grad_enabled()
+
+
+def check_double_backward(op: str, *items: Stashed) -> None:
+    """RuntimeError (saying how to turn compression off) if any kept item is compressed."""
+    if any(isinstance(item, CompressedTensor) for item in items):
+        raise RuntimeError(DOUBLE_BACKWARD_MESSAGE.format(op=op))
+
+
+def recompute_vjp(fn, inputs, needs, grads) -> list:
+    """Differentiable vector-Jacobian product for double backward: re-runs ``fn(*inputs)`` (a pure torch
+    version of an op's forward, returning a tensor or a tuple) on the exactly kept ``inputs`` and returns,
+    for each input with ``needs[i]``, the gradient for output gradients ``grads`` (None entries: that
+    output has no gradient) as a graph (``create_graph=True``); None elsewhere."""
+    with torch.enable_grad():
+        outs = fn(*inputs)
+        outs = outs if isinstance(outs, tuple) else (outs,)
+        pairs = [(o, g) for o, g in zip(outs, grads) if g is not None and o.requires_grad]
+        wanted = [t for t, n in zip(inputs, needs) if n and t is not None]
+        got = iter(torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs], create_graph=True,
+                                       allow_unused=True) if pairs and wanted else [None] * len(wanted))
+    result = []
+    for t, n in zip(inputs, needs):
+        if not n or t is None:
+            result.append(None)
+            continue
+        g = next(got)
+        result.append(torch.zeros_like(t) if g is None else g)
+    return result
 
 
 def needs_saving(*tensors: Optional[torch.Tensor]) -> bool:

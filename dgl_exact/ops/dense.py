@@ -14,32 +14,44 @@ import torch
 import torch.nn.functional as F
 
 from ..config import CompressionConfig, resolve_config
-from ._saving import fresh_outputs, autocast_dtype, load, needs_saving, save, stash, unstash
+from ..compression import CompressedTensor
+from ._saving import (fresh_outputs, autocast_dtype, check_double_backward, create_graph_requested, load,
+                      needs_chunks, needs_saving, recompute_vjp, row_chunks, save, stash, unstash)
 
 __all__ = ["linear", "batch_norm"]
 
 
 class _Linear(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, cfg: CompressionConfig):
+    def forward(ctx, x, weight, bias, cfg: CompressionConfig, kept=None):
+        # ``kept``: the tensor backward reads x from (``x`` before an autocast cast; backward casts it again)
         out = F.linear(x, weight, bias)
         ctx.has_bias = bias is not None
-        save(ctx, stash(x, cfg) if ctx.needs_input_grad[1] else None,
+        save(ctx, stash(x if kept is None else kept, cfg) if ctx.needs_input_grad[1] else None,
              weight if ctx.needs_input_grad[0] else None)
         return out
 
     @staticmethod
     def backward(ctx, grad):
         x_s, weight = load(ctx)
+        if create_graph_requested():  # the products below are differentiable when x is kept exactly
+            check_double_backward("linear", x_s)
         gx = gw = gb = None
         if ctx.needs_input_grad[0]:
             gx = grad.matmul(weight.to(grad.dtype))
-        if ctx.needs_input_grad[1]:
+        if ctx.needs_input_grad[1] and isinstance(x_s, CompressedTensor):
+            # row chunks: no full-size decompressed copy of x exists (one layer-sized buffer fewer at the
+            # backward's peak); the sum over chunks is the same product, up to float summation order
+            for r0, r1, x in row_chunks(x_s):
+                x, g = x.to(grad.dtype), grad[r0:r1]
+                part = g.reshape(-1, g.shape[-1]).t().matmul(x.reshape(-1, x.shape[-1]))
+                gw = part if gw is None else gw.add_(part)
+        elif ctx.needs_input_grad[1]:
             x = unstash(x_s).to(grad.dtype)
             gw = grad.reshape(-1, grad.shape[-1]).t().matmul(x.reshape(-1, x.shape[-1]))
         if ctx.has_bias and ctx.needs_input_grad[2]:
             gb = grad.reshape(-1, grad.shape[-1]).sum(0)
-        return gx, gw, gb, None
+        return gx, gw, gb, None, None
 
 
 @fresh_outputs
@@ -47,13 +59,17 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
            config: Optional[CompressionConfig] = None) -> torch.Tensor:
     """``F.linear`` keeping only what the weight gradient needs, compressed."""
     dtype = autocast_dtype(x.device.type)
+    # Under autocast the half-precision copy of x is a new tensor nobody else keeps (of input features too):
+    # keeping it by reference would hold an uncompressed copy. Backward reads x from the original instead
+    # (by reference where that is alive anyway, else compressed) and casts it again.
+    kept = x
     if dtype is not None:
         x, weight = x.to(dtype), weight.to(dtype)
         bias = None if bias is None else bias.to(dtype)
     if not needs_saving(x, weight, bias):
         return F.linear(x, weight, bias)
     with torch.autocast(x.device.type, enabled=False):
-        return _Linear.apply(x, weight, bias, resolve_config(config))
+        return _Linear.apply(x, weight, bias, resolve_config(config), kept)
 
 
 class _BatchNorm(torch.autograd.Function):
@@ -77,6 +93,11 @@ class _BatchNorm(torch.autograd.Function):
     def backward(ctx, grad):
         x_s, stat_a, stat_b, weight = load(ctx)
         cdt = stat_a.dtype
+        if create_graph_requested():
+            check_double_backward("batch_norm", x_s)
+            return _BatchNorm._differentiable_backward(ctx, grad, x_s, stat_a, stat_b, weight)
+        if isinstance(x_s, CompressedTensor) and needs_chunks(x_s):
+            return _BatchNorm._chunked_backward(ctx, grad, x_s, stat_a, stat_b, weight)
         x = unstash(x_s).to(cdt)
         w = None if weight is None else weight.to(cdt)
         if ctx.training:
@@ -89,6 +110,56 @@ class _BatchNorm(torch.autograd.Function):
         gx = None if gx is None else gx.to(grad.dtype)
         if weight is not None:
             gw, gb = gw.to(weight.dtype), gb.to(weight.dtype)
+        return gx, gw, gb, None, None, None, None, None, None
+
+    @staticmethod
+    def _chunked_backward(ctx, grad, x_s, stat_a, stat_b, weight):
+        """Backward from the compressed input in row chunks (no full-size decompressed copy): with
+        ``xhat = (x - mean) * invstd``, ``gb = sum(g)``, ``gw = sum(g * xhat)`` and, in training,
+        ``gx = w * invstd * (g - gb / N - xhat * gw / N)`` (eval: ``gx = w * invstd * g``). Two passes over
+        the chunks in training (the sums first); the same formulas as ATen's kernel."""
+        cdt = stat_a.dtype
+        g = grad.to(cdt)
+        if ctx.training:
+            mean, invstd = stat_a, stat_b
+        else:
+            mean, invstd = stat_a, (stat_b + ctx.eps).rsqrt()
+        sum_g = g.sum(0)
+        sum_gxhat = torch.zeros_like(sum_g)
+        for r0, r1, x in row_chunks(x_s):
+            sum_gxhat += (g[r0:r1] * ((x.to(cdt) - mean) * invstd)).sum(0)
+        w = invstd if weight is None else weight.to(cdt) * invstd
+        gx = None
+        if ctx.needs_input_grad[0]:
+            gx = torch.empty(grad.shape, dtype=grad.dtype, device=grad.device)
+            if ctx.training:
+                n = grad.shape[0]
+                mean_g, proj = sum_g / n, sum_gxhat * invstd / n  # (x - mean) * invstd^2 * sum(g xhat) / N
+                for r0, r1, x in row_chunks(x_s):
+                    gx[r0:r1] = (g[r0:r1] - mean_g - (x.to(cdt) - mean) * proj) * w
+            else:
+                gx.copy_(g * w)
+        gw = gb = None
+        if weight is not None:
+            gw, gb = sum_gxhat.to(weight.dtype), sum_g.to(weight.dtype)
+        return gx, gw, gb, None, None, None, None, None, None
+
+    @staticmethod
+    def _differentiable_backward(ctx, grad, x, stat_a, stat_b, weight):
+        """Double backward: ``F.batch_norm`` (no running-statistics update) re-run on the exact input."""
+        cdt = stat_a.dtype
+
+        def forward(x, w):
+            w = None if w is None else w.to(cdt)
+            if ctx.training:
+                return F.batch_norm(x.to(cdt), None, None, w, None, True, 0.0, ctx.eps)
+            return F.batch_norm(x.to(cdt), stat_a, stat_b, w, None, False, 0.0, ctx.eps)
+
+        needs = ctx.needs_input_grad
+        gx, gw = recompute_vjp(forward, [x, weight], [needs[0], weight is not None and needs[1]], [grad.to(cdt)])
+        gx = None if gx is None else gx.to(grad.dtype)
+        gw = None if gw is None else gw.to(weight.dtype)
+        gb = grad.sum(0).to(weight.dtype) if weight is not None and needs[2] else None
         return gx, gw, gb, None, None, None, None, None, None
 
 

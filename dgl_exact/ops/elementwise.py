@@ -12,6 +12,10 @@ relu_dropout    1 bit per element for both (``x > 0 and kept``)
 
 The bits are exact, so these ops cost no accuracy. Masks use the kernels' counter-based RNG, hence
 identical on every backend and reproducible under ``torch.manual_seed``.
+
+Double backward: the masks are exact, so relu, leaky_relu, dropout and relu_dropout support it always
+(their backward is then computed with differentiable torch ops); elu needs its output, hence compression
+off (else a clear error).
 """
 from __future__ import annotations
 
@@ -21,21 +25,27 @@ import torch
 import torch.nn.functional as F
 
 from .. import kernels
+from ..kernels import reference as kernel_reference
 from ..compression import draw_seed
 from ..config import CompressionConfig, resolve_config
-from ._saving import fresh_outputs, load, needs_saving, save, stash, unstash
+from ._saving import (check_double_backward, create_graph_requested, fresh_outputs, load, needs_saving, save, stash,
+                      unstash)
 
 __all__ = ["relu", "leaky_relu", "elu", "dropout", "relu_dropout"]
 
 
-def _k(op, x):
+def _kernel_for(op: str, x: torch.Tensor):
     return kernels.get(op, x.device)
+
+
+def _mask_like(packed, grad):
+    return _kernel_for("unpack_mask", grad)(packed, grad.numel()).view(grad.shape)
 
 
 class _ReLUDropout(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, p: float, seed: int):
-        y, packed = _k("relu_dropout", x)(x.contiguous(), p, seed)
+        y, packed = _kernel_for("relu_dropout", x)(x.contiguous(), p, seed)
         ctx.scale = 1.0 / (1.0 - p) if p > 0 else 1.0
         save(ctx, packed)
         return y
@@ -43,7 +53,9 @@ class _ReLUDropout(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         (packed,) = load(ctx)
-        return _k("masked_scale", grad)(grad.contiguous(), packed, ctx.scale, 0.0), None, None
+        if create_graph_requested():  # differentiable in grad (relu'' = 0)
+            return grad * (_mask_like(packed, grad).to(grad.dtype) * ctx.scale), None, None
+        return _kernel_for("masked_scale", grad)(grad.contiguous(), packed, ctx.scale, 0.0), None, None
 
 
 def _drop_all(x):
@@ -73,13 +85,15 @@ class _LeakyReLU(torch.autograd.Function):
     def forward(ctx, x, slope: float):
         mask = x > 0
         ctx.slope = slope
-        save(ctx, _k("pack_mask", x)(mask))
+        save(ctx, _kernel_for("pack_mask", x)(mask))
         return torch.where(mask, x, x * slope)
 
     @staticmethod
     def backward(ctx, grad):
         (packed,) = load(ctx)
-        return _k("masked_scale", grad)(grad.contiguous(), packed, 1.0, ctx.slope), None
+        if create_graph_requested():
+            return torch.where(_mask_like(packed, grad), grad, grad * ctx.slope), None
+        return _kernel_for("masked_scale", grad)(grad.contiguous(), packed, 1.0, ctx.slope), None
 
 
 @fresh_outputs
@@ -97,14 +111,16 @@ class _ELU(torch.autograd.Function):
         mask = x > 0
         ctx.alpha = alpha
         # the output is a fresh tensor nobody else keeps: compress it (no projection: not linear)
-        save(ctx, _k("pack_mask", x)(mask), stash(y, cfg.replace(kept_frac=1.0), force=True))
+        save(ctx, _kernel_for("pack_mask", x)(mask), stash(y, cfg.replace(kept_frac=1.0), force=True))
         return y
 
     @staticmethod
     def backward(ctx, grad):
         packed, y_s = load(ctx)
+        if create_graph_requested():  # exact when y is the output itself (kept uncompressed)
+            check_double_backward("elu", y_s)
         y = unstash(y_s).to(grad.dtype)
-        mask = _k("unpack_mask", grad)(packed, grad.numel()).view(grad.shape)
+        mask = _kernel_for("unpack_mask", grad)(packed, grad.numel()).view(grad.shape)
         return torch.where(mask, grad, grad * (y + ctx.alpha)), None, None
 
 
@@ -120,11 +136,13 @@ class _Dropout(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, p: float, seed: int):
         ctx.p, ctx.seed = p, seed
-        return _k("dropout", x)(x.contiguous(), p, seed)
+        return _kernel_for("dropout", x)(x.contiguous(), p, seed)
 
     @staticmethod
     def backward(ctx, grad):
-        return _k("dropout", grad)(grad.contiguous(), ctx.p, ctx.seed), None, None
+        if create_graph_requested():  # the reference kernel is plain torch: differentiable in grad
+            return kernel_reference.dropout(grad, ctx.p, ctx.seed), None, None
+        return _kernel_for("dropout", grad)(grad.contiguous(), ctx.p, ctx.seed), None, None
 
 
 def _check_p(p):
@@ -141,5 +159,5 @@ def dropout(x: torch.Tensor, p: float = 0.5, training: bool = True) -> torch.Ten
     if p >= 1.0:
         return _drop_all(x)
     if not needs_saving(x):
-        return _k("dropout", x)(x.contiguous(), float(p), draw_seed())
+        return _kernel_for("dropout", x)(x.contiguous(), float(p), draw_seed())
     return _Dropout.apply(x, float(p), draw_seed())

@@ -4,7 +4,7 @@
 op                 backward needs                              kept
 =================  ==========================================  =====================================
 copy_u sum/mean    nothing (grad_x = A^T grad)                  nothing (EXACT keeps compressed x)
-u_mul_e sum        x for grad_e, edge values for grad_x         compressed x, edge values (stashed)
+u_mul_e sum        x for grad_e, edge values for grad_x         compressed x, exact edge values
 copy_u max/min     which source won                             arg indices, narrowest signed int
 u_add_v            nothing                                      nothing
 edge_softmax       its output                                   compressed output
@@ -13,11 +13,18 @@ gat_attention      feat, el/er (attention is recomputed)        compressed feat 
                                                                el and er ([N, H])
 =================  ==========================================  =====================================
 
-Features are ``[N, D]`` or ``[N, H, D]``; edge values ``[E]``, ``[E, H]`` or ``[E, H, 1]``. The graph may
-stay on the CPU while features live on a GPU (see :mod:`dgl_exact.ops.structure`).
+Features are ``[N, D]`` or ``[N, H, D]`` (or more dims, as DGL accepts); edge values ``[E]``, ``[E, H]`` or
+``[E, H, 1]``. The graph may stay on the CPU while features live on a GPU (see :mod:`dgl_exact.ops.structure`).
+
+Double backward (``create_graph=True``): each backward is then computed with plain differentiable torch
+ops (per-edge gathers and ``index_add``; they materialise ``[E, ...]`` messages, so this path costs
+memory like PyG's, and is taken only when asked for) from the exactly kept tensors, hence exact to any
+order; an op whose kept tensor is compressed raises a clear error instead.
 """
 from __future__ import annotations
 
+import functools
+import math
 from typing import Optional
 
 import torch
@@ -25,10 +32,13 @@ import torch
 from ..compression import draw_seed
 from ..config import CompressionConfig, resolve_config
 from .. import kernels
-from ._saving import fresh_outputs, load, needs_saving, save, stash, unstash
+from ..kernels import reference as kernel_reference
+from ._saving import (check_double_backward, create_graph_requested, fresh_outputs, load, needs_saving,
+                      recompute_vjp, save, stash, unstash)
 from .structure import GraphStructure, edge_softmax_forward, structure_of
 
-__all__ = ["normalize_edge_weight", "copy_u_sum", "copy_u_mean", "u_mul_e_sum", "copy_u_max", "copy_u_min", "u_add_v", "edge_softmax",
+__all__ = ["normalize_edge_weight", "copy_u_sum", "copy_u_mean", "u_mul_e_sum", "copy_u_max", "copy_u_min", "u_add_v",
+           "edge_softmax",
            "gat_attention"]
 
 
@@ -61,6 +71,36 @@ def _check_nodes(st: GraphStructure, x: torch.Tensor, side: str = "src"):
                          f"{'source' if side == 'src' else 'destination'} node")
 
 
+def _spmm_ref(st: GraphStructure, x3: torch.Tensor, w2: Optional[torch.Tensor] = None,
+              transpose: bool = False) -> torch.Tensor:
+    """``st.aggregate`` in differentiable torch ops (any order): ``x3 [n, H, D]``, ``w2 [E, H]`` or None."""
+    src, dst, n = (st.dst, st.src, st.num_src) if transpose else (st.src, st.dst, st.num_dst)
+    m = x3.index_select(0, src)
+    if w2 is not None:
+        m = m * w2.to(m.dtype).unsqueeze(-1)
+    return m.new_zeros((n,) + tuple(m.shape[1:])).index_add(0, dst, m)
+
+
+def _edge_dot_ref(st: GraphStructure, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``st.edge_dot`` in differentiable torch ops."""
+    return (a.index_select(0, st.src) * b.index_select(0, st.dst)).sum(-1)
+
+
+def _edge_softmax_ref(st: GraphStructure, e: torch.Tensor) -> torch.Tensor:
+    """Per-destination softmax of ``e [E, ...]`` in differentiable torch ops (the max shift is a constant)."""
+    with torch.no_grad():
+        idx = st.dst.view(-1, *([1] * (e.dim() - 1))).expand_as(e)
+        emax = e.new_full((st.num_dst,) + tuple(e.shape[1:]), float("-inf")).scatter_reduce_(
+            0, idx, e, reduce="amax", include_self=True)
+    ex = (e - emax.index_select(0, st.dst)).exp()
+    return ex / st.edge_sum_to(ex, "dst").index_select(0, st.dst)
+
+
+def _sum_to_heads(gw: torch.Tensor, heads: int) -> torch.Tensor:
+    """An edge gradient ``[E, H]`` summed over the heads a ``[E, 1]`` edge value was broadcast to."""
+    return gw.sum(1, keepdim=True) if heads == 1 and gw.shape[1] != 1 else gw
+
+
 def _narrow_index(arg: torch.Tensor, n: int) -> torch.Tensor:
     for dtype in (torch.int8, torch.int16, torch.int32):
         if n <= torch.iinfo(dtype).max:
@@ -84,6 +124,8 @@ class _CopyUReduce(torch.autograd.Function):
         g = _as3(grad.contiguous())
         if ctx.mean:
             g = g / st.in_degrees().clamp(min=1).to(g.dtype).view(-1, 1, 1)
+        if create_graph_requested():  # linear: nothing kept, always exact
+            return _spmm_ref(st, g, transpose=True).reshape(ctx.xshape), None, None
         return st.aggregate(g, transpose=True).view(ctx.xshape), None, None
 
 
@@ -109,25 +151,30 @@ class _UMulESum(torch.autograd.Function):
     def forward(ctx, x, w, st: GraphStructure, cfg: CompressionConfig):
         x3, w2 = _as3(x), _edge2(w, st.num_edges)
         out = st.aggregate(x3, w2.to(x3.dtype))
-        ctx.st, ctx.xshape, ctx.wshape = st, x.shape, w.shape
+        ctx.st, ctx.xshape, ctx.wshape, ctx.wheads = st, x.shape, w.shape, w2.shape[1]
         # stash x itself, not the view x3: views made inside forward have no grad_fn and would pass for
-        # tensors alive anyway (kept uncompressed, by reference)
-        save(ctx, stash(x, cfg) if ctx.needs_input_grad[1] else None,
-             stash(w2, cfg, force=False) if ctx.needs_input_grad[0] else None)
-        return out.view((st.num_dst,) + tuple(x3.shape[1:])) if x.dim() == 3 else out.view(st.num_dst, -1)
+        # tensors alive anyway (kept uncompressed, by reference). The edge values are kept exactly, by
+        # reference (the input itself: double backward differentiates through it).
+        save(ctx, stash(x, cfg) if ctx.needs_input_grad[1] else None, w if ctx.needs_input_grad[0] else None)
+        return out.view((st.num_dst,) + tuple(x.shape[1:]))
 
     @staticmethod
     def backward(ctx, grad):
-        x_s, w_s = load(ctx)
+        x_s, w = load(ctx)
         st = ctx.st
         g = _as3(grad.contiguous())
         gx = gw = None
+        if create_graph_requested():
+            check_double_backward("u_mul_e_sum", x_s)
+            aggregate, edge_dot = functools.partial(_spmm_ref, st), functools.partial(_edge_dot_ref, st)
+        else:
+            aggregate, edge_dot = st.aggregate, st.edge_dot
         if ctx.needs_input_grad[0]:
-            w2 = unstash(w_s)
-            gx = st.aggregate(g, w2.to(g.dtype), transpose=True).reshape(ctx.xshape)
+            w2 = _edge2(w, st.num_edges)
+            gx = aggregate(g, w2.to(g.dtype), transpose=True).reshape(ctx.xshape)
         if ctx.needs_input_grad[1]:
             x3 = _as3(unstash(x_s))
-            gw = st.edge_dot(x3.to(g.dtype), g).reshape(ctx.wshape)
+            gw = _sum_to_heads(edge_dot(x3.to(g.dtype), g), ctx.wheads).reshape(ctx.wshape)
         return gx, gw, None, None
 
 
@@ -140,7 +187,7 @@ def u_mul_e_sum(g, x: torch.Tensor, w: torch.Tensor, config: Optional[Compressio
     if not needs_saving(x, w):
         x3, w2 = _as3(x), _edge2(w, st.num_edges)
         out = st.aggregate(x3, w2.to(x3.dtype))
-        return out if x.dim() == 3 else out.view(st.num_dst, -1)
+        return out.view((st.num_dst,) + tuple(x.shape[1:]))
     return _UMulESum.apply(x, w, st, resolve_config(config))
 
 
@@ -221,6 +268,8 @@ class _EdgeSoftmax(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         (s,) = load(ctx)
+        if create_graph_requested():  # differentiable ops below; exact when s is the output itself
+            check_double_backward("edge_softmax", s)
         s = unstash(s).to(grad.dtype)
         return _softmax_backward(ctx.st, s, grad), None, None
 
@@ -261,6 +310,19 @@ def _attention(st, el, er, slope, p, seed, ew):
     return raw, s, a
 
 
+def _gat_reference(st, feat_src, feat_dst, attn_l, attn_r, ew, slope, p, seed):
+    """GAT attention and aggregation in differentiable torch ops (double backward); same dropout mask."""
+    el = (feat_src * attn_l).sum(dim=-1)
+    er = (feat_dst * attn_r).sum(dim=-1)
+    e = torch.nn.functional.leaky_relu(el.index_select(0, st.src) + er.index_select(0, st.dst), slope)
+    a = _edge_softmax_ref(st, e)
+    if p > 0:
+        a = kernel_reference.dropout(a, p, seed)
+    if ew is not None:
+        a = a * ew
+    return _spmm_ref(st, feat_src, a), a
+
+
 class _GATAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, feat_src, feat_dst, attn_l, attn_r, ew, st: GraphStructure, slope: float, p: float,
@@ -278,17 +340,24 @@ class _GATAttention(torch.autograd.Function):
         # compressed copy of the source features serves those products and keeps them unbiased.
         second = not isinstance(fs_kept, torch.Tensor) and (ctx.needs_input_grad[2] or
                                                               (prefix and ctx.needs_input_grad[3]))
-        save(ctx, fs_kept, stash(feat_src, cfg) if second else None, None if prefix else stash(feat_dst, cfg),
-             el, er, attn_l, attn_r, ew)
+        # feat_dst is kept by reference (a view, no memory) when feat_src is exact: double backward needs it
+        fd_kept = (feat_dst if isinstance(fs_kept, torch.Tensor) else None) if prefix else stash(feat_dst, cfg)
+        save(ctx, fs_kept, stash(feat_src, cfg) if second else None, fd_kept, el, er, attn_l, attn_r, ew)
         return out, a
 
     @staticmethod
     def backward(ctx, g_out, g_a):
         fs_s, fs2_s, fd_s, el, er, attn_l, attn_r, ew = load(ctx)
         st = ctx.st
+        if create_graph_requested():
+            check_double_backward("gat_attention", fs_s, fs2_s, fd_s)
+            slope, p, seed = ctx.slope, ctx.p, ctx.seed
+            grads = recompute_vjp(lambda *t: _gat_reference(st, *t, slope, p, seed),
+                                  [fs_s, fd_s, attn_l, attn_r, ew], ctx.needs_input_grad[:5], [g_out, g_a])
+            return (*grads, None, None, None, None, None)
         fs = unstash(fs_s)
         fs2 = fs if fs2_s is None else unstash(fs2_s)  # independent of fs when compressed (see forward)
-        fd = fs2[: ctx.n_dst] if ctx.prefix else unstash(fd_s)
+        fd = fs2[: ctx.n_dst] if fd_s is None else unstash(fd_s)
         dtype = g_out.dtype
         raw, s, a = _attention(st, el, er, ctx.slope, ctx.p, ctx.seed, ew)
         g_out = g_out.contiguous()
@@ -310,8 +379,9 @@ class _GATAttention(torch.autograd.Function):
         grad_er = st.edge_sum_to(grad_raw, "dst")
         grad_fs = grad_fs + grad_el.unsqueeze(-1) * attn_l
         grad_fd = grad_er.unsqueeze(-1) * attn_r
-        grad_attn_l = (grad_el.unsqueeze(-1) * fs2.to(dtype)).sum(0, keepdim=True).view(attn_l.shape)
-        grad_attn_r = (grad_er.unsqueeze(-1) * fd.to(dtype)).sum(0, keepdim=True).view(attn_r.shape)
+        # sum over nodes (and any extra leading feature dims, which broadcast against [1, H, D])
+        grad_attn_l = (grad_el.unsqueeze(-1) * fs2.to(dtype)).reshape(-1, *attn_l.shape[1:]).sum(0).view(attn_l.shape)
+        grad_attn_r = (grad_er.unsqueeze(-1) * fd.to(dtype)).reshape(-1, *attn_r.shape[1:]).sum(0).view(attn_r.shape)
         return grad_fs, grad_fd, grad_attn_l, grad_attn_r, grad_ew, None, None, None, None, None
 
 
@@ -331,6 +401,9 @@ def gat_attention(g, feat_src: torch.Tensor, feat_dst: torch.Tensor, attn_l: tor
     st = structure_of(g, feat_src.device)
     _check_nodes(st, feat_src, "src")
     _check_nodes(st, feat_dst, "dst")
+    if feat_src.dim() > 3:
+        return _gat_attention_folded(g, feat_src, feat_dst, attn_l, attn_r, negative_slope, attn_drop, edge_weight,
+                                     training, config)
     p = float(attn_drop) if training else 0.0
     ew = None
     if edge_weight is not None:
@@ -346,6 +419,30 @@ def gat_attention(g, feat_src: torch.Tensor, feat_dst: torch.Tensor, attn_l: tor
     out, a = _GATAttention.apply(feat_src, feat_dst, attn_l, attn_r, ew, st, float(negative_slope), p, seed,
                                  resolve_config(config))
     return out, a.unsqueeze(-1)
+
+
+def _gat_attention_folded(g, feat_src, feat_dst, attn_l, attn_r, negative_slope, attn_drop, edge_weight, training,
+                          config):
+    """Features ``[N, *extra, H, D]`` (DGL accepts them): the extra dims are folded into the heads (the
+    kernels take ``[N, H, D]``), the attention vectors repeated over them, and the results unfolded."""
+    extra, (heads, dim) = feat_src.shape[1:-2], feat_src.shape[-2:]
+    if feat_dst.shape[1:] != feat_src.shape[1:]:
+        raise ValueError(f"source and destination features must have the same trailing shape, got "
+                         f"{tuple(feat_src.shape[1:])} and {tuple(feat_dst.shape[1:])}")
+    folds = math.prod(extra)
+
+    def fold(t):
+        return t.reshape(t.shape[0], folds * heads, dim)
+
+    def fold_attn(a):
+        return a.reshape(1, 1, heads, dim).expand(1, folds, heads, dim).reshape(1, folds * heads, dim)
+
+    if edge_weight is not None and edge_weight[0].numel() == heads and heads > 1:
+        n = edge_weight.shape[0]
+        edge_weight = edge_weight.reshape(n, 1, heads).expand(n, folds, heads).reshape(n, folds * heads)
+    out, a = gat_attention(g, fold(feat_src), fold(feat_dst), fold_attn(attn_l), fold_attn(attn_r), negative_slope,
+                           attn_drop, edge_weight, training, config)
+    return out.view(out.shape[0], *extra, heads, dim), a.view(a.shape[0], *extra, heads, 1)
 
 
 def normalize_edge_weight(g, edge_weight: torch.Tensor, norm: str = "both", eps: float = 0.0) -> torch.Tensor:

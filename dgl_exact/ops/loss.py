@@ -2,6 +2,9 @@
 (of multi-label BCE, ``sigmoid(z) - y``), recomputed in backward from the logits ``z`` (the model's
 output, alive anyway) instead of keeping the ``[N, C]`` log-softmax that ``F.cross_entropy`` saves (often
 larger than a compressed hidden layer).
+
+Double backward (``create_graph=True``) recomputes the loss with torch's differentiable ops from the kept
+logits (exact). Soft targets or row weights that require a gradient take torch's own path.
 """
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from ._saving import load, needs_saving, save
+from ._saving import create_graph_requested, load, needs_saving, recompute_vjp, save
 
 __all__ = ["cross_entropy", "binary_cross_entropy_with_logits"]
 
@@ -44,6 +47,14 @@ class _RowLoss(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         logits, target, index, weight = load(ctx)
+        if create_graph_requested():
+            kind = ctx.kind
+
+            def loss_of(lg):
+                return _reduce(_row_losses(kind, _rows(lg, index), target), weight).to(grad.dtype)
+
+            (gl,) = recompute_vjp(loss_of, [logits], [True], [grad])
+            return gl, None, None, None, None
         z = _rows(logits, index)
         if ctx.kind == "ce":
             g = torch.softmax(z, dim=-1)
@@ -60,7 +71,7 @@ class _RowLoss(torch.autograd.Function):
 
 
 def _loss(kind, logits, target, index, weight):
-    if not needs_saving(logits):
+    if not needs_saving(logits) or target.requires_grad or (weight is not None and weight.requires_grad):
         return _reduce(_row_losses(kind, _rows(logits, index), target), weight)
     return _RowLoss.apply(logits, target, index, weight, kind)
 

@@ -3,51 +3,66 @@
 PyPI's DGL is CPU-only, so a graph stays on the CPU while features may live on a GPU. A
 :class:`GraphStructure` is exported once per (graph, device) and cached: CSC (in-edges grouped by
 destination: forward aggregation) and CSR (out-edges grouped by source: the transposed aggregation of
-backward), each with the edge ids of its stored edges, plus degrees. The cache entry dies with the
-graph's structure object: DGL replaces it when the graph is mutated (``add_edges``, ...), which
-invalidates the cache automatically.
+backward), each with the edge ids of its stored edges, plus degrees.
 
-Aggregation kernels are picked here: with a CPU graph and CPU features, DGL's own multithreaded C
-kernels; anywhere else (GPU), dgl_exact's kernels on torch tensors (never DGL's C kernels).
+The cache is keyed on the graph's structure object (``g._graph``, shared by every wrapper of one graph,
+e.g. ``local_scope``) and holds it only weakly: an entry dies with its graph (refcount, no GC cycle), and
+DGL replaces the structure object when the graph is mutated (``add_edges``, ...), which invalidates the
+entry automatically. Nothing in an entry refers to the key: a :class:`GraphStructure` reads the graph
+through its own handle on the same C++ graph (``copy_to`` its own device returns the same graph under a
+new Python object), so a structure kept by autograd for backward stays usable after the user dropped the
+graph, while the cache lets go. As a backstop, at most :data:`MAX_CACHED_GRAPHS` graphs are cached (least
+recently used evicted first: an evicted entry is simply rebuilt on its next use).
+
+Aggregation kernels are picked by the kernel registry (:mod:`dgl_exact.kernels`), like every other op: on
+CPU tensors its ``dgl`` backend (DGL's own multithreaded C kernels, which take the graph index), on CUDA
+tensors dgl_exact's kernels on the CSR tensors exported here.
 """
 from __future__ import annotations
 
-import contextlib
+import collections
 import threading
 import weakref
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
 from .. import kernels
+from ..kernels import reference
 from .._compat import import_dgl
 
 dgl = import_dgl()
-from dgl import _sparse_ops as _dgl_sparse  # noqa: E402  (raw, autograd-free DGL kernels)
+__all__ = ["GraphStructure", "structure_of", "clear_cache", "cache_size", "device_kernels_only",
+           "MAX_CACHED_GRAPHS"]
 
-__all__ = ["GraphStructure", "structure_of", "clear_cache", "device_kernels_only"]
+#: Most graphs whose structure is cached at once (least recently used evicted first). Entries of deleted
+#: graphs go at once anyway; this bounds what graphs kept alive by the caller can pin (device copies).
+MAX_CACHED_GRAPHS = 1024
 
-_cache: Dict[int, Dict[str, "GraphStructure"]] = {}
+
+class _Record:
+    """The cache entry of one graph: its structure per device, and the finalizer that drops the entry
+    when the graph's structure object dies (holds the key only weakly)."""
+
+    __slots__ = ("per_device", "finalizer")
+
+    def __init__(self):
+        self.per_device: Dict[str, "GraphStructure"] = {}
+        self.finalizer = None
+
+
+_cache: "collections.OrderedDict[int, _Record]" = collections.OrderedDict()
 _lock = threading.Lock()
+# keys of dead graphs whose finalizer found the lock taken (by another thread, or by this one when the
+# collector ran inside a locked region): removed by the next holder of the lock
+_pending: List[Tuple[int, _Record]] = []
 
 
-class _Settings(threading.local):
-    dgl_on_cpu = True
-
-
-_settings = _Settings()
-
-
-@contextlib.contextmanager
 def device_kernels_only():
-    """Within this scope CPU aggregation uses dgl_exact's torch kernels instead of DGL's C kernels: the
-    exact code path that GPU features take (used by tests to exercise it on the CPU)."""
-    previous = _settings.dgl_on_cpu
-    _settings.dgl_on_cpu = False
-    try:
-        yield
-    finally:
-        _settings.dgl_on_cpu = previous
+    """A scope in which CPU graph ops use dgl_exact's kernels instead of DGL's C kernels: the code path
+    CUDA features take (used by tests and the step counter to exercise it on the CPU). It is the kernel
+    registry's ``kernels.exclude("dgl")``."""
+    return kernels.exclude("dgl")
 
 
 def _check_graph(g) -> None:
@@ -67,33 +82,37 @@ class GraphStructure:
         self.num_src = g.num_src_nodes()
         self.num_dst = g.num_dst_nodes()
         self.num_edges = g.num_edges()
-        self._gidx = g._graph
-        self._dgl_capable = self.device.type == "cpu" and g.device.type == "cpu"
+        # our own Python handle on the same C++ graph (copy_to its own context returns the graph itself):
+        # never the cache key ``g._graph``, which the cache must not keep alive
+        self._gidx = g._graph.copy_to(g._graph.ctx)
         self._rev = None
         self._csc = self._csr = None
         self._src = self._dst = None
         self._in_deg = self._out_deg = None
         self._has_zero = None
-        self._graph_ref = weakref.ref(g)
 
-    @property
-    def use_dgl(self) -> bool:
-        """Whether DGL's C kernels serve this structure (CPU graph and CPU features, not disabled)."""
-        return self._dgl_capable and _settings.dgl_on_cpu
+    def _kernel(self, op: str, transpose: bool = False, side: str = "csc"):
+        """``(function, graph arguments)`` for ``op`` as the registry chose it for this device: DGL's graph
+        index for the ``dgl`` backend (a CPU graph: structure_of refuses a GPU graph with CPU features),
+        else the CSR triple (``csr`` when ``transpose``)."""
+        fn = kernels.get(op, self.device)
+        if kernels.chosen(op, self.device) == "dgl":
+            return fn, (self.reverse_gidx if transpose else self._gidx,)
+        return fn, (self.csr if transpose else self.csc)
 
     # --- index tensors, exported lazily -------------------------------------------------------
     @property
     def csc(self) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
         """(indptr over dst, src of each in-edge, edge ids) on the device."""
         if self._csc is None:
-            self._csc = _to_device(*_adj_tensors(self._graph_ref(), "csc"), self.device)
+            self._csc = _to_device(*_adj_tensors(self._gidx, "csc"), self.device)
         return self._csc
 
     @property
     def csr(self) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
         """(indptr over src, dst of each out-edge, edge ids) on the device."""
         if self._csr is None:
-            self._csr = _to_device(*_adj_tensors(self._graph_ref(), "csr"), self.device)
+            self._csr = _to_device(*_adj_tensors(self._gidx, "csr"), self.device)
         return self._csr
 
     @property
@@ -110,26 +129,35 @@ class GraphStructure:
         return self._dst
 
     def _edge_endpoints(self):
-        g = self._graph_ref()
-        src, dst = g.edges(order="eid")
+        src, dst, _ = self._gidx.edges(0, "eid")
         self._src = src.to(self.device, non_blocking=True)
         self._dst = dst.to(self.device, non_blocking=True)
+
+    def _graph_degrees(self, side: str) -> torch.Tensor:
+        """Degrees on the graph's device: in-degrees of the destination nodes or out-degrees of the sources."""
+        if side == "in":
+            return self._gidx.in_degrees(0, self._node_ids(self.num_dst))
+        return self._gidx.out_degrees(0, self._node_ids(self.num_src))
+
+    def _node_ids(self, n: int) -> torch.Tensor:
+        dtype = torch.int32 if self._gidx.dtype == "int32" else torch.int64
+        return torch.arange(n, dtype=dtype, device=_torch_device(self._gidx.ctx))
 
     @property
     def has_zero_in_degree(self) -> bool:
         """Whether some destination node has no in-edge (computed once, on the CPU graph)."""
         if self._has_zero is None:
-            self._has_zero = bool((self._graph_ref().in_degrees() == 0).any())
+            self._has_zero = bool((self._graph_degrees("in") == 0).any())
         return self._has_zero
 
     def in_degrees(self) -> torch.Tensor:
         if self._in_deg is None:
-            self._in_deg = self._graph_ref().in_degrees().to(self.device)
+            self._in_deg = self._graph_degrees("in").to(self.device)
         return self._in_deg
 
     def out_degrees(self) -> torch.Tensor:
         if self._out_deg is None:
-            self._out_deg = self._graph_ref().out_degrees().to(self.device)
+            self._out_deg = self._graph_degrees("out").to(self.device)
         return self._out_deg
 
     @property
@@ -152,40 +180,21 @@ class GraphStructure:
         """``out[v] = sum_{(u, v)} w[e] * x[u]`` (``transpose``: from destinations back to sources).
         ``x [n, H, D]``; ``w [E, H]`` or None. Returns ``[n_out, H, D]``."""
         n_out = self.num_src if transpose else self.num_dst
-        if self.use_dgl:
-            gidx = self.reverse_gidx if transpose else self._gidx
-            xin, win = _dgl_dtype(x), None if w is None else _dgl_dtype(w)[..., None]
-            op = "copy_lhs" if w is None else "mul"
-            out = _dgl_sparse._gspmm(gidx, op, "sum", xin, win)[0]
-            return out.to(x.dtype)
-        indptr, indices, eids = self.csr if transpose else self.csc
+        fn, graph = self._kernel("spmm_sum", transpose)
         # kernels compute in the dtype they are given: autocast must not recast their internal products
         # (on the CPU it turns the sparse product into a bf16 one torch does not implement)
         with torch.autocast(x.device.type, enabled=False):
-            return kernels.get("spmm_sum", x.device)(indptr, indices, eids, x, w, n_out)
+            return fn(*graph, x, w, n_out)
 
     def aggregate_minmax(self, x: torch.Tensor, reduce: str) -> Tuple[torch.Tensor, torch.Tensor]:
         """Max/min over in-edges and the source node attaining it (``-1`` without in-edges)."""
-        if self.use_dgl:
-            out, (arg_u, _) = _dgl_sparse._gspmm(self._gidx, "copy_lhs", reduce, _dgl_dtype(x), None)
-            arg_u = arg_u.long()
-            arg_u = torch.where(arg_u >= self.num_src, torch.full_like(arg_u, -1), arg_u)
-            if self.has_zero_in_degree:
-                # DGL's raw kernel leaves -inf/+inf and arg 0 where a destination has no in-edge (its
-                # message passing replaces the infinities with 0 afterwards): output 0, no source
-                empty = (self.in_degrees() == 0).view(-1, *([1] * (out.dim() - 1)))
-                out = out.masked_fill(empty, 0.0)
-                arg_u = arg_u.masked_fill(empty, -1)
-            return out.to(x.dtype), arg_u
-        indptr, indices, eids = self.csc
-        return kernels.get("spmm_minmax", x.device)(indptr, indices, eids, x, reduce, self.num_dst)
+        fn, graph = self._kernel("spmm_minmax")
+        return fn(*graph, x, reduce, self.num_dst)
 
     def edge_dot(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         """``out[e] = <a[src(e)], b[dst(e)]>`` over the last dim: ``[n_src, H, D] x [n_dst, H, D] -> [E, H]``."""
-        if self.use_dgl:
-            return _dgl_sparse._gsddmm(self._gidx, "dot", _dgl_dtype(a), _dgl_dtype(b), "u", "v")[..., 0].to(a.dtype)
-        indptr, indices, eids = self.csc
-        return kernels.get("sddmm_dot", a.device)(indptr, indices, eids, a, b)
+        fn, graph = self._kernel("sddmm_dot")
+        return fn(*graph, a, b)
 
     def edge_sum_to(self, e: torch.Tensor, side: str) -> torch.Tensor:
         """Sum per-edge values ``[E, ...]`` onto destination (``side='dst'``) or source nodes."""
@@ -195,16 +204,20 @@ class GraphStructure:
         return out.index_add_(0, index, e)
 
 
-def _dgl_dtype(x: torch.Tensor) -> torch.Tensor:
-    # DGL's CPU kernels handle fp32/fp64; compute low precision in fp32.
-    return x if x.dtype in (torch.float32, torch.float64) else x.float()
-
-
-def _adj_tensors(g, fmt):
-    indptr, indices, eids = g.adj_tensors(fmt)
+def _adj_tensors(gidx, fmt):
+    """``DGLGraph.adj_tensors(fmt)`` of the single edge type, read from the structure object."""
+    if fmt == "csc":  # the CSR of the transposed adjacency, as DGL's adj_tensors reads it
+        indptr, indices, eids = gidx.adjacency_matrix_tensors(0, True, "csr")[2:]
+    else:
+        indptr, indices, eids = gidx.adjacency_matrix_tensors(0, False, fmt)[2:]
     if eids is not None and eids.numel() and bool((eids == torch.arange(eids.numel())).all()):
         eids = None  # identity permutation: skip the gather in kernels
     return indptr, indices, eids
+
+
+def _torch_device(ctx) -> torch.device:
+    """The torch device of a DGL context (``DGLContext``: device_type 1 is the CPU, 2 CUDA)."""
+    return torch.device("cpu") if ctx.device_type == 1 else torch.device("cuda", ctx.device_id)
 
 
 def _to_device(indptr, indices, eids, device):
@@ -222,46 +235,81 @@ def structure_of(g, device) -> GraphStructure:
                          f"(g = g.to('{device}') or feat = feat.to('{g.device}')); a CPU graph works with "
                          "features on any device")
     gidx = g._graph
-    key = id(gidx)
+    key = id(gidx)  # unique while gidx lives; the finalizer drops the entry before the id can be reused
     dev_key = str(device)
+    evicted = []
     with _lock:
-        per_graph = _cache.get(key)
-        if per_graph is None:
-            per_graph = {}
-            _cache[key] = per_graph
-            weakref.finalize(gidx, _cache.pop, key, None)
-        entry = per_graph.get(dev_key)
-        if entry is None or entry._graph_ref() is None:
+        _drop_pending()
+        record = _cache.get(key)
+        if record is None:
+            record = _Record()
+            record.finalizer = weakref.finalize(gidx, _forget, key, record)
+            record.finalizer.atexit = False
+            _cache[key] = record
+            while len(_cache) > max(1, MAX_CACHED_GRAPHS):
+                evicted.append(_cache.popitem(last=False)[1])
+        else:
+            _cache.move_to_end(key)
+        entry = record.per_device.get(dev_key)
+        if entry is None:
             entry = GraphStructure(g, device)
-            per_graph[dev_key] = entry
-        elif entry._graph_ref() is not g:
-            entry._graph_ref = weakref.ref(g)  # same structure, another DGLGraph wrapper (local_scope)
+            record.per_device[dev_key] = entry
+    for old in evicted:  # outside the lock: detach runs no callback, but dropping entries may run the GC
+        old.finalizer.detach()
     return entry
+
+
+def _forget(key: int, record: _Record) -> None:
+    """Finalizer of a graph's structure object: drop its entry (not a newer entry under a reused id)."""
+    if _lock.acquire(blocking=False):
+        try:
+            _drop(key, record)
+            _drop_pending()
+        finally:
+            _lock.release()
+    else:  # another thread holds the lock, or the collector ran this inside a locked region of ours
+        _pending.append((key, record))
+
+
+def _drop(key: int, record: _Record) -> None:
+    if _cache.get(key) is record:
+        del _cache[key]
+
+
+def _drop_pending() -> None:
+    """With the lock held: remove entries whose graphs died while the lock was taken."""
+    while _pending:
+        _drop(*_pending.pop())
 
 
 def clear_cache() -> None:
     with _lock:
+        records = list(_cache.values())
         _cache.clear()
+        _pending.clear()
+    for record in records:
+        record.finalizer.detach()
+
+
+def cache_size() -> int:
+    """Number of graphs whose structure is cached (entries of deleted graphs are gone)."""
+    with _lock:
+        _drop_pending()
+        return len(_cache)
 
 
 def cached_static_tensors():
     """All tensors held by structure caches (for memory meters)."""
     with _lock:
-        entries = [e for per in _cache.values() for e in per.values()]
+        _drop_pending()
+        entries = [e for record in _cache.values() for e in record.per_device.values()]
     return [t for e in entries for t in e.static_tensors()]
-
-
-def _edge_softmax_torch(st: GraphStructure, e: torch.Tensor) -> torch.Tensor:
-    dst = st.dst
-    shape = (st.num_dst,) + tuple(e.shape[1:])
-    emax = e.new_full(shape, float("-inf")).scatter_reduce_(
-        0, dst.view(-1, *([1] * (e.dim() - 1))).expand_as(e), e, reduce="amax", include_self=True)
-    ex = (e - emax[dst]).exp()
-    return ex / st.edge_sum_to(ex, "dst")[dst]
 
 
 def edge_softmax_forward(st: GraphStructure, e: torch.Tensor) -> torch.Tensor:
     """Softmax of per-edge scores ``[E, H]`` over the in-edges of each destination node."""
-    if st.use_dgl:
-        return _dgl_sparse._edge_softmax_forward(st._gidx, _dgl_dtype(e), "copy_rhs").to(e.dtype)
-    return _edge_softmax_torch(st, e)
+    if kernels.chosen("edge_softmax", st.device) == "dgl":
+        return kernels.get("edge_softmax", st.device)(st._gidx, e)
+    # the reference's body on the cached edge-id-ordered destinations, inline: no backend has a kernel for
+    # it, so on a GPU it is these torch calls (and the step counter sees each of them)
+    return reference.edge_softmax_by_dst(st.dst, st.num_dst, e)

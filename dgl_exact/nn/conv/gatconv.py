@@ -1,14 +1,20 @@
 """GATConv with compressed activations."""
 from __future__ import annotations
 
+import warnings
 from typing import Optional
+
+import torch.nn as nn
 
 from ..._compat import import_dgl
 from ... import ops
 from ...config import CompressionConfig
-from .._base import CompressedModuleMixin, check_zero_in_degree, compressed_activation
+from .._base import (CompressedModuleMixin, apply_dropout, apply_linear, check_zero_in_degree, compressed_activation,
+                     plain_dropout_p)
 
 dgl = import_dgl()
+
+_fallback_warned = False
 
 
 class GATConv(CompressedModuleMixin, dgl.nn.GATConv):
@@ -23,6 +29,10 @@ class GATConv(CompressedModuleMixin, dgl.nn.GATConv):
     ``state_dict`` and output as DGL's. Attention, its dropout and aggregation run as one op that keeps no
     per-edge tensor for backward (they are recomputed from two ``[N, heads]`` score vectors and the
     dropout seed); the projected features are kept compressed. Output shape ``(N_dst, num_heads, out_feats)``.
+    ``feat_drop``, ``fc``/``fc_src``/``fc_dst`` or ``res_fc`` replaced by other modules (``nn.Identity()``,
+    ``nn.Sequential``, ...) are applied as DGL applies them; an ``attn_drop`` other than a dropout or
+    ``nn.Identity``, or a ``leaky_relu`` other than :class:`torch.nn.LeakyReLU`, cannot be fused: the layer
+    then runs DGL's uncompressed implementation (one-time warning).
 
     Parameters
     ----------
@@ -56,17 +66,24 @@ class GATConv(CompressedModuleMixin, dgl.nn.GATConv):
         self._init_compression(compression)
 
     def forward(self, graph, feat, edge_weight=None, get_attention=False):
+        global _fallback_warned
+        attn_p = plain_dropout_p(self.attn_drop)
+        if attn_p is None or not isinstance(self.leaky_relu, nn.LeakyReLU):
+            if not _fallback_warned:
+                warnings.warn("dgl_exact.GATConv: a replaced attn_drop or leaky_relu module cannot be fused into "
+                              "the attention op; this layer runs uncompressed (DGL's implementation)", stacklevel=2)
+                _fallback_warned = True
+            return super().forward(graph, feat, edge_weight, get_attention)
         cfg = self._config()
         heads, out = self._num_heads, self._out_feats
-        p = self.feat_drop.p
 
         def fc(layer, x):
-            return ops.linear(x, layer.weight, layer.bias, cfg)
+            return apply_linear(layer, x, cfg)
 
         if isinstance(feat, tuple):
             src_prefix, dst_prefix = feat[0].shape[:-1], feat[1].shape[:-1]
-            h_src = ops.dropout(feat[0], p, self.training)
-            h_dst = ops.dropout(feat[1], p, self.training)
+            h_src = apply_dropout(self.feat_drop, feat[0])
+            h_dst = apply_dropout(self.feat_drop, feat[1])
             st = ops.structure_of(graph, h_src.device)
             check_zero_in_degree(self, st)
             src_layer = self.fc if not hasattr(self, "fc_src") else self.fc_src
@@ -75,7 +92,7 @@ class GATConv(CompressedModuleMixin, dgl.nn.GATConv):
             feat_dst = fc(dst_layer, h_dst).view(*dst_prefix, heads, out)
         else:
             src_prefix = dst_prefix = feat.shape[:-1]
-            h_src = h_dst = ops.dropout(feat, p, self.training)
+            h_src = h_dst = apply_dropout(self.feat_drop, feat)
             st = ops.structure_of(graph, h_src.device)
             check_zero_in_degree(self, st)
             feat_src = feat_dst = fc(self.fc, h_src).view(*src_prefix, heads, out)
@@ -84,13 +101,10 @@ class GATConv(CompressedModuleMixin, dgl.nn.GATConv):
                 feat_dst, h_dst = feat_src[:n_dst], h_dst[:n_dst]
                 dst_prefix = (n_dst,) + tuple(dst_prefix[1:])
         rst, attention = ops.gat_attention(graph, feat_src, feat_dst, self.attn_l, self.attn_r,
-                                           negative_slope=self.leaky_relu.negative_slope, attn_drop=self.attn_drop.p,
+                                           negative_slope=self.leaky_relu.negative_slope, attn_drop=attn_p,
                                            edge_weight=edge_weight, training=self.training, config=cfg)
         if self.res_fc is not None:
-            if isinstance(self.res_fc, dgl.nn.pytorch.utils.Identity):
-                resval = h_dst.view(*dst_prefix, -1, out)
-            else:
-                resval = fc(self.res_fc, h_dst).view(*dst_prefix, -1, out)
+            resval = fc(self.res_fc, h_dst).view(*dst_prefix, -1, out)
             rst = rst + resval
         if self.has_explicit_bias:
             rst = rst + self.bias.view(*((1,) * len(dst_prefix)), heads, out)

@@ -3,10 +3,16 @@ from __future__ import annotations
 
 from typing import Optional
 
+import torch
+import torch.nn.functional as F
+
 from ..._compat import import_dgl
+from ...ops._saving import (DOUBLE_BACKWARD_MESSAGE, autocast_dtype, create_graph_requested, load, needs_saving,
+                            row_chunks, save, stash)
 from ... import ops
 from ...config import CompressionConfig
-from .._base import CompressedModuleMixin, check_feature_rows, check_zero_in_degree, compressed_activation
+from .._base import (CompressedModuleMixin, check_feature_rows, check_zero_in_degree, compressed_activation, into,
+                     kept_by_reference)
 
 dgl = import_dgl()
 
@@ -57,22 +63,96 @@ class GCN2Conv(CompressedModuleMixin, dgl.nn.GCN2Conv):
         check_feature_rows(st, feat)
         check_zero_in_degree(self, st)
         cfg = self._config()
+        # Layer-sized fp32 temporaries are updated in place where this module owns them (see ``into``): the
+        # chain below holds at most two of them (plus the caller's input and h0) instead of seven.
         if edge_weight is None:
             norm = st.in_degrees().to(feat).clamp(min=1).pow(-0.5).unsqueeze(1)
-            h = ops.copy_u_sum(graph, feat * norm) * norm
+            h = into(ops.copy_u_sum(graph, feat * norm), "mul", norm)  # feat * norm dies with the call
+            h = into(h, "mul", 1 - self.alpha)
         else:
             edge_weight = ops.normalize_edge_weight(graph, edge_weight, "both")
-            h = ops.u_mul_e_sum(graph, feat, edge_weight, cfg)
-        h = h * (1 - self.alpha)
-        feat_0 = feat_0[: h.size(0)] * self.alpha
-        feat_sum = h + feat_0
+            h = into(ops.u_mul_e_sum(graph, feat, edge_weight, cfg), "mul", 1 - self.alpha)
+        if _MixGCN2.applies(self, h, feat_0, cfg):
+            return self._activate(_MixGCN2.apply(h, feat_0, self.weight1, self.bias if self._bias else None,
+                                                 float(self.alpha), float(self.beta), cfg), cfg)
+        # slice only when needed: the backward of a slice allocates a full-size zero-padded gradient
+        feat_0 = (feat_0 if feat_0.size(0) == h.size(0) else feat_0[: h.size(0)]) * self.alpha
         if self._project_initial_features:
+            feat_sum = into(h, "add", feat_0)
+            del h, feat_0
             proj = ops.linear(feat_sum, self.weight1.t(), None, cfg)
         else:
-            proj = ops.linear(h, self.weight1.t(), None, cfg) + ops.linear(feat_0, self.weight2.t(), None, cfg)
-        rst = (1 - self.beta) * feat_sum + self.beta * proj
+            proj = into(ops.linear(h, self.weight1.t(), None, cfg), "add",
+                        ops.linear(feat_0, self.weight2.t(), None, cfg))
+            feat_sum = h + feat_0
+            del h, feat_0
+        proj = into(proj, "mul", self.beta)
+        # the linear keeps feat_sum compressed (or not at all): it may then be overwritten
+        if self._project_initial_features and self.weight1.requires_grad and kept_by_reference(feat_sum, cfg):
+            rst = (1 - self.beta) * feat_sum
+        else:
+            rst = into(feat_sum, "mul", 1 - self.beta)
+        del feat_sum
+        rst = into(rst, "add", proj)
+        del proj
         if self._bias:
-            rst = rst + self.bias
+            rst = into(rst, "add", self.bias)
+        return self._activate(rst, cfg)
+
+    def _activate(self, rst, cfg):
         if self._activation is not None:
             rst = compressed_activation(self._activation, cfg)(rst)
         return rst
+
+
+class _MixGCN2(torch.autograd.Function):
+    """GCNII's mix after the propagation, in one op over the propagation's own buffer ``h`` (already times
+    ``1 - alpha``): ``s = h + alpha h0``, ``out = (1 - beta) s + beta s W (+ b)``, the same operations in
+    the same order as the unfused chain (bit-identical forward), keeping only ``s`` compressed. Backward
+    holds two layer-sized buffers besides its input gradient (``gs = (1 - beta) g + beta g W^T``, then
+    ``alpha gs``) instead of autograd's five, and the weight gradient comes from ``s`` in row chunks.
+    Used only with compression on (compressed copies cannot do double backward anyway); otherwise the
+    module runs the unfused chain, exact to any order."""
+
+    @staticmethod
+    def applies(conv, h, feat_0, cfg) -> bool:
+        return (conv._project_initial_features and cfg.enabled and h._base is None
+                and feat_0.shape == h.shape and feat_0.dtype == h.dtype == conv.weight1.dtype
+                and (not conv._bias or conv.bias.dtype == h.dtype)
+                and autocast_dtype(h.device.type) is None
+                and needs_saving(h, feat_0, conv.weight1, conv.bias if conv._bias else None))
+
+    @staticmethod
+    def forward(ctx, h, feat_0, weight1, bias, alpha, beta, cfg):
+        h.add_(feat_0 * alpha)  # s
+        kept = stash(h, cfg, force=True) if ctx.needs_input_grad[2] else None  # force: h is overwritten below
+        proj = F.linear(h, weight1.t()).mul_(beta)
+        h.mul_(1 - beta).add_(proj)
+        del proj
+        if bias is not None:
+            h.add_(bias)
+        ctx.mark_dirty(h)
+        ctx.alpha, ctx.beta, ctx.has_bias = alpha, beta, bias is not None
+        save(ctx, kept, weight1)
+        return h
+
+    @staticmethod
+    def backward(ctx, grad):
+        kept, weight1 = load(ctx)
+        if create_graph_requested():  # only built with compression on
+            raise RuntimeError(DOUBLE_BACKWARD_MESSAGE.format(op="GCN2Conv"))
+        needs = ctx.needs_input_grad
+        gh = gf0 = gw = gb = None
+        if needs[0] or needs[1]:
+            gs = grad.matmul(weight1.t()).mul_(ctx.beta).add_(grad, alpha=1 - ctx.beta)
+            gf0 = gs * ctx.alpha if needs[1] else None
+            gh = gs if needs[0] else None
+            del gs
+        if needs[2]:
+            for r0, r1, s in row_chunks(kept):
+                part = s.to(grad.dtype).reshape(r1 - r0, -1).t().matmul(grad[r0:r1])
+                gw = part if gw is None else gw.add_(part)
+            gw = gw.mul_(ctx.beta)
+        if ctx.has_bias and needs[3]:
+            gb = grad.sum(0)
+        return gh, gf0, gw, gb, None, None, None

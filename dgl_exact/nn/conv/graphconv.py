@@ -8,7 +8,7 @@ import torch
 from ..._compat import import_dgl
 from ... import ops
 from ...config import CompressionConfig
-from .._base import CompressedModuleMixin, check_feature_rows, check_zero_in_degree, compressed_activation
+from .._base import CompressedModuleMixin, check_feature_rows, check_zero_in_degree, compressed_activation, into
 
 dgl = import_dgl()
 from dgl.utils import expand_as_pair  # noqa: E402
@@ -82,22 +82,28 @@ class GraphConv(CompressedModuleMixin, dgl.nn.GraphConv):
             return norm.reshape(norm.shape + (1,) * (like.dim() - 1))
 
         left = node_norm(st.out_degrees(), feat_src) if self._norm in ("left", "both") else None
+        if left is not None and not feat_src.is_floating_point():
+            # DGL normalises first, which turns integer features (e.g. int64 one-hot) into floats
+            feat_src, left = feat_src * left, None
+        # ``into``: the normalisations and the bias write into the layer-sized temporaries this module owns
+        # (the linear's or the aggregation's output), and no local name keeps ``feat * norm`` alive past
+        # its aggregation: one layer-sized buffer fewer at the forward's peak than out-of-place products.
         if self._in_feats > self._out_feats:
             # (diag(n) X) W == diag(n) (X W): multiplying by the norm after the product lets the product
             # keep the layer input (alive anyway) instead of a fresh normalised copy.
             h = feat_src if weight is None else ops.linear(feat_src, weight.t(), None, cfg)
             if left is not None:
-                h = h * left.to(h.dtype)
+                h = into(h, "mul", left.to(h.dtype)) if weight is not None else h * left.to(h.dtype)
             rst = aggregate(h)
+            del h
         else:
-            h = feat_src * left if left is not None else feat_src
-            rst = aggregate(h)
+            rst = aggregate(feat_src * left if left is not None else feat_src)
             if weight is not None:
                 rst = ops.linear(rst, weight.t(), None, cfg)
         if self._norm in ("right", "both"):
-            rst = rst * node_norm(st.in_degrees(), feat_dst).to(rst.dtype)
+            rst = into(rst, "mul", node_norm(st.in_degrees(), feat_dst).to(rst.dtype))
         if self.bias is not None:
-            rst = rst + self.bias
+            rst = into(rst, "add", self.bias)
         if self._activation is not None:
             rst = compressed_activation(self._activation, cfg)(rst)
         return rst

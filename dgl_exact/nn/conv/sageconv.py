@@ -8,13 +8,47 @@ import torch
 
 from ..._compat import import_dgl
 from ... import ops
+from ...ops._saving import mark_fresh, needs_saving
 from ...config import CompressionConfig
-from .._base import CompressedModuleMixin, compressed_activation
+from .._base import (CompressedModuleMixin, apply_dropout, apply_linear, compressed_activation, into,
+                     plain_linear as _plain_linear)
 
 dgl = import_dgl()
 from dgl.utils import check_eq_shape  # noqa: E402
 
-_lstm_warned = False
+_fallback_warned = set()
+
+
+def _warn_fallback_once(reason: str) -> None:
+    if reason not in _fallback_warned:
+        warnings.warn(f"dgl_exact.SAGEConv: {reason} runs uncompressed (DGL's implementation)", stacklevel=3)
+        _fallback_warned.add(reason)
+
+
+class _DivideByInDegrees(torch.autograd.Function):
+    """``x / max(in_degree, 1)`` per destination row, keeping nothing (the degrees come from the structure
+    again in backward; a plain division would keep the degree vector)."""
+
+    @staticmethod
+    def forward(ctx, x, st):
+        ctx.st = st
+        return x / _in_degrees(st, x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad / _in_degrees(ctx.st, grad), None  # differentiable in grad: double backward exact
+
+
+def _in_degrees(st, like):
+    return st.in_degrees().clamp(min=1).to(like.dtype).view(-1, *([1] * (like.dim() - 1)))
+
+
+def _divide_by_in_degrees(x, st):
+    """copy_u_mean's values as sum then division: in backward the division's output gradient dies before
+    the aggregation backward allocates (one layer-sized buffer fewer at the peak than copy_u_mean)."""
+    if needs_saving(x):
+        return _DivideByInDegrees.apply(x, st)
+    return mark_fresh(x / _in_degrees(st, x))  # fresh without autograd: fc_neigh compresses it
 
 
 class SAGEConv(CompressedModuleMixin, dgl.nn.SAGEConv):
@@ -27,7 +61,9 @@ class SAGEConv(CompressedModuleMixin, dgl.nn.SAGEConv):
     Same constructor, forward signature, parameters (``fc_self``, ``fc_neigh``, ``fc_pool``, ``bias``),
     initialisation, ``state_dict`` and output as DGL's. ``aggregator_type`` 'mean', 'gcn' and 'pool' keep
     compressed activations ('mean'/'gcn' aggregation keeps nothing; 'pool' keeps one bit for its ReLU and
-    the arg-max indices); 'lstm' runs DGL's uncompressed implementation (one-time warning).
+    the arg-max indices); 'lstm', and 'pool' with ``edge_weight`` (the max of weighted messages), run
+    DGL's uncompressed implementation (one-time warning). ``feat_drop`` or the linear layers replaced by
+    other modules (``nn.Identity()``, ``nn.Sequential``, ...) are applied as DGL applies them.
 
     Parameters
     ----------
@@ -60,20 +96,18 @@ class SAGEConv(CompressedModuleMixin, dgl.nn.SAGEConv):
         self._init_compression(compression)
 
     def forward(self, graph, feat, edge_weight=None):
-        global _lstm_warned
         if self._aggre_type == "lstm":
-            if not _lstm_warned:
-                warnings.warn("dgl_exact.SAGEConv: the 'lstm' aggregator runs uncompressed (DGL's implementation)",
-                              stacklevel=2)
-                _lstm_warned = True
+            _warn_fallback_once("the 'lstm' aggregator")
+            return super().forward(graph, feat, edge_weight)
+        if self._aggre_type == "pool" and edge_weight is not None:
+            _warn_fallback_once("the 'pool' aggregator with edge_weight")
             return super().forward(graph, feat, edge_weight)
         cfg = self._config()
-        p = self.feat_drop.p
         if isinstance(feat, tuple):
-            feat_src = ops.dropout(feat[0], p, self.training)
-            feat_dst = ops.dropout(feat[1], p, self.training)
+            feat_src = apply_dropout(self.feat_drop, feat[0])
+            feat_dst = apply_dropout(self.feat_drop, feat[1])
         else:
-            feat_src = feat_dst = ops.dropout(feat, p, self.training)
+            feat_src = feat_dst = apply_dropout(self.feat_drop, feat)
             if graph.is_block:
                 feat_dst = feat_src[: graph.number_of_dst_nodes()]
         st = ops.structure_of(graph, feat_src.device)
@@ -81,7 +115,7 @@ class SAGEConv(CompressedModuleMixin, dgl.nn.SAGEConv):
             raise ValueError(f"edge_weight has {edge_weight.shape[0]} rows but the graph has {graph.num_edges()} edges")
 
         def fc(layer, x):
-            return ops.linear(x, layer.weight, layer.bias, cfg)
+            return apply_linear(layer, x, cfg)
 
         def aggregate_sum(h):
             return ops.copy_u_sum(graph, h) if edge_weight is None else ops.u_mul_e_sum(graph, h, edge_weight, cfg)
@@ -89,11 +123,10 @@ class SAGEConv(CompressedModuleMixin, dgl.nn.SAGEConv):
         lin_before_mp = self._in_src_feats > self._out_feats
         if self._aggre_type == "mean":
             h = fc(self.fc_neigh, feat_src) if lin_before_mp else feat_src
-            if edge_weight is None:
-                h_neigh = ops.copy_u_mean(graph, h)
-            else:
-                degs = st.in_degrees().clamp(min=1).to(h.dtype).view(-1, *([1] * (h.dim() - 1)))
-                h_neigh = aggregate_sum(h) / degs
+            # the sum, then the division (copy_u_mean's values): in backward the division's output
+            # gradient dies before the aggregation allocates, one layer-sized buffer fewer at the peak
+            h_neigh = _divide_by_in_degrees(aggregate_sum(h), st)
+            del h
             if not lin_before_mp:
                 h_neigh = fc(self.fc_neigh, h_neigh)
         elif self._aggre_type == "gcn":
@@ -109,9 +142,6 @@ class SAGEConv(CompressedModuleMixin, dgl.nn.SAGEConv):
                 h_neigh = fc(self.fc_neigh, h_neigh)
         elif self._aggre_type == "pool":
             h = ops.relu(fc(self.fc_pool, feat_src))
-            if edge_weight is not None:
-                raise dgl.DGLError("dgl_exact.SAGEConv: edge_weight with the 'pool' aggregator is not supported "
-                                   "(DGL multiplies messages before the max; use 'mean' or 'gcn')")
             h_neigh = fc(self.fc_neigh, ops.copy_u_max(graph, h))
         else:
             raise KeyError(f"Aggregator type {self._aggre_type} not recognized.")
@@ -123,7 +153,11 @@ class SAGEConv(CompressedModuleMixin, dgl.nn.SAGEConv):
             if self.bias is not None:
                 rst = rst + self.bias
         else:
-            rst = fc(self.fc_self, feat_dst) + h_neigh
+            rst = fc(self.fc_self, feat_dst)
+            # fc_neigh's output is added into fc_self's (a fresh buffer this module owns when fc_self is a
+            # plain Linear): one layer-sized buffer fewer at the forward's peak than ``a + b``
+            rst = into(rst, "add", h_neigh) if _plain_linear(self.fc_self) else rst + h_neigh
+        del h_neigh
         if self.activation is not None:
             rst = compressed_activation(self.activation, cfg)(rst)
         if self.norm is not None:
