@@ -18,5 +18,6 @@ from .nn import GATConv, GCN2Conv, GraphConv, SAGEConv, compress_model  # noqa: 
 __version__ = "0.1.0"
 
 __all__ = ["CompressionConfig", "config", "get_config", "set_config", "compress", "decompress",
-           "CompressedTensor", "backend", "GraphConv", "SAGEConv", "GATConv", "GCN2Conv", "compress_model", "ops", "nn", "memory",
+           "CompressedTensor", "backend", "GraphConv", "SAGEConv", "GATConv", "GCN2Conv", "compress_model", "ops", "nn",
+           "memory",
            "__version__"]

@@ -8,7 +8,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
 
-import dgl_exact  # noqa: E402  (installs the DGL compatibility shim before tests import dgl)
+import dgl_exact  # noqa: E402, F401  (installs the DGL compatibility shim before tests import dgl)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -31,6 +31,10 @@ def test_bench_memory_and_speed(tmp_path):
     assert rows["DGL fp32"]["ratio_vs_baseline"] == pytest.approx(1.0)
     assert rows["INT2"]["activation_bytes"] < rows["INT8"]["activation_bytes"] < rows["DGL fp32"]["activation_bytes"]
     assert "PyG fp32" in rows  # listed, with a note where PyG is not installed
+    # the step peak (forward + backward + Adam) beside the activations, both against DGL fp32
+    assert all(rows[s]["step_peak_bytes"] is None or rows[s]["step_peak_bytes"] >= 0 for s in ("DGL fp32", "INT2"))
+    assert all(rows[s]["peak_method"] for s in ("DGL fp32", "INT2"))
+    assert "step_peak_MiB" in (out / "memory.md").read_text()
     for name in ("memory.csv", "memory.md", "memory.png"):
         assert (out / name).stat().st_size > 0
     proc = cli("speed", "--dataset", TINY, "--models", "gcn", "--hidden", "16", "--layers", "2", "--epochs", "1",
@@ -86,7 +90,8 @@ def test_bench_profile_writes_per_op_tables(tmp_path):
     assert [r["setting"] for r in rows] == ["dgl_exact fp32", "INT2"] and all(r["wall_ms"] > 0 for r in rows)
     int2 = (out / rows[1]["table"]).read_text()
     assert "_Linear" in int2 and "aten::aminmax" in int2  # the compressed path shows up op by op
-    assert "_Linear" in (out / rows[0]["table"]).read_text() and "aten::aminmax" not in (out / rows[0]["table"]).read_text()
+    table = (out / rows[0]["table"]).read_text()
+    assert "_Linear" in table and "aten::aminmax" not in table
     bad = cli("profile", "--dataset", TINY, "--steps", "0", "--out", str(out), "-q", cwd=str(tmp_path))
     assert bad.returncode == 2 and bad.stderr.startswith("error:")
 
@@ -122,3 +127,43 @@ def test_sync_sites_counts_each_synchronising_call_site(monkeypatch):
     with pytest.raises(RuntimeError):
         runner._sync_sites(failing)
     assert modes[-1] == 0
+
+
+def test_memory_grid_in_process_deep_gcnii(tmp_path):
+    """The grid in one process (isolate=False): 16 GCNII layers, step peak and activations per row."""
+    from dgl_exact.bench.results import ResultSink
+    from dgl_exact.bench.runner import Workload, memory_grid
+    from dgl_exact.bench.settings import select
+    from dgl_exact.data import load_dataset
+
+    # 4,000 nodes x 16: layer tensors of 250 KiB, above the 128 KiB mmap threshold, so the in-process
+    # resident high-water mark sees them (on TINY's 12 KiB tensors it is allocator noise)
+    work = Workload(load_dataset("synthetic-small:num_nodes=4000,num_features=16,num_classes=4", str(tmp_path)),
+                    "cpu", hidden=16, layers=16)
+    rows = memory_grid(work, ["gcn2"], select("dgl_exact fp32,INT2,PyG"), ResultSink(str(tmp_path), "m"),
+                       progress=False, isolate=False)
+    assert [r["layers"] for r in rows] == [16, 16, 16] and rows[2]["note"].startswith("n/a")
+    assert rows[1]["activation_bytes"] < rows[0]["activation_bytes"]
+    assert all(r["peak_method"] and "fresh process" not in r["peak_method"] for r in rows[:2])
+    assert rows[0]["ratio_vs_baseline"] == pytest.approx(1.0)  # no DGL row: the first measured setting
+
+
+@pytest.mark.slow
+def test_bench_memory_step_peak_and_deep_gcnii(tmp_path):
+    """--models gcn2 --layers 16 (EXACT's arxiv GCNII depth) runs; each row has the step peak measured on
+    a 6,000-node graph (tensors of MiB size: above the allocator's noise) and DGL fp32's ratio is 1."""
+    from dgl_exact.memory import vmhwm_available
+
+    out = tmp_path / "out"
+    graph = "synthetic-small:num_nodes=6000,num_features=64,num_classes=4"
+    proc = cli("memory", "--dataset", graph, "--models", "gcn2", "--hidden", "64", "--layers", "16",
+               "--settings", "DGL fp32,dgl_exact fp32,INT2", "--out", str(out), "-q", cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    rows = {r["setting"]: r for r in _rows(out / "memory.jsonl")}
+    assert set(rows) == {"DGL fp32", "dgl_exact fp32", "INT2"} and all(r["layers"] == 16 for r in rows.values())
+    assert "step peak" in proc.stdout
+    if vmhwm_available() is None:
+        assert rows["DGL fp32"]["peak_ratio_vs_baseline"] == pytest.approx(1.0)
+        assert rows["INT2"]["step_peak_bytes"] < rows["DGL fp32"]["step_peak_bytes"]
+        assert rows["INT2"]["activation_bytes"] < rows["dgl_exact fp32"]["activation_bytes"] <= \
+            rows["dgl_exact fp32"]["step_peak_bytes"]

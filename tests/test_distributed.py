@@ -123,6 +123,90 @@ def test_cli_under_torchrun_env(monkeypatch, capsys, tmp_path):
         assert e.value.code == 2 and message in capsys.readouterr().err
 
 
+def test_cpu_workers_bounded_by_cores(monkeypatch, capsys, tmp_path):
+    """`--nproc 64` on a 2-core CPU used to start 64 full training processes (15 GB in 30 s): one line,
+    exit 2, the limit and why; DGL_EXACT_OVERSUBSCRIBE=1 lifts it."""
+    monkeypatch.delenv(D.OVERSUBSCRIBE_ENV, raising=False)
+    n = D.cpu_cores() + 1
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--nproc", str(n), "--sampler", "saint", "--device", "cpu", "--data-root", str(tmp_path)])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and len(err.splitlines()) == 1, err
+    assert f"{D.cpu_cores()} CPU core(s)" in err and f"--nproc {D.cpu_cores()} or fewer" in err
+    assert D.OVERSUBSCRIBE_ENV in err
+    D._check_cpu_workers(D.cpu_cores())  # up to one per core is fine
+    monkeypatch.setenv(D.OVERSUBSCRIBE_ENV, "1")
+    D._check_cpu_workers(n)
+
+
+def _children(pid):
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(c) for c in f.read().split()]
+    except OSError:
+        return []
+
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _ctrl_c_launch(tmp_path, ready):
+    """Run `train --nproc 2` in its own session, wait until ``ready(launcher_pid, workers)``, then send
+    SIGINT to the launcher's process group (what a terminal's Ctrl-C does); returns (proc, stderr, workers)."""
+    import signal
+
+    args = [sys.executable, "-m", "dgl_exact", "train", "--nproc", "2", *SAINT[:-4], "--epochs", "500", "--device",
+            "cpu", "-q", "--data-root", str(tmp_path), "--checkpoint", str(tmp_path / "ckpt.pt")]
+    proc = subprocess.Popen(args, cwd=tmp_path, env=worker_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        end = time.monotonic() + JOB_TIMEOUT
+        workers = []
+        while time.monotonic() < end and proc.poll() is None:
+            workers = _children(proc.pid)
+            if len(workers) == 2 and ready(proc.pid, workers):
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None and len(workers) == 2, "the launcher did not start its 2 workers"
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return proc, err, workers
+
+
+def _assert_one_quiet_line(proc, err, workers):
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("interrupted: stopping"), err
+    assert not any(_alive(w) for w in workers), "a worker outlived its launcher"
+
+
+def test_ctrl_c_while_workers_start_stops_them_quietly(tmp_path):
+    """Ctrl-C while the workers still import torch used to print a KeyboardInterrupt traceback per worker
+    (63 of them with --nproc 64): now the launcher alone gets it, prints one line and stops them."""
+    proc, err, workers = _ctrl_c_launch(tmp_path, lambda pid, workers: time.sleep(0.5) or True)
+    _assert_one_quiet_line(proc, err, workers)
+    assert "no checkpoint was written" in err
+
+
+@pytest.mark.slow
+def test_ctrl_c_while_training_stops_workers_quietly(tmp_path):
+    """Ctrl-C after the first checkpoint: one line naming the checkpoint to resume from; no worker
+    prints anything, none is left running, the checkpoint loads."""
+    proc, err, workers = _ctrl_c_launch(tmp_path, lambda pid, workers: (tmp_path / "ckpt.pt").exists())
+    _assert_one_quiet_line(proc, err, workers)
+    assert f"saved in {tmp_path / 'ckpt.pt'}: rerun with --resume" in err
+    assert load_checkpoint(tmp_path / "ckpt.pt")["config"]["epochs"] == 500
+
+
 @pytest.fixture
 def single_process_group():
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)

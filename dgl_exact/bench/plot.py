@@ -24,26 +24,34 @@ def _by_model(rows):
 
 
 def plot_memory(rows: List[Dict], path: str) -> str:
-    """Activation memory per setting (log scale), one panel per model, ratio written on the bars."""
+    """Activation memory and step peak per setting side by side (log scale), one panel per model; the
+    ratio to the baseline (DGL fp32) written on each bar."""
     plt = _plt()
     groups = {m: [r for r in g if r.get("activation_MiB")] for m, g in _by_model(rows).items()}
     groups = {m: g for m, g in groups.items() if g}
-    fig, axes = plt.subplots(1, len(groups), figsize=(6 * len(groups), 4.5), squeeze=False)
+    fig, axes = plt.subplots(1, len(groups), figsize=(6.5 * len(groups), 4.8), squeeze=False)
+    width = 0.4
     for ax, (model, g) in zip(axes[0], groups.items()):
         names = [r["setting"] for r in g]
-        values = [r["activation_MiB"] for r in g]
-        colors = ["#999999" if not n.startswith(("INT", "dgl_exact")) else "#1f77b4" for n in names]
-        bars = ax.bar(range(len(g)), values, color=colors)
+        x = list(range(len(g)))
+        series = [("activation_MiB", "ratio_vs_baseline", "activations (kept for backward)", "#1f77b4", -width / 2)]
+        if any(r.get("step_peak_MiB") for r in g):
+            series.append(("step_peak_MiB", "peak_ratio_vs_baseline", "step peak (forward + backward + Adam)",
+                           "#d62728", width / 2))
+        for key, ratio_key, label, color, dx in series:
+            pts = [(i + dx, r[key], r.get(ratio_key)) for i, r in zip(x, g) if r.get(key)]
+            bars = ax.bar([p[0] for p in pts], [p[1] for p in pts], width=width, color=color, label=label)
+            for bar, (_, _, ratio) in zip(bars, pts):
+                if ratio:
+                    ax.text(bar.get_x() + bar.get_width() / 2, bar.get_height() * 1.08, f"{ratio:.1f}x",
+                            ha="center", va="bottom", fontsize=7)
         ax.set_yscale("log")
-        ax.set_xticks(range(len(g)))
+        ax.set_xticks(x)
         ax.set_xticklabels([n.replace(" + ", "\n+") for n in names], rotation=60, ha="right", fontsize=8)
-        ax.set_ylabel("activation memory (MiB, log)")
-        ax.set_title(f"{model}: activation memory per setting")
-        for bar, r in zip(bars, g):
-            ratio = r.get("ratio_vs_baseline")
-            if ratio:
-                ax.text(bar.get_x() + bar.get_width() / 2, bar.get_height() * 1.08, f"{ratio:.1f}x",
-                        ha="center", va="bottom", fontsize=8)
+        ax.set_ylabel("MiB (log)")
+        shape = f" {g[0]['layers']}x{g[0]['hidden']}" if g[0].get("layers") and g[0].get("hidden") else ""
+        ax.set_title(f"{model}{shape}: activations and step peak per setting")
+        ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -45,6 +45,10 @@ Every number below comes from the command written next to it, run on the machine
 compare settings measured side by side in one process. Activation memory follows EXACT's protocol:
 bytes kept for backward by one training forward pass, excluding model, data, graph and the step's
 outputs (CUDA: allocated-memory delta; CPU: unique storages saved for backward, see `dgl_exact.memory`).
+Whether a graph fits is decided by the **step peak** beside it: the highest memory of a whole training
+step (forward, loss, backward, Adam step; the second step, after a warm-up) above the memory before it
+(CUDA: `max_memory_allocated`; CPU: resident high-water mark, `VmHWM` after `clear_refs`, see
+`dgl_exact.memory.measure_step`). Memory numbers do not depend on machine load; timings do.
 
 Regenerate a machine's section with `dgl-exact bench all --label NAME` (writes `benchmarks/NAME/` and
 rebuilds this file from every `benchmarks/*/REPORT.md`).

@@ -26,7 +26,8 @@ dgl = import_dgl()
 
 DEFAULT_HIDDEN = {"gcn": 256, "sage": 128, "gat": 128, "gcn2": 256}  # gat: per head (3 heads concatenated)
 
-MEMORY_COLUMNS = ["model", "setting", "activation_MiB", "ratio_vs_baseline", "peak_MiB", "device"]
+MEMORY_COLUMNS = ["model", "setting", "activation_MiB", "ratio_vs_baseline", "step_peak_MiB", "peak_ratio_vs_baseline",
+                  "device"]
 SPEED_COLUMNS = ["model", "setting", "epoch_ms", "epoch_ms_std", "ratio_vs_baseline", "device"]
 PROFILE_COLUMNS = ["model", "setting", "wall_ms", "gpu_kernel_ms", "launches", "syncs", "device", "table"]
 KERNEL_COLUMNS = ["backend", "op", "setting", "shape", "ms", "GB_per_s", "device"]
@@ -86,10 +87,12 @@ class Workload:
 
         return step
 
-    def runnable(self, impl: str) -> Optional[str]:
-        """None if ``impl`` can run here, else why not."""
+    def runnable(self, impl: str, model: Optional[str] = None) -> Optional[str]:
+        """None if ``impl`` (of ``model``) can run here, else why not."""
         if impl == "dgl" and self.device.type == "cuda" and not _dgl_has_cuda():
             return "n/a: this DGL build is CPU-only (dgl.nn cannot run on CUDA features)"
+        if impl == "pyg" and model is not None and model not in ("gcn", "sage"):
+            return f"n/a: no PyG baseline for {model}"
         if impl == "pyg":
             try:
                 import torch_geometric  # noqa: F401
@@ -151,38 +154,118 @@ def _free(device):
 
 
 def memory_grid(work: Workload, models: Sequence[str], settings: Sequence[Setting], sink: ResultSink,
-                progress: bool = True) -> List[Dict]:
-    """Activation memory (and CUDA peak) of one training step per (model, setting)."""
+                progress: bool = True, cpu_method: str = "auto", isolate: Optional[bool] = None) -> List[Dict]:
+    """Activation memory and step peak of one training step per (model, setting).
+
+    Per setting: a fresh model and Adam, one warm-up step (Adam's state, code pages, structure caches),
+    then :func:`dgl_exact.memory.measure_step` on the second step: the activations its forward keeps
+    (EXACT protocol) and the peak of forward + loss + backward + Adam step above the memory before it
+    (the method is in each row's ``peak_method``). Both ratios are against DGL fp32 measured in the same
+    command (``ratio_vs_baseline``: activations; ``peak_ratio_vs_baseline``: step peak).
+
+    ``isolate`` (default: on the CPU) measures each setting in a fresh process: the CPU peak is a resident
+    high-water mark, and the heap an earlier setting leaves behind (DGL's C++ kernels keep theirs resident
+    after the step) would otherwise hide part of the next setting's peak."""
+    if isolate is None:
+        isolate = work.device.type == "cpu"
     rows = []
     grid = [(m, s) for m in models for s in settings]
     for model_name, setting in _progress(grid, progress, desc="memory", unit="setting"):
-        row = {"kind": "memory", "model": model_name, "setting": setting.name, "device": str(work.device)}
-        why = work.runnable(setting.impl)
+        why = work.runnable(setting.impl, model_name)
         if why:
-            row["note"] = why
+            row = {"kind": "memory", "model": model_name, "setting": setting.name, "device": str(work.device),
+                   "layers": work.layers, "hidden": work.hidden_for(model_name), "note": why}
+        elif isolate:
+            row = _in_fresh_process(_memory_row, work, model_name, setting, cpu_method)
         else:
-            model = work.build(model_name, setting.impl)
-            model.train()
-            scope = compression_scope(setting.compression) if setting.compression else contextlib.nullcontext()
-            with scope:
-                report = memory.measure(work.step_fn(model_name, model, setting.impl), modules=[model],
-                                        exclude=[work.feat, work.train_idx, work.train_label], device=work.device)
-                loss, _ = report.result
-                report.result = None
-                loss.backward()
-            row.update(activation_bytes=report.activation_bytes, activation_MiB=report.activation_bytes / 2**20,
-                       peak_MiB=None if report.peak_bytes is None else report.peak_bytes / 2**20,
-                       method=report.method)
-            del model, loss
-            _free(work.device)
+            row = _memory_row(work, model_name, setting, cpu_method)
         rows.append(row)
     _add_ratios(rows, "activation_bytes", baseline_over_value=True)
+    _add_ratios(rows, "step_peak_bytes", baseline_over_value=True, out="peak_ratio_vs_baseline")
     for r in rows:
         sink.add(r)
     return rows
 
 
-def _add_ratios(rows, key, baseline_over_value):
+def _memory_row(work: Workload, model_name: str, setting: Setting, cpu_method: str = "auto") -> Dict:
+    row = {"kind": "memory", "model": model_name, "setting": setting.name, "device": str(work.device),
+           "layers": work.layers, "hidden": work.hidden_for(model_name)}
+    if work.device.type == "cpu" and cpu_method != "none":
+        memory.prepare_cpu_peak()  # before the warm-up step: its freed heap must not stay resident
+    model = work.build(model_name, setting.impl)
+    model.train()
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    step = work.step_fn(model_name, model, setting.impl)
+    scope = compression_scope(setting.compression) if setting.compression else contextlib.nullcontext()
+    with scope:
+        for warm in (True, False):
+            opt.zero_grad(set_to_none=True)
+            _free(work.device)
+            report = memory.measure_step(step, opt, modules=[model], device=work.device,
+                                         exclude=[work.feat, work.train_idx, work.train_label],
+                                         cpu_method="none" if warm else cpu_method)
+            report.result = None
+    row.update(activation_bytes=report.activation_bytes, activation_MiB=report.activation_bytes / 2**20,
+               step_peak_bytes=report.peak_bytes, step_peak_MiB=report.peak_mib,
+               method=report.method, peak_method=report.peak_method)
+    if report.peak_bytes is not None and work.device.type == "cpu":
+        row["peak_method"] += "; fresh process per setting" if _IN_CHILD else ""
+    del model, opt, step, report
+    _free(work.device)
+    return row
+
+
+_IN_CHILD = False
+
+
+def _child(fn, threads, args):
+    global _IN_CHILD
+    _IN_CHILD = True
+    torch.set_num_threads(threads)
+    return fn(*args)
+
+
+def _in_fresh_process(fn, *args):
+    """``fn(*args)`` in a fresh Python process (same torch thread count), its return value. A plain
+    subprocess, not multiprocessing: no re-import of the caller's ``__main__``."""
+    import pickle
+    import subprocess
+    import sys
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="dgl_exact_bench_") as tmp:
+        task, result = os.path.join(tmp, "task.pkl"), os.path.join(tmp, "result.pkl")
+        with open(task, "wb") as f:
+            pickle.dump((fn, torch.get_num_threads(), args), f)
+        code = f"from dgl_exact.bench.runner import _child_main; _child_main({task!r}, {result!r})"
+        proc = subprocess.run([sys.executable, "-c", code], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True)
+        if proc.returncode != 0 or not os.path.exists(result):
+            raise RuntimeError(f"the measurement process failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+        with open(result, "rb") as f:
+            return pickle.load(f)
+
+
+def _child_main(task: str, result: str) -> None:
+    import pickle
+
+    with open(task, "rb") as f:
+        fn, threads, args = pickle.load(f)
+    out = _child(fn, threads, args)
+    with open(result, "wb") as f:
+        pickle.dump(out, f)
+
+
+def memory_note(rows: Sequence[Dict]) -> str:
+    """How the memory rows were measured, for the table header."""
+    act = sorted({r["method"] for r in rows if r.get("method")})
+    peak = sorted({r["peak_method"] for r in rows if r.get("peak_method")})
+    return (f". Activations: {', '.join(act) or 'n/a'}; step peak: forward + loss + backward + Adam step of the "
+            f"second step above the memory before it, {', '.join(peak) or 'n/a'}. ratio_vs_baseline (activations) "
+            "and peak_ratio_vs_baseline (step peak): DGL fp32 / setting, measured in the same command")
+
+
+def _add_ratios(rows, key, baseline_over_value, out="ratio_vs_baseline"):
     """``ratio_vs_baseline`` per model against DGL fp32 (else the first measured setting): baseline / value
     (memory: how many times smaller) or value / baseline (time: how many times slower)."""
     by_model = {}
@@ -194,7 +277,7 @@ def _add_ratios(rows, key, baseline_over_value):
             base = next((r[key] for r in group if r.get(key)), None)
         for r in group:
             if r.get(key) and base:
-                r["ratio_vs_baseline"] = (base / r[key]) if baseline_over_value else (r[key] / base)
+                r[out] = (base / r[key]) if baseline_over_value else (r[key] / base)
                 r["baseline"] = next(x["setting"] for x in group if x.get(key) == base)
 
 
@@ -222,7 +305,7 @@ def speed_grid(work: Workload, models: Sequence[str], settings: Sequence[Setting
     grid = [(m, s) for m in models for s in settings]
     for model_name, setting in _progress(grid, progress, desc="speed", unit="setting"):
         row = {"kind": "speed", "model": model_name, "setting": setting.name, "device": str(work.device)}
-        why = work.runnable(setting.impl)
+        why = work.runnable(setting.impl, model_name)
         if why:
             row["note"] = why
             rows.append(row)
@@ -271,7 +354,7 @@ def profile_grid(work: Workload, models: Sequence[str], settings: Sequence[Setti
     for model_name, setting in _progress([(m, s) for m in models for s in settings], progress, desc="profile",
                                          unit="setting"):
         row = {"kind": "profile", "model": model_name, "setting": setting.name, "device": str(work.device)}
-        why = work.runnable(setting.impl)
+        why = work.runnable(setting.impl, model_name)
         if why:
             rows.append(dict(row, note=why))
             continue
@@ -302,7 +385,8 @@ def profile_grid(work: Workload, models: Sequence[str], settings: Sequence[Setti
             f.write(f"{model_name} / {setting.name} on {work.device}, {steps} profiled steps after {warmup} warm-up\n")
             f.write(table)
             if cuda:
-                f.write("\nhost-GPU synchronisations of one more step (torch.cuda.set_sync_debug_mode), by call site:\n")
+                f.write("\nhost-GPU synchronisations of one more step (torch.cuda.set_sync_debug_mode), "
+                        "by call site:\n")
                 f.write("".join(f"  {site}\n" for site in sites) or "  none\n")
         row["table"] = os.path.basename(path)
         rows.append(row)
@@ -393,11 +477,12 @@ def accuracy_grid(dataset, base_config, settings: Sequence[Setting], runs: int, 
         if setting.impl == "pyg":
             continue
         cfg = base_config
-        if setting.compression is None or not setting.compression.enabled:
-            cfg = cfg.replace(act_fp=True)
-        else:
+        if setting.compression is None:
+            cfg = cfg.replace(act_fp=True, kept_frac=1.0)
+        else:  # act_fp with kept_frac < 1: projection without quantisation
             c = setting.compression
-            cfg = cfg.replace(act_fp=False, bits=c.bits, kept_frac=c.kept_frac, block_rows=c.block_rows, levels=c.levels)
+            cfg = cfg.replace(act_fp=not c.enabled, bits=c.bits, kept_frac=c.kept_frac, block_rows=c.block_rows,
+                              levels=c.levels)
         cfg = cfg.replace(runs=runs)
         trainer = Trainer(cfg, dataset=dataset, progress=False, log=None)
         res = trainer.fit()
@@ -417,7 +502,10 @@ def accuracy_grid(dataset, base_config, settings: Sequence[Setting], runs: int, 
 def published_rows() -> List[Dict]:
     """EXACT's and i-EXACT's published figures (from their papers), for context; not measured here."""
     return [
-        {"source": "EXACT (ICLR 2022), published", "setting": "INT2", "claim": "~14x activation memory (arxiv SAGE estimate: 786 -> 57 MiB)"},
-        {"source": "EXACT (ICLR 2022), published", "setting": "INT2 + RP(0.125)", "claim": "~26x (786 -> 30 MiB); up to 32x overall; 10-25% time overhead"},
-        {"source": "i-EXACT (ICASSP 2024), published", "setting": "INT2 + RP + blocks", "claim": ">95% reduction vs fp32 (~31x, 25.6 MB); >15% below EXACT; ~5% faster than EXACT"},
+        {"source": "EXACT (ICLR 2022), published", "setting": "INT2",
+         "claim": "~14x activation memory (arxiv SAGE estimate: 786 -> 57 MiB)"},
+        {"source": "EXACT (ICLR 2022), published", "setting": "INT2 + RP(0.125)",
+         "claim": "~26x (786 -> 30 MiB); up to 32x overall; 10-25% time overhead"},
+        {"source": "i-EXACT (ICASSP 2024), published", "setting": "INT2 + RP + blocks",
+         "claim": ">95% reduction vs fp32 (~31x, 25.6 MB); >15% below EXACT; ~5% faster than EXACT"},
     ]

@@ -68,14 +68,16 @@ from .config import TrainConfig
 from .trainer import RunResult, Trainer, TrainResults, resolve_device
 
 __all__ = ["DistributedTrainer", "GlobalBatchTrainer", "DistributedError", "DistContext", "init_distributed",
-           "shutdown", "exit_worker", "launch", "in_distributed_env", "is_launched_child", "rank_seed", "device_for_rank",
-           "DEFAULT_TIMEOUT", "DEFAULT_SETUP_TIMEOUT", "FULL_GRAPH_ERROR"]
+           "shutdown", "exit_worker", "launch", "in_distributed_env", "is_launched_child", "rank_seed",
+           "device_for_rank",
+           "DEFAULT_TIMEOUT", "DEFAULT_SETUP_TIMEOUT", "FULL_GRAPH_ERROR", "OVERSUBSCRIBE_ENV", "cpu_cores"]
 
 DEFAULT_TIMEOUT = 60.0           # s: collectives of a training step (a dead / hung rank is noticed within this)
 DEFAULT_SETUP_TIMEOUT = 1800.0   # s: waits for rank-0-only work (caches, METIS, evaluation, checkpoints)
 TIMEOUT_ENV = "DGL_EXACT_DIST_TIMEOUT"
 SETUP_TIMEOUT_ENV = "DGL_EXACT_DIST_SETUP_TIMEOUT"
 CHILD_ENV = "DGL_EXACT_NPROC_CHILD"      # set by `launch` in its workers
+OVERSUBSCRIBE_ENV = "DGL_EXACT_OVERSUBSCRIBE"  # "1": `launch` may start more CPU workers than there are cores
 FAIL_ENV = "DGL_EXACT_TEST_FAIL_AT"      # tests: "RANK:EPOCH[:hang]": that rank exits (status 1) / hangs at that epoch
 FULL_GRAPH_ERROR = ("multi-process training needs a mini-batch sampler (--sampler saint or cluster); "
                     "full-graph training runs in one process")
@@ -327,7 +329,8 @@ class DistributedTrainer(Trainer):
         if dataset is None:  # one loader per machine first: loaders may process raw files on first use
             from ..data import load_dataset
 
-            dataset = self._staged(lambda: load_dataset(config.dataset, config.data_root, seed=config.seed),
+            dataset = self._staged(lambda: load_dataset(config.dataset, config.data_root, seed=config.seed,
+                                                        standardize=config.standardize),
                                    first=ctx.local_rank == 0, what="loading the dataset")
         super().__init__(config.replace(device=str(ctx.device)), dataset, progress, log, rank=ctx.rank,
                          world_size=ctx.world_size)
@@ -413,6 +416,16 @@ class DistributedTrainer(Trainer):
                 error = e
         self._agree(error, f"reading the checkpoint {checkpoint}")
         return self._broadcast(state)
+
+    def _check_new_checkpoint(self, checkpoint: str) -> None:
+        """Rank 0, the only writer, checks the path; if it refuses, every rank stops."""
+        error = None
+        if self.rank == 0:
+            try:
+                super()._check_new_checkpoint(checkpoint)
+            except ValueError as e:
+                error = e
+        self._agree(error, f"checking the checkpoint path {checkpoint}")
 
     def _train_epoch(self, model, optimizer, scaler, epoch, measure=False):
         self._barrier()  # rank 0 may still be evaluating / checkpointing the previous epoch
@@ -568,14 +581,37 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def _die_with_parent():
-    """In a worker (Linux): receive SIGTERM when the launcher dies, so no worker outlives it."""
+def cpu_cores() -> int:
+    """CPU cores this process may run on (its affinity mask where the OS has one, else all)."""
     try:
-        import ctypes
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
 
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except Exception:  # noqa: BLE001 - best effort
-        pass
+
+def _check_cpu_workers(nproc: int) -> None:
+    """CPU workers are full training processes (each its own copy of the graph, the model, the activations
+    and a torch runtime): more of them than cores only multiply memory and contention."""
+    cores = cpu_cores()
+    if nproc > cores and os.environ.get(OVERSUBSCRIBE_ENV) != "1":
+        raise ValueError(f"--nproc {nproc} on the CPU would start {nproc} training processes on {cores} CPU core(s); "
+                         f"each holds its own graph, model and activations, so more processes than cores only add "
+                         f"memory and contention: use --nproc {cores} or fewer (or set {OVERSUBSCRIBE_ENV}=1 to "
+                         "start them anyway)")
+
+
+def _worker_preexec():
+    """In a worker, before exec: its own process group, so that a terminal's Ctrl-C (SIGINT to the
+    foreground group) reaches only the launcher, which then stops the workers quietly; and (Linux) SIGTERM
+    when the launcher dies, so no worker outlives it."""
+    os.setpgid(0, 0)
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        except Exception:  # noqa: BLE001 - best effort
+            pass
 
 
 def launch(nproc: int, config: TrainConfig, args: Sequence[str] = (), *, grace: float = 10.0,
@@ -588,8 +624,14 @@ def launch(nproc: int, config: TrainConfig, args: Sequence[str] = (), *, grace: 
     workers get torchrun's environment (``MASTER_ADDR=127.0.0.1``, a free ``MASTER_PORT``, ``RANK``,
     ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``) and, unless set, ``OMP_NUM_THREADS`` = CPU cores
     / ``nproc``. When a worker exits non-zero the others get ``grace`` seconds to notice and exit by
-    themselves, then SIGTERM, then SIGKILL; Ctrl-C / SIGTERM of the launcher stops all workers. With
-    ``timeout`` (seconds) all workers are stopped after that long and 124 is returned.
+    themselves, then SIGTERM, then SIGKILL. With ``timeout`` (seconds) all workers are stopped after that
+    long and 124 is returned.
+
+    On the CPU at most :func:`cpu_cores` workers are started (``ValueError`` beyond, unless the environment
+    sets ``DGL_EXACT_OVERSUBSCRIBE=1``). Workers run in their own process group: a Ctrl-C (or SIGTERM) of
+    the launcher reaches the launcher alone, which logs one line, sends every worker SIGTERM (a worker
+    still starting up just ends; one that trains stops like an interrupted ``train``, keeping its last
+    checkpoint, silently) and returns 130; a second Ctrl-C kills them at once.
     """
     import yaml
 
@@ -598,10 +640,12 @@ def launch(nproc: int, config: TrainConfig, args: Sequence[str] = (), *, grace: 
             print(msg, file=sys.stderr, flush=True)
     if nproc < 1:
         raise ValueError(f"--nproc must be >= 1, got {nproc}")
-    if (config.device in ("auto", "cuda") and torch.cuda.is_available()
-            and nproc > torch.cuda.device_count()):
-        raise ValueError(f"--nproc {nproc} needs {nproc} GPUs (one per process, NCCL), torch sees "
-                         f"{torch.cuda.device_count()}: use fewer processes or --device cpu")
+    if config.device in ("auto", "cuda") and torch.cuda.is_available():
+        if nproc > torch.cuda.device_count():
+            raise ValueError(f"--nproc {nproc} needs {nproc} GPUs (one per process, NCCL), torch sees "
+                             f"{torch.cuda.device_count()}: use fewer processes or --device cpu")
+    elif not str(config.device).startswith("cuda"):
+        _check_cpu_workers(nproc)
     base = dict(os.environ if env is None else env)
     package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     base["PYTHONPATH"] = os.pathsep.join([package_root] + [p for p in [base.get("PYTHONPATH")] if p])
@@ -614,19 +658,21 @@ def launch(nproc: int, config: TrainConfig, args: Sequence[str] = (), *, grace: 
     command = [sys.executable, "-m", "dgl_exact", "train", "--conf", conf, *args]
     port = free_port()
     procs: List[subprocess.Popen] = []
+    started = time.time()
     try:
         for rank in range(nproc):
             child_env = {**base, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
                          "LOCAL_RANK": str(rank), "WORLD_SIZE": str(nproc), "LOCAL_WORLD_SIZE": str(nproc),
                          "GROUP_RANK": "0", "NODE_RANK": "0", CHILD_ENV: "1"}
-            procs.append(subprocess.Popen(command, env=child_env, preexec_fn=_die_with_parent
-                                          if sys.platform.startswith("linux") else None))
+            procs.append(subprocess.Popen(command, env=child_env,
+                                          preexec_fn=_worker_preexec if os.name == "posix" else None))
         return _monitor(procs, grace, log, timeout)
     except KeyboardInterrupt:
-        _stop(procs, signal.SIGINT, 10.0)
+        log(_interrupted_line(procs, args, started))
+        _stop_interrupted(procs)
         return 130
     finally:
-        _stop(procs, signal.SIGTERM, 10.0)
+        _stop_interrupted(procs)
         try:
             os.unlink(conf)
             os.rmdir(folder)
@@ -667,6 +713,30 @@ def _monitor(procs: List[subprocess.Popen], grace: float, log, timeout: Optional
     if failed is None:
         return 0
     return failed[1] if failed[1] > 0 else 1
+
+
+def _interrupted_line(procs: List[subprocess.Popen], args: Sequence[str], started: float) -> str:
+    """The launcher's one line on Ctrl-C (the workers say nothing): what is stopped, what is kept."""
+    args = list(args)
+    running = sum(p.poll() is None for p in procs)
+    line = f"interrupted: stopping {running} worker process(es)"
+    if "--checkpoint" in args[:-1]:
+        checkpoint = args[args.index("--checkpoint") + 1]
+        try:
+            saved = os.path.getmtime(checkpoint) >= started or "--resume" in args
+        except OSError:
+            saved = False
+        line += (f"; the last finished epoch is saved in {checkpoint}: rerun with --resume" if saved else
+                 f"; no epoch finished: no checkpoint was written to {checkpoint}")
+    return line
+
+
+def _stop_interrupted(procs: List[subprocess.Popen]) -> None:
+    """SIGTERM to every worker, SIGKILL after 10 s; another Ctrl-C meanwhile kills them at once."""
+    try:
+        _stop(procs, signal.SIGTERM, 10.0)
+    except KeyboardInterrupt:
+        _stop(procs, signal.SIGKILL, 10.0)
 
 
 def _stop(procs: List[subprocess.Popen], sig, wait: float) -> None:

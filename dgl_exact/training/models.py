@@ -3,10 +3,21 @@ users have today) or from dgl_exact's (``impl='exact'``) with identical paramete
 
 Every hidden layer is ``conv -> BatchNorm (optional) -> ReLU -> Dropout``; dgl_exact fuses the last two
 into one op keeping a single bit per element.
+
+``dropout2`` (EXACT's ``--dropout2``, its ``QDropout2``) turns every dropout of a model into the original,
+non-inverted dropout: kept values are not scaled by ``1 / (1 - p)`` while training, and evaluation
+multiplies by ``1 - p`` instead.
+
+:func:`layerwise_inference` evaluates any of these models one layer at a time for all nodes, in batches
+of destination nodes with their full in-neighbourhood (EXACT's products scripts): the same result as a
+full-graph evaluation forward, up to float rounding, with one layer's activations alive at a time.
 """
 from __future__ import annotations
 
+import math
+from typing import Callable, Optional
 
+import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
@@ -23,10 +34,10 @@ IMPLS = ("exact", "dgl")
 class _Layers:
     """Layer constructors for one implementation."""
 
-    def __init__(self, impl: str):
+    def __init__(self, impl: str, dropout2: bool = False):
         if impl not in IMPLS:
             raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
-        self.impl = impl
+        self.impl, self.dropout2 = impl, dropout2
         exact = impl == "exact"
         self.GraphConv = enn.GraphConv if exact else dgl.nn.GraphConv
         self.SAGEConv = enn.SAGEConv if exact else dgl.nn.SAGEConv
@@ -35,29 +46,60 @@ class _Layers:
         self.Linear = enn.Linear if exact else nn.Linear
         self.BatchNorm1d = enn.BatchNorm1d if exact else nn.BatchNorm1d
 
+    def _undo_scale(self, x, p):
+        """dropout2: inverted dropout times ``1 - p`` (a scalar product keeps nothing for backward)."""
+        return x * (1.0 - p) if self.dropout2 and p > 0 else x
+
     def relu_dropout(self, x, p, training):
         if self.impl == "exact":
-            return ops.relu_dropout(x, p, training)
-        return F.dropout(F.relu(x), p, training)
+            return self._undo_scale(ops.relu_dropout(x, p, training), p)
+        return self._undo_scale(F.dropout(F.relu(x), p, training), p)
 
     def dropout(self, x, p, training):
-        return ops.dropout(x, p, training) if self.impl == "exact" else F.dropout(x, p, training)
+        out = ops.dropout(x, p, training) if self.impl == "exact" else F.dropout(x, p, training)
+        return self._undo_scale(out, p)
+
+    def relu(self, x):
+        return ops.relu(x) if self.impl == "exact" else F.relu(x)
+
+
+class _Rows:
+    """One layer's output for all nodes, filled batch by batch (no list of pieces and concatenated copy)."""
+
+    def __init__(self, num_nodes: int):
+        self.num_nodes, self.out = num_nodes, None
+
+    def put(self, block, rows: torch.Tensor) -> None:
+        if self.out is None:
+            self.out = rows.new_empty((self.num_nodes,) + tuple(rows.shape[1:]))
+        self.out[block.dstdata[dgl.NID].to(rows.device).long()] = rows
 
 
 class StackedGNN(nn.Module):
     """``layers`` convolutions with BN/ReLU/Dropout between them (GCN, GraphSAGE, GAT).
 
     Works on a whole graph or on a list of DGL blocks (one per layer) from a neighbour sampler.
+
+    EXACT's arxiv GAT options: ``edge_drop`` (while training, each forward keeps a random
+    ``1 - edge_drop`` of the graph's edges, the same for every layer, unscaled; whole graphs only),
+    ``residual`` (every GAT layer adds ``res_fc(x)``, a bias-free linear map of its input, before its bias,
+    also when the widths match) and ``use_attn_dst=False`` (one attention vector scores both ends of an
+    edge: ``attn_r`` is ``attn_l``; EXACT's ``CustomGATConv``, unlike DGL's example where it drops the
+    destination term).
     """
 
     def __init__(self, model: str, in_feats: int, hidden: int, num_classes: int, layers: int = 3,
                  dropout: float = 0.5, batch_norm: bool = True, heads: int = 3, input_dropout: float = 0.0,
-                 impl: str = "exact"):
+                 impl: str = "exact", dropout2: bool = False, edge_drop: float = 0.0, residual: bool = False,
+                 use_attn_dst: bool = True):
         super().__init__()
         if layers < 1:
             raise ValueError(f"layers must be >= 1, got {layers}")
-        self._lib = _Layers(impl)
+        if not 0.0 <= edge_drop < 1.0:
+            raise ValueError(f"edge_drop must be in [0, 1), got {edge_drop}")
+        self._lib = _Layers(impl, dropout2)
         self.model, self.dropout, self.input_dropout = model, dropout, input_dropout
+        self.edge_drop = edge_drop
         # GAT concatenates its hidden heads (``hidden`` is the size per head, as in DGL's ogbn-arxiv example)
         width = hidden * heads if model == "gat" else hidden
         dims = [in_feats] + [width] * (layers - 1) + [num_classes]
@@ -69,8 +111,13 @@ class StackedGNN(nn.Module):
             elif model == "sage":
                 conv = self._lib.SAGEConv(a, b, "mean")
             elif model == "gat":
-                conv = self._lib.GATConv(a, b if last else hidden, num_heads=1 if last else heads,
-                                         allow_zero_in_degree=True)
+                out, n_heads = (b, 1) if last else (hidden, heads)
+                conv = self._lib.GATConv(a, out, num_heads=n_heads, allow_zero_in_degree=True)
+                if residual:  # EXACT: always a bias-free linear map (DGL would use identity for equal widths)
+                    conv.res_fc = self._lib.Linear(a, n_heads * out, bias=False)
+                    nn.init.xavier_normal_(conv.res_fc.weight, gain=nn.init.calculate_gain("relu"))
+                if not use_attn_dst:
+                    conv.attn_r = conv.attn_l
             else:
                 raise ValueError(f"unknown model {model!r}; expected one of {MODELS}")
             self.convs.append(conv)
@@ -84,31 +131,92 @@ class StackedGNN(nn.Module):
     def forward(self, graph, x, edge_weight=None):
         """``graph``: a graph or one block per layer; ``edge_weight``: per-edge message weights (e.g.
         GraphSAINT's aggregation normalisation), one tensor or one per block."""
+        if self.training and self.edge_drop > 0:
+            graph, edge_weight = self._drop_edges(graph, edge_weight)
         blocks = graph if isinstance(graph, (list, tuple)) else [graph] * len(self.convs)
         weights = edge_weight if isinstance(edge_weight, (list, tuple)) else [edge_weight] * len(self.convs)
-        h = self._lib.dropout(x, self.input_dropout, self.training) if self.input_dropout > 0 else x
+        h = self._input(x)
         for i, (conv, g, w) in enumerate(zip(self.convs, blocks, weights)):
-            h = conv(g, h, edge_weight=w)
-            if h.dim() == 3:  # GAT: concatenate hidden heads, average output heads
-                h = h.flatten(1) if i < len(self.convs) - 1 else h.mean(1)
-            if i < len(self.convs) - 1:
-                if self.norms is not None:
-                    h = self.norms[i](h)
-                h = self._lib.relu_dropout(h, self.dropout, self.training)
+            out = [conv(g, h, edge_weight=w)]
+            # the layer input is dead once the conv has returned (it kept what it needs, compressed): release
+            # it before BN/ReLU allocate, and hand the conv output over in a list so that BN's output
+            # replaces it (a name or a call argument would keep it alive through the whole chain)
+            del h
+            h = self._after_conv(i, out)
+        return h
+
+    def _input(self, x):
+        return self._lib.dropout(x, self.input_dropout, self.training) if self.input_dropout > 0 else x
+
+    def _drop_edges(self, graph, edge_weight):
+        """The graph with a random ``1 - edge_drop`` of its edges (in their order) and their edge weights."""
+        if isinstance(graph, (list, tuple)):
+            raise ValueError("edge_drop needs whole (sub)graphs, not blocks from a neighbour sampler")
+        n = graph.num_edges()
+        keep = torch.randperm(n)[int(n * self.edge_drop):].sort().values
+        sub = dgl.edge_subgraph(graph, keep.to(graph.device, graph.idtype), relabel_nodes=False, store_ids=False)
+        if isinstance(edge_weight, torch.Tensor):
+            edge_weight = edge_weight[keep.to(edge_weight.device)]
+        return sub, edge_weight
+
+    def _after_conv(self, i, h):
+        """What follows convolution ``i``: heads merged, BatchNorm, ReLU and dropout (hidden layers).
+        ``h``: the conv output, or a one-element list holding it (taken out, so it dies after BN)."""
+        if isinstance(h, list):
+            h = h.pop()
+        if h.dim() == 3:  # GAT: concatenate hidden heads, average output heads
+            h = h.flatten(1) if i < len(self.convs) - 1 else h.mean(1)
+        if i < len(self.convs) - 1:
+            if self.norms is not None:
+                h = self.norms[i](h)
+            h = self._lib.relu_dropout(h, self.dropout, self.training)
+        return h
+
+    @torch.no_grad()
+    def layerwise(self, graph, x, batches, step: Callable[[], None] = lambda: None):
+        """Evaluation forward one layer at a time (see :func:`layerwise_inference`)."""
+        h = self._input(x)
+        out_deg = graph.out_degrees().float().clamp(min=1) if self.model == "gcn" else None
+        for i, conv in enumerate(self.convs):
+            rows = _Rows(graph.num_nodes())
+            for block in batches:
+                src = block.srcdata[dgl.NID]
+                w = None
+                if out_deg is not None:  # GraphConv's source norm on a block uses the block's out-degrees:
+                    # weight each edge by sqrt(block out-degree / graph out-degree) of its source
+                    per_src = (block.out_degrees().float().clamp(min=1) / out_deg[src]).sqrt()
+                    w = per_src[block.edges(order="eid")[0].long()].to(h.device, h.dtype)
+                rows.put(block, self._after_conv(i, conv(block, h[src.to(h.device)], edge_weight=w)))
+                step()
+            h = rows.out
         return h
 
 
 class GCNII(nn.Module):
-    """GCNII (Chen et al., 2020): ``Linear -> L x GCN2Conv (residual to the initial representation) -> Linear``."""
+    """GCNII (Chen et al., 2020): ``Linear -> L x GCN2Conv (residual to the initial representation) -> Linear``.
+
+    Layer ``l`` computes ``h_l = conv_l(h_{l-1}, h_0)``, then BatchNorm (optional), then ``h_l += h_{l-1}``
+    when ``residual`` (EXACT's ``residual: true``: added after BatchNorm, before ReLU), then ReLU and
+    Dropout. ``shared_weights=False`` gives the initial representation its own weight (DGL's
+    ``project_initial_features=False``, EXACT's/PyG's ``shared_weights: false``).
+    ``identity_mapping=False`` sets every ``beta_l`` to 1: ``(1 - beta) I + beta W`` becomes ``W``, which
+    is what EXACT's arxiv GCNII runs (PyG's ``GCN2Conv`` with ``theta=None``); ``lambda_`` is then unused.
+    """
 
     def __init__(self, in_feats: int, hidden: int, num_classes: int, layers: int = 8, dropout: float = 0.5,
-                 alpha: float = 0.1, lambda_: float = 0.5, batch_norm: bool = False, impl: str = "exact"):
+                 alpha: float = 0.1, lambda_: float = 0.5, batch_norm: bool = False, impl: str = "exact",
+                 shared_weights: bool = True, residual: bool = False, identity_mapping: bool = True,
+                 dropout2: bool = False):
         super().__init__()
-        self._lib = _Layers(impl)
-        self.dropout = dropout
+        self._lib = _Layers(impl, dropout2)
+        self.dropout, self.residual = dropout, residual
         self.lin_in = self._lib.Linear(in_feats, hidden)
         self.convs = nn.ModuleList([self._lib.GCN2Conv(hidden, layer=i + 1, alpha=alpha, lambda_=lambda_,
+                                                       project_initial_features=shared_weights,
                                                        allow_zero_in_degree=True) for i in range(layers)])
+        if not identity_mapping:
+            for conv in self.convs:
+                conv.beta = 1.0   # DGL's and dgl_exact's GCN2Conv read self.beta in forward
         self.norms = nn.ModuleList([self._lib.BatchNorm1d(hidden) for _ in range(layers)]) if batch_norm else None
         self.lin_out = self._lib.Linear(hidden, num_classes)
 
@@ -120,24 +228,140 @@ class GCNII(nn.Module):
     def forward(self, graph, x, edge_weight=None):
         if isinstance(graph, (list, tuple)):
             raise ValueError("GCNII runs on whole (sub)graphs, not on blocks from a neighbour sampler")
-        h = self._lib.dropout(x, self.dropout, self.training)
-        h = h0 = self._lib.relu_dropout(self.lin_in(h), self.dropout, self.training)
+        h, h0 = self._input(x)
         for i, conv in enumerate(self.convs):
-            h = conv(graph, h, h0, edge_weight=edge_weight)
-            if self.norms is not None:
-                h = self.norms[i](h)
-            h = self._lib.relu_dropout(h, self.dropout, self.training)
+            out = [conv(graph, h, h0, edge_weight=edge_weight)]
+            if not self.residual:  # release the layer input before BN/ReLU allocate (see StackedGNN.forward)
+                h = None
+            h = self._after_conv(i, out, h)
         return self.lin_out(h)
+
+    def _input(self, x):
+        """(input of the first layer, initial representation ``h0``). ``h0`` is reused undropped by every
+        layer, as in the GCNII paper's code and EXACT's GCN2; only the first layer's input is dropped."""
+        h0 = self._lib.relu(self.lin_in(self._lib.dropout(x, self.dropout, self.training)))
+        return self._lib.dropout(h0, self.dropout, self.training), h0
+
+    def _after_conv(self, i, out, h):
+        """``out``: the conv output, or a one-element list holding it (taken out, so it dies after BN);
+        ``h``: the layer input (used only with ``residual``)."""
+        if isinstance(out, list):
+            out = out.pop()
+        if self.norms is not None:
+            out = self.norms[i](out)
+        if self.residual:
+            out = out + h
+        return self._lib.relu_dropout(out, self.dropout, self.training)
+
+    @torch.no_grad()
+    def layerwise(self, graph, x, batches, step: Callable[[], None] = lambda: None):
+        """Evaluation forward one layer at a time (see :func:`layerwise_inference`). GCN2Conv has no block
+        form, so its propagation (symmetric in-degree norm, as DGL's and ours without edge weights) is done
+        here and the rest of the layer follows the conv's own parameters."""
+        h, h0 = self._input(x)
+        norm = graph.in_degrees().float().clamp(min=1).pow(-0.5).to(h.device, h.dtype).unsqueeze(1)
+        for i, conv in enumerate(self.convs):
+            rows = _Rows(graph.num_nodes())
+            for block in batches:
+                src, dst = block.srcdata[dgl.NID].to(h.device), block.dstdata[dgl.NID].to(h.device)
+                agg = ops.copy_u_sum(block, h[src] * norm[src]) * norm[dst] * (1 - conv.alpha)
+                init = h0[dst] * conv.alpha
+                if conv._project_initial_features:
+                    proj = (agg + init) @ conv.weight1
+                else:
+                    proj = agg @ conv.weight1 + init @ conv.weight2
+                out = (1 - conv.beta) * (agg + init) + conv.beta * proj
+                if conv._bias:
+                    out = out + conv.bias
+                rows.put(block, self._after_conv(i, out, h[dst]))
+                step()
+            h = rows.out
+        return self.lin_out(h)
+
+
+def destination_blocks(graph, batch_size: int):
+    """``graph``'s nodes in consecutive batches of ``batch_size`` destination nodes, each as a DGL block
+    holding all its in-edges (sources: the batch first, then its in-neighbours; ``dgl.NID`` in
+    ``srcdata``/``dstdata``). Built once and reused by every layer of :func:`layerwise_inference`."""
+    if batch_size < 1:
+        raise ValueError(f"eval batch size must be >= 1, got {batch_size}")
+    n, blocks = graph.num_nodes(), []
+    bare = dgl.graph(graph.edges(order="eid"), num_nodes=n)  # structure only: blocks copy no node data
+    for start in range(0, n, batch_size):
+        dst = torch.arange(start, min(start + batch_size, n), dtype=bare.idtype, device=bare.device)
+        blocks.append(dgl.to_block(dgl.in_subgraph(bare, dst), dst_nodes=dst, include_dst_in_src=True))
+    return blocks
+
+
+@torch.no_grad()
+def layerwise_inference(model: nn.Module, graph, feat: torch.Tensor, batch_size: int, progress: bool = False):
+    """``model``'s evaluation-mode output for every node of ``graph``, computed one layer at a time for all
+    nodes, in batches of ``batch_size`` destination nodes with their whole in-neighbourhood (EXACT's
+    ``mini_inference`` for products). Equal to ``model.eval()(graph, feat)`` up to float rounding, while
+    only one layer's outputs (plus one batch's inputs) are alive at a time. ``progress``: a tqdm bar over
+    layers x batches."""
+    from tqdm.auto import tqdm
+
+    target = model.module if hasattr(model, "module") else model
+    if not hasattr(target, "layerwise"):
+        raise TypeError(f"{type(target).__name__} has no layer-wise evaluation")
+    was_training = target.training
+    target.eval()
+    blocks = destination_blocks(graph, batch_size)
+    bar = tqdm(total=len(blocks) * len(target.convs), disable=not progress, desc="evaluating", unit="batch",
+               leave=False, dynamic_ncols=True)
+    try:
+        return target.layerwise(graph, feat, blocks, step=lambda: bar.update(1))
+    finally:
+        bar.close()
+        target.train(was_training)
+
+
+LOSSES = ("ce", "exact_log")
+EXACT_LOG_EPS = 1.0 - math.log(2.0)
+
+
+def exact_log_loss(logits: torch.Tensor, target: torch.Tensor, index: Optional[torch.Tensor] = None,
+                   weight: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """EXACT's ogbn-arxiv objective (``loss: exact_log``): per training row the cross-entropy ``ce_i`` is
+    replaced by ``log(eps + ce_i) - log(eps)`` with ``eps = 1 - log 2``, then averaged (or, with per-row
+    ``weight``, the weighted sum, as :func:`dgl_exact.ops.cross_entropy`). It equals ``ce_i`` to first
+    order near 0 and grows only logarithmically for badly classified rows.
+
+    ``logits[index]`` are the training rows (all rows when ``index`` is None); ``target`` is already
+    indexed. Plain autograd: it keeps the softmax of the training rows (``[rows, classes]`` floats).
+    """
+    if target.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"exact_log_loss expects integer class targets (single-label), got {target.dtype}")
+    rows = logits if index is None else logits[index]
+    ce = F.cross_entropy(rows.float(), target.long(), reduction="none")
+    per_row = torch.log(EXACT_LOG_EPS + ce) - math.log(EXACT_LOG_EPS)
+    return per_row.mean() if weight is None else (per_row * weight.to(per_row.dtype)).sum()
 
 
 def build_model(model: str, in_feats: int, num_classes: int, hidden: int = 128, layers: int = 3,
                 dropout: float = 0.5, batch_norm: bool = True, heads: int = 3, alpha: float = 0.1,
-                lambda_: float = 0.5, input_dropout: float = 0.0, impl: str = "exact") -> nn.Module:
-    """Build one of :data:`MODELS` with DGL's (``impl='dgl'``) or dgl_exact's (``impl='exact'``) layers."""
+                lambda_: float = 0.5, input_dropout: float = 0.0, impl: str = "exact", shared_weights: bool = True,
+                residual: bool = False, identity_mapping: bool = True, dropout2: bool = False,
+                edge_drop: float = 0.0, use_attn_dst: bool = True) -> nn.Module:
+    """Build one of :data:`MODELS` with DGL's (``impl='dgl'``) or dgl_exact's (``impl='exact'``) layers.
+
+    ``shared_weights`` and ``identity_mapping`` are GCNII's (see :class:`GCNII`); ``residual`` is GCNII's
+    and GAT's, ``use_attn_dst`` GAT's, ``edge_drop`` GCN's, SAGE's and GAT's (see :class:`StackedGNN`); other
+    models refuse non-default values. ``dropout2``: EXACT's non-inverted dropout (module docstring)."""
     if model not in MODELS:
         raise ValueError(f"unknown model {model!r}; expected one of {', '.join(MODELS)}")
+    if not use_attn_dst and model != "gat":
+        raise ValueError(f"use_attn_dst is a GAT option; {model} has none (leave it at true)")
+    if edge_drop and model == "gcn2":
+        raise ValueError("edge_drop is not supported for gcn2 (EXACT uses it for GAT only); leave it at 0")
     if model == "gcn2":
         return GCNII(in_feats, hidden, num_classes, layers=layers, dropout=dropout, alpha=alpha, lambda_=lambda_,
-                     batch_norm=batch_norm, impl=impl)
+                     batch_norm=batch_norm, impl=impl, shared_weights=shared_weights, residual=residual,
+                     identity_mapping=identity_mapping, dropout2=dropout2)
+    if not shared_weights or (residual and model != "gat") or not identity_mapping:
+        raise ValueError(f"shared_weights, residual and identity_mapping are GCNII options (residual also GAT's); "
+                         f"{model} has none (leave them at true, false, true)")
     return StackedGNN(model, in_feats, hidden, num_classes, layers=layers, dropout=dropout, batch_norm=batch_norm,
-                      heads=heads, input_dropout=input_dropout, impl=impl)
+                      heads=heads, input_dropout=input_dropout, impl=impl, dropout2=dropout2, edge_drop=edge_drop,
+                      residual=residual, use_attn_dst=use_attn_dst)

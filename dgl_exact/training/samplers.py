@@ -1,8 +1,7 @@
 """Mini-batch samplers: each one yields, per epoch, the subgraphs a trainer steps on.
 
-Three samplers share one interface (:class:`BatchSampler`):
+Two samplers share one interface (:class:`BatchSampler`; full-graph training uses no sampler):
 
-- :class:`FullGraphSampler`: one batch, the whole graph.
 - :class:`SAINTSampler`: GraphSAINT node / edge / random-walk subgraphs (Zeng et al., ICLR 2020) with
   the paper's loss and aggregation normalisations, estimated by pre-sampling.
 - :class:`ClusterGCNSampler`: Cluster-GCN (Chiang et al., KDD 2019): METIS partitions, several per
@@ -19,8 +18,8 @@ without communicating; rank ``r`` of ``W`` takes global batches ``r, r + W, r + 
 
 Applying the normalisations (what a trainer must do). For a batch with per-node losses ``l_v``::
 
-    loss = batch.reduce_loss(l)          # == (l * batch.node_norm)[train_mask].sum()  (SAINT)
-                                         # == l[train_mask].mean()                       (others)
+    loss = (l * batch.node_norm)[train_mask].sum()   # SAINT: an unbiased full-graph loss estimate
+    loss = l[train_mask].mean()                      # others
 
 and, where ``batch.edge_norm`` is not ``None``, every aggregation scales the message of edge
 ``e = (u -> v)`` (``e`` a subgraph edge id) by ``edge_norm[e]`` on top of the *full-graph*
@@ -39,9 +38,10 @@ import hashlib
 import math
 import os
 import tempfile
+import warnings
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, replace
-from typing import Any, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 import numpy as np
 import torch
@@ -50,8 +50,8 @@ from .._compat import import_dgl
 
 dgl = import_dgl()
 
-__all__ = ["Batch", "BatchSampler", "FullGraphSampler", "SAINTSampler", "ClusterGCNSampler",
-           "graph_fingerprint"]
+__all__ = ["Batch", "BatchSampler", "SAINTSampler", "ClusterGCNSampler",
+           "CacheWarning", "graph_fingerprint"]
 
 # Independent random streams derived from one seed.
 _STREAM_EPOCH = 0      # per-epoch, per-batch draws
@@ -78,25 +78,102 @@ def graph_fingerprint(g) -> str:
     return h.hexdigest()
 
 
-def _cache_file(cache_dir: str, dataset: str, kind: str, params: Sequence[Any], g) -> str:
-    """``<cache_dir>/<dataset>_<kind>_<params>_n<N>_e<E>_<fingerprint>.pt``."""
+class CacheWarning(UserWarning):
+    """A sampler cache file was unusable (it is recomputed and overwritten) or could not be written (the
+    result is computed in memory and computed again next time)."""
+
+
+CACHE_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class _CacheKey:
+    """Where a cached result lives and what it must describe: ``meta`` (kind, parameters, graph size and
+    fingerprint) is stored inside the file too, so a renamed or copied file is recognised as foreign."""
+
+    path: str
+    meta: str
+
+
+def _cache_key(cache_dir: str, dataset: str, kind: str, params: Sequence[Any], g) -> _CacheKey:
+    """``<cache_dir>/<dataset>_<kind>_<params>_n<N>_e<E>_<fingerprint>.npz``."""
     tag = "_".join(str(p) for p in params)
-    name = f"{dataset}_{kind}_{tag}_n{g.num_nodes()}_e{g.num_edges()}_{graph_fingerprint(g)}.pt"
-    return os.path.join(cache_dir, name)
+    graph = f"n{g.num_nodes()}_e{g.num_edges()}_{graph_fingerprint(g)}"
+    return _CacheKey(os.path.join(cache_dir, f"{dataset}_{kind}_{tag}_{graph}.npz"),
+                     f"dgl_exact {kind} cache v{CACHE_FORMAT}: {tag}; graph {graph}")
 
 
-def _atomic_save(obj: Any, path: str) -> None:
-    """Write ``obj`` with ``torch.save`` so that readers (other ranks) never see a partial file."""
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", suffix=".tmp")
+def _checksum(meta: str, arrays: Dict[str, np.ndarray]) -> str:
+    """A hash of ``meta`` and every array's name, dtype, shape and bytes (detects edited or damaged files)."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(meta.encode())
+    for name in sorted(arrays):
+        a = np.ascontiguousarray(arrays[name])
+        h.update(f"{name}:{a.dtype.str}:{a.shape}".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
+def _write_cache(key: _CacheKey, arrays: Dict[str, np.ndarray]) -> None:
+    """Store ``arrays`` (plain numeric arrays, no pickles) with ``key.meta`` and their checksum as ``.npz``,
+    atomically (readers, e.g. other ranks, never see a partial file). A folder that cannot be written costs
+    a :class:`CacheWarning`, not the run."""
+    folder = os.path.dirname(key.path) or "."
     try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+        os.makedirs(folder, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(key.path)}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                np.savez(f, meta=np.array(key.meta), checksum=np.array(_checksum(key.meta, arrays)), **arrays)
+            os.replace(tmp, key.path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+            raise
+    except OSError as e:
+        warnings.warn(f"could not write the sampler cache {key.path} ({e.strerror or e}); using the result "
+                      "computed in memory, it will be computed again next time (make the folder writable or "
+                      "pick another --data-root)", CacheWarning, stacklevel=3)
+
+
+def _read_cache(key: _CacheKey, spec: Dict[str, Any],
+                check: Callable[[Dict[str, np.ndarray]], Optional[str]]) -> Optional[Dict[str, np.ndarray]]:
+    """The arrays of a valid cache file, or ``None`` if there is none or it is unusable.
+
+    Read with ``numpy.load(allow_pickle=False)`` (nothing in the file can run code). Valid means: exactly the
+    arrays of ``spec`` (``name -> (dtype, shape)``), the expected ``meta``, a matching checksum, and
+    ``check(arrays)`` returns ``None`` (else the problem). An unusable file (foreign, stale, empty, truncated,
+    random bytes, a pickle, edited values) gives one :class:`CacheWarning` naming it; the caller recomputes
+    and overwrites it.
+    """
+    if not os.path.exists(key.path):
+        return None
+    try:
+        with np.load(key.path, allow_pickle=False) as z:
+            data = {name: z[name] for name in z.files}
+        problem = None
+        if set(data) != set(spec) | {"meta", "checksum"}:
+            problem = f"holds {sorted(data)}, expected {sorted(set(spec) | {'meta', 'checksum'})}"
+        elif data["meta"].shape != () or data["meta"].dtype.kind != "U" or str(data["meta"]) != key.meta:
+            problem = f"was made for something else ({str(data['meta'])[:200]!r}, expected {key.meta!r})"
+        else:
+            arrays = {name: data[name] for name in spec}
+            for name, (dtype, shape) in spec.items():
+                if arrays[name].dtype != np.dtype(dtype) or arrays[name].shape != tuple(shape):
+                    problem = (f"{name} is {arrays[name].dtype}{list(arrays[name].shape)}, expected "
+                               f"{np.dtype(dtype)}{list(shape)}")
+                    break
+            if problem is None and str(data["checksum"]) != _checksum(key.meta, arrays):
+                problem = "its checksum does not match its contents (edited or damaged)"
+            if problem is None:
+                problem = check(arrays)
+    except Exception as e:  # noqa: BLE001 - whatever is wrong with the file, the remedy is to recompute it
+        problem = f"unreadable ({type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:160]})"
+    if problem is not None:
+        warnings.warn(f"ignoring the sampler cache {key.path}: {problem}; recomputing it", CacheWarning,
+                      stacklevel=3)
+        return None
+    return arrays
 
 
 def _structure_only(g):
@@ -145,7 +222,7 @@ class Batch:
         ids); subgraphs also hold ``dgl.EID`` (parent edge ids) in ``edata``.
     node_norm : Tensor or None
         GraphSAINT loss weight per batch node, ``(num_nodes,)``; ``None`` for unweighted samplers.
-        See :meth:`reduce_loss`.
+        See the module docstring.
     edge_norm : Tensor or None
         GraphSAINT aggregation weight per batch edge, ``(num_edges,)`` indexed by subgraph edge id;
         multiply message ``u -> v`` by it (see the module docstring). ``None`` where not applicable.
@@ -201,30 +278,6 @@ class Batch:
 
         return replace(self, graph=graph, node_norm=move(self.node_norm), edge_norm=move(self.edge_norm),
                        node_data={k: move(self.node_data[k]) for k in keys})
-
-    def reduce_loss(self, node_loss: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """The batch loss from per-node losses ``node_loss`` (``(num_nodes, ...)``, e.g. cross entropy
-        with ``reduction="none"``; trailing dims, as in multi-label BCE, are averaged).
-
-        - With ``node_norm`` (GraphSAINT): ``sum_{v in S, v in mask} node_norm[v] * l_v``, an unbiased
-          estimate of the full-graph training loss ``(1 / n_ref) sum_{v in train} l_v`` (see
-          :class:`SAINTSampler`).
-        - Without: ``mean_{v in S, v in mask} l_v``.
-
-        ``mask`` defaults to ``train_mask`` (all nodes if there is none). A batch without masked nodes
-        gives a zero that still carries the graph, so ``backward()`` works.
-        """
-        if node_loss.dim() > 1:
-            node_loss = node_loss.flatten(1).mean(1)
-        if mask is None:
-            mask = self.train_mask
-        if self.node_norm is not None:
-            node_loss = node_loss * self.node_norm.to(node_loss.dtype)
-        if mask is not None:
-            node_loss = node_loss[mask.bool()]
-        if node_loss.numel() == 0:
-            return node_loss.sum()
-        return node_loss.sum() if self.node_norm is not None else node_loss.mean()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -317,25 +370,6 @@ class BatchSampler(ABC):
                      None if edge_norm is None else edge_norm[eid])
 
 
-class FullGraphSampler(BatchSampler):
-    """One batch per epoch: the whole graph, without copying it (``batch.graph`` is a
-    ``local_var`` view of ``g`` with ``dgl.NID = arange(N)`` added; ``g`` is not modified).
-    No normalisation (``node_norm = edge_norm = None``). With ``world_size > 1`` only rank 0 gets it.
-    """
-
-    def __init__(self, g, **kwargs):
-        super().__init__(g, **kwargs)
-        self._view = g.local_var()
-        self._view.ndata[dgl.NID] = torch.arange(g.num_nodes(), dtype=g.idtype)
-
-    @property
-    def num_global_batches(self) -> int:
-        return 1
-
-    def _make_batch(self, plan, index, gen) -> Batch:
-        return Batch(self._view)
-
-
 # ------------------------------------------------------------------------------------------------
 # GraphSAINT
 # ------------------------------------------------------------------------------------------------
@@ -390,7 +424,8 @@ class SAINTSampler(BatchSampler):
         ``n_ref`` above.
     cache_dir, dataset : str, optional
         If ``cache_dir`` is given, the pre-sampled counts are stored in / loaded from
-        ``<cache_dir>/<dataset>_saint_<mode>_<params>_n<N>_e<E>_<fingerprint>.pt``.
+        ``<cache_dir>/<dataset>_saint_<mode>_<params>_n<N>_e<E>_<fingerprint>.npz`` (plain arrays, validated
+        when read: see :class:`CacheWarning`).
     progress : bool, default False
         Show a tqdm bar while pre-sampling.
     seed, rank, world_size, even
@@ -481,17 +516,41 @@ class SAINTSampler(BatchSampler):
         return params + [f"cov{self.sample_coverage:g}", f"s{self.seed}"]
 
     def _load_or_count(self, cache_dir: Optional[str], dataset: str, progress: bool) -> None:
-        path = None if cache_dir is None else _cache_file(cache_dir, dataset, "saint", self._cache_params(),
-                                                          self.g)
-        if path is not None and os.path.exists(path):
-            state = torch.load(path)
+        """The pre-sampling counts from the cache (validated, see :func:`_read_cache`) or computed (and cached)."""
+        key = None if cache_dir is None else _cache_key(cache_dir, dataset, "saint", self._cache_params(), self.g)
+        spec = {"num_samples": (np.int64, ()), "node_count": (np.int32, (self.g.num_nodes(),)),
+                "edge_count": (np.int32, (self.g.num_edges(),))}
+        cached = None if key is None else _read_cache(key, spec, self._check_counts)
+        if cached is not None:
+            state = {"num_samples": int(cached["num_samples"]), "node_count": torch.from_numpy(cached["node_count"]),
+                     "edge_count": torch.from_numpy(cached["edge_count"])}
         else:
             state = self._count(progress)
-            if path is not None:
-                _atomic_save(state, path)
-        self.cache_path = path
+            if key is not None:
+                _write_cache(key, {"num_samples": np.array(state["num_samples"], dtype=np.int64),
+                                   "node_count": state["node_count"].numpy(),
+                                   "edge_count": state["edge_count"].numpy()})
+        self.cache_path = None if key is None else key.path
         self.num_presamples = int(state["num_samples"])
         self.node_count, self.edge_count = state["node_count"], state["edge_count"]
+
+    def _check_counts(self, a: Dict[str, np.ndarray]) -> Optional[str]:
+        """What is impossible about cached counts (``None`` if nothing): counts outside ``[0, N]``; an edge
+        counted in more subgraphs than either endpoint; fewer node draws than the coverage target."""
+        n_samples, c_v, c_uv = int(a["num_samples"]), a["node_count"], a["edge_count"]
+        if n_samples < 1:
+            return f"num_samples is {n_samples}"
+        if c_v.size and (c_v.min() < 0 or c_v.max() > n_samples):
+            return f"node counts outside [0, num_samples={n_samples}]"
+        if c_uv.size:
+            if c_uv.min() < 0 or c_uv.max() > n_samples:
+                return f"edge counts outside [0, num_samples={n_samples}]"
+            src, dst = (t.long().numpy() for t in self.g.edges(order="eid"))
+            if (c_uv > np.minimum(c_v[src], c_v[dst])).any():
+                return "an edge is counted more often than one of its endpoints"
+        if int(c_v.sum(dtype=np.int64)) < self.sample_coverage * self.g.num_nodes():
+            return f"fewer node draws than sample_coverage={self.sample_coverage:g} x num_nodes"
+        return None
 
     def _count(self, progress: bool) -> Dict[str, Any]:
         """Pre-sample subgraphs until ``sample_coverage * num_nodes`` nodes were drawn; count C_v, C_uv."""
@@ -556,7 +615,8 @@ class ClusterGCNSampler(BatchSampler):
         Partitions per batch; the last batch of an epoch may hold fewer.
     cache_dir : str, optional
         Directory for the partition file
-        ``<dataset>_clustergcn_k<num_parts>_<options>_n<N>_e<E>_<fingerprint>.pt``; the fingerprint
+        ``<dataset>_clustergcn_k<num_parts>_<options>_n<N>_e<E>_<fingerprint>.npz`` (plain arrays, validated
+        when read; an unusable file is recomputed with a :class:`CacheWarning`); the fingerprint
         hashes the edge list, so a changed graph never reuses a stale partition. Without it METIS runs
         on every construction.
     assignment : Tensor, optional
@@ -590,20 +650,30 @@ class ClusterGCNSampler(BatchSampler):
                     assignment.max()) < num_parts:
                 raise ValueError(f"assignment must hold one partition id in [0, {num_parts}) per node")
         else:
+            key = None
             if cache_dir is not None:
                 params = [f"k{num_parts}"] + (["baledges"] if balance_edges else [])
-                self.cache_path = _cache_file(cache_dir, dataset, "clustergcn", params, g)
-            if self.cache_path is not None and os.path.exists(self.cache_path):
-                assignment = torch.load(self.cache_path)
+                key = _cache_key(cache_dir, dataset, "clustergcn", params, g)
+                self.cache_path = key.path
+            spec = {"assignment": (np.int64, (g.num_nodes(),))}
+            cached = None if key is None else _read_cache(key, spec, self._check_assignment)
+            if cached is not None:
+                assignment = torch.from_numpy(cached["assignment"])
             else:
                 assignment = self._partition(balance_edges)
-                if self.cache_path is not None:
-                    _atomic_save(assignment, self.cache_path)
+                if key is not None:
+                    _write_cache(key, {"assignment": assignment.numpy()})
         self.assignment = assignment
         # Nodes grouped by partition: partition p holds part_nodes[part_offset[p]:part_offset[p + 1]].
         self.part_nodes = torch.argsort(assignment, stable=True)
         counts = torch.bincount(assignment, minlength=num_parts)
         self.part_offset = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
+
+    def _check_assignment(self, a: Dict[str, np.ndarray]) -> Optional[str]:
+        parts = a["assignment"]
+        if parts.size and (parts.min() < 0 or parts.max() >= self.num_parts):
+            return f"partition ids outside [0, num_parts={self.num_parts})"
+        return None
 
     def _partition(self, balance_edges: bool) -> torch.Tensor:
         if self.num_parts == 1:  # METIS rejects k = 1

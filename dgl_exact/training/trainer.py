@@ -21,9 +21,9 @@ from .. import memory, ops
 from .._compat import import_dgl
 from ..config import config as compression_scope
 from ..data import GraphDataset, load_dataset
-from .checkpoint import load_checkpoint, save_checkpoint
+from .checkpoint import check_trainer_state, load_checkpoint, remove_stale_temporaries, save_checkpoint
 from .config import TrainConfig
-from .models import build_model
+from .models import build_model, exact_log_loss, layerwise_inference
 from .samplers import ClusterGCNSampler, SAINTSampler
 
 dgl = import_dgl()
@@ -68,7 +68,11 @@ class RunResult:
     epoch_time: float               # mean seconds per training epoch (training only, no evaluation)
     total_time: float
     activation_bytes: Optional[int] = None
-    peak_bytes: Optional[int] = None
+    peak_bytes: Optional[int] = None   # --debug-mem: step peak (forward + backward + optimizer step) above steady state
+    model_bytes: Optional[int] = None  # --debug-mem: parameters, buffers, optimizer state
+    data_bytes: Optional[int] = None   # --debug-mem: graph structure, features, labels, split indices on the device
+    total_bytes: Optional[int] = None  # --debug-mem: model + data + step peak
+    peak_method: Optional[str] = None
     epochs_per_second: Optional[float] = None
     history: List[Dict[str, float]] = dataclasses.field(default_factory=list)
 
@@ -88,9 +92,10 @@ class TrainResults:
         mem = [r.activation_bytes for r in self.runs if r.activation_bytes is not None]
         if mem:
             out["activation_bytes"] = mem[0]
-        peak = [r.peak_bytes for r in self.runs if r.peak_bytes is not None]
-        if peak:
-            out["peak_bytes"] = peak[0]
+        for key in ("peak_bytes", "model_bytes", "data_bytes", "total_bytes", "peak_method"):
+            values = [getattr(r, key) for r in self.runs if getattr(r, key) is not None]
+            if values:
+                out[key] = values[0]
         speed = [r.epochs_per_second for r in self.runs if r.epochs_per_second is not None]
         if speed:
             out["epochs_per_second"] = {"mean": statistics.fmean(speed),
@@ -131,8 +136,8 @@ class Trainer:
         self.log = log
         self.rank, self.world_size = rank, world_size
         self.progress = (sys.stderr.isatty() if progress is None else progress) and rank == 0
-        self.dataset = dataset if dataset is not None else load_dataset(config.dataset, config.data_root,
-                                                                         seed=config.seed)
+        self.dataset = dataset if dataset is not None else load_dataset(
+            config.dataset, config.data_root, seed=config.seed, standardize=config.standardize)
         self._prepare_graph()
 
     # --- data ---------------------------------------------------------------------------------------
@@ -148,8 +153,33 @@ class Trainer:
         self.feat = g.ndata["feat"].to(self.device)
         self.label = g.ndata["label"].to(self.device)
         self.split = {s: ds.idx(s).to(self.device) for s in ("train", "val", "test")}
+        empty = [s for s, idx in self.split.items() if idx.numel() == 0]
+        if empty:  # nothing to learn from, no epoch to select, or no score to report
+            are = "s are" if len(empty) > 1 else " is"
+            raise ValueError(f"dataset {ds.name}: the {' and '.join(empty)} split{are} "
+                             f"empty (0 of {g.num_nodes():,} nodes); training needs train, val and test nodes")
         self.train_label = self.label[self.split["train"]]
+        if cfg.use_labels and (ds.multilabel or cfg.sampler != "full"):
+            raise ValueError("use_labels (label inputs, EXACT's arxiv GAT) needs a single-label dataset and full-graph "
+                             "training (--sampler full)")
+        # what training sees: the whole graph, or (inductive) the subgraph induced by the training nodes
+        self.train_graph, self.train_feat, self.train_index = g, self.feat, self.split["train"]
+        if cfg.inductive:
+            self.train_graph = self._induced_training_graph(g)
+            self.train_feat = self.train_graph.ndata["feat"].to(self.device)
+            self.train_index = torch.arange(self.train_graph.num_nodes(), device=self.device)
         self.sampler = self._make_sampler()
+
+    def _induced_training_graph(self, g):
+        """EXACT's ``--inductive``: the subgraph induced by the training nodes (in the order of the train
+        split, so its labels are ``train_label``), with its own degrees; validation and test nodes and all
+        their edges are unseen until evaluation, which runs on the full graph."""
+        sub = dgl.node_subgraph(g, self.split["train"].cpu().to(g.idtype))
+        sub.ndata.pop(dgl.NID)
+        sub.edata.pop(dgl.EID)
+        sub.ndata["_deg_in"] = sub.in_degrees().float()
+        sub.ndata["_deg_out"] = sub.out_degrees().float()
+        return sub
 
     def _make_sampler(self, assignment=None):
         """The training sampler (None for full-graph); ``assignment``: a given ClusterGCN partition."""
@@ -158,18 +188,22 @@ class Trainer:
         if cfg.sampler == "full":
             return None
         cache_dir = os.path.join(cfg.data_root, "cache")
+        graph, suffix = self.train_graph, "-inductive" if cfg.inductive else ""  # caches per graph sampled
         if cfg.sampler == "saint":
             walk = cfg.walk_length if cfg.saint_mode == "walk" else None
-            return SAINTSampler(self.graph, cfg.saint_mode, cfg.saint_budget, walk, sample_coverage=cfg.sample_coverage,
-                                cache_dir=cache_dir, dataset=self.dataset.key, progress=self.progress, **common)
-        num_parts = min(cfg.num_parts, self.graph.num_nodes())
-        return ClusterGCNSampler(self.graph, num_parts, min(cfg.parts_per_batch, num_parts), cache_dir=cache_dir,
-                                 dataset=self.dataset.name, assignment=assignment, **common)
+            return SAINTSampler(graph, cfg.saint_mode, cfg.saint_budget, walk, sample_coverage=cfg.sample_coverage,
+                                num_batches=cfg.saint_steps, cache_dir=cache_dir, dataset=self.dataset.key + suffix,
+                                progress=self.progress, **common)
+        num_parts = min(cfg.num_parts, graph.num_nodes())
+        return ClusterGCNSampler(graph, num_parts, min(cfg.parts_per_batch, num_parts), cache_dir=cache_dir,
+                                 dataset=self.dataset.name + suffix, assignment=assignment, **common)
 
     # --- one step -----------------------------------------------------------------------------------
     def _loss(self, logits, label_rows, index, weight=None):
         if self.dataset.multilabel:
             return ops.binary_cross_entropy_with_logits(logits, label_rows, index, weight)
+        if self.cfg.loss == "exact_log":
+            return exact_log_loss(logits, label_rows, index, weight)
         return ops.cross_entropy(logits, label_rows, index, weight)
 
     def _saint_edge_weight(self, batch):
@@ -189,13 +223,30 @@ class Trainer:
     def _batch_inputs(self, batch):
         """(graph, features, train-row index, labels of those rows, loss weights, edge weights)."""
         if batch is None:
-            return self.graph, self.feat, self.split["train"], self.train_label, None, None
+            if self.cfg.use_labels:
+                return self._label_inputs()
+            return self.train_graph, self.train_feat, self.train_index, self.train_label, None, None
         moved = batch.to(self.device)
         mask = moved.train_mask
         index = torch.nonzero(mask, as_tuple=True)[0]
         weight = moved.node_norm[index] if moved.node_norm is not None else None
         edge_weight = self._saint_edge_weight(batch) if batch.edge_norm is not None else None
         return batch.graph, moved.feat, index, moved.label[index], weight, edge_weight
+
+    def _with_labels(self, feat, index, labels):
+        """EXACT's label inputs: ``feat`` with ``num_classes`` columns appended, one-hot ``labels`` at rows
+        ``index``, zeros elsewhere."""
+        onehot = torch.zeros(feat.shape[0], self.dataset.num_classes, dtype=feat.dtype, device=feat.device)
+        onehot[index, labels] = 1.0
+        return torch.cat([feat, onehot], dim=1)
+
+    def _label_inputs(self):
+        """One training step's inputs with ``use_labels``: a random ``mask_rate`` of the training nodes show
+        their labels as inputs; the loss is on the other training nodes (EXACT's arxiv scripts)."""
+        shown = torch.rand(self.train_index.numel()) < self.cfg.mask_rate
+        shown = shown.to(self.device)
+        feat = self._with_labels(self.train_feat, self.train_index[shown], self.train_label[shown])
+        return self.train_graph, feat, self.train_index[~shown], self.train_label[~shown], None, None
 
     def _forward_loss(self, model, inputs):
         graph, feat, index, labels, weight, edge_weight = inputs
@@ -211,40 +262,88 @@ class Trainer:
         return torch.autocast(self.device.type, dtype=dtype)
 
     def _step(self, model, optimizer, scaler, inputs, measure=False):
+        """One training step; with ``measure``, also its memory (:func:`dgl_exact.memory.measure_step`:
+        activations of the forward, step peak over forward + backward + optimizer step) and EXACT's
+        breakdown in ``report.breakdown`` (see :meth:`_memory_breakdown`)."""
         optimizer.zero_grad(set_to_none=True)
+        losses = []
+
+        def backward(result):
+            loss = result[0]
+            if not torch.isfinite(loss):
+                raise FloatingPointError(f"training loss became {loss.item()}; lower --lr or set --grad-norm")
+            losses.append(float(loss.detach()))
+            if scaler is not None:
+                scaler.scale(loss).backward()
+                scaler.unscale_(optimizer)
+            else:
+                loss.backward()
+            if self.cfg.grad_norm is not None:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), self.cfg.grad_norm)
+
+        def optimizer_step():
+            if scaler is not None:
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                optimizer.step()
+
         report = None
         if measure:
-            report = memory.measure(lambda: self._forward_loss(model, inputs), modules=[model],
-                                    exclude=[t for t in inputs[1:] if isinstance(t, torch.Tensor)] + [self.feat],
-                                    device=self.device)
-            loss, _ = report.result
+            report = memory.measure_step(lambda: self._forward_loss(model, inputs), optimizer_step, backward=backward,
+                                         modules=[model], device=self.device,
+                                         exclude=[t for t in inputs[1:] if isinstance(t, torch.Tensor)] + [self.feat])
             report.result = None
+            report.breakdown = self._memory_breakdown(model, optimizer, inputs, report)
         else:
-            loss, _ = self._forward_loss(model, inputs)
-        if not torch.isfinite(loss):
-            raise FloatingPointError(f"training loss became {loss.item()}; lower --lr or set --grad-norm")
-        if scaler is not None:
-            scaler.scale(loss).backward()
-            scaler.unscale_(optimizer)
-        else:
-            loss.backward()
-        if self.cfg.grad_norm is not None:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), self.cfg.grad_norm)
-        if scaler is not None:
-            scaler.step(optimizer)
-            scaler.update()
-        else:
-            optimizer.step()
-        return float(loss.detach()), report
+            backward(self._forward_loss(model, inputs))
+            optimizer_step()
+        return losses[0], report
+
+    def _memory_breakdown(self, model, optimizer, inputs, report) -> Dict[str, Any]:
+        """EXACT's ``--debug-mem`` breakdown, bytes: model (parameters, buffers, optimizer state), data on the
+        device (graph structure, cached structure tensors, features, labels, split indices), activations,
+        step peak (forward + backward + optimizer step, above the memory before the step) and
+        total = model + data + step peak."""
+        target = model.module if hasattr(model, "module") else model
+        model_tensors = list(target.parameters()) + list(target.buffers())
+        model_tensors += [t for st in optimizer.state.values() for t in st.values() if isinstance(t, torch.Tensor)]
+        model_bytes = memory.tensor_bytes(t for t in model_tensors if t.device.type == self.device.type)
+        data_tensors = [self.feat, self.label, self.train_label, *self.split.values()]
+        data_tensors += [t for t in inputs if isinstance(t, torch.Tensor)] + memory.cached_static_tensors()
+        graphs = [self.graph] + ([inputs[0]] if inputs[0] is not self.graph else [])
+        structure = 0
+        for g in graphs:
+            if g.device.type != self.device.type:
+                continue
+            data_tensors += [t for t in (*g.ndata.values(), *g.edata.values()) if isinstance(t, torch.Tensor)]
+            item = 4 if g.idtype == torch.int32 else 8
+            for fmt in g.formats()["created"]:  # COO: src, dst; CSR/CSC: indptr, indices, edge ids
+                structure += item * (2 * g.num_edges() if fmt == "coo" else
+                                     (g.num_nodes() + 1 + 2 * g.num_edges()))
+        data_bytes = structure + memory.tensor_bytes(t for t in data_tensors if t.device.type == self.device.type)
+        peak = report.peak_bytes
+        return {"model_bytes": model_bytes, "data_bytes": data_bytes, "peak_method": report.peak_method,
+                "total_bytes": None if peak is None else model_bytes + data_bytes + peak}
 
     # --- evaluation ---------------------------------------------------------------------------------
     @torch.no_grad()
     def evaluate(self, model) -> Dict[str, float]:
+        """Train/val/test metrics of ``model`` on the full graph; with ``eval_batch_size``, computed layer by
+        layer in batches of destination nodes (:func:`~dgl_exact.training.models.layerwise_inference`: the
+        same logits up to float rounding, one layer's activations alive at a time)."""
         from ..data.base import compute_metric
 
         model.eval()
+        feat = self.feat  # with use_labels, every training node shows its label (EXACT's test())
+        if self.cfg.use_labels:
+            feat = self._with_labels(feat, self.split["train"], self.train_label)
         with self._autocast():
-            logits = model(self.graph, self.feat).float()
+            if self.cfg.eval_batch_size is None:
+                logits = model(self.graph, feat).float()
+            else:
+                logits = layerwise_inference(model, self.graph, feat, self.cfg.eval_batch_size,
+                                             progress=self.progress).float()
         model.train()
         return {s: compute_metric(self.dataset.metric, logits[idx], self.label[idx]) for s, idx in self.split.items()}
 
@@ -252,9 +351,13 @@ class Trainer:
     def build(self, seed: int):
         cfg = self.cfg
         torch.manual_seed(seed)
-        model = build_model(cfg.model, self.dataset.num_features, self.dataset.num_classes, hidden=cfg.hidden,
+        in_feats = self.dataset.num_features + (self.dataset.num_classes if cfg.use_labels else 0)
+        model = build_model(cfg.model, in_feats, self.dataset.num_classes, hidden=cfg.hidden,
                             layers=cfg.layers, dropout=cfg.dropout, batch_norm=cfg.batch_norm, heads=cfg.heads,
-                            alpha=cfg.alpha, lambda_=cfg.lambda_, input_dropout=cfg.input_dropout).to(self.device)
+                            alpha=cfg.alpha, lambda_=cfg.lambda_, input_dropout=cfg.input_dropout,
+                            shared_weights=cfg.shared_weights, residual=cfg.residual,
+                            identity_mapping=cfg.identity_mapping, dropout2=cfg.dropout2, edge_drop=cfg.edge_drop,
+                            use_attn_dst=cfg.use_attn_dst).to(self.device)
         opt_cls = {"adam": torch.optim.Adam, "rmsprop": torch.optim.RMSprop, "sgd": torch.optim.SGD}[cfg.optimizer]
         optimizer = opt_cls(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         scaler = None
@@ -271,10 +374,13 @@ class Trainer:
             debug_mem: bool = False, test_speed: Optional[int] = None, completed: Optional[list] = None) -> RunResult:
         cfg = self.cfg
         seed = cfg.seed + run
+        if debug_mem and self.device.type == "cpu":
+            memory.prepare_cpu_peak()  # before any step: the CPU step peak is a resident high-water mark
         model, optimizer, scaler = self.build(seed)
         model = self.wrap_model(model)
         start_epoch, best, history = 0, {"val": -math.inf, "epoch": -1}, []
         act_bytes = peak_bytes = None
+        mem_detail = {}
         if resume is not None:
             model_state = resume["model"]
             target = model.module if hasattr(model, "module") else model
@@ -297,11 +403,15 @@ class Trainer:
         with compression_scope(cfg.compression):
             for epoch in bar:
                 model.train()
+                if epoch < cfg.lr_warmup:  # EXACT's adjust_lr: lr * e / N in its 1-based epoch e <= N
+                    for group in optimizer.param_groups:
+                        group["lr"] = cfg.lr * (epoch + 1) / cfg.lr_warmup
                 t0 = time.perf_counter()
                 loss, report = self._train_epoch(model, optimizer, scaler, epoch,
-                                                 measure=debug_mem and act_bytes is None and epoch == start_epoch)
+                                                 measure=debug_mem and act_bytes is None
+                                                 and epoch == min(start_epoch + 1, epochs - 1))
                 if report is not None:
-                    act_bytes, peak_bytes = report.activation_bytes, report.peak_bytes
+                    act_bytes, peak_bytes, mem_detail = report.activation_bytes, report.peak_bytes, report.breakdown
                 if self.device.type == "cuda":
                     torch.cuda.synchronize(self.device)
                 train_time += time.perf_counter() - t0
@@ -314,27 +424,38 @@ class Trainer:
                                 "test": metrics["test"]}
                     bar.set_postfix(loss=f"{loss:.4f}", val=f"{metrics['val']:.4f}", test=f"{best['test']:.4f}")
                 history.append(record)
-                if checkpoint and self.rank == 0:
-                    target = model.module if hasattr(model, "module") else model
-                    save_checkpoint({"config": cfg.to_dict(), "run": run, "epoch": epoch, "model": target.state_dict(),
-                                     "optimizer": optimizer.state_dict(),
-                                     "scaler": scaler.state_dict() if scaler is not None else None,
-                                     "rng_cpu": torch.get_rng_state(),
-                                     "rng_cuda": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None,
-                                     "best": best, "history": history, "completed": completed or [],
-                                     "activation_bytes": act_bytes, "peak_bytes": peak_bytes}, checkpoint)
+                if checkpoint and epoch < epochs - 1:  # the last epoch's is written with the run's result, below
+                    self._save_checkpoint(checkpoint, run, epoch, model, optimizer, scaler, best, history,
+                                          completed or [], act_bytes, peak_bytes)
         bar.close()
         n_epochs = max(1, epochs - start_epoch)
         result = RunResult(run=run, seed=seed, best_epoch=best.get("epoch", -1), train=best.get("train", float("nan")),
                            val=best.get("val", float("nan")), test=best.get("test", float("nan")), final_loss=loss,
                            epoch_time=train_time / n_epochs, total_time=time.perf_counter() - t_run,
-                           activation_bytes=act_bytes, peak_bytes=peak_bytes, history=history)
+                           activation_bytes=act_bytes, peak_bytes=peak_bytes, history=history, **mem_detail)
         if test_speed is not None:
             timed = [h["time"] for h in history[warmup:]]
             result.epochs_per_second = len(timed) / sum(timed) if timed and sum(timed) > 0 else None
             result.epoch_time = statistics.fmean(timed) if timed else result.epoch_time
+        if checkpoint:  # the state after the run's last epoch, with its result: one write, nothing read back
+            self._save_checkpoint(checkpoint, run, epochs - 1, model, optimizer, scaler, best, history,
+                                  (completed or []) + [dataclasses.asdict(result)], act_bytes, peak_bytes)
         self.model = model
         return result
+
+    def _save_checkpoint(self, path, run, epoch, model, optimizer, scaler, best, history, completed, act_bytes,
+                         peak_bytes) -> None:
+        """Rank 0 writes the state after ``epoch`` of ``run`` (plus the finished runs, ``completed``)."""
+        if self.rank == 0:
+            target = model.module if hasattr(model, "module") else model
+            save_checkpoint({"config": self.cfg.to_dict(), "run": run, "epoch": epoch, "model": target.state_dict(),
+                             "optimizer": optimizer.state_dict(),
+                             "scaler": scaler.state_dict() if scaler is not None else None,
+                             "rng_cpu": torch.get_rng_state(),
+                             "rng_cuda": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None,
+                             "best": best, "history": history, "completed": completed,
+                             "activation_bytes": act_bytes, "peak_bytes": peak_bytes}, path)
+        self.checkpoint_saved = True
 
     def _train_epoch(self, model, optimizer, scaler, epoch, measure=False):
         """Train one epoch; returns (mean loss, memory report of the first step if ``measure``)."""
@@ -355,20 +476,45 @@ class Trainer:
         """Hook: the checkpoint ``--resume`` continues from (distributed: read by rank 0, broadcast)."""
         return load_checkpoint(checkpoint)
 
+    def _check_new_checkpoint(self, checkpoint: str) -> None:
+        """Hook: refuse to start a new checkpoint over an existing file (distributed: rank 0 decides)."""
+        _refuse_existing_checkpoint(checkpoint)
+
     def fit(self, *, checkpoint: Optional[str] = None, resume: bool = False, debug_mem: bool = False,
             test_speed: Optional[int] = None) -> TrainResults:
+        """Train runs ``0 .. runs - 1`` (seeds ``seed + run``) and return their results.
+
+        ``checkpoint``: after every epoch the run's state (model, optimizer, random state, history) is written
+        there atomically, and at the end of each run the same state with the run's result added to the finished
+        runs (``completed``); nothing is read back while training. A new checkpoint never replaces an existing
+        file (``ValueError``: continue it with ``resume=True`` / ``--resume``, or choose another path).
+
+        ``resume``: continue from ``checkpoint``. It holds the finished runs and the state of the last run
+        after its epoch ``E`` (1-based). Finished runs are reported as they are, never trained or counted
+        again. The checkpoint's run continues to ``epochs``; if it had finished with fewer epochs it is
+        *extended* (its result is replaced, not added): the model then equals an uninterrupted run of
+        ``epochs`` epochs (the extra evaluation at the old last epoch can only change which epoch is best).
+        With ``epochs == E`` a finished run stays as it is and the next run starts. ``ValueError`` (and no
+        training) if ``epochs < E``, if other finished runs were trained for a different number of epochs
+        (their models are not in the checkpoint, and runs of different lengths would be averaged together),
+        if ``runs`` is below the number of runs the checkpoint holds, or if the file is not a checkpoint.
+        """
         cfg = self.cfg
+        epochs = cfg.epochs if test_speed is None else SPEED_WARMUP + test_speed
         results: List[RunResult] = []
         state, first_run = None, 0
+        self.checkpoint_saved = False
+        if resume and not checkpoint:
+            raise ValueError("--resume needs --checkpoint PATH")
+        if checkpoint and not resume:
+            self._check_new_checkpoint(checkpoint)
+        if checkpoint and self.rank == 0:
+            remove_stale_temporaries(checkpoint)
         if resume:
-            if not checkpoint:
-                raise ValueError("--resume needs --checkpoint PATH")
             state = self._load_resume_state(checkpoint)
+            check_trainer_state(state, checkpoint)
             _check_resumable(state["config"], cfg)
-            results = [RunResult(**r) for r in state["completed"]]
-            first_run = state["run"]
-            if state["epoch"] + 1 >= cfg.epochs:  # that run had finished; start the next one
-                state, first_run = None, first_run + 1
+            results, first_run, state = _resume_plan(state, checkpoint, epochs, cfg.runs)
         for run in range(first_run, cfg.runs):
             resume_state = state if (state is not None and run == state["run"]) else None
             result = self.run(run, checkpoint=checkpoint, resume=resume_state, debug_mem=debug_mem,
@@ -376,17 +522,53 @@ class Trainer:
             results.append(result)
             if self.log and self.rank == 0:
                 self.log(_run_line(result, self.dataset.metric))
-            if checkpoint and self.rank == 0:
-                ckpt = load_checkpoint(checkpoint)
-                ckpt["completed"] = [dataclasses.asdict(r) for r in results]
-                save_checkpoint({k: v for k, v in ckpt.items() if k != "format"}, checkpoint)
         return TrainResults(config=cfg.to_dict(), metric=self.dataset.metric, runs=results,
                             environment=environment_info(self.device))
 
 
+def _refuse_existing_checkpoint(checkpoint: str) -> None:
+    if os.path.isdir(checkpoint):
+        raise ValueError(f"--checkpoint {checkpoint} is a folder; pass a file path")
+    if os.path.lexists(checkpoint):
+        raise ValueError(f"{checkpoint} already exists (the checkpoint of an earlier run?): continue that run with "
+                         "--resume, or pass another --checkpoint path (or delete the file) to start a new one")
+
+
+def _epochs_trained(r: RunResult) -> int:
+    return int(r.history[-1]["epoch"]) + 1 if r.history else 0
+
+
+def _resume_plan(state: Dict[str, Any], path: str, epochs: int, runs: int):
+    """(finished results to report, first run to train, state to resume it from or None); see :meth:`Trainer.fit`."""
+    try:
+        by_run = {r.run: r for r in (RunResult(**r) for r in state["completed"])}  # the last entry of a run counts
+        completed = [by_run[k] for k in sorted(by_run)]
+    except (TypeError, KeyError, AttributeError) as e:
+        raise ValueError(f"checkpoint {path} is damaged (its finished runs cannot be read: {e}); delete it or pass "
+                         "another --checkpoint path to start over (without --resume)") from None
+    run, done = state["run"], state["epoch"] + 1
+    if done > epochs:
+        raise ValueError(f"checkpoint {path} is at epoch {done} of run {run + 1} but --epochs is {epochs}; resume "
+                         f"with --epochs {done} or more, or start a new checkpoint (another path)")
+    held = max([run] + [r.run for r in completed]) + 1
+    if held > runs:
+        raise ValueError(f"checkpoint {path} holds {held} run(s) but --runs is {runs}; resume with --runs {held} or "
+                         "more, or start a new checkpoint (another path)")
+    others = [r for r in completed if r.run != run]
+    lengths = sorted({_epochs_trained(r) for r in others} - {epochs})
+    if lengths:
+        raise ValueError(f"checkpoint {path} holds finished runs of {', '.join(map(str, lengths))} epoch(s) but "
+                         f"--epochs is {epochs}: only the last run can be extended, and runs of different lengths "
+                         f"would be averaged together; resume with --epochs {lengths[0]}, or start a new checkpoint")
+    if done == epochs and len(others) < len(completed):  # the checkpoint's run is finished: the next one starts
+        return completed, run + 1, None
+    return others, run, state
+
+
 def _check_resumable(saved: Dict[str, Any], cfg: TrainConfig) -> None:
     current = cfg.to_dict()
-    diff = [k for k in current if k not in _RESUMABLE_CHANGES and saved.get(k) != current[k]]
+    defaults = TrainConfig().to_dict()  # a key the checkpoint predates had its default value then
+    diff = [k for k in current if k not in _RESUMABLE_CHANGES and saved.get(k, defaults[k]) != current[k]]
     if diff:
         details = ", ".join(f"{k}: checkpoint {saved.get(k)!r} vs now {current[k]!r}" for k in diff)
         raise ValueError(f"the checkpoint was made with different settings ({details}); resume with the same "
@@ -395,6 +577,10 @@ def _check_resumable(saved: Dict[str, Any], cfg: TrainConfig) -> None:
 
 def _run_line(r: RunResult, metric: str) -> str:
     mem = f", activation memory {memory.format_bytes(r.activation_bytes)}" if r.activation_bytes is not None else ""
+    if r.model_bytes is not None:
+        fb = memory.format_bytes
+        mem += (f"; memory: model {fb(r.model_bytes)}, data {fb(r.data_bytes)}, activations {fb(r.activation_bytes)}, "
+                f"step peak incl. backward {fb(r.peak_bytes)}, total {fb(r.total_bytes)}")
     speed = f", {r.epochs_per_second:.2f} epochs/s" if r.epochs_per_second is not None else ""
     return (f"run {r.run + 1}: best epoch {r.best_epoch}, train {metric} {r.train:.4f}, val {r.val:.4f}, "
             f"test {r.test:.4f}, {r.epoch_time * 1000:.1f} ms/epoch{mem}{speed}")
