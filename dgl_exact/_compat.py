@@ -21,12 +21,13 @@ Three known breakages are handled here, and nowhere else:
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import sys
 import types
 
-__all__ = ["import_dgl", "graphbolt_stubbed", "patch_numpy_for_numba"]
+__all__ = ["import_dgl", "graphbolt_stubbed", "dgl_supports_device", "patch_numpy_for_numba"]
 
 _GRAPHBOLT = "dgl.graphbolt"
 _STUB_FLAG = "__dgl_exact_stub__"
@@ -85,6 +86,18 @@ def import_dgl():
         # raises the explanatory ImportError instead of "module 'dgl' has no attribute 'graphbolt'"
         dgl.graphbolt = stub
     return dgl
+
+
+@functools.lru_cache(maxsize=None)
+def dgl_supports_device(device) -> bool:
+    """Whether this DGL build can hold a graph on ``device`` (PyPI's CPU-only build: CPU only; moving a
+    graph raises ``DGLError`` there, or an ``AssertionError`` from a CPU-only torch)."""
+    dgl = import_dgl()
+    try:
+        dgl.graph(([0], [0])).to(device)
+    except Exception:  # noqa: BLE001  (any failure means: keep graphs on the CPU)
+        return False
+    return True
 
 
 def _import_dgl_without_update_check() -> None:

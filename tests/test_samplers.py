@@ -6,7 +6,7 @@ import os
 import pytest
 import torch
 
-from dgl_exact._compat import import_dgl
+from dgl_exact._compat import dgl_supports_device, import_dgl
 from dgl_exact.training import samplers as S
 from dgl_exact.training.samplers import ClusterGCNSampler, SAINTSampler
 
@@ -326,4 +326,4 @@ def test_batch_to_cuda(graph):
     """Node data and norms move to the GPU; with PyPI's CPU-only DGL the graph stays on the CPU."""
     b = next(iter(SAINTSampler(graph, "node", 40, sample_coverage=5))).to("cuda")
     assert b.feat.is_cuda and b.train_mask.is_cuda and b.node_norm.is_cuda and b.edge_norm.is_cuda
-    assert b.graph.device.type == ("cuda" if S._dgl_supports(torch.device("cuda")) else "cpu")
+    assert b.graph.device.type == ("cuda" if dgl_supports_device(torch.device("cuda")) else "cpu")

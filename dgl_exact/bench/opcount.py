@@ -51,6 +51,8 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from .._progress import progress_bar
+
 __all__ = ["StepCounts", "count_step", "count_grid", "device_roots", "emulate_gpu_path", "COLUMNS"]
 
 COLUMNS = ["model", "setting", "ops", "ops_ratio", "syncs", "MiB", "bytes_ratio", "host_reads", "note"]
@@ -340,10 +342,9 @@ def count_grid(work, models, settings, sink=None, out_dir=None, warmup: int = 1,
     PyPI's DGL cannot run on a GPU anyway. Per-op tables go to ``out_dir/opcount_<model>_<setting>.txt``.
     """
     from ..config import config as compression_scope
-    from .runner import _progress
 
     rows = []
-    for model_name, setting in _progress([(m, s) for m in models for s in settings], progress, desc="count",
+    for model_name, setting in progress_bar([(m, s) for m in models for s in settings], progress, desc="count",
                                          unit="setting"):
         row = {"kind": "opcount", "model": model_name, "setting": setting.name, "device": str(work.device)}
         if setting.impl != "exact":

@@ -14,7 +14,8 @@ import torch
 import torch.nn.functional as F
 
 from .. import kernels, memory, ops
-from .._compat import import_dgl
+from .._compat import dgl_supports_device, import_dgl
+from .._progress import progress_bar
 from ..compression import compress, decompress
 from ..config import CompressionConfig
 from ..config import config as compression_scope
@@ -32,12 +33,6 @@ SPEED_COLUMNS = ["model", "setting", "epoch_ms", "epoch_ms_std", "ratio_vs_basel
 PROFILE_COLUMNS = ["model", "setting", "wall_ms", "gpu_kernel_ms", "launches", "syncs", "device", "table"]
 KERNEL_COLUMNS = ["backend", "op", "setting", "shape", "ms", "GB_per_s", "device"]
 ACCURACY_COLUMNS = ["dataset", "model", "setting", "runs", "test_mean", "test_std", "delta_vs_fp32", "epoch_ms"]
-
-
-def _progress(iterable, enabled, **kw):
-    from tqdm.auto import tqdm
-
-    return tqdm(iterable, disable=not enabled, dynamic_ncols=True, **kw)
 
 
 class Workload:
@@ -89,7 +84,7 @@ class Workload:
 
     def runnable(self, impl: str, model: Optional[str] = None) -> Optional[str]:
         """None if ``impl`` (of ``model``) can run here, else why not."""
-        if impl == "dgl" and self.device.type == "cuda" and not _dgl_has_cuda():
+        if impl == "dgl" and self.device.type == "cuda" and not dgl_supports_device(torch.device("cuda")):
             return "n/a: this DGL build is CPU-only (dgl.nn cannot run on CUDA features)"
         if impl == "pyg" and model is not None and model not in ("gcn", "sage"):
             return f"n/a: no PyG baseline for {model}"
@@ -99,14 +94,6 @@ class Workload:
             except ImportError:
                 return "n/a: torch_geometric not installed"
         return None
-
-
-def _dgl_has_cuda() -> bool:
-    try:
-        dgl.graph(([0], [0])).to("cuda")
-        return True
-    except Exception:
-        return False
 
 
 def _pyg_model(model, in_feats, hidden, classes, layers, dropout, batch_norm, g, device):
@@ -170,7 +157,7 @@ def memory_grid(work: Workload, models: Sequence[str], settings: Sequence[Settin
         isolate = work.device.type == "cpu"
     rows = []
     grid = [(m, s) for m in models for s in settings]
-    for model_name, setting in _progress(grid, progress, desc="memory", unit="setting"):
+    for model_name, setting in progress_bar(grid, progress, desc="memory", unit="setting"):
         why = work.runnable(setting.impl, model_name)
         if why:
             row = {"kind": "memory", "model": model_name, "setting": setting.name, "device": str(work.device),
@@ -303,7 +290,7 @@ def speed_grid(work: Workload, models: Sequence[str], settings: Sequence[Setting
     """Epoch time (forward, backward, Adam step) per (model, setting), after warm-up; mean and std."""
     rows = []
     grid = [(m, s) for m in models for s in settings]
-    for model_name, setting in _progress(grid, progress, desc="speed", unit="setting"):
+    for model_name, setting in progress_bar(grid, progress, desc="speed", unit="setting"):
         row = {"kind": "speed", "model": model_name, "setting": setting.name, "device": str(work.device)}
         why = work.runnable(setting.impl, model_name)
         if why:
@@ -351,7 +338,7 @@ def profile_grid(work: Workload, models: Sequence[str], settings: Sequence[Setti
     cuda = work.device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     rows = []
-    for model_name, setting in _progress([(m, s) for m in models for s in settings], progress, desc="profile",
+    for model_name, setting in progress_bar([(m, s) for m in models for s in settings], progress, desc="profile",
                                          unit="setting"):
         row = {"kind": "profile", "model": model_name, "setting": setting.name, "device": str(work.device)}
         why = work.runnable(setting.impl, model_name)
@@ -439,7 +426,7 @@ def kernel_grid(sink: ResultSink, device, rows: int = 169343, cols: int = 128, r
     out = []
     backends = [b for b, status in kernels.available_backends().items() if status == "available"]
     grid = [(b, c) for b in backends for c in KERNEL_CONFIGS]
-    for backend_name, cfg in _progress(grid, progress, desc="kernels", unit="setting"):
+    for backend_name, cfg in progress_bar(grid, progress, desc="kernels", unit="setting"):
         with kernels.use_backend(backend_name), warnings.catch_warnings():
             # a forced backend warns about the graph ops it cannot serve; only the codec is timed here
             warnings.simplefilter("ignore", UserWarning)
@@ -473,7 +460,7 @@ def accuracy_grid(dataset, base_config, settings: Sequence[Setting], runs: int, 
 
     rows = []
     fp32_mean = None
-    for setting in _progress(settings, progress, desc="accuracy", unit="setting"):
+    for setting in progress_bar(settings, progress, desc="accuracy", unit="setting"):
         if setting.impl == "pyg":
             continue
         cfg = base_config

@@ -26,6 +26,7 @@ import json
 import os
 from typing import Sequence
 
+from .._files import atomic_write
 from .base import DatasetFileError
 
 __all__ = ["record_path", "fingerprint_file", "cache_verdict", "write_record", "check_dgl_header", "writable",
@@ -112,15 +113,11 @@ def write_record(cache_file: str, raw_folder: str, raw_files: Sequence[str]) -> 
            if os.path.isfile(os.path.join(raw_folder, f))}
     record = {"cache": fingerprint_file(cache_file), "raw": raw}
     path = record_path(cache_file)
-    tmp = f"{path}.tmp{os.getpid()}"
     try:
-        with open(tmp, "w", encoding="utf-8") as fh:
+        with atomic_write(path, "w", encoding="utf-8", shared=True) as fh:
             json.dump(record, fh, indent=1, sort_keys=True)
-        os.replace(tmp, path)
         return True
     except OSError:
-        if os.path.exists(tmp):
-            os.remove(tmp)
         return False
 
 

@@ -14,13 +14,17 @@ import contextlib
 import os
 import re
 import signal
-import tempfile
 import threading
 import warnings
 from typing import Any, Dict, Iterator
 
 import numpy as np
 import torch
+
+from .._files import atomic_write, remove_stale_temporaries
+
+__all__ = ["save_checkpoint", "load_checkpoint", "check_trainer_state", "remove_stale_temporaries", "signals_held",
+           "plain", "FORMAT_VERSION"]
 
 FORMAT_VERSION = 1
 
@@ -89,28 +93,6 @@ def plain(obj: Any, where: str = "state") -> Any:
                     "or a plain Python value, and checkpoints are read back weights-only")
 
 
-def _temporary_pattern(path: str) -> re.Pattern:
-    return re.compile(rf"^\.{re.escape(os.path.basename(path))}\.partial-[a-z0-9_]{{8}}$")
-
-
-def remove_stale_temporaries(path: str) -> None:
-    """Delete temporary files of ``path`` that an earlier writer, killed mid-save, left behind.
-
-    :func:`save_checkpoint` writes ``.<name>.partial-XXXXXXXX`` beside ``<name>``; only this exact pattern is
-    removed, so another target's files are never touched.
-    """
-    folder = os.path.dirname(os.path.abspath(path))
-    pattern = _temporary_pattern(path)
-    try:
-        names = os.listdir(folder)
-    except OSError:
-        return
-    for name in names:
-        if pattern.match(name):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(os.path.join(folder, name))
-
-
 def save_checkpoint(state: Dict[str, Any], path: str) -> None:
     """Write ``state`` to ``path`` atomically (temporary file in the same folder, fsync, rename).
 
@@ -120,21 +102,10 @@ def save_checkpoint(state: Dict[str, Any], path: str) -> None:
     (:func:`signals_held`).
     """
     payload = plain({"format": FORMAT_VERSION, **state})
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
     with signals_held():
         remove_stale_temporaries(path)
-        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.partial-", dir=folder)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                torch.save(payload, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        with atomic_write(path) as f:
+            torch.save(payload, f)
 
 
 def load_checkpoint(path: str) -> Dict[str, Any]:

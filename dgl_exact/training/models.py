@@ -21,7 +21,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .. import nn as enn
+from .. import nn as exact_nn
 from .. import ops
 from .._compat import import_dgl
 
@@ -39,12 +39,12 @@ class _Layers:
             raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
         self.impl, self.dropout2 = impl, dropout2
         exact = impl == "exact"
-        self.GraphConv = enn.GraphConv if exact else dgl.nn.GraphConv
-        self.SAGEConv = enn.SAGEConv if exact else dgl.nn.SAGEConv
-        self.GATConv = enn.GATConv if exact else dgl.nn.GATConv
-        self.GCN2Conv = enn.GCN2Conv if exact else dgl.nn.GCN2Conv
-        self.Linear = enn.Linear if exact else nn.Linear
-        self.BatchNorm1d = enn.BatchNorm1d if exact else nn.BatchNorm1d
+        self.GraphConv = exact_nn.GraphConv if exact else dgl.nn.GraphConv
+        self.SAGEConv = exact_nn.SAGEConv if exact else dgl.nn.SAGEConv
+        self.GATConv = exact_nn.GATConv if exact else dgl.nn.GATConv
+        self.GCN2Conv = exact_nn.GCN2Conv if exact else dgl.nn.GCN2Conv
+        self.Linear = exact_nn.Linear if exact else nn.Linear
+        self.BatchNorm1d = exact_nn.BatchNorm1d if exact else nn.BatchNorm1d
 
     def _undo_scale(self, x, p):
         """dropout2: inverted dropout times ``1 - p`` (a scalar product keeps nothing for backward)."""

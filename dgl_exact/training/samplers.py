@@ -33,11 +33,9 @@ carried into every batch). Using the subgraph's own degrees instead gives a bias
 """
 from __future__ import annotations
 
-import functools
 import hashlib
 import math
 import os
-import tempfile
 import warnings
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, replace
@@ -46,7 +44,8 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 import numpy as np
 import torch
 
-from .._compat import import_dgl
+from .._compat import dgl_supports_device, import_dgl
+from .._files import atomic_write
 
 dgl = import_dgl()
 
@@ -118,18 +117,9 @@ def _write_cache(key: _CacheKey, arrays: Dict[str, np.ndarray]) -> None:
     """Store ``arrays`` (plain numeric arrays, no pickles) with ``key.meta`` and their checksum as ``.npz``,
     atomically (readers, e.g. other ranks, never see a partial file). A folder that cannot be written costs
     a :class:`CacheWarning`, not the run."""
-    folder = os.path.dirname(key.path) or "."
     try:
-        os.makedirs(folder, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(key.path)}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                np.savez(f, meta=np.array(key.meta), checksum=np.array(_checksum(key.meta, arrays)), **arrays)
-            os.replace(tmp, key.path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.remove(tmp)
-            raise
+        with atomic_write(key.path) as f:
+            np.savez(f, meta=np.array(key.meta), checksum=np.array(_checksum(key.meta, arrays)), **arrays)
     except OSError as e:
         warnings.warn(f"could not write the sampler cache {key.path} ({e.strerror or e}); using the result "
                       "computed in memory, it will be computed again next time (make the folder writable or "
@@ -196,17 +186,6 @@ def _sample_categorical(cdf: torch.Tensor, num: int, gen: torch.Generator) -> to
     return torch.searchsorted(cdf, u, right=True).clamp_(max=cdf.numel() - 1)
 
 
-@functools.lru_cache(maxsize=None)
-def _dgl_supports(device: torch.device) -> bool:
-    """Whether this DGL build can hold a graph on ``device`` (PyPI's CPU-only build: CPU only; moving a
-    graph raises ``DGLError`` there, or an ``AssertionError`` from a CPU-only torch)."""
-    try:
-        dgl.graph(([0], [0])).to(device)
-    except Exception:  # noqa: BLE001  (any failure means: keep graphs on the CPU)
-        return False
-    return True
-
-
 # ------------------------------------------------------------------------------------------------
 # Batch
 # ------------------------------------------------------------------------------------------------
@@ -270,7 +249,7 @@ class Batch:
         device = torch.device(device)
         keys = list(self.node_data) if keys is None else list(keys)
         graph = self.graph
-        if graph.device != device and _dgl_supports(device):
+        if graph.device != device and dgl_supports_device(device):
             graph = graph.to(device)
 
         def move(t):

@@ -19,6 +19,7 @@ import torch
 
 from .. import memory, ops
 from .._compat import import_dgl
+from .._progress import progress_bar
 from ..config import config as compression_scope
 from ..data import GraphDataset, load_dataset
 from .checkpoint import check_trainer_state, load_checkpoint, remove_stale_temporaries, save_checkpoint
@@ -118,12 +119,6 @@ def environment_info(device: torch.device) -> Dict[str, Any]:
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
     return info
-
-
-def _progress(iterable=None, enabled=True, **kwargs):
-    from tqdm.auto import tqdm
-
-    return tqdm(iterable, disable=not enabled, dynamic_ncols=True, **kwargs)
 
 
 class Trainer:
@@ -397,7 +392,7 @@ class Trainer:
         warmup = SPEED_WARMUP if test_speed is not None else 0
         epochs = cfg.epochs if test_speed is None else warmup + test_speed
         train_time, t_run = 0.0, time.perf_counter()
-        bar = _progress(range(start_epoch, epochs), self.progress, desc=f"run {run + 1}/{cfg.runs}", unit="epoch",
+        bar = progress_bar(range(start_epoch, epochs), self.progress, desc=f"run {run + 1}/{cfg.runs}", unit="epoch",
                         initial=start_epoch, total=epochs, leave=False)
         loss = float("nan")
         with compression_scope(cfg.compression):
@@ -464,7 +459,7 @@ class Trainer:
         report = None
         losses = []
         batches = self.sampler.iter_epoch(epoch)
-        for i, batch in enumerate(_progress(batches, self.progress, total=len(self.sampler), desc=f"epoch {epoch}",
+        for i, batch in enumerate(progress_bar(batches, self.progress, total=len(self.sampler), desc=f"epoch {epoch}",
                                             unit="batch", leave=False)):
             loss, r = self._step(model, optimizer, scaler, self._batch_inputs(batch), measure=measure and i == 0)
             report = report or r
