@@ -229,12 +229,8 @@ def train(ctx, conf, debug_mem, test_speed, json_path, checkpoint, resume, quiet
     signal.signal(signal.SIGTERM, _raise_interrupt)
     signal.signal(signal.SIGINT, _raise_interrupt)
     if not worker and (nproc or 1) > 1:
-        args = [a for a, on in (("--debug-mem", debug_mem), ("--resume", resume), ("--quiet", quiet)) if on]
-        for option, value in (("--test-speed", test_speed), ("--json", json_path), ("--checkpoint", checkpoint),
-                              ("--dist-timeout", dist_timeout)):
-            args += [option, str(value)] if value is not None else []
         try:
-            code = distributed.launch(nproc, cfg, args, log=lambda m: click.echo(m, err=True))
+            code = distributed.launch(nproc, cfg, _worker_args(ctx), log=lambda m: click.echo(m, err=True))
         except ValueError as e:
             raise UserError(str(e)) from None
         sys.exit(code)
@@ -273,6 +269,27 @@ def train(ctx, conf, debug_mem, test_speed, json_path, checkpoint, resume, quiet
         code = 0
     finally:
         distributed.exit_worker(code)
+
+
+# `train` options that only the --nproc launcher acts on (--download: it downloads before starting them).
+_LAUNCHER_OPTIONS = ("conf", "nproc", "download")
+
+
+def _worker_args(ctx) -> list:
+    """The command line of the workers of ``train --nproc``: every option given to ``train`` except the
+    training config (the workers read it from the YAML file :func:`~dgl_exact.training.distributed.launch`
+    writes) and the launcher's own (:data:`_LAUNCHER_OPTIONS`). A new ``train`` option reaches the workers
+    without being listed here."""
+    config_options = set(TrainConfig.fields())
+    args = []
+    for param in ctx.command.params:
+        if not isinstance(param, click.Option) or param.name in config_options or param.name in _LAUNCHER_OPTIONS:
+            continue
+        value = ctx.params.get(param.name)
+        if value is None or value is False:
+            continue
+        args += [param.opts[0]] if param.is_flag else [param.opts[0], str(value)]
+    return args
 
 
 def _download_dataset(cfg):

@@ -479,8 +479,8 @@ def test_train_config_normalises_numbers():
 
 def test_every_train_config_field_has_a_rule():
     """New fields slot in: a field without a FIELD_RULES entry is checked by its annotation."""
-    for f in dataclasses.fields(TrainConfig):
-        assert field_rule(f.name) is not None, f"{f.name}: add a FIELD_RULES entry"
+    for name in TrainConfig.fields():
+        assert field_rule(name) is not None, f"{name}: add a FIELD_RULES entry"
     assert set(FIELD_RULES) <= set(TrainConfig.fields())
 
 
@@ -502,3 +502,50 @@ def test_yaml_round_trip_of_a_config(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(cfg.to_dict()))
     assert TrainConfig(**load_conf(str(path))) == cfg
+
+
+def test_train_config_holds_a_compression_config(tmp_path):
+    """One CompressionConfig inside TrainConfig; its fields stay flat options (YAML, to_dict, checkpoints),
+    stochastic and nonfinite included (the benchmarks used to drop them)."""
+    import yaml
+
+    assert TrainConfig().compression == CompressionConfig(bits=2)
+    cfg = TrainConfig(bits=4, block_rows=8, stochastic=False, nonfinite="raise")
+    assert cfg.compression == CompressionConfig(bits=4, block_rows=8, stochastic=False, nonfinite="raise")
+    assert (cfg.bits, cfg.act_fp, cfg.stochastic) == (4, False, False)
+    assert cfg.replace(act_fp=True).compression == cfg.compression.replace(enabled=False)
+    given = TrainConfig(compression=CompressionConfig(bits=1, levels="optimal"), kept_frac=0.5)
+    assert given.compression == CompressionConfig(bits=1, levels="optimal", kept_frac=0.5)
+    assert TrainConfig(**cfg.to_dict()) == cfg and cfg.to_dict()["nonfinite"] == "raise"
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(cfg.to_dict()))
+    assert TrainConfig(**load_conf(str(path))) == cfg
+    with pytest.raises(AttributeError):
+        cfg.bits = 8
+    with pytest.raises(ValueError, match="nonfinite must be one of propagate, raise"):
+        TrainConfig(nonfinite="ignore")
+    with pytest.raises(ValueError, match="compression must be a CompressionConfig"):
+        TrainConfig(compression={"bits": 2})
+
+
+def test_accuracy_grid_trains_the_whole_compression_setting(monkeypatch):
+    from dgl_exact.bench import runner
+    from dgl_exact.bench.settings import Setting
+    from dgl_exact.training import trainer as trainer_module
+
+    seen = []
+
+    class Recorder:
+        def __init__(self, cfg, **kwargs):
+            seen.append(cfg)
+
+        def fit(self):
+            raise StopIteration
+
+    monkeypatch.setattr(trainer_module, "Trainer", Recorder)
+    setting = CompressionConfig(bits=4, stochastic=False, nonfinite="raise", block_rows=2)
+    for compression in (setting, None):
+        with pytest.raises(StopIteration):
+            runner.accuracy_grid(None, TrainConfig(bits=8), [Setting("s", "exact", compression)], 3, None, False)
+    assert seen[0].compression == setting and seen[0].runs == 3
+    assert seen[1].compression == CompressionConfig(bits=8, enabled=False)

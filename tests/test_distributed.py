@@ -139,6 +139,26 @@ def test_cpu_workers_bounded_by_cores(monkeypatch, capsys, tmp_path):
     D._check_cpu_workers(n)
 
 
+def test_workers_get_every_option_but_the_config(monkeypatch, tmp_path):
+    """The launcher's workers get each non-config `train` option as given (the config goes by YAML file)."""
+    seen = {}
+
+    def fake_launch(nproc, cfg, args, **kwargs):
+        seen.update(nproc=nproc, cfg=cfg, args=args)
+        return 0
+
+    monkeypatch.setattr(D, "launch", fake_launch)
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--nproc", "2", *SAINT, "--bits", "4", "-q", "--debug-mem", "--test-speed", "2",
+              "--json", str(tmp_path / "r.json"), "--checkpoint", str(tmp_path / "c.pt"), "--resume",
+              "--dist-timeout", "7", "--data-root", str(tmp_path)])
+    assert e.value.code == 0
+    assert seen["nproc"] == 2 and seen["cfg"].compression.bits == 4 and seen["cfg"].sampler == "saint"
+    assert sorted(seen["args"]) == sorted(["--debug-mem", "--test-speed", "2", "--json", str(tmp_path / "r.json"),
+                                           "--checkpoint", str(tmp_path / "c.pt"), "--resume", "--quiet",
+                                           "--dist-timeout", "7.0"])
+
+
 def _children(pid):
     try:
         with open(f"/proc/{pid}/task/{pid}/children") as f:

@@ -463,14 +463,10 @@ def accuracy_grid(dataset, base_config, settings: Sequence[Setting], runs: int, 
     for setting in progress_bar(settings, progress, desc="accuracy", unit="setting"):
         if setting.impl == "pyg":
             continue
-        cfg = base_config
-        if setting.compression is None:
-            cfg = cfg.replace(act_fp=True, kept_frac=1.0)
-        else:  # act_fp with kept_frac < 1: projection without quantisation
-            c = setting.compression
-            cfg = cfg.replace(act_fp=not c.enabled, bits=c.bits, kept_frac=c.kept_frac, block_rows=c.block_rows,
-                              levels=c.levels)
-        cfg = cfg.replace(runs=runs)
+        compression = setting.compression  # disabled with kept_frac < 1: projection without quantisation
+        if compression is None:
+            compression = base_config.compression.replace(enabled=False, kept_frac=1.0)
+        cfg = base_config.replace(compression=compression, runs=runs)
         trainer = Trainer(cfg, dataset=dataset, progress=False, log=None)
         res = trainer.fit()
         tests = [r.test for r in res.runs]

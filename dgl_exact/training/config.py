@@ -10,6 +10,7 @@ PyYAML, would read it as a string), while a quoted ``"1e-3"`` stays a string and
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import numbers
 import os
@@ -27,6 +28,26 @@ CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file
 
 
 MAX_SEED = 2**64 - 1  # torch.manual_seed takes up to 64 bits; numpy's SeedSequence any non-negative int
+
+DEFAULT_COMPRESSION = CompressionConfig(bits=2)
+# The options that set TrainConfig.compression: CompressionConfig's fields, with act_fp for "not enabled".
+COMPRESSION_OPTIONS = ("bits", "kept_frac", "block_rows", "levels", "stochastic", "nonfinite", "act_fp")
+
+
+def compression_options(compression: CompressionConfig) -> Dict[str, Any]:
+    """``compression`` as the flat options of a :class:`TrainConfig` (``enabled`` as ``act_fp``)."""
+    values = dataclasses.asdict(compression)
+    values["act_fp"] = not values.pop("enabled")
+    return {name: values[name] for name in COMPRESSION_OPTIONS}
+
+
+def with_compression_options(compression: CompressionConfig, options: Dict[str, Any]) -> CompressionConfig:
+    """``compression`` with some flat options (:data:`COMPRESSION_OPTIONS`) changed, each checked by its
+    rule first (ValueError naming the option)."""
+    changes = {name: check_field(name, value) for name, value in options.items()}
+    if "act_fp" in changes:
+        changes["enabled"] = not changes.pop("act_fp")
+    return compression.replace(**changes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,6 +146,8 @@ FIELD_RULES: Dict[str, Rule] = {
     "kept_frac": Rule("number", 0.0, 1.0, lo_open=True, note="1 disables random projection"),
     "block_rows": Rule("int", 1, note="rows sharing one min/scale; 1 = one per row"),
     "levels": Rule("choice", choices=VALID_LEVELS),
+    "stochastic": Rule("bool", note="false: round to the nearest level (biased; for ablations)"),
+    "nonfinite": Rule("choice", choices=("propagate", "raise")), "act_fp": Rule("bool"),
     "hidden": Rule("int", 1), "layers": Rule("int", 1), "heads": Rule("int", 1),
     "dropout": Rule("number", 0.0, 1.0, hi_open=True), "input_dropout": Rule("number", 0.0, 1.0, hi_open=True),
     "alpha": Rule("number", 0.0, 1.0), "lambda_": Rule("number", 0.0),
@@ -180,17 +203,21 @@ def check_field(name: str, value: Any) -> Any:
 
 @dataclasses.dataclass
 class TrainConfig:
-    """A training run. Field names match the ``dgl-exact train`` options (``--kept-frac`` -> ``kept_frac``)."""
+    """A training run. Field names match the ``dgl-exact train`` options (``--kept-frac`` -> ``kept_frac``).
+
+    The activation compression is one :class:`~dgl_exact.config.CompressionConfig`, ``compression``
+    (default: INT2). As options (command line, YAML, :meth:`to_dict`, checkpoints) its fields are flat:
+    ``bits``, ``kept_frac``, ``block_rows``, ``levels``, ``stochastic``, ``nonfinite`` and ``act_fp``
+    (``not compression.enabled``). The constructor and :meth:`replace` take them too, applied on top of
+    ``compression`` (``TrainConfig(bits=4)``, ``cfg.replace(act_fp=True)``), and reading them as attributes
+    (``cfg.bits``) reads ``compression``. :meth:`fields` lists the options.
+    """
 
     dataset: str = "cora"
     model: str = "gcn"
     sampler: str = "full"
-    # compression
-    bits: int = 2
-    kept_frac: float = 1.0
-    block_rows: int = 1
-    levels: str = "uniform"
-    act_fp: bool = False
+    # activation compression; the constructor also takes its fields as flat options (see the class docstring)
+    compression: CompressionConfig = DEFAULT_COMPRESSION
     amp: bool = False
     # model
     hidden: int = 64
@@ -245,27 +272,59 @@ class TrainConfig:
 
     def __post_init__(self):
         """Checks every field against its rule (:data:`FIELD_RULES`); ValueError on the first that fails."""
+        if not isinstance(self.compression, CompressionConfig):
+            raise ValueError(f"compression must be a CompressionConfig, got {type(self.compression).__name__}")
         for f in dataclasses.fields(self):
-            setattr(self, f.name, check_field(f.name, getattr(self, f.name)))
+            if f.name != "compression":
+                setattr(self, f.name, check_field(f.name, getattr(self, f.name)))
         if self.seed + self.runs - 1 > MAX_SEED:
             raise ValueError(f"seed + runs - 1 must be <= 2**64 - 1 (run r uses seed + r), got seed {self.seed} "
                              f"with {self.runs} runs")
 
-    @property
-    def compression(self) -> CompressionConfig:
-        """The activation compression of this run (disabled with ``act_fp``)."""
-        return CompressionConfig(bits=self.bits, kept_frac=self.kept_frac, block_rows=self.block_rows,
-                                 levels=self.levels, enabled=not self.act_fp)
-
     def to_dict(self) -> Dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The options of this run, flat (``compression`` as its options: ``bits``, ``act_fp``, ...), in the
+        order of :meth:`fields`; ``TrainConfig(**cfg.to_dict()) == cfg``."""
+        out = {}
+        for f in dataclasses.fields(self):
+            if f.name == "compression":
+                out.update(compression_options(self.compression))
+            else:
+                out[f.name] = getattr(self, f.name)
+        return out
 
     def replace(self, **changes) -> "TrainConfig":
+        """A copy with some options changed (flat compression options included), validated."""
         return dataclasses.replace(self, **changes)
 
     @classmethod
     def fields(cls):
-        return [f.name for f in dataclasses.fields(cls)]
+        """The option names: every field, with ``compression`` given as its flat options."""
+        names = []
+        for f in dataclasses.fields(cls):
+            names += list(COMPRESSION_OPTIONS) if f.name == "compression" else [f.name]
+        return names
+
+
+def _accept_compression_options(cls):
+    """Let the dataclass constructor of ``cls`` take the flat compression options (``bits=2``, ...) too:
+    they are checked by their option rules and applied on top of ``compression``."""
+    generated = cls.__init__
+
+    @functools.wraps(generated)
+    def __init__(self, *args, **kwargs):
+        options = {name: kwargs.pop(name) for name in COMPRESSION_OPTIONS if name in kwargs}
+        generated(self, *args, **kwargs)
+        if options:
+            self.compression = with_compression_options(self.compression, options)
+
+    cls.__init__ = __init__
+    for name in COMPRESSION_OPTIONS:  # read-only: change them with replace()
+        setattr(cls, name, property(lambda self, name=name: compression_options(self.compression)[name],
+                                    doc=f"``{name}`` of ``compression`` (read-only; see the class docstring)."))
+    return cls
+
+
+TrainConfig = _accept_compression_options(TrainConfig)
 
 
 def resolve_conf_path(conf: str) -> str:
