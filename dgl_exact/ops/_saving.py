@@ -30,6 +30,7 @@ from typing import Optional, Union
 
 import torch
 
+from .._compat import compiling
 from ..compression import CompressedTensor, compress, decompress
 from ..config import CompressionConfig
 
@@ -42,7 +43,28 @@ _FRESH = "_dgl_exact_fresh"
 def alive_anyway(x: torch.Tensor) -> bool:
     """True for tensors autograd did not create (leaves: data, parameters, constants), unless a dgl_exact
     op produced them as temporaries (see :func:`fresh_outputs`)."""
+    alive = _alive_ids.get()
+    if alive is not None:  # inside a captured op (ops.captured): the decision was taken at trace time
+        return id(x) in alive
     return x.grad_fn is None and not getattr(x, _FRESH, False)
+
+
+def captured_alive(x: torch.Tensor) -> bool:
+    """:func:`alive_anyway` as dynamo can trace it (``is_leaf`` is ``grad_fn is None``)."""
+    return x.is_leaf and not getattr(x, _FRESH, False)
+
+
+_alive_ids: "contextvars.ContextVar[Optional[frozenset]]" = contextvars.ContextVar("dgl_exact_alive_ids", default=None)
+
+
+@contextlib.contextmanager
+def alive_override(ids):
+    """Within this scope :func:`alive_anyway` is True exactly for the tensors whose ``id`` is in ``ids``."""
+    token = _alive_ids.set(frozenset(ids))
+    try:
+        yield
+    finally:
+        _alive_ids.reset(token)
 
 
 def fresh_outputs(fn):
@@ -54,6 +76,12 @@ def fresh_outputs(fn):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         out = fn(*args, **kwargs)
+        if compiling():  # dynamo sees no storage: an output is fresh unless it is an input itself
+            given = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+            for t in (out if isinstance(out, tuple) else (out,)):
+                if isinstance(t, torch.Tensor) and not t.requires_grad and not any(t is a for a in given):
+                    setattr(t, _FRESH, True)
+            return out
         inputs = None
         for t in (out if isinstance(out, tuple) else (out,)):
             if isinstance(t, torch.Tensor) and t.grad_fn is None and not t.requires_grad:
@@ -75,11 +103,35 @@ def mark_fresh(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+#: ``fn(x, cfg, force) -> Stashed`` replacing :func:`stash` in this context (see :func:`stash_hook`)
+_stash_hook: contextvars.ContextVar = contextvars.ContextVar("dgl_exact_stash_hook", default=None)
+
+
+@contextlib.contextmanager
+def stash_hook(fn):
+    """Within this scope every :func:`stash` call is answered by ``fn(x, cfg, force)`` (``x`` not None),
+    which may call :func:`default_stash` with another config. Used by :mod:`dgl_exact.planning` to record
+    each kept activation and to choose a compression per kept activation."""
+    token = _stash_hook.set(fn)
+    try:
+        yield fn
+    finally:
+        _stash_hook.reset(token)
+
+
 def stash(x: Optional[torch.Tensor], cfg: CompressionConfig, force: bool = False) -> Stashed:
     """Keep ``x`` for backward: by reference if it is alive anyway or compression is off, else compressed.
     ``force`` compresses even a leaf (used for per-edge tensors nobody else keeps)."""
     if x is None:
         return None
+    hook = _stash_hook.get()
+    if hook is not None:
+        return hook(x, cfg, force)
+    return default_stash(x, cfg, force)
+
+
+def default_stash(x: torch.Tensor, cfg: CompressionConfig, force: bool = False) -> Stashed:
+    """:func:`stash` without the hook."""
     if (not cfg.enabled and cfg.kept_frac >= 1.0) or (alive_anyway(x) and not force):
         # the tensor itself, not a detached alias (same storage): saved through ``save_for_backward`` it
         # stays connected to its autograd history, which double backward needs
@@ -95,6 +147,10 @@ def unstash(item: Stashed) -> Optional[torch.Tensor]:
 
 #: elements (not bytes) of one decompressed row chunk in a chunked backward on the CPU: 4 MiB of fp32
 CHUNK_ELEMENTS = 1 << 20
+# a planner's sample run: chunk sizes scaled with the sample (see dgl_exact.planning.predict)
+_chunk_scale = contextvars.ContextVar("dgl_exact_chunk_scale", default=1.0)
+# ... and at most this many chunks per tensor (0: no limit), so that a small sample runs few chunk loops
+_max_chunks = contextvars.ContextVar("dgl_exact_max_chunks", default=0)
 #: the same on a GPU: 1 GiB of fp32. Every chunk costs its kernel launches and the chunked batch-norm
 #: backward reads the input twice, so on a GPU a tensor is chunked only when its decompressed copy is
 #: large enough to matter for the step peak (a products-sized 2.4 M x 256 activation: 3 chunks; an
@@ -117,9 +173,9 @@ def gpu_chunk_policy():
 
 def chunk_elements_for(device) -> int:
     """Elements of one decompressed row chunk in a chunked backward for tensors on ``device``."""
-    if torch.device(device).type == "cuda" or _gpu_policy_on_cpu.get():
-        return CUDA_CHUNK_ELEMENTS
-    return CHUNK_ELEMENTS
+    base = CUDA_CHUNK_ELEMENTS if torch.device(device).type == "cuda" or _gpu_policy_on_cpu.get() else CHUNK_ELEMENTS
+    scale = _chunk_scale.get()
+    return base if scale == 1.0 else max(1, int(base * scale))
 
 
 def _item_numel_device(item: "Stashed"):
@@ -145,7 +201,10 @@ def row_chunks(item: Stashed, chunk_elements: Optional[int] = None):
     if item is None:
         return
     if chunk_elements is None:
-        chunk_elements = chunk_elements_for(_item_numel_device(item)[1])
+        numel, device = _item_numel_device(item)
+        chunk_elements = chunk_elements_for(device)
+        if _max_chunks.get():
+            chunk_elements = max(chunk_elements, -(-numel // _max_chunks.get()))
     n = item.shape[0] if len(item.shape) else 1
     per_row = max(1, (item.numel() if isinstance(item, torch.Tensor) else
                       (item.n_rows * item.orig_width)) // max(n, 1))
@@ -252,7 +311,10 @@ def recompute_vjp(fn, inputs, needs, grads) -> list:
 
 
 def needs_saving(*tensors: Optional[torch.Tensor]) -> bool:
-    """Whether autograd will record the op (grad mode on and some input requires grad)."""
+    """Whether autograd will record the op (grad mode on and some input requires grad). Always True while
+    dynamo traces: every op then runs its Function, as one captured custom op (see :mod:`.captured`)."""
+    if compiling():
+        return True
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 

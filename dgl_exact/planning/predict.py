@@ -1,0 +1,514 @@
+"""Predict a training step's memory for a full graph from the model's real operations on two small graphs.
+
+How (no per-model formula, so any model built from dgl_exact's ops or torch ops is covered):
+
+1. Two random graphs with the target's shape scaled down by ``s1 < s2``: ``round(s N)`` nodes, the same
+   fraction of the ``E`` edges (uniform random endpoints, no self loops; the model's self loops are added
+   as the trainer adds them), random features and labels, the same fraction of training nodes.
+2. On each, the real model takes one warm-up training step (Adam's state, structure caches), then one
+   recorded step (``forward -> loss -> backward -> Adam step``, the step :func:`dgl_exact.memory.measure_step`
+   measures): a ``TorchDispatchMode`` keeps the bytes of every storage an operator creates during the step
+   alive until its last tensor dies, giving the live total after every operator (the step's memory
+   timeline), and saved-tensor hooks give the activation bytes. Chunked backward passes (row chunks of a
+   fixed element count at full size) are run with chunks scaled by ``s``, so that the sample chunks where
+   and as often as the full graph would.
+3. Every quantity that grows with the graph is affine in ``s`` (row counts are ``s N`` or ``s E``; weights,
+   optimizer state and chunk counts do not change), so each point of the timeline and the activation bytes
+   are extrapolated linearly from ``s1`` and ``s2`` to ``s = 1``; the step peak is the largest extrapolated
+   point. Nothing is ever allocated at full size.
+
+Static memory (alive before and after a step) is counted from what the sample shows: DGL's sparse formats
+the step created (COO ``2E``, CSR / CSC ``N + 1 + 2E`` int64 each), dgl_exact's cached structure tensors
+(extrapolated), features (fp32), labels and training indices (int64), parameters and the optimizer's state.
+Gradients are part of the step peak (the trainer frees them between steps). Only operator-created storages
+are seen: memory a C++ library allocates behind torch's back is not (``dgl-exact bench plan`` compares the
+prediction with the measured peak).
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import difflib
+import re
+import time
+import weakref
+from typing import Dict, List, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from .. import memory, ops
+from .._compat import import_dgl
+from ..bench.settings import STANDARD, Setting
+from ..compression import CompressedTensor
+from ..config import config as compression_scope
+from ..ops import _saving
+from ..ops.structure import cached_static_tensors
+
+dgl = import_dgl()
+
+__all__ = ["PlanSpec", "PlanRecord", "SampleRun", "plan", "predict", "parse_bytes", "device_bytes",
+           "spec_for_dataset", "DEFAULT_SETTINGS", "SampleGraph", "samples_for"]
+
+#: the uniform settings a plan compares (the names ``dgl-exact bench`` uses)
+DEFAULT_SETTINGS = tuple(s.name for s in STANDARD if s.impl == "exact")
+DEFAULT_HIDDEN = {"gcn": 256, "sage": 128, "gat": 128, "gcn2": 256}  # as dgl-exact bench
+SELF_LOOP_MODELS = ("gcn", "gat", "gcn2")
+SAMPLE_NODES = 3000
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanSpec:
+    """A full-batch training workload: graph shape, model and its hyperparameters.
+
+    ``edges``: directed edges of the dataset graph without self loops (GCN, GAT and GCNII add one per
+    node, as the trainer and ``dgl-exact bench`` do). ``train_nodes``: rows the loss reads (default half).
+    ``hidden`` defaults to the EXACT benchmark's per model (``dgl-exact bench``'s)."""
+
+    model: str
+    nodes: int
+    edges: int
+    features: int
+    classes: int
+    train_nodes: Optional[int] = None
+    hidden: Optional[int] = None
+    layers: int = 3
+    dropout: float = 0.5
+    batch_norm: bool = True
+    heads: int = 3
+    name: str = "graph"
+
+    def __post_init__(self):
+        if self.nodes < 2 or self.edges < 0 or self.features < 1 or self.classes < 1:
+            raise ValueError(f"need nodes >= 2, edges >= 0, features >= 1, classes >= 1: {self}")
+        if self.train_nodes is not None and not 0 < self.train_nodes <= self.nodes:
+            raise ValueError(f"train_nodes must be in [1, nodes], got {self.train_nodes}")
+
+    @property
+    def hidden_size(self) -> int:
+        return self.hidden or DEFAULT_HIDDEN[self.model]
+
+    @property
+    def train_count(self) -> int:
+        return self.train_nodes if self.train_nodes is not None else max(1, self.nodes // 2)
+
+    @property
+    def self_loops(self) -> bool:
+        return self.model in SELF_LOOP_MODELS
+
+    @property
+    def model_edges(self) -> int:
+        """Edges of the graph the model runs on."""
+        return self.edges + (self.nodes if self.self_loops else 0)
+
+    def describe(self) -> str:
+        return (f"{self.model} {self.layers}x{self.hidden_size}{' BN' if self.batch_norm else ''} on {self.name}: "
+                f"{self.nodes:,} nodes, {self.edges:,} edges, {self.features} features, {self.classes} classes, "
+                f"{self.train_count:,} training nodes")
+
+
+@dataclasses.dataclass
+class PlanRecord:
+    """One setting's predicted memory (bytes). ``total_bytes = static_bytes + step_peak_bytes``."""
+
+    setting: str
+    static_bytes: int
+    activation_bytes: int
+    step_peak_bytes: int
+    total_bytes: int
+    fits: Optional[bool]
+    device_bytes: Optional[int]
+    compression: str = ""
+    breakdown: Dict[str, int] = dataclasses.field(default_factory=dict)
+    note: str = ""
+
+    def to_dict(self) -> Dict:
+        return dataclasses.asdict(self)
+
+
+# --- sizes ------------------------------------------------------------------------------------------------
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9, "t": 10**12,
+          "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_bytes(text) -> int:
+    """``"2GiB"``, ``"512 MiB"``, ``"1.5GB"``, ``"3e9"`` or an int: bytes."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        return int(text)
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*", str(text))
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ValueError(f"cannot read {text!r} as a memory size; examples: 2GiB, 512MiB, 1.5GB, 3e9")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def device_bytes(device: str) -> tuple:
+    """``(bytes, description)`` of the memory a device offers: ``cpu`` (available memory, ``MemAvailable``),
+    ``cuda`` / ``cuda:N`` (the GPU's total memory), or a size such as ``80GiB``."""
+    d = str(device).strip()
+    if d == "cpu":
+        try:
+            with open("/proc/meminfo") as f:
+                for line in f:
+                    if line.startswith("MemAvailable:"):
+                        n = int(line.split()[1]) * 1024
+                        return n, f"cpu (available memory {memory.format_bytes(n)})"
+        except OSError:
+            pass
+        return None, "cpu (available memory unknown)"
+    if d.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {d!r}: no CUDA device visible; give its memory size instead, e.g. 80GiB")
+        props = torch.cuda.get_device_properties(torch.device(d))
+        return props.total_memory, f"{d} ({props.name}, {memory.format_bytes(props.total_memory)})"
+    n = parse_bytes(d)
+    return n, f"{memory.format_bytes(n)} device"
+
+
+def spec_for_dataset(name: str, model: str, data_root: Optional[str] = None, **hyper) -> PlanSpec:
+    """A :class:`PlanSpec` for a dataset. Synthetic presets (``synthetic-arxiv``, ``synthetic-products``, ...)
+    are not generated: their node count, features, classes and split come from the preset and the edge count
+    is the preset's ``num_nodes * avg_degree`` (the generator's de-duplication removes a few percent). Other
+    datasets are loaded (cached files) and counted exactly."""
+    if name.startswith("synthetic"):
+        from ..data.synthetic import parse_synthetic_name
+
+        c = parse_synthetic_name(name)
+        return PlanSpec(model=model, nodes=c.num_nodes, edges=int(round(c.num_nodes * c.avg_degree)),
+                        features=c.num_features, classes=c.num_classes,
+                        train_nodes=max(1, int(round(c.num_nodes * c.train_frac))), name=name, **hyper)
+    from ..data import load_dataset
+
+    ds = load_dataset(name, data_root)
+    return spec_from_graph(ds.graph, ds.num_features, ds.num_classes, len(ds.train_idx), model, name=name, **hyper)
+
+
+def spec_from_graph(graph, features: int, classes: int, train_nodes: int, model: str, name: str = "graph",
+                    **hyper) -> PlanSpec:
+    """A :class:`PlanSpec` with the exact counts of ``graph`` (its self loops removed)."""
+    src, dst = graph.edges()
+    loops = int((src == dst).sum())
+    return PlanSpec(model=model, nodes=graph.num_nodes(), edges=graph.num_edges() - loops, features=features,
+                    classes=classes, train_nodes=train_nodes, name=name, **hyper)
+
+
+# --- one recorded step --------------------------------------------------------------------------------------
+class _Timeline(TorchDispatchMode):
+    """Live bytes of the storages operators create, after every operator."""
+
+    def __init__(self):
+        super().__init__()
+        self.live, self.total, self.totals, self.names = {}, 0, [], []
+
+    def _drop(self, key):
+        entry = self.live.get(key)
+        if entry is None:
+            return
+        entry[1] -= 1
+        if entry[1] == 0:
+            del self.live[key]
+            self.total -= entry[0]
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = None
+        for t in tree_leaves(out):
+            if not isinstance(t, torch.Tensor):
+                continue
+            storage = t.untyped_storage()
+            n = storage.nbytes()
+            if n == 0:
+                continue
+            key = storage.data_ptr()
+            if key in self.live:
+                self.live[key][1] += 1
+            else:
+                if inputs is None:  # an output sharing an input's storage is a view or in place: no new memory
+                    inputs = {a.untyped_storage().data_ptr() for a in tree_leaves((args, kwargs))
+                              if isinstance(a, torch.Tensor)}
+                if key in inputs:
+                    continue
+                self.live[key] = [n, 1]
+                self.total += n
+            weakref.finalize(t, self._drop, key)
+        self.totals.append(self.total)
+        self.names.append(func.__name__)
+        return out
+
+
+@dataclasses.dataclass
+class StashRecord:
+    """One activation kept through :func:`dgl_exact.ops._saving.stash` during a recorded forward."""
+
+    index: int
+    shape: tuple
+    dtype: str
+    kept: str            # "reference" (alive anyway / not compressed), "compressed", "projected"
+    nbytes: int          # bytes kept (0 when kept by reference to a tensor alive anyway)
+    projectable: bool    # the op allows a random projection (batch norm, ReLU outputs do not)
+    force: bool
+
+
+@dataclasses.dataclass
+class SampleRun:
+    """What one recorded step on a sample graph showed."""
+
+    nodes: int
+    edges: int
+    timeline: List[int]
+    names: List[str]
+    activation_bytes: int
+    stashes: List[StashRecord]
+    parameter_bytes: int
+    optimizer_bytes: int
+    structure_bytes: int
+    formats: List[str]
+    seconds: float
+
+
+def _sample_graph(spec: PlanSpec, n: int, e: int, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    src = torch.randint(0, n, (e,), generator=gen)
+    dst = (src + torch.randint(1, n, (e,), generator=gen)) % n  # no self loops
+    g = dgl.graph((src, dst), num_nodes=n)
+    if spec.self_loops:
+        g = dgl.add_self_loop(g)
+    feat = torch.randn(n, spec.features, generator=gen)
+    label = torch.randint(0, spec.classes, (n,), generator=gen)
+    n_train = max(1, min(n, int(round(spec.train_count * n / spec.nodes))))
+    idx = torch.randperm(n, generator=gen)[:n_train].sort().values
+    return g, feat, label[idx].clone(), idx
+
+
+def build_for(spec: PlanSpec, impl: str = "exact", seed: int = 0):
+    from ..training.models import build_model
+
+    torch.manual_seed(seed)
+    return build_model(spec.model, spec.features, spec.classes, hidden=spec.hidden_size, layers=spec.layers,
+                       dropout=spec.dropout, batch_norm=spec.batch_norm, heads=spec.heads, impl=impl)
+
+
+def loss_fn(impl: str):
+    if impl == "exact":
+        return lambda logits, y, idx: ops.cross_entropy(logits, y, idx)
+    return lambda logits, y, idx: F.cross_entropy(logits[idx], y)
+
+
+def _stash_recorder(records: List[StashRecord]):
+    from ..config import get_config
+
+    def hook(x, cfg, force):
+        kept = _saving.default_stash(x, cfg, force)
+        scope = get_config()
+        if isinstance(kept, CompressedTensor):
+            kind = "projected" if kept.raw is not None else "compressed"
+            nbytes = kept.nbytes
+        else:
+            kind, nbytes = "reference", 0
+        # an op that forbids projection passes its config with kept_frac=1.0 while the scope projects
+        projectable = not (cfg.kept_frac >= 1.0 and scope.kept_frac < 1.0)
+        records.append(StashRecord(len(records), tuple(x.shape), str(x.dtype)[6:], kind, nbytes, projectable,
+                                   force))
+        return kept
+
+    return hook
+
+
+@contextlib.contextmanager
+def _chunking(scale: float, max_chunks: int):
+    tokens = (_saving._chunk_scale.set(scale), _saving._max_chunks.set(max_chunks))
+    try:
+        yield
+    finally:
+        _saving._chunk_scale.reset(tokens[0])
+        _saving._max_chunks.reset(tokens[1])
+
+
+#: chunked backward loops of a sample run: at most this many chunks per tensor (the full graph may run more,
+#: smaller ones; the extrapolated chunk buffer is then at most ``1 / MAX_SAMPLE_CHUNKS`` of the tensor)
+MAX_SAMPLE_CHUNKS = 16
+
+
+class SampleGraph:
+    """A random graph of ``nodes`` nodes and ``edges`` edges shaped like ``spec``'s, with features, labels
+    and training rows, on which models take recorded steps (:meth:`record`). ``scale``: its fraction of the
+    full graph (chunked backward loops are scaled by it); ``gpu``: chunk as on a GPU."""
+
+    def __init__(self, spec: PlanSpec, nodes: int, edges: int, scale: float = 1.0, gpu: bool = False, seed: int = 0):
+        self.spec, self.scale, self.gpu, self.seed = spec, scale, gpu, seed
+        self._before = memory.tensor_bytes(cached_static_tensors())
+        self.graph, self.feat, self.label, self.idx = _sample_graph(spec, nodes, edges, seed)
+        self.warmed, self.structure_bytes = False, 0
+
+    def _context(self, setting: Setting):
+        stack = contextlib.ExitStack()
+        if setting.compression:
+            stack.enter_context(compression_scope(setting.compression))
+        if self.gpu:
+            stack.enter_context(_saving.gpu_chunk_policy())
+        stack.enter_context(_chunking(self.scale, MAX_SAMPLE_CHUNKS if self.scale < 1.0 else 0))
+        return stack
+
+    def model_and_optimizer(self, setting: Setting):
+        """A fresh model and Adam with its state created (as after a first step), no step taken."""
+        model = build_for(self.spec, setting.impl, self.seed)
+        model.train()
+        opt = torch.optim.Adam(model.parameters(), lr=0.01)
+        for p in model.parameters():
+            p.grad = torch.zeros_like(p)
+        opt.step()  # zero gradients: Adam's state is created and the parameters do not move
+        opt.zero_grad(set_to_none=True)
+        return model, opt
+
+    def forward_fn(self, model, impl: str):
+        loss_of = loss_fn(impl)
+        g, feat, y, idx = self.graph, self.feat, self.label, self.idx
+
+        def forward():
+            logits = model(g, feat)
+            return loss_of(logits, y, idx), logits
+
+        return forward
+
+    def warm_up(self, setting: Setting) -> None:
+        """One unrecorded training step: the graph's sparse formats and dgl_exact's structure caches."""
+        model, opt = self.model_and_optimizer(setting)
+        with self._context(setting):
+            self.forward_fn(model, setting.impl)()[0].backward()
+            opt.step()
+        self.structure_bytes = max(0, memory.tensor_bytes(cached_static_tensors()) - self._before)
+        self.warmed = True
+
+    def record(self, setting: Setting, hook=None) -> "SampleRun":
+        """A fresh model's recorded training step under ``setting``. ``hook(recorder)``: returns the stash hook
+        to use instead of the recorder (given the recorder, to call it)."""
+        t0 = time.perf_counter()
+        if not self.warmed:
+            self.warm_up(setting)
+        model, opt = self.model_and_optimizer(setting)
+        forward = self.forward_fn(model, setting.impl)
+        stashes: List[StashRecord] = []
+        recorder = _stash_recorder(stashes)
+        timeline = _Timeline()
+        with self._context(setting):
+            with timeline:
+                with memory._saved_tensors() as saved, _saving.stash_hook(hook(recorder) if hook else recorder):
+                    result = forward()
+                act, _ = memory._activation_bytes(saved, [model], [self.feat, self.label, self.idx], result)
+                result[0].backward()
+                opt.step()
+                del result
+        params = sum(p.numel() * p.element_size() for p in model.parameters())
+        state = [t for st in opt.state.values() for t in st.values() if isinstance(t, torch.Tensor)]
+        return SampleRun(self.graph.num_nodes(), self.graph.num_edges(), timeline.totals, timeline.names, act,
+                         stashes, params, memory.tensor_bytes(state), self.structure_bytes,
+                         list(self.graph.formats()["created"]), time.perf_counter() - t0)
+
+
+# --- extrapolation -----------------------------------------------------------------------------------------
+def _extrapolate(a: float, b: float, s1: float, s2: float, s: float = 1.0) -> float:
+    if s2 == s1:
+        return b
+    return b + (b - a) * (s - s2) / (s2 - s1)
+
+
+def extrapolated_peak(r1: SampleRun, r2: SampleRun, s1: float, s2: float) -> int:
+    """The largest point of the step's memory timeline extrapolated to ``s = 1``. Points are matched by
+    position where both runs called the same operators; otherwise by aligning the operator sequences
+    (chunked loops may repeat a different number of times at the two scales)."""
+    if r1.names == r2.names:
+        pairs = zip(r1.timeline, r2.timeline)
+    else:
+        matcher = difflib.SequenceMatcher(None, r1.names, r2.names, autojunk=False)
+        pairs = [(r1.timeline[i + k], r2.timeline[j + k]) for i, j, size in matcher.get_matching_blocks()
+                 for k in range(size)]
+    return int(max([0.0] + [_extrapolate(a, b, s1, s2) for a, b in pairs]))
+
+
+def _format_bytes(formats: Sequence[str], nodes: int, edges: int) -> int:
+    total = 0
+    for f in formats:
+        total += 2 * edges * 8 if f == "coo" else (nodes + 1 + 2 * edges) * 8
+    return total
+
+
+def sample_sizes(spec: PlanSpec, sample_nodes: int = SAMPLE_NODES) -> tuple:
+    """``((n1, e1), (n2, e2))``: the two sample graphs (the second is the full graph when it is small)."""
+    n2 = min(spec.nodes, 2 * sample_nodes)
+    n1 = max(2, n2 // 2)
+    return tuple((n, int(round(spec.edges * n / spec.nodes))) for n in (n1, n2))
+
+
+def samples_for(spec: PlanSpec, gpu: bool = False, sample_nodes: int = SAMPLE_NODES) -> tuple:
+    """The two :class:`SampleGraph` of a prediction."""
+    return tuple(SampleGraph(spec, n, e, n / spec.nodes, gpu) for n, e in sample_sizes(spec, sample_nodes))
+
+
+def predict(spec: PlanSpec, setting: Setting, device_total: Optional[int] = None, gpu: bool = False,
+            sample_nodes: int = SAMPLE_NODES, samples: Optional[tuple] = None, hook=None) -> PlanRecord:
+    """One setting's :class:`PlanRecord` for ``spec`` (``samples``: from :func:`samples_for`, reused across
+    settings; ``hook``: a stash hook factory, see :meth:`SampleGraph.record`)."""
+    g1, g2 = samples or samples_for(spec, gpu, sample_nodes)
+    r1, r2 = g1.record(setting, hook), g2.record(setting, hook)
+    return combine(spec, setting.name, r1, r2, g1.scale, g2.scale, device_total,
+                   setting.compression.describe() if setting.compression else "none (plain autograd)")
+
+
+def combine(spec: PlanSpec, name: str, r1: "SampleRun", r2: "SampleRun", s1: float, s2: float,
+            device_total: Optional[int], compression: str = "") -> PlanRecord:
+    """A :class:`PlanRecord` extrapolated from the recorded steps on two samples."""
+    peak = extrapolated_peak(r1, r2, s1, s2)
+    act = int(round(_extrapolate(r1.activation_bytes, r2.activation_bytes, s1, s2)))
+    structure = int(round(_extrapolate(r1.structure_bytes, r2.structure_bytes, s1, s2)))
+    breakdown = {
+        "graph_bytes": _format_bytes(r2.formats, spec.nodes, spec.model_edges),
+        "structure_cache_bytes": max(0, structure),
+        "feature_bytes": spec.nodes * spec.features * 4,
+        "label_bytes": spec.nodes * 8 + spec.train_count * 8,
+        "parameter_bytes": r2.parameter_bytes,
+        "optimizer_bytes": r2.optimizer_bytes,
+    }
+    static = sum(breakdown.values())
+    total = static + peak
+    fits = None if device_total is None else total <= device_total
+    return PlanRecord(name, static, act, peak, total, fits, device_total, compression, breakdown)
+
+
+def plan(spec: PlanSpec, device: str = "cpu", settings: Optional[Sequence[str]] = None,
+         sample_nodes: int = SAMPLE_NODES) -> List[PlanRecord]:
+    """Predicted memory of ``spec`` on ``device`` (``cpu``, ``cuda`` or a size such as ``"80GiB"``) for each
+    setting (names as ``dgl-exact bench``; default :data:`DEFAULT_SETTINGS`)."""
+    from ..bench.settings import select
+
+    total, _ = device_bytes(device)
+    gpu = str(device).startswith("cuda")
+    chosen = select(",".join(settings if settings is not None else DEFAULT_SETTINGS))
+    with single_thread():
+        samples = samples_for(spec, gpu, sample_nodes)
+        return [predict(spec, s, total, gpu, samples=samples) for s in chosen]
+
+
+@contextlib.contextmanager
+def single_thread():
+    """Sample graphs are small: one torch thread is faster than two (and far faster on a loaded machine,
+    where waiting for a descheduled worker thread dominates every small operator)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def format_table(records: Sequence[PlanRecord], header: str = "") -> str:
+    fb = memory.format_bytes
+    lines = [header] if header else []
+    lines.append("| setting | static | activations | step peak | total | fits |")
+    lines.append("|---|---|---|---|---|---|")
+    for r in records:
+        fits = "n/a" if r.fits is None else ("yes" if r.fits else "NO")
+        lines.append(f"| {r.setting} | {fb(r.static_bytes)} | {fb(r.activation_bytes)} | {fb(r.step_peak_bytes)} "
+                     f"| {fb(r.total_bytes)} | {fits} |")
+    return "\n".join(lines)
+
