@@ -700,6 +700,13 @@ def bench_all(label, dataset, models, accuracy_dataset, runs, speed_epochs, devi
     click.echo(f"rebuilt {assemble(root, benchmarks_md)}")
 
 
+# `dgl-exact plan` and `dgl-exact bench plan` live with the planner
+from .planning.cli import bench_plan_command, plan_command  # noqa: E402
+
+cli.add_command(plan_command)
+bench.add_command(bench_plan_command)
+
+
 def main(argv=None):
     """Entry point: click errors become one line on stderr and exit status 2 (no traceback)."""
     try:

@@ -1,0 +1,132 @@
+"""``dgl-exact plan`` and ``dgl-exact bench plan`` (registered by :mod:`dgl_exact.cli`)."""
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import click
+
+from ..training.models import MODELS
+
+
+def _user_error(message: str):
+    from ..cli import UserError
+
+    return UserError(message)
+
+
+@click.command("plan")
+@click.option("--dataset", default=None,
+              help="Dataset to plan for (synthetic presets are not generated: their preset counts are used).")
+@click.option("--nodes", type=click.IntRange(min=2), default=None, help="Node count (instead of --dataset).")
+@click.option("--edges", type=click.IntRange(min=0), default=None,
+              help="Directed edges without self loops (with --nodes).")
+@click.option("--features", type=click.IntRange(min=1), default=None, help="Input feature width (with --nodes).")
+@click.option("--classes", type=click.IntRange(min=1), default=None, help="Classes (with --nodes).")
+@click.option("--train-nodes", type=click.IntRange(min=1), default=None,
+              help="Training nodes (default: the dataset's, or half the nodes).")
+@click.option("--model", type=click.Choice(MODELS), default="sage", show_default=True)
+@click.option("--hidden", type=click.IntRange(min=1), default=None,
+              help="Hidden size (default: 256 for GCN/GCNII, 128 otherwise, as `dgl-exact bench`).")
+@click.option("--layers", type=click.IntRange(min=1), default=3, show_default=True)
+@click.option("--dropout", type=float, default=0.5, show_default=True)
+@click.option("--batch-norm/--no-batch-norm", default=True, show_default=True)
+@click.option("--heads", type=click.IntRange(min=1), default=3, show_default=True, help="GAT heads.")
+@click.option("--device", default="cpu", show_default=True,
+              help="cpu (available memory), cuda / cuda:N (its total memory), or a size such as 80GiB.")
+@click.option("--settings", default="", help="Comma-separated setting names (default: the dgl_exact settings "
+                                             "of `dgl-exact bench`).")
+@click.option("--budget", "budget", default=None, metavar="SIZE",
+              help="Also plan a per-tensor compression for this memory budget (e.g. 2GiB; 'device': the "
+                   "device's memory); sensitivities are estimated on the sample graph.")
+@click.option("--data-root", default=lambda: os.environ.get("DGL_EXACT_DATA", "data"), show_default="data")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False),
+              help="Write one record per setting (setting, static_bytes, activation_bytes, step_peak_bytes, "
+                   "total_bytes, fits, ...).")
+def plan_command(dataset, nodes, edges, features, classes, train_nodes, model, hidden, layers, dropout, batch_norm,
+                 heads, device, settings, budget, data_root, json_path):
+    """Predict, before training, the memory of one full-graph training step per compression setting and
+    whether it fits the device."""
+    from .. import memory
+    from . import predict as P
+
+    t0 = time.perf_counter()
+    hyper = dict(hidden=hidden, layers=layers, dropout=dropout, batch_norm=batch_norm, heads=heads)
+    try:
+        if dataset is not None:
+            if nodes is not None:
+                raise ValueError("give either --dataset or --nodes/--edges/--features/--classes, not both")
+            spec = P.spec_for_dataset(dataset, model, data_root, **hyper)
+            if train_nodes is not None:
+                spec = P.dataclasses.replace(spec, train_nodes=train_nodes)
+        else:
+            missing = [o for o, v in (("--nodes", nodes), ("--edges", edges), ("--features", features),
+                                      ("--classes", classes)) if v is None]
+            if missing:
+                raise ValueError(f"give --dataset, or all of --nodes --edges --features --classes "
+                                 f"(missing: {' '.join(missing)})")
+            spec = P.PlanSpec(model=model, nodes=nodes, edges=edges, features=features, classes=classes,
+                              train_nodes=train_nodes, name=f"{nodes:,}-node graph", **hyper)
+        total, what = P.device_bytes(device)
+        names = [s.strip() for s in settings.split(",") if s.strip()] or None
+        records = P.plan(spec, device, names)
+        if budget is not None:
+            from .budget import plan_row
+
+            limit = total if budget == "device" else P.parse_bytes(budget)
+            if limit is None:
+                raise ValueError("--budget device: this device's memory is unknown; give a size")
+            records.append(plan_row(spec, limit, device))
+    except (ValueError, FileNotFoundError) as e:
+        raise _user_error(str(e).splitlines()[0]) from None
+    click.echo(f"{spec.describe()}; device {what}")
+    click.echo(P.format_table(records))
+    for r in records:
+        if r.note:
+            click.echo(f"{r.setting}: {r.note}")
+    click.echo("static memory: " + ", ".join(f"{k[:-6].replace('_', ' ')} {memory.format_bytes(v)}"
+                                              for k, v in records[0].breakdown.items()))
+    click.echo(f"predicted from recorded steps on two sample graphs in {time.perf_counter() - t0:.1f} s")
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump([r.to_dict() for r in records], f, indent=1)
+
+
+@click.command("plan")
+@click.option("--dataset", default="synthetic-arxiv", show_default=True)
+@click.option("--models", default="gcn,sage,gat,gcn2", show_default=True)
+@click.option("--settings", default="", help="Comma-separated setting names (default: the dgl_exact settings).")
+@click.option("--hidden", type=click.IntRange(min=1), default=None)
+@click.option("--layers", type=click.IntRange(min=1), default=3, show_default=True)
+@click.option("--device", default="auto", show_default=True)
+@click.option("--data-root", default=lambda: os.environ.get("DGL_EXACT_DATA", "data"), show_default="data")
+@click.option("--out", default="bench-results", show_default=True, type=click.Path(file_okay=False))
+@click.option("--no-measure", is_flag=True, help="Predictions only.")
+@click.option("--quiet", "-q", is_flag=True)
+def bench_plan_command(dataset, models, settings, hidden, layers, device, data_root, out, no_measure, quiet):
+    """Predicted (`dgl-exact plan`) against measured (`bench memory`) activation memory and step peak."""
+    from ..bench.report import machine_line
+    from ..bench.results import ResultSink
+    from ..bench.runner import Workload
+    from ..bench.settings import select
+    from ..data import load_dataset
+    from ..training.trainer import resolve_device
+    from .predict import DEFAULT_SETTINGS
+    from .validate import format_rows, validation_grid
+
+    try:
+        dev = resolve_device(device)
+        chosen = select(settings or ",".join(DEFAULT_SETTINGS))
+        model_list = [m.strip() for m in models.split(",") if m.strip()]
+        bad = [m for m in model_list if m not in MODELS]
+        if bad:
+            raise ValueError(f"unknown model(s) {', '.join(bad)}; choose from {', '.join(MODELS)}")
+        work = Workload(load_dataset(dataset, data_root), dev, hidden=hidden, layers=layers)
+    except (ValueError, FileNotFoundError) as e:
+        raise _user_error(str(e).splitlines()[0]) from None
+    os.makedirs(out, exist_ok=True)
+    sink = ResultSink(out, "plan")
+    rows = validation_grid(work, model_list, chosen, sink, measure=not no_measure, progress=not quiet)
+    click.echo(f"plan vs measured on {work.dataset.summary()}; {machine_line(work.device)}")
+    click.echo(format_rows(rows))
