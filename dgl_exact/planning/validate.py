@@ -31,7 +31,9 @@ def _err(pred, meas):
 def validation_grid(work, models: Sequence[str], settings: Sequence[Setting], sink=None, measure: bool = True,
                     progress: bool = True) -> List[Dict]:
     """One row per (model, setting): predicted and measured activation memory and step peak."""
-    from ..bench.runner import _in_fresh_process, _memory_row, _progress
+    from tqdm.auto import tqdm
+
+    from ..bench.runner import _in_fresh_process, _memory_row
 
     rows = []
     gpu = work.device.type == "cuda"
@@ -39,7 +41,7 @@ def validation_grid(work, models: Sequence[str], settings: Sequence[Setting], si
         spec = spec_for_workload(work, model)
         with single_thread():
             samples = samples_for(spec, gpu)
-        for setting in _progress(settings, progress, desc=f"plan {model}", unit="setting"):
+        for setting in tqdm(settings, disable=not progress, desc=f"plan {model}", unit="setting"):
             t0 = time.perf_counter()
             with single_thread():
                 rec = predict(spec, setting, None, gpu, samples=samples)

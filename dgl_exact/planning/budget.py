@@ -1,0 +1,421 @@
+"""Spend the bits where they matter: a compression per kept activation that fits a memory budget and adds
+the least gradient variance (GACT's idea, Liu et al., ICML 2022, for full-graph GNNs).
+
+1. **Slots.** Every activation a training forward keeps goes through :func:`dgl_exact.ops._saving.stash`, in
+   the same order every step; slot ``i`` is the ``i``-th call. Its full-size shape comes from the planner's
+   sample runs (:mod:`.predict`), so its bytes under every option are exact
+   (:func:`~dgl_exact.compression.compressed_nbytes`).
+2. **Sensitivity** (from the model's own first steps). With dropout masks fixed by a seed, one exact forward
+   and backward gives the reference gradient ``g0``; then, per slot, ``replicas`` steps compress only that
+   slot with the probe option (INT2) and ``V_i = mean ||g - g0||^2`` is the gradient variance it adds. The
+   compression noise of every option on the slot's own tensor, ``e_i(c) = ||decompress(compress(x)) - x||^2``,
+   scales it: ``V_i(c) = V_i(INT2) e_i(c) / e_i(INT2)`` (the weight gradients are linear in the kept
+   activation). Compression draws its random numbers inside ``torch.random.fork_rng``, so every probe step
+   sees the same dropout masks.
+3. **Allocation.** Per slot, the options not dominated in (bytes, variance); start from the fewest bytes and
+   repeatedly take the upgrade with the largest variance reduction per byte that still fits (greedy
+   multiple-choice knapsack). The step peak of a plan is the uniform INT2 peak plus the plan's bytes minus
+   INT2's (every kept activation counted as alive at the peak: conservative), then checked by recording the
+   plan's own step on the planner's samples.
+
+:class:`BudgetPlan.active` installs the plan (a stash hook) for a training run; when a training forward does
+not match the recorded slots (another model) the hook keeps the configuration in force and warns once.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import warnings
+from typing import Callable, Dict, List, Optional, Sequence
+
+import torch
+
+from .. import memory, ops
+from ..bench.settings import Setting, select
+from ..compression import compress, compressed_nbytes, decompress
+from ..config import CompressionConfig
+from ..ops import _saving
+from .predict import (PlanRecord, PlanSpec, _extrapolate, build_for, combine, device_bytes, samples_for,
+                      single_thread)
+
+__all__ = ["OPTIONS", "Slot", "BudgetPlan", "BudgetError", "budget_plan", "plan_row", "estimate_sensitivity",
+           "allocate"]
+
+FP = CompressionConfig(enabled=False)
+#: what a slot may get, by name. Projection only where the op allows it (not batch norm, not ReLU outputs).
+OPTIONS: Dict[str, CompressionConfig] = {
+    "fp32": FP,
+    "INT8": CompressionConfig(bits=8),
+    "INT4": CompressionConfig(bits=4),
+    "INT2": CompressionConfig(bits=2),
+    "INT1": CompressionConfig(bits=1),
+    "INT2 + blocks(64) + optimal": CompressionConfig(bits=2, block_rows=64, levels="optimal"),
+    "INT2 + RP(0.125)": CompressionConfig(bits=2, kept_frac=0.125),
+    "INT2 + RP(0.125) + blocks(64) + optimal": CompressionConfig(bits=2, kept_frac=0.125, block_rows=64,
+                                                                levels="optimal"),
+}
+PROBE = "INT2"
+
+
+class BudgetError(ValueError):
+    """The budget cannot be met by any plan; the message says what would fit."""
+
+
+@dataclasses.dataclass
+class Slot:
+    """One kept activation of a training forward (the ``index``-th stash call)."""
+
+    index: int
+    rows: int                 # at full size
+    width: int
+    element_size: int
+    projectable: bool
+    shape: tuple              # as recorded on the larger sample
+    bytes: Dict[str, int] = dataclasses.field(default_factory=dict)
+    variance: Dict[str, float] = dataclasses.field(default_factory=dict)
+    choice: Optional[str] = None
+
+    def allowed(self) -> List[str]:
+        return [n for n, c in OPTIONS.items() if self.projectable or c.kept_frac >= 1.0]
+
+    def nbytes(self, option: str) -> int:
+        cfg = OPTIONS[option]
+        if not cfg.enabled:
+            return self.rows * self.width * self.element_size
+        return compressed_nbytes((self.rows, self.width), cfg)
+
+
+def _slots_from_runs(r1, r2, s1: float, s2: float) -> List[Slot]:
+    if len(r1.stashes) != len(r2.stashes):
+        raise RuntimeError("the two sample runs kept a different number of activations; cannot plan per tensor")
+    slots = []
+    for a, b in zip(r1.stashes, r2.stashes):
+        if b.kept == "reference":
+            continue  # alive anyway (input features): kept by reference at no cost, nothing to choose
+        rows = int(round(_extrapolate(a.shape[0], b.shape[0], s1, s2))) if b.shape else 1
+        width = math.prod(b.shape[1:]) if len(b.shape) > 1 else (1 if b.shape else 1)
+        size = torch.empty((), dtype=getattr(torch, b.dtype)).element_size()
+        slot = Slot(b.index, max(rows, 0), width, size, b.projectable, b.shape)
+        slot.bytes = {n: slot.nbytes(n) for n in slot.allowed()}
+        slots.append(slot)
+    return slots
+
+
+# --- sensitivity --------------------------------------------------------------------------------------------
+def estimate_sensitivity(model: torch.nn.Module, graph, feat, label, idx, slots: Sequence[Slot], replicas: int = 2,
+                         seed: int = 0, loss: Optional[Callable] = None) -> None:
+    """Fill ``slot.variance[option]`` (gradient variance added, summed over parameters) for every slot, from
+    ``1 + len(slots) * replicas`` training forwards and backwards of ``model`` on the given data."""
+    loss = loss or (lambda logits: ops.cross_entropy(logits, label, idx))
+    params = [p for p in model.parameters() if p.requires_grad]
+    model.train()
+    wanted = {s.index: s for s in slots}
+    errors: Dict[int, Dict[str, float]] = {}
+
+    def gradient(hook) -> torch.Tensor:
+        for p in params:
+            p.grad = None
+        torch.manual_seed(seed)  # the same dropout masks every time
+        with _saving.stash_hook(hook):
+            out = loss(model(graph, feat))
+        out.backward()
+        return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten() for p in params])
+
+    def probe_hook(target: Optional[int], replica: int):
+        count = [0]
+
+        def hook(x, cfg, force):
+            i = count[0]
+            count[0] += 1
+            if i != target or _saving.alive_anyway(x) and not force:
+                return _saving.default_stash(x, FP, force)
+            slot = wanted[i]
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(10_000 + 97 * i + replica)
+                if i not in errors:
+                    xd = x.detach()
+                    errors[i] = {}
+                    for name in slot.allowed():
+                        c = OPTIONS[name]
+                        if c.enabled:
+                            errors[i][name] = float(((decompress(compress(xd, c)).to(xd.dtype) - xd) ** 2).sum())
+                        else:
+                            errors[i][name] = 0.0
+                return _saving.default_stash(x, OPTIONS[PROBE], force)
+
+        return hook
+
+    g0 = gradient(probe_hook(None, 0))
+    for slot in slots:
+        v = 0.0
+        for r in range(replicas):
+            v += float(((gradient(probe_hook(slot.index, r)) - g0) ** 2).sum()) / replicas
+        e = errors.get(slot.index, {})
+        ref = e.get(PROBE, 0.0)
+        slot.variance = {n: (v * e.get(n, 0.0) / ref if ref > 0 else 0.0) for n in slot.allowed()}
+    for p in params:
+        p.grad = None
+
+
+# --- allocation ---------------------------------------------------------------------------------------------
+def _frontier(slot: Slot, cost: Callable[[Slot, str], int]) -> List[str]:
+    """The slot's options not dominated in (cost, variance), cheapest first."""
+    names = sorted(slot.allowed(), key=lambda n: (cost(slot, n), slot.variance.get(n, 0.0)))
+    out, best = [], math.inf
+    for n in names:
+        v = slot.variance.get(n, 0.0)
+        if v < best:
+            out.append(n)
+            best = v
+    return out
+
+
+def allocate(slots: Sequence[Slot], limit: int, cost: Optional[Callable[[Slot, str], int]] = None) -> int:
+    """Choose ``slot.choice`` for every slot with summed ``cost`` (default: the option's bytes) at most
+    ``limit``, minimising the summed variance greedily (largest variance reduction per byte first); returns
+    the cost used. :class:`BudgetError` (cost needed in its ``needed``) when even the cheapest options
+    exceed ``limit``."""
+    cost = cost or (lambda s, n: s.bytes[n])
+    fronts = {s.index: _frontier(s, cost) for s in slots}
+    pos = {s.index: 0 for s in slots}
+    used = sum(cost(s, fronts[s.index][0]) for s in slots)
+    if used > limit:
+        err = BudgetError(f"kept activations need at least {memory.format_bytes(used)}")
+        err.needed = used
+        raise err
+    while True:
+        best = None
+        for s in slots:
+            f, j = fronts[s.index], pos[s.index]
+            for k in range(j + 1, len(f)):
+                db = cost(s, f[k]) - cost(s, f[j])
+                dv = s.variance.get(f[j], 0.0) - s.variance.get(f[k], 0.0)
+                if used + db > limit or dv <= 0:
+                    continue
+                ratio = dv / max(db, 1)
+                if best is None or ratio > best[0]:
+                    best = (ratio, s, k, db)
+        if best is None:
+            break
+        _, s, k, db = best
+        pos[s.index] = k
+        used += db
+    for s in slots:
+        s.choice = fronts[s.index][pos[s.index]]
+    return used
+
+
+def allocate_for_peak(slots: Sequence[Slot], room: int, uniform: Dict[str, PlanRecord]) -> str:
+    """Choose every ``slot.choice`` so that the predicted step peak stays within ``room`` bytes, with the least
+    summed variance; returns the name of the uniform setting whose bound was used.
+
+    A slot's bytes change a step's peak by at most their own change, so for any uniform setting ``u`` whose
+    peak was predicted, ``peak(plan) <= peak(u) + sum_i max(0, bytes_i(plan) - bytes_i(u))``. One greedy
+    allocation per ``u`` (costs: the bytes above ``u``'s, limit ``room - peak(u)``); the least variance wins.
+    :class:`BudgetError` (``needed``: the smallest peak bound) when none fits."""
+    best, needed = None, math.inf
+    for name, rec in uniform.items():
+        setting = select(name)[0]
+        ref = "fp32" if not setting.compression.enabled else next(
+            (n for n, c in OPTIONS.items() if c == setting.compression), None)
+        if ref is None:
+            continue
+
+        def cost(s, n, ref=ref):
+            if ref in s.bytes:
+                return max(0, s.bytes[n] - s.bytes[ref])
+            # the op does not allow projection: the uniform setting kept it unprojected
+            return max(0, s.bytes[n] - compressed_nbytes((s.rows, s.width), OPTIONS[ref].replace(kept_frac=1.0)))
+
+        try:
+            allocate(slots, room - rec.step_peak_bytes, cost)
+        except BudgetError as e:
+            needed = min(needed, rec.step_peak_bytes + e.needed)
+            continue
+        needed = min(needed, rec.step_peak_bytes)
+        var = sum(s.variance.get(s.choice, 0.0) for s in slots)
+        if best is None or var < best[0]:
+            best = (var, name, [s.choice for s in slots])
+    if best is None:
+        err = BudgetError("no plan fits")
+        err.needed = needed
+        raise err
+    for s, c in zip(slots, best[2]):
+        s.choice = c
+    return best[1]
+
+
+# --- the plan -----------------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class BudgetPlan:
+    """A compression per kept activation, and what it is predicted to cost."""
+
+    spec: PlanSpec
+    budget: int
+    slots: List[Slot]
+    record: PlanRecord            # predicted memory of a step under this plan
+    uniform: Dict[str, PlanRecord]
+    variance: float               # predicted added gradient variance (sum over slots)
+    uniform_variance: Dict[str, float]
+    calls: int                    # stash calls per training forward (kept-by-reference ones included)
+
+    def config_for(self, index: int) -> Optional[CompressionConfig]:
+        for s in self.slots:
+            if s.index == index:
+                return OPTIONS[s.choice]
+        return None
+
+    def hook(self, fallback=None):
+        """A stash hook applying the plan; the slot counter restarts after the last slot."""
+        by_index = {s.index: s for s in self.slots}
+        count, warned = [0], [False]
+
+        def hook(x, cfg, force):
+            i = count[0]
+            count[0] = (i + 1) % max(self.calls, 1)
+            slot = by_index.get(i)
+            width = math.prod(x.shape[1:]) if x.dim() > 1 else 1
+            if slot is None or width != slot.width or x.dim() != len(slot.shape):
+                if slot is not None and not warned[0]:
+                    warnings.warn("memory budget plan: a kept activation does not match the planned one "
+                                  f"(slot {i}: shape {tuple(x.shape)}, planned {slot.shape}); keeping the "
+                                  "configuration in force for it", RuntimeWarning)
+                    warned[0] = True
+                return fallback(x, cfg, force) if fallback else _saving.default_stash(x, cfg, force)
+            kept = OPTIONS[slot.choice]
+            return (fallback or _saving.default_stash)(x, kept, force)
+
+        return hook
+
+    @contextlib.contextmanager
+    def active(self):
+        """Within this scope, training forwards keep their activations as planned."""
+        with _saving.stash_hook(self.hook()):
+            yield self
+
+    def table(self) -> str:
+        fb = memory.format_bytes
+        lines = ["| slot | shape (full size) | kept as | bytes | added grad. variance |", "|---|---|---|---|---|"]
+        for s in self.slots:
+            lines.append(f"| {s.index} | {s.rows:,} x {s.width} | {s.choice} | {fb(s.bytes[s.choice])} | "
+                         f"{s.variance.get(s.choice, 0.0):.3g} |")
+        return "\n".join(lines)
+
+    def summary(self) -> str:
+        fb = memory.format_bytes
+        r = self.record
+        uni = ", ".join(f"{n} {v:.3g}" for n, v in self.uniform_variance.items())
+        return (f"memory budget {fb(self.budget)}: predicted static {fb(r.static_bytes)}, activations "
+                f"{fb(r.activation_bytes)}, step peak {fb(r.step_peak_bytes)}, total {fb(r.total_bytes)}; "
+                f"predicted added gradient variance {self.variance:.3g} (uniform: {uni})")
+
+
+def _uniform_variance(slots: Sequence[Slot], name: str) -> float:
+    cfg = OPTIONS[name]
+    total = 0.0
+    for s in slots:
+        n = name if name in s.bytes else (name if cfg.kept_frac >= 1.0 else "INT2")
+        if n not in s.variance:
+            n = "INT2"
+        total += s.variance.get(n, 0.0)
+    return total
+
+
+def _refusal(spec: PlanSpec, budget: int, needed_total: int, uniform: Dict[str, PlanRecord]) -> str:
+    fb = memory.format_bytes
+    fits = [f"{n} ({fb(r.total_bytes)})" for n, r in uniform.items() if r.total_bytes <= budget]
+    smallest = min(uniform.values(), key=lambda r: r.total_bytes)
+    static = ", ".join(f"{k[:-6].replace('_', ' ')} {fb(v)}" for k, v in smallest.breakdown.items() if v >= 2**20)
+    return (f"memory budget {fb(budget)} cannot be met for {spec.describe()}: the most aggressive per-tensor plan "
+            f"needs {fb(needed_total)} (static memory alone {fb(smallest.static_bytes)}: {static}). It would fit with "
+            f"--memory-budget {fb(needed_total)} or more"
+            + (f"; uniform settings within the budget: {', '.join(fits)}" if fits else "")
+            + "; or train on subgraphs (--sampler cluster or saint), or with fewer layers or a smaller hidden size.")
+
+
+def budget_plan(spec: PlanSpec, budget: int, data=None, replicas: int = 2, gpu: bool = False,
+                samples: Optional[tuple] = None, probe_nodes: int = 200_000, log: Callable[[str], None] = None,
+                seed: int = 0) -> BudgetPlan:
+    """Plan a compression per kept activation of ``spec`` so that static memory + step peak stays within
+    ``budget`` bytes. ``data``: ``(graph, feat, label_rows, train_idx)`` to estimate sensitivities on (the
+    training data; a random subgraph of ``probe_nodes`` nodes when larger); default: the planner's sample
+    graph (random data: sizes are exact, sensitivities only indicative). :class:`BudgetError` when nothing
+    fits, saying what would."""
+    with single_thread() if data is None else contextlib.nullcontext():
+        g1, g2 = samples or samples_for(spec, gpu)
+        names = ["INT2", "INT1", "INT2 + RP(0.125) + blocks(64) + optimal", "dgl_exact fp32", "INT8", "INT4",
+                 "INT2 + RP(0.125)"]
+        uniform, runs = {}, {}
+        for s in select(",".join(names)):
+            r1, r2 = g1.record(s), g2.record(s)
+            runs[s.name] = (r1, r2)
+            uniform[s.name] = combine(spec, s.name, r1, r2, g1.scale, g2.scale, budget)
+        slots = _slots_from_runs(*runs["INT2"], g1.scale, g2.scale)
+        ref = uniform["INT2"]
+        room = budget - ref.static_bytes    # for the step peak
+        for s in slots:  # sizes only: is there any plan at all?
+            s.variance = {n: float(-s.bytes[n]) for n in s.allowed()}
+        try:
+            allocate_for_peak(slots, room, uniform)
+        except BudgetError as e:
+            raise BudgetError(_refusal(spec, budget, ref.static_bytes + e.needed, uniform)) from None
+    if data is None:
+        graph, feat, label, idx = g2.graph, g2.feat, g2.label, g2.idx
+    else:
+        graph, feat, label, idx = _probe_data(data, probe_nodes, seed)
+    model = build_for(spec, "exact", seed)
+    if log:
+        log(f"estimating per-tensor sensitivity: {1 + len(slots) * replicas} forward/backward passes on "
+            f"{graph.num_nodes():,} nodes")
+    estimate_sensitivity(model, graph, feat, label, idx, slots, replicas, seed)
+    allocate_for_peak(slots, room, uniform)
+    plan = BudgetPlan(spec, budget, slots, ref, uniform, sum(s.variance.get(s.choice, 0.0) for s in slots),
+                      {n: _uniform_variance(slots, n) for n in ("INT8", "INT4", "INT2", "INT1")},
+                      len(runs["INT2"][1].stashes))
+    # check: the plan's own recorded step on the samples
+    with single_thread():
+        setting = Setting(f"budget {memory.format_bytes(budget)}", "exact", OPTIONS["INT2"])
+        r1 = g1.record(setting, hook=lambda rec: plan.hook(rec))
+        r2 = g2.record(setting, hook=lambda rec: plan.hook(rec))
+    plan.record = combine(spec, "budget", r1, r2, g1.scale, g2.scale, budget, f"per tensor, {len(slots)} tensors")
+    plan.record.fits = plan.record.total_bytes <= budget
+    plan.record.note = "; ".join(f"{n}: {sum(1 for s in slots if s.choice == n)}"
+                                 for n in OPTIONS if any(s.choice == n for s in slots))
+    return plan
+
+
+def _probe_data(data, probe_nodes: int, seed: int):
+    graph, feat, label, idx = data
+    n = graph.num_nodes()
+    if n <= probe_nodes:
+        return graph, feat, label, idx
+    from .._compat import import_dgl
+
+    dgl = import_dgl()
+    gen = torch.Generator().manual_seed(seed)
+    keep = torch.randperm(n, generator=gen)[:probe_nodes].sort().values
+    sub = dgl.node_subgraph(graph, keep.to(graph.device))
+    full_label = torch.full((n,), -1, dtype=label.dtype, device=label.device)
+    full_label[idx] = label
+    new_of_old = torch.full((n,), -1, dtype=torch.long)
+    new_of_old[keep] = torch.arange(keep.numel())
+    sub_idx = new_of_old[idx.cpu()]
+    sub_idx = sub_idx[sub_idx >= 0].to(idx.device)
+    return sub, feat[keep.to(feat.device)], full_label[keep.to(label.device)][sub_idx], sub_idx
+
+
+def plan_row(spec: PlanSpec, budget: int, device: str = "cpu") -> PlanRecord:
+    """The budgeted plan as one :class:`PlanRecord` of ``dgl-exact plan`` (sensitivities on the sample graph);
+    a record that does not fit, with the reason in ``note``, when the budget cannot be met."""
+    total, _ = device_bytes(device)
+    try:
+        p = budget_plan(spec, budget, gpu=str(device).startswith("cuda"))
+    except BudgetError as e:
+        return PlanRecord(f"budget {memory.format_bytes(budget)}", 0, 0, 0, 0, False, total, "per tensor", {},
+                          str(e))
+    rec = p.record
+    rec.setting = f"budget {memory.format_bytes(budget)}"
+    rec.device_bytes = total
+    rec.fits = rec.total_bytes <= budget and (total is None or rec.total_bytes <= total)
+    return rec
