@@ -16,6 +16,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from dgl_exact.cli import main
 from dgl_exact.training import distributed as D
+from dgl_exact.training.distributed import launcher
 from dgl_exact.training.checkpoint import load_checkpoint
 from dgl_exact.training.config import TrainConfig
 from dgl_exact.training.trainer import Trainer
@@ -35,7 +36,7 @@ CLUSTER = ["--sampler", "cluster", "--model", "gcn", "--num-parts", "40", "--par
 def worker_env(**extra):
     env = {k: v for k, v in os.environ.items()
            if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                        D.CHILD_ENV, D.FAIL_ENV, D.TIMEOUT_ENV)}
+                        D.CHILD_ENV, D.TIMEOUT_ENV)}
     env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
                PYTHONPATH=os.pathsep.join([ROOT] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
     env.update(extra)
@@ -48,6 +49,41 @@ def dgl_exact_cli(args, cwd, timeout=JOB_TIMEOUT, **env):
     proc = subprocess.run([sys.executable, "-m", "dgl_exact", *args], cwd=cwd, env=worker_env(**env),
                           capture_output=True, text=True, timeout=timeout)
     return proc, time.monotonic() - t0
+
+
+# Fault injection: a sitecustomize module on the workers' PYTHONPATH wraps Trainer.train_epoch, which the
+# distributed trainer calls once every rank has reached the epoch (after its barrier).
+_FAULT = """import os, sys, time
+
+from dgl_exact.training.trainer import Trainer
+
+_train_epoch = Trainer.train_epoch
+
+
+def train_epoch(self, model, optimizer, scaler, epoch, measure=False):
+    if (self.rank, epoch) == ({rank}, {epoch}):
+        print(f"rank {{self.rank}}: injected fault: {action} at epoch {{epoch}}", file=sys.stderr, flush=True)
+        if "{action}" == "hang":
+            time.sleep(24 * 3600)
+        os._exit(1)
+    return _train_epoch(self, model, optimizer, scaler, epoch, measure)
+
+
+Trainer.train_epoch = train_epoch
+"""
+
+
+@pytest.fixture
+def fault(tmp_path_factory):
+    """``fault(rank, epoch, action)``: the environment of workers in which ``rank`` exits with status 1
+    (``action="exit"``) or hangs (``"hang"``) when it starts ``epoch``."""
+
+    def env(rank, epoch, action="exit"):
+        folder = tmp_path_factory.mktemp("fault")
+        (folder / "sitecustomize.py").write_text(_FAULT.format(rank=rank, epoch=epoch, action=action))
+        return {"PYTHONPATH": os.pathsep.join([str(folder), worker_env()["PYTHONPATH"]])}
+
+    return env
 
 
 def losses(results):
@@ -134,9 +170,9 @@ def test_cpu_workers_bounded_by_cores(monkeypatch, capsys, tmp_path):
     assert e.value.code == 2 and len(err.splitlines()) == 1, err
     assert f"{D.cpu_cores()} CPU core(s)" in err and f"--nproc {D.cpu_cores()} or fewer" in err
     assert D.OVERSUBSCRIBE_ENV in err
-    D._check_cpu_workers(D.cpu_cores())  # up to one per core is fine
+    launcher._check_cpu_workers(D.cpu_cores())  # up to one per core is fine
     monkeypatch.setenv(D.OVERSUBSCRIBE_ENV, "1")
-    D._check_cpu_workers(n)
+    launcher._check_cpu_workers(n)
 
 
 def test_workers_get_every_option_but_the_config(monkeypatch, tmp_path):
@@ -323,7 +359,7 @@ def test_two_processes_cluster(cluster_run):
     assert_matches_emulation(out, results)
 
 
-def test_dead_rank_then_resume(cluster_run, capfd):
+def test_dead_rank_then_resume(cluster_run, capfd, fault):
     """Rank 1 exits at the start of epoch 2: rank 0 reports the failed collective itself and exits
     non-zero within the bound, so does the launcher; --resume finishes the job bit for bit as the
     uninterrupted run."""
@@ -332,7 +368,7 @@ def test_dead_rank_then_resume(cluster_run, capfd):
     cfg = _cluster_config(root)
     args = ["-q", "--json", str(out / "result.json"), "--checkpoint", str(out / "ckpt.pt"), "--dist-timeout", "5"]
     events = []
-    code = D.launch(2, cfg, args, env=worker_env(**{D.FAIL_ENV: "1:2"}), timeout=JOB_TIMEOUT,
+    code = D.launch(2, cfg, args, env=worker_env(**fault(1, 2)), timeout=JOB_TIMEOUT,
                     log=lambda m: events.append((time.monotonic(), m)))
     done = time.monotonic()
     err = capfd.readouterr().err
@@ -355,11 +391,11 @@ def test_dead_rank_then_resume(cluster_run, capfd):
 
 
 @pytest.mark.slow
-def test_hung_rank_hits_the_timeout(tmp_path):
+def test_hung_rank_hits_the_timeout(tmp_path, fault):
     """Rank 1 hangs (alive, silent): rank 0's collective times out after --dist-timeout, it exits 1 and
     the launcher terminates the hung rank."""
     proc, seconds = dgl_exact_cli(["train", "--nproc", "2", *CLUSTER, "-q", "--data-root", str(tmp_path),
-                                   "--dist-timeout", "3"], cwd=tmp_path, **{D.FAIL_ENV: "1:1:hang"})
+                                   "--dist-timeout", "3"], cwd=tmp_path, **fault(1, 1, "hang"))
     assert proc.returncode != 0 and seconds < JOB_TIMEOUT, (seconds, proc.stderr)
     assert "Timed out" in proc.stderr and "terminating them" in proc.stderr
 

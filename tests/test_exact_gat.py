@@ -117,12 +117,12 @@ def test_lr_warmup_follows_exact(tmp_path):
                       data_root=str(tmp_path))
     tr = Trainer(cfg, progress=False, log=None)
     seen = []
-    orig = tr._train_epoch
+    orig = tr.train_epoch
 
     def spy(model, optimizer, scaler, epoch, measure=False):
         seen.append(optimizer.param_groups[0]["lr"])
         return orig(model, optimizer, scaler, epoch, measure=measure)
 
-    tr._train_epoch = spy
+    tr.train_epoch = spy
     tr.fit()
     assert seen == pytest.approx([0.0025, 0.005, 0.0075, 0.01, 0.01, 0.01])

@@ -81,17 +81,17 @@ def test_checkpoint_resume_is_bit_for_bit(small, tmp_path, sampler, monkeypatch)
     reference = {k: v.clone() for k, v in full.model.state_dict().items()}
 
     interrupted = Trainer(cfg, dataset=small, progress=False, log=None)
-    original = Trainer._train_epoch
+    original = Trainer.train_epoch
 
     def dying(self, model, optimizer, scaler, epoch, measure=False):
         if epoch == 3:
             raise KeyboardInterrupt
         return original(self, model, optimizer, scaler, epoch, measure)
 
-    monkeypatch.setattr(Trainer, "_train_epoch", dying)
+    monkeypatch.setattr(Trainer, "train_epoch", dying)
     with pytest.raises(KeyboardInterrupt):
         interrupted.fit(checkpoint=str(tmp_path / "b.pt"))
-    monkeypatch.setattr(Trainer, "_train_epoch", original)
+    monkeypatch.setattr(Trainer, "train_epoch", original)
     torch.manual_seed(12345)  # the resumed run must not depend on the global RNG state at restart
     resumed = Trainer(cfg, dataset=small, progress=False, log=None)
     res = resumed.fit(checkpoint=str(tmp_path / "b.pt"), resume=True)

@@ -191,7 +191,7 @@ def test_resume_finished_run_with_more_epochs_extends_it(small, tmp_path, finish
 def test_resume_finished_checkpoint_trains_nothing(small, tmp_path, finished_checkpoint, monkeypatch):
     path = tmp_path / "c.pt"
     path.write_bytes(finished_checkpoint[0])
-    monkeypatch.setattr(Trainer, "_train_epoch", lambda *a, **k: pytest.fail("a finished run was trained again"))
+    monkeypatch.setattr(Trainer, "train_epoch", lambda *a, **k: pytest.fail("a finished run was trained again"))
     res = _trainer(small, tmp_path).fit(checkpoint=str(path), resume=True)
     assert len(res.runs) == 1 and res.runs[0].test == finished_checkpoint[1].runs[0].test
 
@@ -223,14 +223,48 @@ def test_resume_more_runs_trains_only_the_new_ones(small, tmp_path, monkeypatch)
         _trainer(small, tmp_path, runs=2).fit(checkpoint=path, resume=True)
 
 
-def test_fit_writes_each_state_once_and_reads_nothing_back(small, tmp_path, monkeypatch):
-    from dgl_exact.training import trainer as T
+def test_run_state_is_the_checkpoint(small, tmp_path, finished_checkpoint):
+    """A checkpoint reads as a RunState and a RunState writes the same checkpoint; one that lacks what the
+    trainer needs is refused naming the key."""
+    data, res, weights = finished_checkpoint
+    (tmp_path / "c.pt").write_bytes(data)
+    state = ckpt.RunState.load(str(tmp_path / "c.pt"))
+    assert (state.run, state.epoch, len(state.history), state.best["epoch"]) == (0, 1, 2, res.runs[0].best_epoch)
+    assert [r["test"] for r in state.completed] == [res.runs[0].test]
+    assert state.config == _cfg(tmp_path).to_dict() | {"data_root": state.config["data_root"]}
+    for name, value in weights.items():
+        assert torch.equal(state.model[name], value), name
+    state.save(str(tmp_path / "again.pt"))
+    again = ckpt.load_checkpoint(str(tmp_path / "again.pt"))
+    assert again.keys() == ckpt.load_checkpoint(str(tmp_path / "c.pt")).keys()
+    assert ckpt.RunState.from_checkpoint(again, "again.pt").history == state.history
+    del again["history"]
+    with pytest.raises(ValueError, match="bad or missing: history"):
+        ckpt.RunState.from_checkpoint(again, "again.pt")
 
+
+def test_optimizer_step_is_the_one_step_hook(small, tmp_path, monkeypatch):
+    """Every optimiser step of the trainer and of the one-process distributed emulator goes through
+    Trainer.optimizer_step (one call per step), so a subclass changes stepping in one place."""
+    from dgl_exact.training.distributed import GlobalBatchTrainer
+
+    calls = []
+    original = Trainer.optimizer_step
+    monkeypatch.setattr(Trainer, "optimizer_step", lambda self, *a: (calls.append(type(self)), original(self, *a)))
+    _trainer(small, tmp_path, epochs=2).fit()
+    assert calls == [Trainer, Trainer]
+    calls.clear()
+    cfg = _cfg(tmp_path, epochs=1, sampler="cluster", num_parts=8, parts_per_batch=2)
+    GlobalBatchTrainer(cfg, 2, dataset=small, progress=False, log=None).fit()
+    assert calls == [GlobalBatchTrainer] * 2  # 4 batches, 2 per global step
+
+
+def test_fit_writes_each_state_once_and_reads_nothing_back(small, tmp_path, monkeypatch):
     writes = []
-    real_save = T.save_checkpoint
-    monkeypatch.setattr(T, "save_checkpoint",
+    real_save = ckpt.save_checkpoint
+    monkeypatch.setattr(ckpt, "save_checkpoint",
                         lambda state, path: (writes.append(state["epoch"]), real_save(state, path)))
-    monkeypatch.setattr(T, "load_checkpoint", lambda path: pytest.fail("fit read the checkpoint back"))
+    monkeypatch.setattr(ckpt, "load_checkpoint", lambda path: pytest.fail("fit read the checkpoint back"))
     monkeypatch.setattr(torch, "load", lambda *a, **k: pytest.fail("fit read the checkpoint back"))
     _trainer(small, tmp_path, runs=2, epochs=3).fit(checkpoint=str(tmp_path / "c.pt"))
     assert writes == [0, 1, 2, 0, 1, 2]
@@ -265,14 +299,14 @@ def test_stale_temporary_checkpoints_are_removed(small, tmp_path, monkeypatch):
 def test_cli_interrupt_message_tells_whether_a_checkpoint_exists(tmp_path, monkeypatch, capsys, stop_at):
     from dgl_exact.cli import main
 
-    original = Trainer._train_epoch
+    original = Trainer.train_epoch
 
     def interrupted(self, model, optimizer, scaler, epoch, measure=False):
         if epoch == stop_at:
             raise KeyboardInterrupt
         return original(self, model, optimizer, scaler, epoch, measure)
 
-    monkeypatch.setattr(Trainer, "_train_epoch", interrupted)
+    monkeypatch.setattr(Trainer, "train_epoch", interrupted)
     monkeypatch.chdir(tmp_path)
     path = tmp_path / "c.pt"
     handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)

@@ -11,20 +11,21 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import os
 import re
 import signal
 import threading
 import warnings
-from typing import Any, Dict, Iterator
+from typing import Any, Dict, Iterator, List, Optional
 
 import numpy as np
 import torch
 
 from .._files import atomic_write, remove_stale_temporaries
 
-__all__ = ["save_checkpoint", "load_checkpoint", "check_trainer_state", "remove_stale_temporaries", "signals_held",
-           "plain", "FORMAT_VERSION"]
+__all__ = ["RunState", "save_checkpoint", "load_checkpoint", "check_trainer_state", "remove_stale_temporaries",
+           "signals_held", "plain", "FORMAT_VERSION"]
 
 FORMAT_VERSION = 1
 
@@ -152,3 +153,52 @@ def check_trainer_state(state: Dict[str, Any], path: str) -> None:
     if bad:
         raise ValueError(f"checkpoint {path} is incomplete or damaged (bad or missing: {', '.join(bad)}); delete it "
                          "or pass another --checkpoint path to start over (without --resume)")
+
+
+@dataclasses.dataclass
+class RunState:
+    """Where one run of a :class:`~dgl_exact.training.trainer.Trainer` stands after a finished epoch:
+    exactly what its checkpoint holds, and what ``--resume`` continues from.
+
+    ``epoch`` is the last finished epoch (-1 before the first); ``best`` the metrics of the epoch with the
+    best validation score so far (``val``, ``epoch``, ``train``, ``test``); ``history`` one record per
+    finished epoch; ``completed`` the results of the runs finished before this one (``RunResult`` as
+    dicts, this run's own added when it ends). ``model``, ``optimizer`` and ``scaler`` are state dicts
+    and ``rng_cpu`` / ``rng_cuda`` torch's random state, all taken at the end of ``epoch``;
+    ``activation_bytes`` / ``peak_bytes``: the ``--debug-mem`` measurement, once made.
+    """
+
+    config: Dict[str, Any]
+    run: int
+    epoch: int = -1
+    best: Dict[str, Any] = dataclasses.field(default_factory=lambda: {"val": -float("inf"), "epoch": -1})
+    history: List[Dict[str, Any]] = dataclasses.field(default_factory=list)
+    completed: List[Dict[str, Any]] = dataclasses.field(default_factory=list)
+    model: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    optimizer: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    scaler: Optional[Dict[str, Any]] = None
+    rng_cpu: Optional[torch.Tensor] = None
+    rng_cuda: Optional[torch.Tensor] = None
+    activation_bytes: Optional[int] = None
+    peak_bytes: Optional[int] = None
+
+    def to_checkpoint(self) -> Dict[str, Any]:
+        """The checkpoint's dict (what :func:`save_checkpoint` writes)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    @classmethod
+    def from_checkpoint(cls, state: Dict[str, Any], path: str) -> "RunState":
+        """The run state of a checkpoint's dict (read by :func:`load_checkpoint` from ``path``); one
+        ``ValueError`` naming ``path`` if a key the trainer needs is missing or has the wrong type."""
+        check_trainer_state(state, path)
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in state.items() if k in names})
+
+    def save(self, path: str) -> None:
+        """Write this state to ``path`` atomically (:func:`save_checkpoint`)."""
+        save_checkpoint(self.to_checkpoint(), path)
+
+    @classmethod
+    def load(cls, path: str) -> "RunState":
+        """Read and validate the checkpoint at ``path`` (weights-only: :func:`load_checkpoint`)."""
+        return cls.from_checkpoint(load_checkpoint(path), path)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 import os
 import statistics
 import sys
@@ -22,14 +21,14 @@ from .._compat import import_dgl
 from .._progress import progress_bar
 from ..config import config as compression_scope
 from ..data import GraphDataset, load_dataset
-from .checkpoint import check_trainer_state, load_checkpoint, remove_stale_temporaries, save_checkpoint
+from .checkpoint import RunState, remove_stale_temporaries
 from .config import TrainConfig
 from .models import build_model, exact_log_loss, layerwise_inference
 from .samplers import ClusterGCNSampler, SAINTSampler
 
 dgl = import_dgl()
 
-__all__ = ["Trainer", "RunResult", "TrainResults", "train", "resolve_device"]
+__all__ = ["Trainer", "RunResult", "RunState", "TrainResults", "train", "resolve_device"]
 
 SPEED_WARMUP = 3  # epochs run before timing with --test-speed
 
@@ -122,7 +121,23 @@ def environment_info(device: torch.device) -> Dict[str, Any]:
 
 
 class Trainer:
-    """Trains ``config.runs`` runs of one configuration. ``dataset`` may be given pre-loaded."""
+    """Trains ``config.runs`` runs of one configuration. ``dataset`` may be given pre-loaded.
+
+    :meth:`fit` trains every run; :meth:`run` trains one, in four phases: :meth:`restore` (a new model,
+    optimizer and scaler, with a checkpoint's :class:`RunState` loaded into them when resuming), then per
+    epoch :meth:`train_epoch` and :meth:`evaluate`, and :meth:`save` (the checkpoint); at its end
+    :meth:`finish_run`.
+
+    Hooks for subclasses (the distributed trainer and its one-process emulator override these, and only
+    these): :meth:`make_sampler`, :meth:`build`, :meth:`wrap_model`, :meth:`train_epoch` (one epoch of
+    steps), :meth:`optimizer_step` (apply the accumulated gradients: AMP unscaling, clipping, step),
+    :meth:`evaluate`, :meth:`finish_run`, :meth:`read_checkpoint` and :meth:`check_new_checkpoint`.
+
+    Attributes: ``cfg``, ``device``, ``dataset``, ``graph`` and its ``feat`` / ``label`` / ``split`` on
+    the device, ``sampler`` (None for full-graph training), ``rank`` / ``world_size``; ``run_seed``: the
+    seed of the run in progress (``cfg.seed + run``); ``model``: the model trained by the last :meth:`run`
+    (as :meth:`wrap_model` returned it).
+    """
 
     def __init__(self, config: TrainConfig, dataset: Optional[GraphDataset] = None, progress: Optional[bool] = None,
                  log: Callable[[str], None] = print, rank: int = 0, world_size: int = 1):
@@ -130,6 +145,9 @@ class Trainer:
         self.device = resolve_device(config.device)
         self.log = log
         self.rank, self.world_size = rank, world_size
+        self.run_seed = config.seed
+        self.model = None
+        self.checkpoint_saved = False
         self.progress = (sys.stderr.isatty() if progress is None else progress) and rank == 0
         self.dataset = dataset if dataset is not None else load_dataset(
             config.dataset, config.data_root, seed=config.seed, standardize=config.standardize)
@@ -163,7 +181,7 @@ class Trainer:
             self.train_graph = self._induced_training_graph(g)
             self.train_feat = self.train_graph.ndata["feat"].to(self.device)
             self.train_index = torch.arange(self.train_graph.num_nodes(), device=self.device)
-        self.sampler = self._make_sampler()
+        self.sampler = self.make_sampler()
 
     def _induced_training_graph(self, g):
         """EXACT's ``--inductive``: the subgraph induced by the training nodes (in the order of the train
@@ -176,8 +194,8 @@ class Trainer:
         sub.ndata["_deg_out"] = sub.out_degrees().float()
         return sub
 
-    def _make_sampler(self, assignment=None):
-        """The training sampler (None for full-graph); ``assignment``: a given ClusterGCN partition."""
+    def make_sampler(self, assignment=None):
+        """Hook: the training sampler (None for full-graph); ``assignment``: a given ClusterGCN partition."""
         cfg = self.cfg
         common = dict(seed=cfg.seed, rank=self.rank, world_size=self.world_size, even=self.world_size > 1)
         if cfg.sampler == "full":
@@ -256,6 +274,30 @@ class Trainer:
         dtype = torch.float16 if self.device.type == "cuda" else torch.bfloat16
         return torch.autocast(self.device.type, dtype=dtype)
 
+    def backward(self, loss: torch.Tensor, scaler, parts: int = 1) -> float:
+        """Backpropagate one batch's ``loss`` (scaled for AMP), divided by ``parts`` when a step averages
+        that many batches; returns the loss. ``FloatingPointError`` if it is not finite."""
+        if not torch.isfinite(loss):
+            raise FloatingPointError(f"training loss became {loss.item()}; lower --lr or set --grad-norm")
+        value = float(loss.detach())
+        if parts > 1:
+            loss = loss / parts
+        (scaler.scale(loss) if scaler is not None else loss).backward()
+        return value
+
+    def optimizer_step(self, model, optimizer, scaler) -> None:
+        """Hook: apply the gradients the step's :meth:`backward` calls accumulated: unscale them (AMP),
+        clip their norm to ``grad_norm``, step the optimizer and update the scaler. Called once per step."""
+        if scaler is not None:
+            scaler.unscale_(optimizer)
+        if self.cfg.grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), self.cfg.grad_norm)
+        if scaler is not None:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
+
     def _step(self, model, optimizer, scaler, inputs, measure=False):
         """One training step; with ``measure``, also its memory (:func:`dgl_exact.memory.measure_step`:
         activations of the forward, step peak over forward + backward + optimizer step) and EXACT's
@@ -264,24 +306,10 @@ class Trainer:
         losses = []
 
         def backward(result):
-            loss = result[0]
-            if not torch.isfinite(loss):
-                raise FloatingPointError(f"training loss became {loss.item()}; lower --lr or set --grad-norm")
-            losses.append(float(loss.detach()))
-            if scaler is not None:
-                scaler.scale(loss).backward()
-                scaler.unscale_(optimizer)
-            else:
-                loss.backward()
-            if self.cfg.grad_norm is not None:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), self.cfg.grad_norm)
+            losses.append(self.backward(result[0], scaler))
 
         def optimizer_step():
-            if scaler is not None:
-                scaler.step(optimizer)
-                scaler.update()
-            else:
-                optimizer.step()
+            self.optimizer_step(model, optimizer, scaler)
 
         report = None
         if measure:
@@ -300,7 +328,7 @@ class Trainer:
         device (graph structure, cached structure tensors, features, labels, split indices), activations,
         step peak (forward + backward + optimizer step, above the memory before the step) and
         total = model + data + step peak."""
-        target = model.module if hasattr(model, "module") else model
+        target = _unwrap(model)
         model_tensors = list(target.parameters()) + list(target.buffers())
         model_tensors += [t for st in optimizer.state.values() for t in st.values() if isinstance(t, torch.Tensor)]
         model_bytes = memory.tensor_bytes(t for t in model_tensors if t.device.type == self.device.type)
@@ -344,6 +372,7 @@ class Trainer:
 
     # --- model and optimiser ------------------------------------------------------------------------
     def build(self, seed: int):
+        """Hook: a new model (initialised from ``seed``), its optimizer and its AMP scaler (None)."""
         cfg = self.cfg
         torch.manual_seed(seed)
         in_feats = self.dataset.num_features + (self.dataset.num_classes if cfg.use_labels else 0)
@@ -364,36 +393,55 @@ class Trainer:
         """Hook for distributed training (DDP); identity here."""
         return model
 
-    # --- a run --------------------------------------------------------------------------------------
-    def run(self, run: int, *, checkpoint: Optional[str] = None, resume: Optional[Dict[str, Any]] = None,
+    # --- a run: restore, then per epoch train, evaluate, save -------------------------------------------
+    def restore(self, run: int, state: Optional[RunState] = None, completed: Optional[list] = None):
+        """The start of ``run``: ``(model, optimizer, scaler, run state)``, the model built from seed
+        ``cfg.seed + run`` and wrapped (:meth:`wrap_model`). With ``state`` (resuming), its weights,
+        optimizer and scaler state and random state are loaded and its progress continues; ``completed``:
+        the finished runs the checkpoint will hold."""
+        self.run_seed = self.cfg.seed + run
+        model, optimizer, scaler = self.build(self.run_seed)
+        model = self.wrap_model(model)
+        if state is None:
+            state = RunState(config=self.cfg.to_dict(), run=run)
+        else:
+            state = dataclasses.replace(state, config=self.cfg.to_dict())
+            _unwrap(model).load_state_dict(state.model)
+            optimizer.load_state_dict(state.optimizer)
+            if scaler is not None and state.scaler:
+                scaler.load_state_dict(state.scaler)
+            torch.set_rng_state(state.rng_cpu)
+            if self.device.type == "cuda" and state.rng_cuda is not None:
+                torch.cuda.set_rng_state(state.rng_cuda, self.device)
+        state.completed = list(completed or [])
+        return model, optimizer, scaler, state
+
+    def save(self, path: str, state: RunState, model, optimizer, scaler) -> None:
+        """Checkpoint ``state`` with the current weights, optimizer and scaler state and random state
+        (written by rank 0 alone)."""
+        if self.rank == 0:
+            state.model = _unwrap(model).state_dict()
+            state.optimizer = optimizer.state_dict()
+            state.scaler = scaler.state_dict() if scaler is not None else None
+            state.rng_cpu = torch.get_rng_state()
+            state.rng_cuda = torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None
+            state.save(path)
+        self.checkpoint_saved = True
+
+    def run(self, run: int, *, checkpoint: Optional[str] = None, resume: Optional[RunState] = None,
             debug_mem: bool = False, test_speed: Optional[int] = None, completed: Optional[list] = None) -> RunResult:
+        """Train run ``run`` (from ``resume`` when given) and return its result (see :meth:`fit`)."""
         cfg = self.cfg
-        seed = cfg.seed + run
         if debug_mem and self.device.type == "cpu":
             memory.prepare_cpu_peak()  # before any step: the CPU step peak is a resident high-water mark
-        model, optimizer, scaler = self.build(seed)
-        model = self.wrap_model(model)
-        start_epoch, best, history = 0, {"val": -math.inf, "epoch": -1}, []
-        act_bytes = peak_bytes = None
+        model, optimizer, scaler, state = self.restore(run, resume, completed)
         mem_detail = {}
-        if resume is not None:
-            model_state = resume["model"]
-            target = model.module if hasattr(model, "module") else model
-            target.load_state_dict(model_state)
-            optimizer.load_state_dict(resume["optimizer"])
-            if scaler is not None and resume.get("scaler"):
-                scaler.load_state_dict(resume["scaler"])
-            start_epoch = resume["epoch"] + 1
-            best, history = resume["best"], resume["history"]
-            act_bytes, peak_bytes = resume.get("activation_bytes"), resume.get("peak_bytes")
-            torch.set_rng_state(resume["rng_cpu"])
-            if self.device.type == "cuda" and resume.get("rng_cuda") is not None:
-                torch.cuda.set_rng_state(resume["rng_cuda"], self.device)
+        start_epoch = state.epoch + 1
         warmup = SPEED_WARMUP if test_speed is not None else 0
         epochs = cfg.epochs if test_speed is None else warmup + test_speed
         train_time, t_run = 0.0, time.perf_counter()
         bar = progress_bar(range(start_epoch, epochs), self.progress, desc=f"run {run + 1}/{cfg.runs}", unit="epoch",
-                        initial=start_epoch, total=epochs, leave=False)
+                           initial=start_epoch, total=epochs, leave=False)
         loss = float("nan")
         with compression_scope(cfg.compression):
             for epoch in bar:
@@ -402,11 +450,11 @@ class Trainer:
                     for group in optimizer.param_groups:
                         group["lr"] = cfg.lr * (epoch + 1) / cfg.lr_warmup
                 t0 = time.perf_counter()
-                loss, report = self._train_epoch(model, optimizer, scaler, epoch,
-                                                 measure=debug_mem and act_bytes is None
-                                                 and epoch == min(start_epoch + 1, epochs - 1))
+                measure = debug_mem and state.activation_bytes is None and epoch == min(start_epoch + 1, epochs - 1)
+                loss, report = self.train_epoch(model, optimizer, scaler, epoch, measure=measure)
                 if report is not None:
-                    act_bytes, peak_bytes, mem_detail = report.activation_bytes, report.peak_bytes, report.breakdown
+                    state.activation_bytes, state.peak_bytes = report.activation_bytes, report.peak_bytes
+                    mem_detail = report.breakdown
                 if self.device.type == "cuda":
                     torch.cuda.synchronize(self.device)
                 train_time += time.perf_counter() - t0
@@ -414,64 +462,56 @@ class Trainer:
                 if test_speed is None and ((epoch + 1) % cfg.eval_every == 0 or epoch == epochs - 1):
                     metrics = self.evaluate(model)
                     record.update(metrics)
-                    if metrics["val"] > best["val"]:
-                        best = {"val": metrics["val"], "epoch": epoch, "train": metrics["train"],
-                                "test": metrics["test"]}
-                    bar.set_postfix(loss=f"{loss:.4f}", val=f"{metrics['val']:.4f}", test=f"{best['test']:.4f}")
-                history.append(record)
+                    if metrics["val"] > state.best["val"]:
+                        state.best = {"val": metrics["val"], "epoch": epoch, "train": metrics["train"],
+                                      "test": metrics["test"]}
+                    bar.set_postfix(loss=f"{loss:.4f}", val=f"{metrics['val']:.4f}", test=f"{state.best['test']:.4f}")
+                state.history.append(record)
+                state.epoch = epoch
                 if checkpoint and epoch < epochs - 1:  # the last epoch's is written with the run's result, below
-                    self._save_checkpoint(checkpoint, run, epoch, model, optimizer, scaler, best, history,
-                                          completed or [], act_bytes, peak_bytes)
+                    self.save(checkpoint, state, model, optimizer, scaler)
         bar.close()
+        best, history = state.best, state.history
         n_epochs = max(1, epochs - start_epoch)
-        result = RunResult(run=run, seed=seed, best_epoch=best.get("epoch", -1), train=best.get("train", float("nan")),
-                           val=best.get("val", float("nan")), test=best.get("test", float("nan")), final_loss=loss,
-                           epoch_time=train_time / n_epochs, total_time=time.perf_counter() - t_run,
-                           activation_bytes=act_bytes, peak_bytes=peak_bytes, history=history, **mem_detail)
+        result = RunResult(run=run, seed=self.run_seed, best_epoch=best.get("epoch", -1),
+                           train=best.get("train", float("nan")), val=best.get("val", float("nan")),
+                           test=best.get("test", float("nan")), final_loss=loss, epoch_time=train_time / n_epochs,
+                           total_time=time.perf_counter() - t_run, activation_bytes=state.activation_bytes,
+                           peak_bytes=state.peak_bytes, history=history, **mem_detail)
         if test_speed is not None:
             timed = [h["time"] for h in history[warmup:]]
             result.epochs_per_second = len(timed) / sum(timed) if timed and sum(timed) > 0 else None
             result.epoch_time = statistics.fmean(timed) if timed else result.epoch_time
         if checkpoint:  # the state after the run's last epoch, with its result: one write, nothing read back
-            self._save_checkpoint(checkpoint, run, epochs - 1, model, optimizer, scaler, best, history,
-                                  (completed or []) + [dataclasses.asdict(result)], act_bytes, peak_bytes)
+            state.completed.append(dataclasses.asdict(result))
+            self.save(checkpoint, state, model, optimizer, scaler)
         self.model = model
+        return self.finish_run(model, result)
+
+    def finish_run(self, model, result: RunResult) -> RunResult:
+        """Hook: the result :meth:`run` returns, once ``model`` is trained and checkpointed."""
         return result
 
-    def _save_checkpoint(self, path, run, epoch, model, optimizer, scaler, best, history, completed, act_bytes,
-                         peak_bytes) -> None:
-        """Rank 0 writes the state after ``epoch`` of ``run`` (plus the finished runs, ``completed``)."""
-        if self.rank == 0:
-            target = model.module if hasattr(model, "module") else model
-            save_checkpoint({"config": self.cfg.to_dict(), "run": run, "epoch": epoch, "model": target.state_dict(),
-                             "optimizer": optimizer.state_dict(),
-                             "scaler": scaler.state_dict() if scaler is not None else None,
-                             "rng_cpu": torch.get_rng_state(),
-                             "rng_cuda": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None,
-                             "best": best, "history": history, "completed": completed,
-                             "activation_bytes": act_bytes, "peak_bytes": peak_bytes}, path)
-        self.checkpoint_saved = True
-
-    def _train_epoch(self, model, optimizer, scaler, epoch, measure=False):
-        """Train one epoch; returns (mean loss, memory report of the first step if ``measure``)."""
+    def train_epoch(self, model, optimizer, scaler, epoch: int, measure: bool = False):
+        """Hook: train one epoch; returns (mean loss, memory report of the first step if ``measure``)."""
         if self.sampler is None:
             return self._step(model, optimizer, scaler, self._batch_inputs(None), measure=measure)
         report = None
         losses = []
         batches = self.sampler.iter_epoch(epoch)
         for i, batch in enumerate(progress_bar(batches, self.progress, total=len(self.sampler), desc=f"epoch {epoch}",
-                                            unit="batch", leave=False)):
+                                               unit="batch", leave=False)):
             loss, r = self._step(model, optimizer, scaler, self._batch_inputs(batch), measure=measure and i == 0)
             report = report or r
             losses.append(loss)
         return (statistics.fmean(losses) if losses else float("nan")), report
 
     # --- all runs -----------------------------------------------------------------------------------
-    def _load_resume_state(self, checkpoint: str) -> Dict[str, Any]:
-        """Hook: the checkpoint ``--resume`` continues from (distributed: read by rank 0, broadcast)."""
-        return load_checkpoint(checkpoint)
+    def read_checkpoint(self, checkpoint: str) -> RunState:
+        """Hook: the run state ``--resume`` continues from (distributed: read by rank 0, broadcast)."""
+        return RunState.load(checkpoint)
 
-    def _check_new_checkpoint(self, checkpoint: str) -> None:
+    def check_new_checkpoint(self, checkpoint: str) -> None:
         """Hook: refuse to start a new checkpoint over an existing file (distributed: rank 0 decides)."""
         _refuse_existing_checkpoint(checkpoint)
 
@@ -497,21 +537,21 @@ class Trainer:
         cfg = self.cfg
         epochs = cfg.epochs if test_speed is None else SPEED_WARMUP + test_speed
         results: List[RunResult] = []
-        state, first_run = None, 0
+        state: Optional[RunState] = None
+        first_run = 0
         self.checkpoint_saved = False
         if resume and not checkpoint:
             raise ValueError("--resume needs --checkpoint PATH")
         if checkpoint and not resume:
-            self._check_new_checkpoint(checkpoint)
+            self.check_new_checkpoint(checkpoint)
         if checkpoint and self.rank == 0:
             remove_stale_temporaries(checkpoint)
         if resume:
-            state = self._load_resume_state(checkpoint)
-            check_trainer_state(state, checkpoint)
-            _check_resumable(state["config"], cfg)
+            state = self.read_checkpoint(checkpoint)
+            _check_resumable(state.config, cfg)
             results, first_run, state = _resume_plan(state, checkpoint, epochs, cfg.runs)
         for run in range(first_run, cfg.runs):
-            resume_state = state if (state is not None and run == state["run"]) else None
+            resume_state = state if (state is not None and run == state.run) else None
             result = self.run(run, checkpoint=checkpoint, resume=resume_state, debug_mem=debug_mem,
                               test_speed=test_speed, completed=[dataclasses.asdict(r) for r in results])
             results.append(result)
@@ -519,6 +559,11 @@ class Trainer:
                 self.log(_run_line(result, self.dataset.metric))
         return TrainResults(config=cfg.to_dict(), metric=self.dataset.metric, runs=results,
                             environment=environment_info(self.device))
+
+
+def _unwrap(model):
+    """The module inside a (DDP) wrapper, else ``model``."""
+    return model.module if hasattr(model, "module") else model
 
 
 def _refuse_existing_checkpoint(checkpoint: str) -> None:
@@ -533,15 +578,15 @@ def _epochs_trained(r: RunResult) -> int:
     return int(r.history[-1]["epoch"]) + 1 if r.history else 0
 
 
-def _resume_plan(state: Dict[str, Any], path: str, epochs: int, runs: int):
+def _resume_plan(state: RunState, path: str, epochs: int, runs: int):
     """(finished results to report, first run to train, state to resume it from or None); see :meth:`Trainer.fit`."""
     try:
-        by_run = {r.run: r for r in (RunResult(**r) for r in state["completed"])}  # the last entry of a run counts
+        by_run = {r.run: r for r in (RunResult(**r) for r in state.completed)}  # the last entry of a run counts
         completed = [by_run[k] for k in sorted(by_run)]
     except (TypeError, KeyError, AttributeError) as e:
         raise ValueError(f"checkpoint {path} is damaged (its finished runs cannot be read: {e}); delete it or pass "
                          "another --checkpoint path to start over (without --resume)") from None
-    run, done = state["run"], state["epoch"] + 1
+    run, done = state.run, state.epoch + 1
     if done > epochs:
         raise ValueError(f"checkpoint {path} is at epoch {done} of run {run + 1} but --epochs is {epochs}; resume "
                          f"with --epochs {done} or more, or start a new checkpoint (another path)")
