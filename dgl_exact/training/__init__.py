@@ -1,1 +1,15 @@
-"""Training: model zoo, samplers, the training loop and checkpoints (used by the CLI and examples)."""
+"""Training: model zoo, samplers, the training loop and checkpoints (used by the CLI and examples).
+
+Where things are:
+
+* :mod:`.config` -- :class:`~.config.TrainConfig`, every option of a run (with its
+  :class:`~dgl_exact.config.CompressionConfig`), validated; ``--conf`` YAML files.
+* :mod:`.models` -- the GCN / SAGE / GAT / GCNII models, on dgl_exact's layers or DGL's.
+* :mod:`.samplers` -- GraphSAINT and ClusterGCN mini-batches, a pure function of ``(seed, epoch)``.
+* :mod:`.trainer` -- :class:`~.trainer.Trainer`, the one training loop: :meth:`~.trainer.Trainer.fit`
+  runs :meth:`~.trainer.Trainer.run` per seed, which restores, trains, evaluates and saves each epoch.
+* :mod:`.checkpoint` -- :class:`~.checkpoint.RunState`, what a checkpoint holds, written atomically and
+  read back weights-only.
+* :mod:`.distributed` -- data-parallel training: the worker environment, the DDP trainer, its
+  one-process emulator and the ``--nproc`` launcher.
+"""
