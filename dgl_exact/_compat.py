@@ -21,6 +21,7 @@ Three known breakages are handled here, and nowhere else:
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import os
@@ -120,3 +121,29 @@ def patch_numpy_for_numba() -> None:
 
     if not hasattr(numpy, "row_stack"):
         numpy.row_stack = numpy.vstack
+
+
+# a plain global, not a ContextVar: dynamo cannot trace ``ContextVar.get`` (only dynamo's own tracing,
+# which holds a global compile lock, ever sets it)
+_eager_depth = 0
+
+
+def compiling() -> bool:
+    """Whether dynamo is tracing the caller (``torch.compiler.is_compiling``; False on a torch without it,
+    and within :func:`eager_during_trace`)."""
+    import torch
+
+    fn = getattr(getattr(torch, "compiler", None), "is_compiling", None)
+    return fn is not None and bool(fn()) and _eager_depth == 0
+
+
+@contextlib.contextmanager
+def eager_during_trace():
+    """Code dynamo runs for real while it traces (``assume_constant_result`` functions) is eager code:
+    within this scope :func:`compiling` is False."""
+    global _eager_depth
+    _eager_depth += 1
+    try:
+        yield
+    finally:
+        _eager_depth -= 1

@@ -9,6 +9,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .. import ops
+from .._compat import compiling
 from ..config import CompressionConfig, resolve_config
 
 _DISABLED = CompressionConfig(enabled=False)
@@ -70,6 +71,8 @@ def into(buf: torch.Tensor, op: str, other) -> torch.Tensor:
     shape; else out of place. Same values as the out-of-place op (same operands, same order): an in-place
     elementwise op saves nothing autograd did not save for the out-of-place one (a scalar or a tensor
     factor that needs no gradient), so gradients are unchanged too. Cuts one layer-sized buffer per op."""
+    if compiling():  # the compiler plans buffers itself (and dynamo cannot trace torch.result_type)
+        return torch.add(buf, other) if op == "add" else torch.mul(buf, other)
     if isinstance(other, torch.Tensor):
         fits = (torch.result_type(buf, other) == buf.dtype
                 and torch.broadcast_shapes(buf.shape, other.shape) == buf.shape)

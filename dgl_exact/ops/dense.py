@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from ..config import CompressionConfig, resolve_config
 from ..compression import CompressedTensor
+from . import captured
 from ._saving import (fresh_outputs, autocast_dtype, check_double_backward, create_graph_requested, load,
                       needs_chunks, needs_saving, recompute_vjp, row_chunks, save, stash, unstash)
 
@@ -68,6 +69,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
         bias = None if bias is None else bias.to(dtype)
     if not needs_saving(x, weight, bias):
         return F.linear(x, weight, bias)
+    if captured.active():  # the captured op runs with autocast off (and dynamo cannot trace this call inside it)
+        return captured.apply("_Linear", x, weight, bias, resolve_config(config), kept)
     with torch.autocast(x.device.type, enabled=False):
         return _Linear.apply(x, weight, bias, resolve_config(config), kept)
 
@@ -172,7 +175,8 @@ def batch_norm(x: torch.Tensor, running_mean: Optional[torch.Tensor], running_va
         raise ValueError(f"dgl_exact batch_norm expects [N, C] input, got shape {tuple(x.shape)}")
     if training and x.shape[0] < 2:
         raise ValueError("Expected more than 1 value per channel when training (batch norm over 1 row)")
-    if not needs_saving(x, weight, bias):
+    if captured.active() or not needs_saving(x, weight, bias):  # compiled: ATen's op, uncompressed (it
+        # updates the running statistics in place, which one generic captured op cannot declare)
         return F.batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)
     return _BatchNorm.apply(x, weight, bias, running_mean, running_var, training, momentum, eps,
                             resolve_config(config))

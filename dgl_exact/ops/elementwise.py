@@ -28,6 +28,7 @@ from .. import kernels
 from ..kernels import reference as kernel_reference
 from ..compression import draw_seed
 from ..config import CompressionConfig, resolve_config
+from . import captured
 from ._saving import (check_double_backward, create_graph_requested, fresh_outputs, load, needs_saving, save, stash,
                       unstash)
 
@@ -71,7 +72,7 @@ def relu_dropout(x: torch.Tensor, p: float = 0.0, training: bool = True) -> torc
         return _drop_all(x)
     if not needs_saving(x):
         return F.dropout(F.relu(x), p, training=p > 0)
-    return _ReLUDropout.apply(x, p, draw_seed() if p > 0 else 0)
+    return captured.apply("_ReLUDropout", x, p, draw_seed() if p > 0 else 0)
 
 
 @fresh_outputs
@@ -101,7 +102,7 @@ def leaky_relu(x: torch.Tensor, negative_slope: float = 0.01) -> torch.Tensor:
     """LeakyReLU keeping one bit per element (valid for ``negative_slope >= 0``)."""
     if negative_slope < 0 or not needs_saving(x):
         return F.leaky_relu(x, negative_slope)
-    return _LeakyReLU.apply(x, float(negative_slope))
+    return captured.apply("_LeakyReLU", x, float(negative_slope))
 
 
 class _ELU(torch.autograd.Function):
@@ -129,7 +130,7 @@ def elu(x: torch.Tensor, alpha: float = 1.0, config: Optional[CompressionConfig]
     """ELU keeping one bit per element plus its output compressed."""
     if not needs_saving(x):
         return F.elu(x, alpha)
-    return _ELU.apply(x, float(alpha), resolve_config(config))
+    return captured.apply("_ELU", x, float(alpha), resolve_config(config))
 
 
 class _Dropout(torch.autograd.Function):
@@ -160,4 +161,4 @@ def dropout(x: torch.Tensor, p: float = 0.5, training: bool = True) -> torch.Ten
         return _drop_all(x)
     if not needs_saving(x):
         return _kernel_for("dropout", x)(x.contiguous(), float(p), draw_seed())
-    return _Dropout.apply(x, float(p), draw_seed())
+    return captured.apply("_Dropout", x, float(p), draw_seed())

@@ -36,6 +36,7 @@ from ..kernels import reference as kernel_reference
 from ._saving import (check_double_backward, create_graph_requested, fresh_outputs, load, needs_saving,
                       recompute_vjp, save, stash, unstash)
 from .structure import GraphStructure, edge_softmax_forward, structure_of
+from . import captured
 
 __all__ = ["normalize_edge_weight", "copy_u_sum", "copy_u_mean", "u_mul_e_sum", "copy_u_max", "copy_u_min", "u_add_v",
            "edge_softmax",
@@ -134,7 +135,7 @@ def copy_u_sum(g, x: torch.Tensor) -> torch.Tensor:
     """``out[v] = sum_{u -> v} x[u]``; keeps nothing for backward."""
     st = structure_of(g, x.device)
     _check_nodes(st, x)
-    return _CopyUReduce.apply(x, st, False)
+    return captured.apply("_CopyUReduce", x, st, False)
 
 
 @fresh_outputs
@@ -142,7 +143,7 @@ def copy_u_mean(g, x: torch.Tensor) -> torch.Tensor:
     """``out[v] = mean_{u -> v} x[u]`` (0 without in-edges); keeps nothing for backward."""
     st = structure_of(g, x.device)
     _check_nodes(st, x)
-    return _CopyUReduce.apply(x, st, True)
+    return captured.apply("_CopyUReduce", x, st, True)
 
 
 # --- u_mul_e sum ------------------------------------------------------------------------------------
@@ -188,7 +189,7 @@ def u_mul_e_sum(g, x: torch.Tensor, w: torch.Tensor, config: Optional[Compressio
         x3, w2 = _as3(x), _edge2(w, st.num_edges)
         out = st.aggregate(x3, w2.to(x3.dtype))
         return out.view((st.num_dst,) + tuple(x.shape[1:]))
-    return _UMulESum.apply(x, w, st, resolve_config(config))
+    return captured.apply("_UMulESum", x, w, st, resolve_config(config))
 
 
 # --- copy_u max / min -------------------------------------------------------------------------------
@@ -217,14 +218,14 @@ def copy_u_max(g, x: torch.Tensor) -> torch.Tensor:
     """``out[v] = max_{u -> v} x[u]`` (0 without in-edges); keeps the winning source per element."""
     st = structure_of(g, x.device)
     _check_nodes(st, x)
-    return _CopyUMinMax.apply(x, st, "max")
+    return captured.apply("_CopyUMinMax", x, st, "max")
 
 
 @fresh_outputs
 def copy_u_min(g, x: torch.Tensor) -> torch.Tensor:
     st = structure_of(g, x.device)
     _check_nodes(st, x)
-    return _CopyUMinMax.apply(x, st, "min")
+    return captured.apply("_CopyUMinMax", x, st, "min")
 
 
 # --- u_add_v -----------------------------------------------------------------------------------------
@@ -248,7 +249,7 @@ def u_add_v(g, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     st = structure_of(g, a.device)
     _check_nodes(st, a, "src")
     _check_nodes(st, b, "dst")
-    return _UAddV.apply(a, b, st)
+    return captured.apply("_UAddV", a, b, st)
 
 
 # --- edge softmax ------------------------------------------------------------------------------------
@@ -290,7 +291,7 @@ def edge_softmax(g, e: torch.Tensor, config: Optional[CompressionConfig] = None)
         return edge_softmax_forward(st, e)
     cfg = resolve_config(config)
     heads = e[0].numel() if e.dim() > 1 else 1
-    return _EdgeSoftmax.apply(e, st, _edge_config(cfg, heads))
+    return captured.apply("_EdgeSoftmax", e, st, _edge_config(cfg, heads))
 
 
 # --- fused GAT attention + aggregation --------------------------------------------------------------
@@ -416,7 +417,7 @@ def gat_attention(g, feat_src: torch.Tensor, feat_dst: torch.Tensor, attn_l: tor
         _, _, a = _attention(st, el, er, negative_slope, p, draw_seed() if p > 0 else 0, ew)
         return st.aggregate(feat_src, a.to(feat_src.dtype)), a.unsqueeze(-1)
     seed = draw_seed() if p > 0 else 0
-    out, a = _GATAttention.apply(feat_src, feat_dst, attn_l, attn_r, ew, st, float(negative_slope), p, seed,
+    out, a = captured.apply("_GATAttention", feat_src, feat_dst, attn_l, attn_r, ew, st, float(negative_slope), p, seed,
                                  resolve_config(config))
     return out, a.unsqueeze(-1)
 

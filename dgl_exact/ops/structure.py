@@ -82,6 +82,7 @@ class GraphStructure:
         self.num_src = g.num_src_nodes()
         self.num_dst = g.num_dst_nodes()
         self.num_edges = g.num_edges()
+        self.is_block = g.is_block
         # our own Python handle on the same C++ graph (copy_to its own context returns the graph itself):
         # never the cache key ``g._graph``, which the cache must not keep alive
         self._gidx = g._graph.copy_to(g._graph.ctx)
@@ -225,7 +226,12 @@ def _to_device(indptr, indices, eids, device):
 
 
 def structure_of(g, device) -> GraphStructure:
-    """The cached :class:`GraphStructure` of ``g`` on ``device`` (created on first use)."""
+    """The cached :class:`GraphStructure` of ``g`` on ``device`` (created on first use). While dynamo traces:
+    a :class:`~dgl_exact.ops.captured.CapturedStructure` on it (DGL's graph calls cannot be traced)."""
+    from . import captured
+
+    if captured.active():
+        return captured.structure(g, device)
     _check_graph(g)
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:

@@ -96,8 +96,8 @@ class GATConv(CompressedModuleMixin, dgl.nn.GATConv):
             st = ops.structure_of(graph, h_src.device)
             check_zero_in_degree(self, st)
             feat_src = feat_dst = fc(self.fc, h_src).view(*src_prefix, heads, out)
-            if graph.is_block:
-                n_dst = graph.number_of_dst_nodes()
+            if st.is_block:
+                n_dst = st.num_dst
                 feat_dst, h_dst = feat_src[:n_dst], h_dst[:n_dst]
                 dst_prefix = (n_dst,) + tuple(dst_prefix[1:])
         rst, attention = ops.gat_attention(graph, feat_src, feat_dst, self.attn_l, self.attn_r,

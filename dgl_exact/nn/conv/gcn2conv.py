@@ -6,7 +6,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from ..._compat import import_dgl
+from ..._compat import compiling, import_dgl
 from ...ops._saving import (DOUBLE_BACKWARD_MESSAGE, autocast_dtype, create_graph_requested, load, needs_saving,
                             row_chunks, save, stash)
 from ... import ops
@@ -116,7 +116,7 @@ class _MixGCN2(torch.autograd.Function):
 
     @staticmethod
     def applies(conv, h, feat_0, cfg) -> bool:
-        return (conv._project_initial_features and cfg.enabled and h._base is None
+        return (conv._project_initial_features and cfg.enabled and h._base is None and not compiling()
                 and feat_0.shape == h.shape and feat_0.dtype == h.dtype == conv.weight1.dtype
                 and (not conv._bias or conv.bias.dtype == h.dtype)
                 and autocast_dtype(h.device.type) is None

@@ -11,7 +11,6 @@ from ...config import CompressionConfig
 from .._base import CompressedModuleMixin, check_feature_rows, check_zero_in_degree, compressed_activation, into
 
 dgl = import_dgl()
-from dgl.utils import expand_as_pair  # noqa: E402
 
 
 class GraphConv(CompressedModuleMixin, dgl.nn.GraphConv):
@@ -59,8 +58,9 @@ class GraphConv(CompressedModuleMixin, dgl.nn.GraphConv):
         self._init_compression(compression)
 
     def forward(self, graph, feat, weight=None, edge_weight=None):
-        feat_src, feat_dst = expand_as_pair(feat, graph)
-        st = ops.structure_of(graph, feat_src.device)
+        # expand_as_pair from the graph's cached structure (DGL's own calls cannot be traced by torch.compile)
+        st = ops.structure_of(graph, (feat[0] if isinstance(feat, tuple) else feat).device)
+        feat_src, feat_dst = feat if isinstance(feat, tuple) else (feat, feat[: st.num_dst] if st.is_block else feat)
         check_feature_rows(st, feat_src)
         check_zero_in_degree(self, st)
         cfg = self._config()

@@ -47,7 +47,7 @@ def _divide_by_in_degrees(x, st):
     """copy_u_mean's values as sum then division: in backward the division's output gradient dies before
     the aggregation backward allocates (one layer-sized buffer fewer at the peak than copy_u_mean)."""
     if needs_saving(x):
-        return _DivideByInDegrees.apply(x, st)
+        return ops.captured.apply("_DivideByInDegrees", x, st)
     return mark_fresh(x / _in_degrees(st, x))  # fresh without autograd: fc_neigh compresses it
 
 
@@ -108,11 +108,12 @@ class SAGEConv(CompressedModuleMixin, dgl.nn.SAGEConv):
             feat_dst = apply_dropout(self.feat_drop, feat[1])
         else:
             feat_src = feat_dst = apply_dropout(self.feat_drop, feat)
-            if graph.is_block:
-                feat_dst = feat_src[: graph.number_of_dst_nodes()]
+        # the graph's counts from its cached structure (DGL's own calls cannot be traced by torch.compile)
         st = ops.structure_of(graph, feat_src.device)
-        if edge_weight is not None and edge_weight.shape[0] != graph.num_edges():
-            raise ValueError(f"edge_weight has {edge_weight.shape[0]} rows but the graph has {graph.num_edges()} edges")
+        if not isinstance(feat, tuple) and st.is_block:
+            feat_dst = feat_src[: st.num_dst]
+        if edge_weight is not None and edge_weight.shape[0] != st.num_edges:
+            raise ValueError(f"edge_weight has {edge_weight.shape[0]} rows but the graph has {st.num_edges} edges")
 
         def fc(layer, x):
             return apply_linear(layer, x, cfg)
@@ -135,7 +136,7 @@ class SAGEConv(CompressedModuleMixin, dgl.nn.SAGEConv):
             if isinstance(feat, tuple):
                 h_dst = fc(self.fc_neigh, feat_dst) if lin_before_mp else feat_dst
             else:
-                h_dst = h_src[: graph.num_dst_nodes()] if graph.is_block else h_src
+                h_dst = h_src[: st.num_dst] if st.is_block else h_src
             degs = st.in_degrees().to(h_dst.dtype)
             h_neigh = (aggregate_sum(h_src) + h_dst) / (degs.unsqueeze(-1) + 1)
             if not lin_before_mp:
@@ -146,7 +147,7 @@ class SAGEConv(CompressedModuleMixin, dgl.nn.SAGEConv):
         else:
             raise KeyError(f"Aggregator type {self._aggre_type} not recognized.")
 
-        if graph.num_edges() == 0 and self._aggre_type == "pool":
+        if st.num_edges == 0 and self._aggre_type == "pool":
             h_neigh = torch.zeros_like(h_neigh)
         if self._aggre_type == "gcn":
             rst = h_neigh
