@@ -5,6 +5,7 @@ graph. Options override a ``--conf`` YAML file, which overrides the defaults.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -195,9 +196,12 @@ def cli():
 @click.option("--download", is_flag=True,
               help="Download the dataset into --data-root with ogb's or DGL's own downloader if its folder is "
                    "missing (as `dgl-exact datasets --download`). Nothing is downloaded without it.")
+@click.option("--memory-budget", default=None, metavar="SIZE",
+              help="Choose a compression per kept activation so that the training step fits SIZE (e.g. 2GiB) with "
+                   "the least added gradient variance (see `dgl-exact plan`); full-graph training only.")
 @click.pass_context
 def train(ctx, conf, debug_mem, test_speed, json_path, checkpoint, resume, quiet, nproc, dist_timeout, download,
-          **params):
+          memory_budget, **params):
     """Train a model; with no options, a GCN with INT2 activations on the bundled Cora graph."""
     params["conf"] = conf
     cfg = _config_from(ctx, params)
@@ -220,6 +224,8 @@ def train(ctx, conf, debug_mem, test_speed, json_path, checkpoint, resume, quiet
                         f"--download {cfg.dataset} --data-root {cfg.data_root}` first, then train without it")
     dataset = _download_dataset(cfg) if download and not worker else None
     _check_dataset(cfg.dataset, cfg.data_root)
+    if memory_budget is not None and ((nproc or 1) > 1 or worker):
+        raise UserError("--memory-budget plans one-process full-graph training; leave out --nproc")
     if ((nproc or 1) > 1 or worker) and cfg.sampler == "full":
         raise UserError(distributed.FULL_GRAPH_ERROR)
     if worker and (nproc or 1) > 1 and not distributed.is_launched_child():
@@ -246,7 +252,19 @@ def train(ctx, conf, debug_mem, test_speed, json_path, checkpoint, resume, quiet
             click.echo(f"model {cfg.model}, {cfg.layers} layers x {cfg.hidden}, sampler {cfg.sampler}, "
                        f"activations {cfg.compression.describe()}, device {trainer.device}"
                        + (f", {trainer.ctx.describe()}" if worker else ""))
-        results = trainer.fit(checkpoint=checkpoint, resume=resume, debug_mem=debug_mem, test_speed=test_speed)
+        budget_plan = None
+        if memory_budget is not None:  # a per-tensor plan (dgl_exact.planning.budget); the step peak is measured
+            from .planning.budget import plan_for_training
+
+            budget_plan, debug_mem = plan_for_training(trainer, memory_budget, log=click.echo), True
+        with budget_plan.active() if budget_plan is not None else contextlib.nullcontext():
+            results = trainer.fit(checkpoint=checkpoint, resume=resume, debug_mem=debug_mem, test_speed=test_speed)
+        if budget_plan is not None:
+            from .memory import format_bytes
+
+            measured = [r.peak_bytes for r in results.runs if getattr(r, "peak_bytes", None) is not None]
+            click.echo(f"memory budget plan: predicted step peak {format_bytes(budget_plan.record.step_peak_bytes)}, "
+                       f"measured {format_bytes(max(measured)) if measured else 'n/a'}")
     except KeyboardInterrupt:
         saved = checkpoint and ((resume and os.path.exists(checkpoint)) or getattr(trainer, "checkpoint_saved", False))
         where = (f"; the last finished epoch is saved in {checkpoint}: rerun with --resume" if saved else

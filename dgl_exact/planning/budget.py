@@ -419,3 +419,29 @@ def plan_row(spec: PlanSpec, budget: int, device: str = "cpu") -> PlanRecord:
     rec.device_bytes = total
     rec.fits = rec.total_bytes <= budget and (total is None or rec.total_bytes <= total)
     return rec
+
+
+def plan_for_training(trainer, budget, log: Callable[[str], None] = print, replicas: int = 2) -> BudgetPlan:
+    """The :class:`BudgetPlan` for a :class:`~dgl_exact.training.trainer.Trainer`'s full-graph training
+    within ``budget`` (bytes or a size such as ``"2GiB"``), sensitivities from probe steps of a freshly
+    initialised model on the trainer's own graph and training rows; the plan is logged."""
+    from .predict import parse_bytes, spec_from_graph
+
+    cfg = trainer.cfg
+    limit = parse_bytes(budget)
+    if cfg.sampler != "full":
+        raise ValueError(f"--memory-budget plans full-graph training; the {cfg.sampler} sampler trains on "
+                         "subgraphs whose size it sets (leave --memory-budget out)")
+    if cfg.amp or cfg.use_labels or cfg.inductive:
+        raise ValueError("--memory-budget does not yet plan --amp, --use-labels or --inductive training")
+    ds = trainer.dataset
+    idx = trainer.split["train"]
+    spec = spec_from_graph(ds.graph, ds.num_features, ds.num_classes, int(idx.numel()), cfg.model, name=ds.name,
+                           hidden=cfg.hidden, layers=cfg.layers, dropout=cfg.dropout, batch_norm=cfg.batch_norm,
+                           heads=cfg.heads)
+    data = (trainer.graph, trainer.feat, trainer.label[idx], idx)
+    plan = budget_plan(spec, limit, data=data, replicas=replicas, gpu=trainer.device.type == "cuda", log=log,
+                       seed=cfg.seed)
+    log(plan.summary())
+    log(plan.table())
+    return plan
