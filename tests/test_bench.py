@@ -144,7 +144,14 @@ def test_memory_grid_in_process_deep_gcnii(tmp_path):
                        progress=False, isolate=False)
     assert [r["layers"] for r in rows] == [16, 16, 16] and rows[2]["note"].startswith("n/a")
     assert rows[1]["activation_bytes"] < rows[0]["activation_bytes"]
-    assert all(r["peak_method"] and "fresh process" not in r["peak_method"] for r in rows[:2])
+    for r in rows[:2]:
+        # in process: never labelled "fresh process per setting"; in a long-lived process (the whole suite)
+        # the resident high-water mark can miss reused pages, and then the row says so instead of a number
+        assert r["peak_method"] and "fresh process per setting" not in r["peak_method"]
+        if r["step_peak_bytes"] is None:
+            assert r["peak_method"].startswith("not measured")
+        else:
+            assert r["step_peak_bytes"] >= r["activation_bytes"]
     assert rows[0]["ratio_vs_baseline"] == pytest.approx(1.0)  # no DGL row: the first measured setting
 
 
