@@ -199,9 +199,13 @@ def cli():
 @click.option("--memory-budget", default=None, metavar="SIZE",
               help="Choose a compression per kept activation so that the training step fits SIZE (e.g. 2GiB) with "
                    "the least added gradient variance (see `dgl-exact plan`); full-graph training only.")
+@click.option("--compile", "compile_mode", is_flag=False, flag_value="default", default=None,
+              type=click.Choice(["default", "reduce-overhead", "max-autotune"]),
+              help="Run the model under torch.compile (dgl_exact's ops as captured custom ops); optionally the "
+                   "mode, e.g. --compile=reduce-overhead (CUDA graphs). Full-graph training only.")
 @click.pass_context
 def train(ctx, conf, debug_mem, test_speed, json_path, checkpoint, resume, quiet, nproc, dist_timeout, download,
-          memory_budget, **params):
+          memory_budget, compile_mode, **params):
     """Train a model; with no options, a GCN with INT2 activations on the bundled Cora graph."""
     params["conf"] = conf
     cfg = _config_from(ctx, params)
@@ -226,6 +230,9 @@ def train(ctx, conf, debug_mem, test_speed, json_path, checkpoint, resume, quiet
     _check_dataset(cfg.dataset, cfg.data_root)
     if memory_budget is not None and ((nproc or 1) > 1 or worker):
         raise UserError("--memory-budget plans one-process full-graph training; leave out --nproc")
+    if compile_mode is not None and (cfg.sampler != "full" or (nproc or 1) > 1 or worker or memory_budget is not None):
+        raise UserError("--compile is for one-process full-graph training (static shapes): use --sampler full and "
+                        "leave out --nproc and --memory-budget")
     if ((nproc or 1) > 1 or worker) and cfg.sampler == "full":
         raise UserError(distributed.FULL_GRAPH_ERROR)
     if worker and (nproc or 1) > 1 and not distributed.is_launched_child():
@@ -247,6 +254,7 @@ def train(ctx, conf, debug_mem, test_speed, json_path, checkpoint, resume, quiet
                                                      timeout=dist_timeout)
         else:
             trainer = Trainer(cfg, dataset=dataset, progress=False if quiet else None, log=click.echo)
+            trainer.compile_mode = compile_mode
         if trainer.rank == 0:
             click.echo(f"{trainer.dataset.summary()}")
             click.echo(f"model {cfg.model}, {cfg.layers} layers x {cfg.hidden}, sampler {cfg.sampler}, "

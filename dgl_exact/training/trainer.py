@@ -139,6 +139,9 @@ class Trainer:
     (as :meth:`wrap_model` returned it).
     """
 
+    #: ``torch.compile`` mode of the model (``dgl-exact train --compile``; :mod:`.compiled`); None: eager
+    compile_mode: Optional[str] = None
+
     def __init__(self, config: TrainConfig, dataset: Optional[GraphDataset] = None, progress: Optional[bool] = None,
                  log: Callable[[str], None] = print, rank: int = 0, world_size: int = 1):
         self.cfg = config
@@ -414,6 +417,10 @@ class Trainer:
             if self.device.type == "cuda" and state.rng_cuda is not None:
                 torch.cuda.set_rng_state(state.rng_cuda, self.device)
         state.completed = list(completed or [])
+        if self.compile_mode is not None:  # after loading: the compiled wrapper's state_dict keys are prefixed
+            from .compiled import compile_model
+
+            model = compile_model(model, self.compile_mode)
         return model, optimizer, scaler, state
 
     def save(self, path: str, state: RunState, model, optimizer, scaler) -> None:
@@ -562,7 +569,8 @@ class Trainer:
 
 
 def _unwrap(model):
-    """The module inside a (DDP) wrapper, else ``model``."""
+    """The module inside a (torch.compile and/or DDP) wrapper, else ``model``."""
+    model = getattr(model, "_orig_mod", model)
     return model.module if hasattr(model, "module") else model
 
 
