@@ -36,7 +36,7 @@ from ..bench.settings import Setting, select
 from ..compression import compress, compressed_nbytes, decompress
 from ..config import CompressionConfig
 from ..ops import _saving
-from .predict import (PlanRecord, PlanSpec, _extrapolate, build_for, combine, device_bytes, samples_for,
+from .predict import (SAMPLE_NODES, PlanRecord, PlanSpec, _extrapolate, build_for, combine, device_bytes, samples_for,
                       single_thread)
 
 __all__ = ["OPTIONS", "Slot", "BudgetPlan", "BudgetError", "budget_plan", "plan_row", "estimate_sensitivity",
@@ -336,14 +336,14 @@ def _refusal(spec: PlanSpec, budget: int, needed_total: int, uniform: Dict[str, 
 
 def budget_plan(spec: PlanSpec, budget: int, data=None, replicas: int = 2, gpu: bool = False,
                 samples: Optional[tuple] = None, probe_nodes: int = 200_000, log: Callable[[str], None] = None,
-                seed: int = 0) -> BudgetPlan:
+                seed: int = 0, sample_nodes: int = SAMPLE_NODES) -> BudgetPlan:
     """Plan a compression per kept activation of ``spec`` so that static memory + step peak stays within
     ``budget`` bytes. ``data``: ``(graph, feat, label_rows, train_idx)`` to estimate sensitivities on (the
     training data; a random subgraph of ``probe_nodes`` nodes when larger); default: the planner's sample
     graph (random data: sizes are exact, sensitivities only indicative). :class:`BudgetError` when nothing
     fits, saying what would."""
     with single_thread() if data is None else contextlib.nullcontext():
-        g1, g2 = samples or samples_for(spec, gpu)
+        g1, g2 = samples or samples_for(spec, gpu, sample_nodes)
         names = ["INT2", "INT1", "INT2 + RP(0.125) + blocks(64) + optimal", "dgl_exact fp32", "INT8", "INT4",
                  "INT2 + RP(0.125)"]
         uniform, runs = {}, {}

@@ -80,3 +80,35 @@ def format_rows(rows: Sequence[Dict]) -> str:
         within = sum(1 for r in rows if all(abs(r.get(k) or 0) <= 10 for k in ("act_err_pct", "peak_err_pct")))
         lines.append(f"\nlargest |error| {max(worst):.1f} %; rows within 10 %: {within} of {len(rows)}")
     return "\n".join(lines)
+
+
+def measure_spec(spec: PlanSpec, setting: Setting, seed: int = 5) -> Dict:
+    """Activation memory and step peak of ``spec`` measured on a random graph of its full size, as
+    ``dgl-exact bench memory`` measures them (warm-up step, then :func:`dgl_exact.memory.measure_step`).
+    Call it in a fresh process (``dgl_exact.bench.runner._in_fresh_process``) for a CPU peak."""
+    import contextlib
+
+    import torch
+
+    from .. import memory
+    from ..config import config as compression_scope
+    from .predict import _sample_graph, build_for, loss_fn
+
+    memory.prepare_cpu_peak()
+    g, feat, y, idx = _sample_graph(spec, spec.nodes, spec.edges, seed)
+    model = build_for(spec, setting.impl)
+    model.train()
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    loss_of = loss_fn(setting.impl)
+
+    def step():
+        logits = model(g, feat)
+        return loss_of(logits, y, idx), logits
+
+    with compression_scope(setting.compression) if setting.compression else contextlib.nullcontext():
+        for warm in (True, False):
+            opt.zero_grad(set_to_none=True)
+            report = memory.measure_step(step, opt, modules=[model], exclude=[feat, y, idx],
+                                         cpu_method="none" if warm else "auto")
+            report.result = None
+    return {"activation_bytes": report.activation_bytes, "step_peak_bytes": report.peak_bytes}
