@@ -15,6 +15,11 @@ import torch.distributed as dist
 
 from ..trainer import resolve_device
 
+__all__ = ["DistContext", "DistributedError", "init_distributed", "shutdown", "exit_worker", "in_distributed_env",
+           "is_launched_child", "device_for_rank", "rank_seed", "seed_all", "first_line", "is_comm_error",
+           "DEFAULT_TIMEOUT", "DEFAULT_SETUP_TIMEOUT", "TIMEOUT_ENV", "SETUP_TIMEOUT_ENV", "CHILD_ENV",
+           "FULL_GRAPH_ERROR"]
+
 DEFAULT_TIMEOUT = 60.0           # s: collectives of a training step (a dead / hung rank is noticed within this)
 DEFAULT_SETUP_TIMEOUT = 1800.0   # s: waits for rank-0-only work (caches, METIS, evaluation, checkpoints)
 TIMEOUT_ENV = "DGL_EXACT_DIST_TIMEOUT"
