@@ -16,10 +16,11 @@ import torch.nn.functional as F
 from ..config import CompressionConfig, resolve_config
 from ..compression import CompressedTensor
 from . import captured
-from ._saving import (fresh_outputs, autocast_dtype, check_double_backward, create_graph_requested, load,
-                      needs_chunks, needs_saving, recompute_vjp, row_chunks, save, stash, unstash)
+from ._saving import (alive_anyway, fresh_outputs, autocast_dtype, check_double_backward, chunk_elements_for,
+                      create_graph_requested, load, needs_chunks, needs_saving, recompute_vjp, row_chunks, save,
+                      stash, unstash)
 
-__all__ = ["linear", "batch_norm"]
+__all__ = ["linear", "linear_", "batch_norm"]
 
 
 class _Linear(torch.autograd.Function):
@@ -73,6 +74,47 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
         return captured.apply("_Linear", x, weight, bias, resolve_config(config), kept)
     with torch.autocast(x.device.type, enabled=False):
         return _Linear.apply(x, weight, bias, resolve_config(config), kept)
+
+
+class _LinearInPlace(torch.autograd.Function):
+    """``x <- x W^T (+ b)`` written into ``x``'s own buffer, row chunk by row chunk (square ``W``): each
+    output row depends only on the same input row, so a chunk is computed into a small temporary and copied
+    back. ``x`` is kept compressed first (its exact values are overwritten). Backward is :class:`_Linear`'s."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, cfg: CompressionConfig):
+        kept = stash(x, cfg, force=True) if ctx.needs_input_grad[1] else None
+        rows = max(1, chunk_elements_for(x.device) // max(1, x.shape[1]))
+        for r0 in range(0, x.shape[0], rows):
+            part = x[r0:r0 + rows]
+            part.copy_(F.linear(part, weight, bias))
+        ctx.mark_dirty(x)
+        ctx.has_bias = bias is not None
+        save(ctx, kept, weight if ctx.needs_input_grad[0] else None)
+        return x
+
+    backward = _Linear.backward
+
+
+def linear_(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
+            config: Optional[CompressionConfig] = None) -> torch.Tensor:
+    """:func:`linear` written into ``x`` when that saves a layer-sized buffer, else :func:`linear`.
+
+    For a caller that owns ``x`` (a fresh temporary nobody else reads afterwards, e.g. an aggregation's
+    output). In place when ``W`` is square, ``x`` is a contiguous ``[N, D]`` tensor that is not a view,
+    compression is on (the exact ``x`` is not needed after its compressed copy is taken), ``x`` is not a leaf
+    (data, a parameter: alive anyway, never overwritten), no autocast or
+    capture is active, and ``x`` spans more than one row chunk on its device (on a GPU today's chunk is
+    larger than a layer, so the GPU keeps the single product). Same values as :func:`linear` row by row,
+    up to the matrix product's summation order; gradients from the same compressed copy."""
+    cfg = resolve_config(config)
+    if (cfg.enabled and x.dim() == 2 and weight.dim() == 2 and weight.shape[0] == weight.shape[1] == x.shape[1]
+            and x.is_contiguous() and x._base is None and not alive_anyway(x) and x.dtype == weight.dtype
+            and (bias is None or bias.dtype == x.dtype) and not captured.active()
+            and autocast_dtype(x.device.type) is None and x.numel() > chunk_elements_for(x.device)
+            and needs_saving(x, weight, bias)):
+        return _LinearInPlace.apply(x, weight, bias, cfg)
+    return linear(x, weight, bias, cfg)
 
 
 class _BatchNorm(torch.autograd.Function):

@@ -29,6 +29,7 @@ from typing import Optional
 
 import torch
 
+from .._compat import compiling
 from ..compression import draw_seed
 from ..config import CompressionConfig, resolve_config
 from .. import kernels
@@ -63,6 +64,17 @@ def _edge2(w: torch.Tensor, num_edges: int) -> torch.Tensor:
     if w.dim() == 2:
         return w
     raise ValueError(f"edge values must be [E], [E, H] or [E, H, 1]; got shape {tuple(w.shape)}")
+
+
+def _node_output(out: torch.Tensor, shape) -> torch.Tensor:
+    """``out.view(shape)`` for an op's output, as a tensor of its own rather than a view: autograd refuses
+    in-place updates of a view returned by a custom Function, and callers that own an aggregation's output
+    scale it in place (one layer-sized buffer fewer). Under capture: the plain view."""
+    shape = torch.Size(shape)
+    if out.shape == shape or captured.active() or compiling():
+        return out.view(shape)
+    view = out.view(shape)
+    return out.new_empty(0).set_(out.untyped_storage(), out.storage_offset(), shape, view.stride())
 
 
 def _check_nodes(st: GraphStructure, x: torch.Tensor, side: str = "src"):
@@ -117,7 +129,7 @@ class _CopyUReduce(torch.autograd.Function):
         if mean:
             out = out / st.in_degrees().clamp(min=1).to(out.dtype).view(-1, 1, 1)
         ctx.st, ctx.mean, ctx.xshape = st, mean, x.shape
-        return out.view((st.num_dst,) + tuple(x.shape[1:]))
+        return _node_output(out, (st.num_dst,) + tuple(x.shape[1:]))
 
     @staticmethod
     def backward(ctx, grad):
@@ -157,7 +169,7 @@ class _UMulESum(torch.autograd.Function):
         # tensors alive anyway (kept uncompressed, by reference). The edge values are kept exactly, by
         # reference (the input itself: double backward differentiates through it).
         save(ctx, stash(x, cfg) if ctx.needs_input_grad[1] else None, w if ctx.needs_input_grad[0] else None)
-        return out.view((st.num_dst,) + tuple(x.shape[1:]))
+        return _node_output(out, (st.num_dst,) + tuple(x.shape[1:]))
 
     @staticmethod
     def backward(ctx, grad):
@@ -188,7 +200,7 @@ def u_mul_e_sum(g, x: torch.Tensor, w: torch.Tensor, config: Optional[Compressio
     if not needs_saving(x, w):
         x3, w2 = _as3(x), _edge2(w, st.num_edges)
         out = st.aggregate(x3, w2.to(x3.dtype))
-        return out.view((st.num_dst,) + tuple(x.shape[1:]))
+        return _node_output(out, (st.num_dst,) + tuple(x.shape[1:]))
     return captured.apply("_UMulESum", x, w, st, resolve_config(config))
 
 

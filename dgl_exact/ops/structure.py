@@ -91,6 +91,7 @@ class GraphStructure:
         self._src = self._dst = None
         self._in_deg = self._out_deg = None
         self._has_zero = None
+        self._edge_norms = {}
 
     def _kernel(self, op: str, transpose: bool = False, side: str = "csc"):
         """``(function, graph arguments)`` for ``op`` as the registry chose it for this device: DGL's graph
@@ -160,6 +161,19 @@ class GraphStructure:
         if self._out_deg is None:
             self._out_deg = self._graph_degrees("out").to(self.device)
         return self._out_deg
+
+    def src_edge_norm(self, degrees: str, kind: str, dtype: torch.dtype) -> torch.Tensor:
+        """Per edge (edge-id order), its source node's normalisation: ``deg^-1/2`` (``kind`` 'sqrt') or
+        ``1 / deg`` ('inv'), with ``deg`` the node's out-degree (``degrees`` 'out') or in-degree ('in',
+        a graph whose sources are its destinations), clamped at 1. GCN's source normalisation as an edge
+        value: aggregating ``x`` with it gives the products of aggregating ``x * norm`` without that
+        layer-sized copy. Cached (one value per edge, like the index tensors)."""
+        key = (degrees, kind, dtype)
+        if key not in self._edge_norms:
+            deg = (self.out_degrees() if degrees == "out" else self.in_degrees()).to(dtype).clamp(min=1)
+            norm = torch.pow(deg, -0.5) if kind == "sqrt" else 1.0 / deg
+            self._edge_norms[key] = norm[self.src]
+        return self._edge_norms[key]
 
     @property
     def reverse_gidx(self):

@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 
 from ..._compat import compiling, import_dgl
-from ...ops._saving import (DOUBLE_BACKWARD_MESSAGE, autocast_dtype, create_graph_requested, load, needs_saving,
-                            row_chunks, save, stash)
+from ...ops._saving import (DOUBLE_BACKWARD_MESSAGE, autocast_dtype, chunk_elements_for, create_graph_requested,
+                            load, needs_saving, row_chunks, save, stash)
 from ... import ops
 from ...config import CompressionConfig
 from .._base import (CompressedModuleMixin, check_feature_rows, check_zero_in_degree, compressed_activation, into,
@@ -67,7 +67,12 @@ class GCN2Conv(CompressedModuleMixin, dgl.nn.GCN2Conv):
         # chain below holds at most two of them (plus the caller's input and h0) instead of seven.
         if edge_weight is None:
             norm = st.in_degrees().to(feat).clamp(min=1).pow(-0.5).unsqueeze(1)
-            h = into(ops.copy_u_sum(graph, feat * norm), "mul", norm)  # feat * norm dies with the call
+            if isinstance(st, ops.GraphStructure):  # the source normalisation as a cached edge value: no
+                # normalised copy of the input
+                h = ops.u_mul_e_sum(graph, feat, st.src_edge_norm("in", "sqrt", feat.dtype), cfg)
+            else:  # captured for torch.compile: the structure is a handle
+                h = ops.copy_u_sum(graph, feat * norm)
+            h = into(h, "mul", norm)
             h = into(h, "mul", 1 - self.alpha)
         else:
             edge_weight = ops.normalize_edge_weight(graph, edge_weight, "both")
@@ -124,13 +129,18 @@ class _MixGCN2(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, h, feat_0, weight1, bias, alpha, beta, cfg):
-        h.add_(feat_0 * alpha)  # s
+        # row chunks: every step is row-local, so only chunk-sized temporaries exist besides h itself
+        rows = max(1, chunk_elements_for(h.device) // max(1, h[0].numel()))
+        for r0 in range(0, h.shape[0], rows):
+            h[r0:r0 + rows].add_(feat_0[r0:r0 + rows] * alpha)  # s
         kept = stash(h, cfg, force=True) if ctx.needs_input_grad[2] else None  # force: h is overwritten below
-        proj = F.linear(h, weight1.t()).mul_(beta)
-        h.mul_(1 - beta).add_(proj)
+        for r0 in range(0, h.shape[0], rows):
+            part = h[r0:r0 + rows]
+            proj = F.linear(part, weight1.t()).mul_(beta)
+            part.mul_(1 - beta).add_(proj)
+            if bias is not None:
+                part.add_(bias)
         del proj
-        if bias is not None:
-            h.add_(bias)
         ctx.mark_dirty(h)
         ctx.alpha, ctx.beta, ctx.has_bias = alpha, beta, bias is not None
         save(ctx, kept, weight1)

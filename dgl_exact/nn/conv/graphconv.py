@@ -71,10 +71,17 @@ class GraphConv(CompressedModuleMixin, dgl.nn.GraphConv):
         else:
             weight = self.weight
 
-        def aggregate(h):
-            if edge_weight is None:
+        def aggregate(h, src_norm=None):
+            if edge_weight is None and src_norm is None:
                 return ops.copy_u_sum(graph, h)
-            return ops.u_mul_e_sum(graph, h, edge_weight, cfg)
+            if edge_weight is None and isinstance(st, ops.GraphStructure):  # (not a captured handle)
+                # the source normalisation as an edge value (cached per graph): the same products as
+                # aggregating ``h * norm``, without that layer-sized copy of the input
+                kind = "sqrt" if self._norm == "both" else "inv"
+                return ops.u_mul_e_sum(graph, h, st.src_edge_norm("out", kind, h.dtype), cfg)
+            if edge_weight is None:
+                return ops.copy_u_sum(graph, h * src_norm)
+            return ops.u_mul_e_sum(graph, h * src_norm if src_norm is not None else h, edge_weight, cfg)
 
         def node_norm(degs, like):
             degs = degs.to(like).clamp(min=1)
@@ -97,9 +104,9 @@ class GraphConv(CompressedModuleMixin, dgl.nn.GraphConv):
             rst = aggregate(h)
             del h
         else:
-            rst = aggregate(feat_src * left if left is not None else feat_src)
-            if weight is not None:
-                rst = ops.linear(rst, weight.t(), None, cfg)
+            rst = aggregate(feat_src, left)
+            if weight is not None:  # into the aggregation's own buffer where that saves one (square weight)
+                rst = ops.linear_(rst, weight.t(), None, cfg)
         if self._norm in ("right", "both"):
             rst = into(rst, "mul", node_norm(st.in_degrees(), feat_dst).to(rst.dtype))
         if self.bias is not None:

@@ -1,0 +1,156 @@
+"""``ops.linear_``: the product written into its input's own buffer in row chunks (issue 12: one layer-sized
+buffer fewer at the forward's peak of GraphConv), the aggregation outputs that make it possible (not views),
+and GraphConv's source normalisation as an edge value (no normalised copy of the input)."""
+import pytest
+import torch
+
+import dgl_exact
+from dgl_exact.compression import decompress
+from dgl_exact.ops import _saving
+
+dgl = pytest.importorskip("dgl")
+
+
+def _cfg(**kw):
+    return dgl_exact.CompressionConfig(**{"bits": 2, **kw})
+
+
+@pytest.fixture
+def chunk_elements(monkeypatch):
+    """Row chunks of 5 rows of 16 columns (CPU policy), so small tensors cross chunk boundaries."""
+    monkeypatch.setattr(_saving, "CHUNK_ELEMENTS", 5 * 16)
+
+
+def _spy_compress(monkeypatch):
+    kept = []
+    real = _saving.compress
+
+    def spy(x, cfg, seed=None):
+        c = real(x, cfg, seed)
+        kept.append(c)
+        return c
+
+    monkeypatch.setattr(_saving, "compress", spy)
+    return kept
+
+
+@pytest.mark.parametrize("rows", [6, 7, 10, 33])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_linear_inplace_values_buffer_and_gradients(rows, bias, dtype, chunk_elements, monkeypatch):
+    kept = _spy_compress(monkeypatch)
+    gen = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, 16, generator=gen, dtype=dtype).requires_grad_()
+    w = torch.randn(16, 16, generator=gen, dtype=dtype).requires_grad_()
+    b = torch.randn(16, generator=gen, dtype=dtype).requires_grad_() if bias else None
+    h = x * 2.0  # a fresh temporary the caller owns
+    ptr, want = h.data_ptr(), torch.nn.functional.linear(h.detach(), w.detach(), None if b is None else b.detach())
+    out = dgl_exact.ops.linear_(h, w, b, _cfg())
+    assert out.data_ptr() == ptr  # written into the input's buffer
+    # row by row the same product (a chunk's matmul may sum in another order than the whole one's)
+    torch.testing.assert_close(out.detach(), want, rtol=1e-6, atol=1e-6)
+    g = torch.randn(out.shape, generator=gen, dtype=dtype)
+    out.backward(g)
+    (c,) = kept  # the input, compressed before it was overwritten
+    torch.testing.assert_close(w.grad, g.t() @ decompress(c).to(dtype), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(x.grad, 2.0 * g @ w.detach(), rtol=0, atol=0)
+    if bias:
+        torch.testing.assert_close(b.grad, g.sum(0))
+
+
+def test_linear_inplace_weight_grad_is_unbiased(chunk_elements):
+    """Over seeds the weight gradient averages to the exact one (INT2 stochastic rounding), within 5 standard
+    errors of the mean estimated from the same draws."""
+    gen = torch.Generator().manual_seed(0)
+    x0, w0, g = torch.randn(12, 16, generator=gen), torch.randn(16, 16, generator=gen), torch.randn(12, 16,
+                                                                                                     generator=gen)
+    exact = g.t() @ x0
+    draws = []
+    for seed in range(200):
+        torch.manual_seed(seed)
+        w = w0.clone().requires_grad_()
+        dgl_exact.ops.linear_(x0.clone().requires_grad_() * 1.0, w, None, _cfg()).backward(g)
+        draws.append(w.grad)
+    d = torch.stack(draws)
+    se = d.std(0) / d.shape[0] ** 0.5
+    assert ((d.mean(0) - exact).abs() <= 5 * se + 1e-6).all()
+
+
+@pytest.mark.parametrize("case", ["not-square", "view", "compression-off", "one-chunk", "leaf"])
+def test_linear_inplace_falls_back_out_of_place(case, chunk_elements, monkeypatch):
+    x = torch.randn(20, 16, requires_grad=True)
+    w = torch.randn(8 if case == "not-square" else 16, 16, requires_grad=True)
+    cfg = dgl_exact.CompressionConfig(enabled=False) if case == "compression-off" else _cfg()
+    if case == "one-chunk":
+        monkeypatch.setattr(_saving, "CHUNK_ELEMENTS", 10**9)
+    h = x if case == "leaf" else (x * 1.0)
+    if case == "view":
+        h = h[:, :]
+    before = h.detach().clone()
+    out = dgl_exact.ops.linear_(h, w, None, cfg)
+    assert out.data_ptr() != h.data_ptr()
+    torch.testing.assert_close(h.detach(), before, rtol=0, atol=0)  # the input is untouched
+    torch.testing.assert_close(out, torch.nn.functional.linear(before, w), rtol=1e-6, atol=1e-6)
+    out.sum().backward()
+    assert w.grad is not None
+
+
+def test_aggregation_outputs_are_not_views():
+    """The aggregation's output is a tensor of its own, so its owner may update it in place."""
+    g = dgl.add_self_loop(dgl.rand_graph(30, 90))
+    x = torch.randn(30, 4, requires_grad=True)
+    for out in (dgl_exact.ops.copy_u_sum(g, x * 1.0), dgl_exact.ops.u_mul_e_sum(g, x * 1.0, torch.rand(g.num_edges()))):
+        assert out._base is None
+        out.mul_(2.0)  # no "view created inside a custom Function" error
+        out.sum().backward()
+
+
+@pytest.mark.parametrize("norm", ["both", "left", "right", "none"])
+@pytest.mark.parametrize("chunks", ["small", "default"])
+def test_graphconv_with_inplace_linear_matches_dgl(norm, chunks, monkeypatch):
+    """Forward equals DGL's GraphConv; with compression off the gradients equal DGL's too."""
+    if chunks == "small":
+        monkeypatch.setattr(_saving, "CHUNK_ELEMENTS", 7 * 16)
+    g = dgl.add_self_loop(dgl.rand_graph(50, 200))
+    ref = dgl.nn.GraphConv(16, 16, norm=norm)
+    conv = dgl_exact.GraphConv(16, 16, norm=norm)
+    conv.load_state_dict(ref.state_dict())
+    x = torch.randn(50, 16)
+    with dgl_exact.config(bits=2):
+        torch.testing.assert_close(conv(g, x), ref(g, x), rtol=1e-5, atol=1e-5)
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    with dgl_exact.config(enabled=False):
+        conv(g, xa * 1.0).square().sum().backward()
+    ref(g, xb * 1.0).square().sum().backward()
+    torch.testing.assert_close(xa.grad, xb.grad, rtol=1e-5, atol=1e-5)
+    for p, q in zip(conv.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("edge_weight", [False, True])
+def test_gcn2conv_mix_in_row_chunks(edge_weight, monkeypatch):
+    """GCNII's fused mix in row chunks of 7 rows: forward equals DGL's; the gradients equal the one-chunk
+    mix's for the same random rounding (same seed)."""
+    g = dgl.add_self_loop(dgl.rand_graph(40, 160))
+    ref = dgl.nn.GCN2Conv(16, layer=2, alpha=0.2, lambda_=1.0)
+    conv = dgl_exact.GCN2Conv(16, layer=2, alpha=0.2, lambda_=1.0)
+    conv.load_state_dict(ref.state_dict())
+    x, x0 = torch.randn(40, 16), torch.randn(40, 16)
+    ew = torch.rand(g.num_edges()) if edge_weight else None
+
+    def run(chunk):
+        monkeypatch.setattr(_saving, "CHUNK_ELEMENTS", chunk)
+        xa, x0a = x.clone().requires_grad_(), x0.clone().requires_grad_()
+        torch.manual_seed(0)
+        with dgl_exact.config(bits=2):
+            out = conv(g, xa * 1.0, x0a * 1.0, edge_weight=ew)
+        out.square().sum().backward()
+        grads = [xa.grad, x0a.grad] + [p.grad.clone() for p in conv.parameters()]
+        conv.zero_grad()
+        return out.detach(), grads
+
+    small, whole = run(7 * 16), run(10**9)
+    torch.testing.assert_close(small[0], ref(g, x, x0, edge_weight=ew), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(small[0], whole[0], rtol=1e-6, atol=1e-6)
+    for a, b in zip(small[1], whole[1]):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
