@@ -28,7 +28,7 @@ from .samplers import ClusterGCNSampler, SAINTSampler
 
 dgl = import_dgl()
 
-__all__ = ["Trainer", "RunResult", "RunState", "TrainResults", "train", "resolve_device"]
+__all__ = ["Trainer", "RunResult", "RunState", "TrainResults", "train", "resolve_device", "unwrap_model"]
 
 SPEED_WARMUP = 3  # epochs run before timing with --test-speed
 
@@ -331,7 +331,7 @@ class Trainer:
         device (graph structure, cached structure tensors, features, labels, split indices), activations,
         step peak (forward + backward + optimizer step, above the memory before the step) and
         total = model + data + step peak."""
-        target = _unwrap(model)
+        target = unwrap_model(model)
         model_tensors = list(target.parameters()) + list(target.buffers())
         model_tensors += [t for st in optimizer.state.values() for t in st.values() if isinstance(t, torch.Tensor)]
         model_bytes = memory.tensor_bytes(t for t in model_tensors if t.device.type == self.device.type)
@@ -409,7 +409,7 @@ class Trainer:
             state = RunState(config=self.cfg.to_dict(), run=run)
         else:
             state = dataclasses.replace(state, config=self.cfg.to_dict())
-            _unwrap(model).load_state_dict(state.model)
+            unwrap_model(model).load_state_dict(state.model)
             optimizer.load_state_dict(state.optimizer)
             if scaler is not None and state.scaler:
                 scaler.load_state_dict(state.scaler)
@@ -427,7 +427,7 @@ class Trainer:
         """Checkpoint ``state`` with the current weights, optimizer and scaler state and random state
         (written by rank 0 alone)."""
         if self.rank == 0:
-            state.model = _unwrap(model).state_dict()
+            state.model = unwrap_model(model).state_dict()
             state.optimizer = optimizer.state_dict()
             state.scaler = scaler.state_dict() if scaler is not None else None
             state.rng_cpu = torch.get_rng_state()
@@ -568,7 +568,7 @@ class Trainer:
                             environment=environment_info(self.device))
 
 
-def _unwrap(model):
+def unwrap_model(model):
     """The module inside a (torch.compile and/or DDP) wrapper, else ``model``."""
     model = getattr(model, "_orig_mod", model)
     return model.module if hasattr(model, "module") else model

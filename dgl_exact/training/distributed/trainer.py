@@ -10,7 +10,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ..checkpoint import RunState
 from ..config import TrainConfig
-from ..trainer import RunResult, Trainer, TrainResults
+from ..trainer import RunResult, Trainer, TrainResults, unwrap_model
 from .environment import (FULL_GRAPH_ERROR, DistributedError, first_line, init_distributed, is_comm_error, rank_seed,
                           seed_all)
 
@@ -23,10 +23,6 @@ def _param_hash(module: torch.nn.Module) -> str:
         h.update(name.encode())
         h.update(p.detach().to("cpu", copy=True).contiguous().view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
-
-
-def _unwrap(model):
-    return model.module if isinstance(model, DistributedDataParallel) else model
 
 
 class DistributedTrainer(Trainer):
@@ -161,7 +157,7 @@ class DistributedTrainer(Trainer):
         metrics = error = None
         if self.rank == 0:
             try:
-                metrics = super().evaluate(_unwrap(model))
+                metrics = super().evaluate(unwrap_model(model))
             except Exception as e:  # noqa: BLE001
                 error = e
         self._agree(error, "evaluating")
@@ -171,7 +167,7 @@ class DistributedTrainer(Trainer):
         """Check that the replicas of every rank agree bit for bit; every rank returns rank 0's result."""
         self._barrier()
         hashes: List[Any] = [None] * self.world_size
-        dist.all_gather_object(hashes, _param_hash(_unwrap(model)), group=self.ctx.control)
+        dist.all_gather_object(hashes, _param_hash(unwrap_model(model)), group=self.ctx.control)
         self.replica_hashes.append(hashes)
         if len(set(hashes)) != 1:
             raise DistributedError(f"run {result.run + 1}: the model replicas differ across ranks after training "
