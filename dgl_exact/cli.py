@@ -727,10 +727,11 @@ def bench_all(label, dataset, models, accuracy_dataset, runs, speed_epochs, devi
 
 
 # `dgl-exact plan` and `dgl-exact bench plan` live with the planner
-from .planning.cli import bench_plan_command, plan_command  # noqa: E402
+from .planning.cli import bench_budget_command, bench_plan_command, plan_command  # noqa: E402
 
 cli.add_command(plan_command)
 bench.add_command(bench_plan_command)
+bench.add_command(bench_budget_command)
 
 
 def main(argv=None):

@@ -130,3 +130,50 @@ def bench_plan_command(dataset, models, settings, hidden, layers, device, data_r
     rows = validation_grid(work, model_list, chosen, sink, measure=not no_measure, progress=not quiet)
     click.echo(f"plan vs measured on {work.dataset.summary()}; {machine_line(work.device)}")
     click.echo(format_rows(rows))
+
+
+@click.command("budget")
+@click.option("--dataset", default="cora", show_default=True)
+@click.option("--model", type=click.Choice(MODELS), default="gcn", show_default=True)
+@click.option("--conf", default=None, help="YAML of training defaults (as for `train`).")
+@click.option("--hidden", type=click.IntRange(min=1), default=None)
+@click.option("--layers", type=click.IntRange(min=1), default=None)
+@click.option("--batch-norm/--no-batch-norm", default=None)
+@click.option("--epochs", type=click.IntRange(min=1), default=200, show_default=True)
+@click.option("--runs", type=click.IntRange(min=1), default=10, show_default=True, help="Seeds per setting.")
+@click.option("--budgets", default="INT2,INT1", show_default=True,
+              help="Budgets: the predicted totals of these uniform settings.")
+@click.option("--data-root", default=lambda: os.environ.get("DGL_EXACT_DATA", "data"), show_default="data")
+@click.option("--out", default="bench-results", show_default=True, type=click.Path(file_okay=False))
+@click.option("--plot", is_flag=True, help="budget.png: accuracy vs step peak, uniform and budgeted (matplotlib).")
+def bench_budget_command(dataset, model, conf, hidden, layers, batch_norm, epochs, runs, budgets, data_root, out,
+                         plot):
+    """Budgeted per-tensor plans against uniform settings at the same memory: accuracy, step peak, gradient
+    variance."""
+    from ..bench.results import ResultSink
+    from ..data import load_dataset
+    from ..training.config import TrainConfig, load_conf
+    from .accuracy import budget_comparison, format_rows
+
+    try:
+        values = dict(load_conf(conf)) if conf else {}
+        values.update({"dataset": dataset, "model": model, "epochs": epochs, "data_root": data_root, "device": "cpu"})
+        values.update({k: v for k, v in (("hidden", hidden), ("layers", layers), ("batch_norm", batch_norm))
+                       if v is not None})
+        base = TrainConfig(**values)
+        ds = load_dataset(dataset, data_root)
+    except (ValueError, FileNotFoundError) as e:
+        raise _user_error(str(e).splitlines()[0]) from None
+    os.makedirs(out, exist_ok=True)
+    sink = ResultSink(out, "budget")
+    rows = budget_comparison(ds, base, runs=runs, budgets=[b.strip() for b in budgets.split(",") if b.strip()],
+                             log=lambda m: click.echo(m, err=True))
+    for r in rows:
+        sink.add(r)
+    click.echo(f"budgeted plans vs uniform settings on {ds.summary()}, {base.model} {base.layers}x{base.hidden}, "
+               f"{runs} seeds, {epochs} epochs")
+    click.echo(format_rows(rows))
+    if plot:
+        from .accuracy import plot_budget
+
+        click.echo(f"figure: {plot_budget(rows, os.path.join(out, 'budget.png'))}")

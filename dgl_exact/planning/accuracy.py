@@ -1,0 +1,181 @@
+"""Budgeted plans against uniform settings at the same memory: ``dgl-exact bench budget``.
+
+Per dataset and model: the predicted step peak and total of the uniform settings (:func:`~.predict.plan`);
+for each budget equal to a uniform setting's predicted total (default: INT2's and INT1's), the per-tensor
+plan (:func:`~.budget.budget_plan`, sensitivities from probe steps on the training graph); then for every
+uniform setting and plan: test accuracy over ``runs`` seeds (the same seeds for all), the step peak the
+trainer measures (``--debug-mem``), and the gradient variance each adds, measured against the fp32 gradient
+of a freshly initialised model with the dropout masks fixed (mean over ``draws`` compression draws of
+``||g - g_fp32||^2``, summed over parameters).
+"""
+from __future__ import annotations
+
+import contextlib
+import statistics
+from typing import Callable, Dict, List, Sequence
+
+import torch
+
+from ..config import CompressionConfig
+from ..ops import _saving
+from .budget import FP, BudgetPlan, budget_plan
+from .predict import plan as predict_plan
+from .predict import spec_from_graph
+
+COLUMNS = ["dataset", "model", "setting", "runs", "test_mean", "test_std", "delta_vs_fp32", "peak_pred_MiB",
+           "peak_meas_MiB", "grad_variance"]
+
+
+def _forked(hook, seed: int):
+    """``hook`` with every compression drawing its random numbers from its own seeded generator state, so the
+    model's dropout masks do not depend on what was compressed."""
+    count = [0]
+
+    def forked(x, cfg, force):
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed * 1_000_003 + count[0])
+            count[0] += 1
+            return hook(x, cfg, force)
+
+    return forked
+
+
+def gradient_variance(make_model: Callable[[], torch.nn.Module], data, make_hook: Callable[[], Callable],
+                      draws: int = 4, seed: int = 0, scope: CompressionConfig = FP) -> float:
+    """Mean over ``draws`` of ``||g - g_fp32||^2`` for a fresh model (same initialisation and dropout masks):
+    ``make_hook()`` gives the stash hook of the setting measured, run under the compression ``scope``."""
+    from .. import ops
+    from ..config import config as compression_scope
+
+    graph, feat, label, idx = data
+    model = make_model()
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def grad(hook) -> torch.Tensor:
+        for p in params:
+            p.grad = None
+        torch.manual_seed(seed)
+        with _saving.stash_hook(hook), compression_scope(scope):
+            loss = ops.cross_entropy(model(graph, feat), label, idx)
+        loss.backward()
+        return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten() for p in params])
+
+    exact = grad(lambda x, cfg, force: _saving.default_stash(x, FP, force))
+    total = 0.0
+    for r in range(draws):
+        total += float(((grad(_forked(make_hook(), 1 + r)) - exact) ** 2).sum())
+    return total / draws
+
+
+def _scope_hook():
+    """The plain stash: the configuration the op derived from the scope in force."""
+    return lambda x, c, force: _saving.default_stash(x, c, force)
+
+
+def budget_comparison(dataset, base_config, runs: int = 10, budgets: Sequence[str] = ("INT2", "INT1"),
+                      uniform: Sequence[str] = ("dgl_exact fp32", "INT8", "INT2", "INT1"), replicas: int = 2,
+                      draws: int = 4, log: Callable[[str], None] = print) -> List[Dict]:
+    """Rows of :data:`COLUMNS` (see the module docstring)."""
+    from ..bench.settings import select
+    from ..training.models import build_model
+    from ..training.trainer import Trainer
+
+    cfg = base_config.replace(runs=runs)
+    probe = Trainer(cfg, dataset=dataset, progress=False, log=None)
+    idx = probe.split["train"]
+    data = (probe.graph, probe.feat, probe.label[idx], idx)
+    spec = spec_from_graph(dataset.graph, dataset.num_features, dataset.num_classes, int(idx.numel()), cfg.model,
+                           name=dataset.name, hidden=cfg.hidden, layers=cfg.layers, dropout=cfg.dropout,
+                           batch_norm=cfg.batch_norm, heads=cfg.heads)
+    names = list(dict.fromkeys(list(uniform) + list(budgets)))
+    predicted = {r.setting: r for r in predict_plan(spec, "cpu", names)}
+
+    def make_model():
+        torch.manual_seed(cfg.seed)
+        return build_model(cfg.model, dataset.num_features, dataset.num_classes, hidden=cfg.hidden,
+                           layers=cfg.layers, dropout=cfg.dropout, batch_norm=cfg.batch_norm, heads=cfg.heads)
+
+    def train(setting_cfg: CompressionConfig, scope) -> Dict:
+        trainer = Trainer(cfg.replace(compression=setting_cfg), dataset=dataset, progress=False, log=None)
+        with scope:
+            res = trainer.fit(debug_mem=True)
+        tests = [r.test for r in res.runs]
+        peaks = [r.peak_bytes for r in res.runs if getattr(r, "peak_bytes", None)]
+        return {"test_mean": statistics.fmean(tests), "test_std": statistics.stdev(tests) if len(tests) > 1 else 0.0,
+                "tests": tests, "peak_meas_MiB": max(peaks) / 2**20 if peaks else None}
+
+    rows, fp32 = [], None
+    for setting in select(",".join(uniform)):
+        row = {"kind": "budget", "dataset": dataset.name, "model": cfg.model, "setting": setting.name, "runs": runs,
+               "peak_pred_MiB": predicted[setting.name].step_peak_bytes / 2**20,
+               "total_pred_bytes": predicted[setting.name].total_bytes}
+        row.update(train(setting.compression, contextlib.nullcontext()))
+        row["grad_variance"] = gradient_variance(make_model, data, _scope_hook, draws, cfg.seed, setting.compression)
+        if not setting.compression.enabled:
+            fp32 = row["test_mean"]
+        rows.append(row)
+        log(_line(row))
+    for ref in budgets:
+        budget = predicted[ref].total_bytes
+        plan: BudgetPlan = budget_plan(spec, budget, data=data, replicas=replicas, seed=cfg.seed, log=log)
+        row = {"kind": "budget", "dataset": dataset.name, "model": cfg.model, "setting": f"budget = {ref} total",
+               "runs": runs, "peak_pred_MiB": plan.record.step_peak_bytes / 2**20,
+               "total_pred_bytes": plan.record.total_bytes,
+               "budget_bytes": budget, "plan": plan.record.note}
+        row.update(train(cfg.compression, plan.active()))
+        row["grad_variance"] = gradient_variance(make_model, data, plan.hook, draws, cfg.seed)
+        rows.append(row)
+        log(_line(row))
+    for row in rows:
+        row["delta_vs_fp32"] = None if fp32 is None else row["test_mean"] - fp32
+    return rows
+
+
+def _line(row: Dict) -> str:
+    meas = row.get("peak_meas_MiB")
+    return (f"{row['setting']}: test {row['test_mean']:.4f} +- {row['test_std']:.4f}, step peak predicted "
+            f"{row['peak_pred_MiB']:.1f} MiB, measured {'n/a' if meas is None else f'{meas:.1f} MiB'}, "
+            f"gradient variance {row['grad_variance']:.3g}" + (f" [{row['plan']}]" if row.get("plan") else ""))
+
+
+def format_rows(rows: Sequence[Dict]) -> str:
+    def cell(k, v):
+        if v is None:
+            return "n/a"
+        if k == "grad_variance":
+            return f"{v:.3g}"
+        if isinstance(v, float):
+            return f"{v:+.4f}" if k == "delta_vs_fp32" else (f"{v:.4f}" if k.startswith("test") else f"{v:.1f}")
+        return str(v)
+
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(cell(c, r.get(c)) for c in COLUMNS) + " |" for r in rows]
+    plans = [f"{r['setting']}: {r['plan']}" for r in rows if r.get("plan")]
+    return "\n".join(lines + ([""] + plans if plans else []))
+
+
+def plot_budget(rows: Sequence[Dict], path: str) -> str:
+    """Test accuracy (mean and std over seeds) against the step peak (measured where available, else
+    predicted) for uniform settings and budgeted plans."""
+    from ..bench.plot import _plt
+
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    for budgeted, marker, color, label in ((False, "o", "#1f77b4", "uniform"), (True, "*", "#d62728", "budgeted plan")):
+        pts = [r for r in rows if r["setting"].startswith("budget") == budgeted]
+        xs = [r.get("peak_meas_MiB") or r["peak_pred_MiB"] for r in pts]
+        ax.errorbar(xs, [r["test_mean"] for r in pts], yerr=[r["test_std"] for r in pts], fmt=marker, color=color,
+                    label=label, markersize=9 if budgeted else 6, capsize=3)
+        for x, r in zip(xs, pts):
+            ax.annotate(r["setting"].replace("dgl_exact ", ""), (x, r["test_mean"]), fontsize=7,
+                        xytext=(4, 4), textcoords="offset points")
+    if rows:
+        ax.set_title(f"{rows[0]['dataset']} {rows[0]['model']}: accuracy vs step peak", fontsize=10)
+    ax.set_xlabel("step peak (MiB; measured, else predicted)")
+    ax.set_ylabel("test accuracy")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
