@@ -154,3 +154,44 @@ def test_gcn2conv_mix_in_row_chunks(edge_weight, monkeypatch):
     torch.testing.assert_close(small[0], whole[0], rtol=1e-6, atol=1e-6)
     for a, b in zip(small[1], whole[1]):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_gcnii_alpha_owed_gradients_equal(fused):
+    """initial_features_for: the GCNII model's h0 gradient (alpha applied once to the sum over layers) equals
+    the per-layer alpha's, in the fused mix (compression on) and the unfused chain (compression off)."""
+    from dgl_exact.nn.conv.gcn2conv import initial_features_for
+
+    g = dgl.add_self_loop(dgl.rand_graph(40, 160))
+    convs = torch.nn.ModuleList([dgl_exact.GCN2Conv(8, layer=i + 1, alpha=0.3) for i in range(3)])
+    x0 = torch.randn(40, 8)
+
+    def run(mark):
+        h0 = x0.clone().requires_grad_()
+        torch.manual_seed(0)
+        with dgl_exact.config(bits=8) if fused else dgl_exact.config(enabled=False):
+            base = h0 * 1.0
+            feat_0 = initial_features_for(convs, base) if mark else base
+            assert (getattr(feat_0, "_dgl_exact_alpha_owed", None) is not None) == mark
+            h = base
+            for conv in convs:
+                h = torch.relu(conv(g, h, feat_0))
+        h.square().sum().backward()
+        grads = [h0.grad] + [p.grad.clone() for p in convs.parameters()]
+        convs.zero_grad()
+        return grads
+
+    for a, b in zip(run(True), run(False)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_gcnii_alpha_owed_refuses_another_alpha():
+    from dgl_exact.nn.conv.gcn2conv import initial_features_for
+
+    g = dgl.add_self_loop(dgl.rand_graph(10, 30))
+    x0 = torch.randn(10, 4, requires_grad=True)
+    feat_0 = initial_features_for([dgl_exact.GCN2Conv(4, layer=1, alpha=0.1)], x0 * 1.0)
+    with pytest.raises(ValueError, match="alpha"):
+        dgl_exact.GCN2Conv(4, layer=1, alpha=0.2)(g, x0 * 1.0, feat_0)
+    assert initial_features_for([dgl_exact.GCN2Conv(4, layer=1, alpha=0.1),
+                                 dgl_exact.GCN2Conv(4, layer=2, alpha=0.2)], x0) is x0

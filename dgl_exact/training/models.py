@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from .. import nn as exact_nn
 from .. import ops
 from .._compat import import_dgl
+from ..nn.conv.gcn2conv import initial_features_for
 
 dgl = import_dgl()
 
@@ -229,6 +230,7 @@ class GCNII(nn.Module):
         if isinstance(graph, (list, tuple)):
             raise ValueError("GCNII runs on whole (sub)graphs, not on blocks from a neighbour sampler")
         h, h0 = self._input(x)
+        h0 = initial_features_for(self.convs, h0)  # each layer's h0 gradient without its alpha (one buffer less)
         for i, conv in enumerate(self.convs):
             out = [conv(graph, h, h0, edge_weight=edge_weight)]
             if not self.residual:  # release the layer input before BN/ReLU allocate (see StackedGNN.forward)

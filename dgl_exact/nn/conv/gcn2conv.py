@@ -77,11 +77,16 @@ class GCN2Conv(CompressedModuleMixin, dgl.nn.GCN2Conv):
         else:
             edge_weight = ops.normalize_edge_weight(graph, edge_weight, "both")
             h = into(ops.u_mul_e_sum(graph, feat, edge_weight, cfg), "mul", 1 - self.alpha)
+        owed = getattr(feat_0, _ALPHA_OWED, None)  # see initial_features_for
+        if owed is not None and owed != float(self.alpha):
+            raise ValueError(f"feat_0 was prepared by initial_features_for for alpha={owed}, but this layer's "
+                             f"alpha is {self.alpha}")
         if _MixGCN2.applies(self, h, feat_0, cfg):
             return self._activate(_MixGCN2.apply(h, feat_0, self.weight1, self.bias if self._bias else None,
-                                                 float(self.alpha), float(self.beta), cfg), cfg)
+                                                 float(self.alpha), float(self.beta), cfg, owed is not None), cfg)
         # slice only when needed: the backward of a slice allocates a full-size zero-padded gradient
-        feat_0 = (feat_0 if feat_0.size(0) == h.size(0) else feat_0[: h.size(0)]) * self.alpha
+        feat_0 = feat_0 if feat_0.size(0) == h.size(0) else feat_0[: h.size(0)]
+        feat_0 = _ScaleOwed.apply(feat_0, float(self.alpha)) if owed is not None else feat_0 * self.alpha
         if self._project_initial_features:
             feat_sum = into(h, "add", feat_0)
             del h, feat_0
@@ -128,7 +133,7 @@ class _MixGCN2(torch.autograd.Function):
                 and needs_saving(h, feat_0, conv.weight1, conv.bias if conv._bias else None))
 
     @staticmethod
-    def forward(ctx, h, feat_0, weight1, bias, alpha, beta, cfg):
+    def forward(ctx, h, feat_0, weight1, bias, alpha, beta, cfg, alpha_owed=False):
         # row chunks: every step is row-local, so only chunk-sized temporaries exist besides h itself
         rows = max(1, chunk_elements_for(h.device) // max(1, h[0].numel()))
         for r0 in range(0, h.shape[0], rows):
@@ -142,7 +147,7 @@ class _MixGCN2(torch.autograd.Function):
                 part.add_(bias)
         del proj
         ctx.mark_dirty(h)
-        ctx.alpha, ctx.beta, ctx.has_bias = alpha, beta, bias is not None
+        ctx.alpha, ctx.beta, ctx.has_bias, ctx.alpha_owed = alpha, beta, bias is not None, alpha_owed
         save(ctx, kept, weight1)
         return h
 
@@ -155,7 +160,8 @@ class _MixGCN2(torch.autograd.Function):
         gh = gf0 = gw = gb = None
         if needs[0] or needs[1]:
             gs = grad.matmul(weight1.t()).mul_(ctx.beta).add_(grad, alpha=1 - ctx.beta)
-            gf0 = gs * ctx.alpha if needs[1] else None
+            # alpha owed (initial_features_for): the same tensor for both, alpha applied once upstream
+            gf0 = (gs if ctx.alpha_owed else gs * ctx.alpha) if needs[1] else None
             gh = gs if needs[0] else None
             del gs
         if needs[2]:
@@ -165,4 +171,50 @@ class _MixGCN2(torch.autograd.Function):
             gw = gw.mul_(ctx.beta)
         if ctx.has_bias and needs[3]:
             gb = grad.sum(0)
-        return gh, gf0, gw, gb, None, None, None
+        return gh, gf0, gw, gb, None, None, None, None
+
+
+_ALPHA_OWED = "_dgl_exact_alpha_owed"
+
+
+class _OweAlpha(torch.autograd.Function):
+    """Identity forward; backward multiplies the gradient summed over all consumers by ``alpha`` once."""
+
+    @staticmethod
+    def forward(ctx, x, alpha):
+        ctx.alpha = alpha
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * ctx.alpha, None
+
+
+class _ScaleOwed(torch.autograd.Function):
+    """``x * alpha`` whose backward passes the gradient unscaled (the factor is owed to :class:`_OweAlpha`)."""
+
+    @staticmethod
+    def forward(ctx, x, alpha):
+        return x * alpha
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+def initial_features_for(convs, feat_0: torch.Tensor) -> torch.Tensor:
+    """``feat_0`` (GCNII's ``h0``) prepared for a stack of dgl_exact ``GCN2Conv`` layers sharing one
+    ``alpha``: the same values, marked so that each layer returns its ``feat_0`` gradient without the factor
+    ``alpha``, which is applied once to their sum. In each layer's backward the ``h0`` gradient is then the
+    layer's own input gradient (one tensor for both) instead of a second layer-sized product: one
+    layer-sized buffer fewer at the backward's peak (the ``h0`` accumulator, the incoming gradient and one
+    product remain). Gradients equal up to rounding (``alpha * sum`` vs ``sum of alpha *``). Anything else
+    (other layers, several alphas, no gradient, double backward, torch.compile): ``feat_0`` unchanged."""
+    alphas = {float(c.alpha) for c in convs if isinstance(c, GCN2Conv)}
+    if (len(alphas) != 1 or not all(isinstance(c, GCN2Conv) for c in convs) or not torch.is_grad_enabled()
+            or not feat_0.requires_grad or compiling()):
+        return feat_0
+    (alpha,) = alphas
+    out = _OweAlpha.apply(feat_0, alpha)
+    setattr(out, _ALPHA_OWED, alpha)
+    return out
