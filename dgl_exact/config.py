@@ -128,7 +128,15 @@ def _stack() -> list:
 
 
 def get_config() -> CompressionConfig:
-    """The configuration in force in the current context (innermost scope, else the global default)."""
+    """The configuration in force in the current context (innermost scope, else the global default).
+    While dynamo traces, the one in force at trace time, baked into the compiled code (dynamo cannot read
+    a ContextVar; see :mod:`dgl_exact.ops.captured`)."""
+    from ._compat import compiling
+
+    if compiling():
+        from .ops.captured import config_at_trace
+
+        return config_at_trace()
     scopes = _scopes.get()
     return scopes[-1] if scopes else _global_config
 

@@ -132,11 +132,11 @@ def test_compiled_int2_gradient_unbiased(name):
     exact_model = _TwoLayers(name, OFF)
     exact = torch.cat([t.flatten() for t in _step(exact_model, g, x)[1]]).double()
     model = torch.compile(_TwoLayers(name, INT2), backend="aot_eager", fullgraph=True, dynamic=False)
-    z = _z_scores(model, g, x, exact, range(32))
+    z = _z_scores(model, g, x, exact, range(48))
     assert z.numel() > 10  # compression does perturb the gradient
-    # ~t(31) per entry: a mean square near 1 and no extreme entry (fixed seeds: deterministic)
-    assert float((z ** 2).mean()) < 2.0, z
-    assert float(z.max()) < 5.0, z
+    # each entry ~t(47); the entries share noise (one compressed copy feeds them all), so they move together:
+    # bound the largest (fixed seeds: deterministic; 3.4 here, and 1.8 with 400 seeds)
+    assert float(z.max()) < 4.5, z
 
 
 def test_biased_rounding_fails_the_unbiasedness_test():
@@ -215,3 +215,43 @@ def test_inductor_equals_eager_without_compression(name):
     torch.testing.assert_close(out_c, out_e, rtol=1e-5, atol=1e-5)
     for a, b in zip(grads_c, grads_e):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+TINY = "synthetic:num_nodes=60,num_features=8,num_classes=3,avg_degree=4"
+
+
+def _cli(args, capsys):
+    from dgl_exact.cli import main
+
+    try:
+        main([str(a) for a in args])
+        code = 0
+    except SystemExit as exc:
+        code = exc.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_cli_compile_refuses_sampled_training(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    code, _, err = _cli(["train", "--dataset", TINY, "--sampler", "saint", "--compile", "--epochs", "1"], capsys)
+    assert code == 2 and "--compile is for one-process full-graph training" in err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("setting", [["--act-fp"], ["--bits", "2", "--no-batch-norm"]], ids=["fp", "int2"])
+def test_cli_compile_trains_like_eager(setting, tmp_path, monkeypatch, capsys):
+    """``dgl-exact train --compile`` (inductor) trains the same model as eager: same seeds, same INT2 noise
+    (the captured ops draw their seeds in eager's order), so the same final loss up to float reassociation.
+    (Batch norm keeps its input uncompressed when compiled, so with INT2 the noise differs there.)"""
+    import json
+
+    monkeypatch.chdir(tmp_path)
+    results = []
+    for extra in ([], ["--compile"]):
+        code, out, err = _cli(["train", "--dataset", TINY, "--epochs", "5", "--quiet", "--json", f"r{len(extra)}.json",
+                               *setting, *extra], capsys)
+        assert code == 0, err
+        results.append(json.load(open(tmp_path / f"r{len(extra)}.json")))
+    eager, compiled = (r["runs"][0] for r in results)
+    assert compiled["final_loss"] == pytest.approx(eager["final_loss"], rel=1e-4), (eager, compiled)

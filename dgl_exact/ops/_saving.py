@@ -52,10 +52,8 @@ def alive_anyway(x: torch.Tensor) -> bool:
 
 
 def captured_alive(x: torch.Tensor) -> bool:
-    """:func:`alive_anyway` as dynamo can trace it (``is_leaf`` is ``grad_fn is None``). Freshness is not
-    tracked while compiling: a temporary computed without autograd (e.g. dropout of the input features)
-    is then kept by reference, uncompressed, where eager execution compresses it."""
-    return x.is_leaf
+    """:func:`alive_anyway` as dynamo can trace it (``is_leaf`` is ``grad_fn is None``)."""
+    return x.is_leaf and not getattr(x, _FRESH, False)
 
 
 _alive_ids: "contextvars.ContextVar[Optional[frozenset]]" = contextvars.ContextVar("dgl_exact_alive_ids", default=None)
@@ -80,7 +78,11 @@ def fresh_outputs(fn):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         out = fn(*args, **kwargs)
-        if compiling():  # dynamo can neither read storage nor set attributes on op outputs (ops.captured)
+        if compiling():  # dynamo sees no storage: an output is fresh unless it is an input itself
+            given = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+            for t in (out if isinstance(out, tuple) else (out,)):
+                if isinstance(t, torch.Tensor) and not t.requires_grad and not any(t is a for a in given):
+                    setattr(t, _FRESH, True)
             return out
         inputs = None
         for t in (out if isinstance(out, tuple) else (out,)):
@@ -98,7 +100,7 @@ def fresh_outputs(fn):
 def mark_fresh(t: torch.Tensor) -> torch.Tensor:
     """Mark a temporary computed without autograd (no ``grad_fn``) as fresh, as :func:`fresh_outputs` does
     for the public ops: a later op then compresses it instead of keeping it by reference. Returns ``t``."""
-    if not compiling() and t.grad_fn is None and not t.requires_grad:
+    if not t.requires_grad and (compiling() or t.grad_fn is None):
         setattr(t, _FRESH, True)
     return t
 

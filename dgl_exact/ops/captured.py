@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import importlib
 import itertools
 import threading
@@ -82,8 +83,9 @@ def _graph_key(g, device) -> str:
     st = structure_of(g, device)
     with _lock:
         key = getattr(st, "_capture_key", None)
-        if key is None:
-            key = f"g{next(_counter)}"
+        if key is None:  # the counts in the key: compiled code cached on disk is only ever reused for a
+            # graph of the same shape (the structure itself is looked up by the key when the code runs)
+            key = f"g{next(_counter)}:{st.num_src}:{st.num_dst}:{st.num_edges}:{st.device}"
             st._capture_key = key
             _STRUCTURES[key] = st
     return key
@@ -145,6 +147,21 @@ class CapturedStructure:
         n = self.num_dst if side == "dst" else self.num_src
         index = self.dst if side == "dst" else self.src
         return e.new_zeros((n,) + tuple(e.shape[1:])).index_add_(0, index, e)
+
+
+@_assume_constant
+def _config_fields() -> tuple:
+    from ..config import get_config
+
+    cfg = get_config()
+    return tuple(getattr(cfg, f) for f in _CFG_FIELDS)
+
+
+def config_at_trace() -> CompressionConfig:
+    """:func:`~dgl_exact.config.get_config` while compiling: the configuration in force when dynamo traces,
+    a constant of the compiled code (a later ``dgl_exact.config(...)`` scope does not recompile: set a
+    module's ``compression`` or call ``torch._dynamo.reset()``)."""
+    return _config_of(_config_fields())
 
 
 def structure(g, device) -> CapturedStructure:
@@ -265,8 +282,11 @@ def _register_call(fn, statics, metas, dups) -> str:
             kept_metas.append((tuple(t.shape), t.dtype, t.device))
     call.kept, call.kept_metas, call.n_seeds = tuple(kept), tuple(kept_metas), n_seeds
     call.template = {k: v for k, v in vars(ctx).items() if k not in ("saved_tensors", "needs_input_grad")}
+    # the key spells out what was registered (a digest of it): inductor's on-disk cache may hand this process
+    # code compiled by another one, naming keys that must mean the same call here
+    digest = hashlib.sha1(repr((fn.__name__, statics, metas, dups)).encode()).hexdigest()[:16]
+    key = f"{fn.__name__}#{digest}"
     with _lock:
-        key = f"{fn.__name__}#{next(_counter)}"
         _CALLS[key] = call
     return key
 
@@ -445,7 +465,9 @@ def apply(name: str, *args):
     key = _call_key(name, tuple(statics), metas, dups)
     outs = torch.ops.dgl_exact_capture.forward(key, tensors)
     n_out, single = _outputs(key)
-    return outs[0] if single else tuple(outs[:n_out])
+    # views: dynamo lets a view, not an element of the op's output list, carry the 'fresh' mark (_saving)
+    outs = [o.view(o.shape) for o in outs[:n_out]]
+    return outs[0] if single else tuple(outs)
 
 
 @_assume_constant
