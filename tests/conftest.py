@@ -73,3 +73,21 @@ def meta_cases() -> tuple:
     mn = torch.cat([a, torch.tensor([p[0] for p in special]), torch.minimum(r1, r2)])
     mx = torch.cat([b, torch.tensor([p[1] for p in special]), torch.maximum(r1, r2)])
     return mn, mx
+
+
+@pytest.fixture
+def kept_compressed(monkeypatch):
+    """The list of every compressed copy the ops keep from now on (``ops._saving.compress`` spied on), to
+    rebuild expected gradients from the very same random rounding."""
+    from dgl_exact.ops import _saving
+
+    kept = []
+    real = _saving.compress
+
+    def spy(x, cfg, seed=None):
+        c = real(x, cfg, seed)
+        kept.append(c)
+        return c
+
+    monkeypatch.setattr(_saving, "compress", spy)
+    return kept

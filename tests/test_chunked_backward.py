@@ -57,24 +57,10 @@ def small_chunks(monkeypatch):
     monkeypatch.setattr("dgl_exact.ops.dense.row_chunks", lambda item: real(item, 5 * 16))
 
 
-def _same_noise(monkeypatch):
-    """Record every compressed copy the ops keep, to rebuild the expected gradients from it."""
-    kept = []
-    real = _saving.compress
-
-    def spy(x, cfg, seed=None):
-        c = real(x, cfg, seed)
-        kept.append(c)
-        return c
-
-    monkeypatch.setattr(_saving, "compress", spy)
-    return kept
-
-
 @pytest.mark.parametrize("rows", [1, 2, 5, 6, 33])
 @pytest.mark.parametrize("name", ["int2", "int2-blocks64-optimal", "int2-rp-blocks64"])
-def test_linear_chunked_weight_grad(rows, name, small_chunks, monkeypatch):
-    kept = _same_noise(monkeypatch)
+def test_linear_chunked_weight_grad(rows, name, small_chunks, kept_compressed):
+    kept = kept_compressed
     x = (torch.randn(rows, 16) * 1.0).requires_grad_()
     h = x * 2.0  # not a leaf: kept compressed
     w = torch.randn(7, 16, requires_grad=True)
@@ -105,9 +91,9 @@ def test_linear_chunked_half(dtype, small_chunks):
 @pytest.mark.parametrize("affine", [True, False])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
 def test_batch_norm_chunked_matches_aten_on_the_same_input(rows, training, affine, dtype, small_chunks,
-                                                           monkeypatch):
+                                                           kept_compressed):
     """The chunked backward equals ATen's batch-norm backward run on the decompressed input."""
-    kept = _same_noise(monkeypatch)
+    kept = kept_compressed
     gen = torch.Generator().manual_seed(rows)
     x = (torch.randn(rows, 16, generator=gen) * 3 + 1).to(dtype).requires_grad_()
     pdt = torch.float64 if dtype == torch.float64 else torch.float32  # parameters and buffers, as a module's

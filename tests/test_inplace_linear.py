@@ -21,24 +21,11 @@ def chunk_elements(monkeypatch):
     monkeypatch.setattr(_saving, "CHUNK_ELEMENTS", 5 * 16)
 
 
-def _spy_compress(monkeypatch):
-    kept = []
-    real = _saving.compress
-
-    def spy(x, cfg, seed=None):
-        c = real(x, cfg, seed)
-        kept.append(c)
-        return c
-
-    monkeypatch.setattr(_saving, "compress", spy)
-    return kept
-
-
 @pytest.mark.parametrize("rows", [6, 7, 10, 33])
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_linear_inplace_values_buffer_and_gradients(rows, bias, dtype, chunk_elements, monkeypatch):
-    kept = _spy_compress(monkeypatch)
+def test_linear_inplace_values_buffer_and_gradients(rows, bias, dtype, chunk_elements, kept_compressed):
+    kept = kept_compressed
     gen = torch.Generator().manual_seed(rows)
     x = torch.randn(rows, 16, generator=gen, dtype=dtype).requires_grad_()
     w = torch.randn(16, 16, generator=gen, dtype=dtype).requires_grad_()

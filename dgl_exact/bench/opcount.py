@@ -341,7 +341,7 @@ def count_grid(work, models, settings, sink=None, out_dir=None, warmup: int = 1,
     ``DGL fp32`` is skipped: DGL's CPU kernels run outside torch's dispatcher (nothing to count) and
     PyPI's DGL cannot run on a GPU anyway. Per-op tables go to ``out_dir/opcount_<model>_<setting>.txt``.
     """
-    from ..config import config as compression_scope
+    from .runner import training_step
 
     rows = []
     for model_name, setting in progress_bar([(m, s) for m in models for s in settings], progress, desc="count",
@@ -350,18 +350,8 @@ def count_grid(work, models, settings, sink=None, out_dir=None, warmup: int = 1,
         if setting.impl != "exact":
             rows.append(dict(row, note="not counted: runs outside dgl_exact's GPU code path"))
             continue
-        model = work.build(model_name, setting.impl)
-        model.train()
-        opt = torch.optim.Adam(model.parameters(), lr=0.01)
-        step = work.step_fn(model_name, model, setting.impl)
-
-        def one_step():
-            opt.zero_grad(set_to_none=True)
-            loss, _ = step()
-            loss.backward()
-            opt.step()
-
-        scope = compression_scope(setting.compression) if setting.compression else contextlib.nullcontext()
+        model, one_step, scope = training_step(work, model_name, setting)
+        opt = one_step.optimizer
         with scope, emulate_gpu_path():
             for _ in range(warmup):
                 one_step()

@@ -268,8 +268,9 @@ def _add_ratios(rows, key, baseline_over_value, out="ratio_vs_baseline"):
                 r["baseline"] = next(x["setting"] for x in group if x.get(key) == base)
 
 
-def _training_step(work: Workload, model_name: str, setting: Setting):
-    """``(model, run_one_step, scope)``: one full training step (forward, backward, Adam) for a setting."""
+def training_step(work: Workload, model_name: str, setting: Setting):
+    """``(model, run_one_step, scope)``: one full training step (forward, backward, Adam) for a setting;
+    the optimizer is ``run_one_step.optimizer``."""
     model = work.build(model_name, setting.impl)
     model.train()
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
@@ -281,6 +282,7 @@ def _training_step(work: Workload, model_name: str, setting: Setting):
         loss.backward()
         opt.step()
 
+    one_step.optimizer = opt
     scope = compression_scope(setting.compression) if setting.compression else contextlib.nullcontext()
     return model, one_step, scope
 
@@ -297,7 +299,7 @@ def speed_grid(work: Workload, models: Sequence[str], settings: Sequence[Setting
             row["note"] = why
             rows.append(row)
             continue
-        model, one_step, scope = _training_step(work, model_name, setting)
+        model, one_step, scope = training_step(work, model_name, setting)
         times = []
         with scope:
             for i in range(warmup + epochs):
@@ -345,7 +347,7 @@ def profile_grid(work: Workload, models: Sequence[str], settings: Sequence[Setti
         if why:
             rows.append(dict(row, note=why))
             continue
-        model, one_step, scope = _training_step(work, model_name, setting)
+        model, one_step, scope = training_step(work, model_name, setting)
         with scope:
             for _ in range(warmup):
                 one_step()
