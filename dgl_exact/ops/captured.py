@@ -62,7 +62,9 @@ def active() -> bool:
 
 
 def _assume_constant(fn):
-    """Dynamo runs ``fn`` for real at trace time and bakes its result into the graph as a constant."""
+    """Dynamo runs ``fn`` for real at trace time and bakes its result into the graph as a constant: what
+    ``torch._dynamo.assume_constant_result`` does, which is to set this marker (importing ``torch._dynamo``
+    here would double the import time of dgl_exact; tests/test_compile.py fails if the marker stops working)."""
     import functools
 
     @functools.wraps(fn)
@@ -70,7 +72,8 @@ def _assume_constant(fn):
         with eager_during_trace():
             return fn(*args)
 
-    return torch._dynamo.assume_constant_result(eager)
+    eager._dynamo_marked_constant = True
+    return eager
 
 
 # --- graph structure while compiling ---------------------------------------------------------------------
