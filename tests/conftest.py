@@ -91,3 +91,16 @@ def kept_compressed(monkeypatch):
 
     monkeypatch.setattr(_saving, "compress", spy)
     return kept
+
+
+@pytest.fixture
+def closed_stdin(monkeypatch):
+    """Nothing may read stdin (a prompt would hang a terminal run and crash CI), and no DGL_REPO from the
+    environment redirects DGL's downloads. Data tests use it for every test (``pytest.mark.usefixtures``)."""
+    import io
+    import sys
+
+    closed = io.StringIO()
+    closed.close()
+    monkeypatch.setattr(sys, "stdin", closed)
+    monkeypatch.delenv("DGL_REPO", raising=False)

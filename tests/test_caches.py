@@ -2,7 +2,6 @@
 truncated, ``force_reload`` rebuilds, corrupt files give one line naming the file, and a read-only data
 root works once the processed files exist (and says so up front otherwise). Tiny files in the libraries'
 own layouts; ogb and DGL do the loading."""
-import io
 import json
 import os
 import subprocess
@@ -21,12 +20,7 @@ from dgl_exact.data.dgl_builtin import DGL_SPECS, dgl_raw_folder_name
 from test_data import _csv_gz, make_graphsaint, make_ogb, make_reddit
 
 
-@pytest.fixture(autouse=True)
-def _closed_stdin(monkeypatch):
-    closed = io.StringIO()
-    closed.close()
-    monkeypatch.setattr(sys, "stdin", closed)
-    monkeypatch.delenv("DGL_REPO", raising=False)
+pytestmark = pytest.mark.usefixtures("closed_stdin")
 
 
 def _arxiv(tmp_path, **kw):

@@ -1,11 +1,9 @@
 """The data layer: bundled Cora, ogb and DGL on-disk layouts (tiny fake files, real loading code),
 offline/no-prompt guarantees, and the synthetic generator."""
-import io
 import json
 import os
 import pickle
 import shutil
-import sys
 import time
 
 import numpy as np
@@ -27,13 +25,7 @@ dgl = import_dgl()
 PLANETOID = "/work/shared/data/planetoid"
 
 
-@pytest.fixture(autouse=True)
-def _closed_stdin(monkeypatch):
-    """Nothing here may read stdin: a prompt would hang a terminal run and crash CI."""
-    closed = io.StringIO()
-    closed.close()
-    monkeypatch.setattr(sys, "stdin", closed)
-    monkeypatch.delenv("DGL_REPO", raising=False)
+pytestmark = pytest.mark.usefixtures("closed_stdin")
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -4,7 +4,6 @@ ogb's URL comes from its ``master.csv`` (patched here); DGL's from ``DGL_REPO``.
 unless ``download=True`` / ``--download`` is given."""
 import functools
 import http.server
-import io
 import os
 import shutil
 import sys
@@ -19,12 +18,7 @@ from dgl_exact.data import DatasetNotFoundError, load_dataset
 from test_data import make_graphsaint, make_ogb
 
 
-@pytest.fixture(autouse=True)
-def _closed_stdin(monkeypatch):
-    closed = io.StringIO()
-    closed.close()
-    monkeypatch.setattr(sys, "stdin", closed)
-    monkeypatch.delenv("DGL_REPO", raising=False)
+pytestmark = pytest.mark.usefixtures("closed_stdin")
 
 
 @pytest.fixture

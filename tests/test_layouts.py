@@ -2,10 +2,8 @@
 ``<root>/OGB``), ``reddit2``, EXACT's feature standardisation, corrupt files, ``~`` in the data root and
 micro-F1 edge cases. Tiny hand-built files; expected values are PyG's documented semantics, worked out by
 hand, and what DGL's and ogb's own loaders produce from the same files."""
-import io
 import json
 import os
-import sys
 
 import numpy as np
 import pytest
@@ -20,12 +18,7 @@ from dgl_exact.data.dgl_builtin import DGL_SPECS, dgl_raw_folder_name
 dgl = import_dgl()
 
 
-@pytest.fixture(autouse=True)
-def _closed_stdin(monkeypatch):
-    closed = io.StringIO()
-    closed.close()
-    monkeypatch.setattr(sys, "stdin", closed)
-    monkeypatch.delenv("DGL_REPO", raising=False)
+pytestmark = pytest.mark.usefixtures("closed_stdin")
 
 
 # A 5-node GraphSAINT graph. Row 0's column indices are stored unsorted (3 before 1): PyG keeps the CSR
