@@ -143,11 +143,13 @@ def bench_plan_command(dataset, models, settings, hidden, layers, device, data_r
 @click.option("--runs", type=click.IntRange(min=1), default=10, show_default=True, help="Seeds per setting.")
 @click.option("--budgets", default="INT2,INT1", show_default=True,
               help="Budgets: the predicted totals of these uniform settings.")
+@click.option("--uniform", default="dgl_exact fp32,INT8,INT2,INT1", show_default=True,
+              help="Uniform settings trained beside the plans.")
 @click.option("--data-root", default=lambda: os.environ.get("DGL_EXACT_DATA", "data"), show_default="data")
 @click.option("--out", default="bench-results", show_default=True, type=click.Path(file_okay=False))
 @click.option("--plot", is_flag=True, help="budget.png: accuracy vs step peak, uniform and budgeted (matplotlib).")
-def bench_budget_command(dataset, model, conf, hidden, layers, batch_norm, epochs, runs, budgets, data_root, out,
-                         plot):
+def bench_budget_command(dataset, model, conf, hidden, layers, batch_norm, epochs, runs, budgets, uniform, data_root,
+                         out, plot):
     """Budgeted per-tensor plans against uniform settings at the same memory: accuracy, step peak, gradient
     variance."""
     from ..bench.results import ResultSink
@@ -167,6 +169,7 @@ def bench_budget_command(dataset, model, conf, hidden, layers, batch_norm, epoch
     os.makedirs(out, exist_ok=True)
     sink = ResultSink(out, "budget")
     rows = budget_comparison(ds, base, runs=runs, budgets=[b.strip() for b in budgets.split(",") if b.strip()],
+                             uniform=[u.strip() for u in uniform.split(",") if u.strip()],
                              log=lambda m: click.echo(m, err=True))
     for r in rows:
         sink.add(r)
