@@ -19,13 +19,25 @@ to learn what it returns and keeps: the fake implementations (shapes for the com
 run. Everything is static: compile with ``dynamic=False`` (full-graph training has static shapes).
 
 A DGL graph never enters the traced code: :func:`structure` (what :func:`~.structure.structure_of`
-returns while compiling) is a plain object whose counts and degree/endpoint tensors dynamo reads as
-constants; dynamo guards on the graph object's identity, so another graph recompiles.
+returns while compiling) is a plain object whose counts dynamo reads as constants and whose degree and
+endpoint tensors come from a third custom op (``graph_tensor``); dynamo guards on the graph object's
+identity, so another graph recompiles (mutating a graph in place after compiling is not seen). The
+configuration in force (``dgl_exact.config`` scopes, :func:`~dgl_exact.config.set_config`) is read once at
+trace time (:func:`config_at_trace`); a module's own ``compression`` is guarded as usual.
 
-Not covered while compiling (each raises or falls back, see :func:`apply`): random projection
-(``kept_frac < 1``), double backward, batch norm (runs as ``F.batch_norm``, uncompressed), and GCNII's
-fused in-place mix (the unfused chain runs). Random numbers: seeds are drawn inside the forward op at
-run time from torch's default CPU generator, in the order eager draws them.
+Eager semantics are kept: the Functions are the eager ones, tensors are kept by reference or compressed
+by the same rule (decided at trace time: ``is_leaf`` for ``grad_fn is None``, fresh temporaries marked
+as in eager), and seeds are drawn inside the forward op when it runs, from torch's default CPU generator,
+in eager's order: a compiled step reproduces the eager step's compression noise and dropout masks.
+
+Not covered while compiling (each raises or falls back): random projection (``kept_frac < 1``: raises at
+trace time), double backward, batch norm (runs as ``F.batch_norm``, keeping its input uncompressed: one
+generic op cannot declare the in-place running-statistics update), GCNII's fused in-place mix (the
+unfused chain runs, compressed through the captured linear), dynamic shapes. CUDA graphs
+(``mode="reduce-overhead"``) are untested (no GPU was available) and, as built, unfit for training with
+compression or dropout: the forward op draws its seeds in Python, which a CUDA graph replay does not
+rerun, so every replayed step would reuse the captured step's noise; the kernels would need the seed
+as a device tensor.
 """
 from __future__ import annotations
 
@@ -315,12 +327,14 @@ def _call_key(name: str, statics, metas, dups) -> str:
     return key
 
 
-def _own(t: torch.Tensor, inputs) -> torch.Tensor:
-    """``t`` contiguous and sharing no storage with ``inputs`` (custom op outputs may not alias inputs)."""
-    t = t.contiguous()
+def _own(t: torch.Tensor, inputs, contiguous: bool = True) -> torch.Tensor:
+    """``t`` (contiguous, as the fakes are) sharing no storage with ``inputs`` (custom op outputs may not
+    alias inputs)."""
+    if contiguous:
+        t = t.contiguous()
     ptr = t.untyped_storage().data_ptr()
     if t.numel() and any(x is not None and x.numel() and x.untyped_storage().data_ptr() == ptr for x in inputs):
-        t = t.clone()
+        t = t.clone(memory_format=torch.contiguous_format)
     return t
 
 
@@ -349,7 +363,7 @@ if SUPPORTED:
         # aliasing the compiler introduced (views of one another) is not what was traced: own copies
         for i, t in enumerate(tensors):
             if t is not None and call.dups[i] == i:
-                tensors[i] = _own(t, [x for j, x in enumerate(tensors) if j != i and call.dups[j] == j])
+                tensors[i] = _own(t, [x for j, x in enumerate(tensors) if j != i and call.dups[j] == j], False)
         seeds = [draw_seed() for _ in range(call.n_seeds)]
         ctx, out = _run_forward(call, tensors, seeds)
         outs = out if isinstance(out, tuple) else (out,)

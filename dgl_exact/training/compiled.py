@@ -1,6 +1,8 @@
 """``dgl-exact train --compile``: the model under ``torch.compile`` (see :mod:`dgl_exact.ops.captured`)."""
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from ..ops import captured
@@ -19,4 +21,7 @@ def compile_model(model: torch.nn.Module, mode: str = "default") -> torch.nn.Mod
         raise ValueError(f"compile mode must be one of {COMPILE_MODES}, got {mode!r}")
     if not captured.SUPPORTED:
         raise ValueError(f"--compile needs torch >= 2.4 (torch.library.custom_op); this is torch {torch.__version__}")
+    if mode == "reduce-overhead":
+        warnings.warn("dgl_exact: --compile=reduce-overhead (CUDA graphs) is untested, and a replayed step reuses "
+                      "the captured step's compression and dropout seeds (see dgl_exact.ops.captured)", stacklevel=2)
     return torch.compile(model, mode=mode, dynamic=False)
