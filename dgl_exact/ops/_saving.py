@@ -31,6 +31,7 @@ from typing import Optional, Union
 import torch
 
 from .._compat import compiling
+from . import captured
 from ..compression import CompressedTensor, compress, decompress
 from ..config import CompressionConfig
 
@@ -180,6 +181,25 @@ def chunk_elements_for(device) -> int:
     return base if scale == 1.0 else max(1, int(base * scale))
 
 
+def chunk_rows(n_rows: int, per_row: int, device, align: int = 1) -> int:
+    """Rows per chunk of a row-chunked loop over ``n_rows`` rows of ``per_row`` elements on ``device``: as
+    many as :func:`chunk_elements_for` allows, a multiple of ``align`` (at least ``align``).
+
+    In a planner's sample run (:mod:`dgl_exact.planning.predict`, chunks scaled with the sample) the loop
+    instead runs as many chunks as the full-size tensor would, rounded down to a power of two and capped,
+    ``n_rows / k`` rows each: the sample sizes are multiples of ``k * align``, so both samples run the same
+    operators and every point of the step's memory timeline can be extrapolated."""
+    cap = _max_chunks.get()
+    if cap:
+        full = n_rows * per_row / _chunk_scale.get()
+        gpu = torch.device(device).type == "cuda" or _gpu_policy_on_cpu.get()
+        k = min(cap, max(1, math.ceil(full / (CUDA_CHUNK_ELEMENTS if gpu else CHUNK_ELEMENTS))))
+        k = 1 << (k.bit_length() - 1)
+        rows = -(-n_rows // k)
+        return max(align, -(-rows // align) * align)
+    return max(align, (chunk_elements_for(device) // max(1, per_row)) // align * align)
+
+
 def _item_numel_device(item: "Stashed"):
     if isinstance(item, torch.Tensor):
         return item.numel(), item.device
@@ -202,17 +222,13 @@ def row_chunks(item: Stashed, chunk_elements: Optional[int] = None):
     size); a projected item is unprojected row by row. An exact tensor is sliced (views, no copy)."""
     if item is None:
         return
-    if chunk_elements is None:
-        numel, device = _item_numel_device(item)
-        chunk_elements = chunk_elements_for(device)
-        if _max_chunks.get():
-            chunk_elements = max(chunk_elements, -(-numel // _max_chunks.get()))
     n = item.shape[0] if len(item.shape) else 1
     per_row = max(1, (item.numel() if isinstance(item, torch.Tensor) else
                       (item.n_rows * item.orig_width)) // max(n, 1))
+    device = _item_numel_device(item)[1]
     if isinstance(item, torch.Tensor) or item.packed is None:
         x = unstash(item)
-        step = max(1, chunk_elements // per_row)
+        step = max(1, chunk_elements // per_row) if chunk_elements is not None else chunk_rows(n, per_row, device)
         for r0 in range(0, n, step):
             yield r0, min(n, r0 + step), x[r0:r0 + step]
         return
@@ -220,7 +236,8 @@ def row_chunks(item: Stashed, chunk_elements: Optional[int] = None):
         yield 0, n, unstash(item)
         return
     align = math.lcm(item.block_rows, 8)  # 8 rows of codes always end on a byte
-    step = max(align, (chunk_elements // per_row) // align * align)
+    step = (max(align, (chunk_elements // per_row) // align * align) if chunk_elements is not None
+            else chunk_rows(n, per_row, device, align))
     bytes_per_row = item.width * item.bits  # in bits; byte offset of row r: r * bytes_per_row // 8
     starts = list(range(0, n, step))
     if len(starts) > 1 and n - starts[-1] < item.block_rows:
@@ -315,7 +332,7 @@ def recompute_vjp(fn, inputs, needs, grads) -> list:
 def needs_saving(*tensors: Optional[torch.Tensor]) -> bool:
     """Whether autograd will record the op (grad mode on and some input requires grad). Always True while
     dynamo traces: every op then runs its Function, as one captured custom op (see :mod:`.captured`)."""
-    if compiling():
+    if captured.active():
         return True
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 

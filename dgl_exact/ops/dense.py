@@ -17,8 +17,8 @@ from ..config import CompressionConfig, resolve_config
 from ..compression import CompressedTensor
 from . import captured
 from ._saving import (alive_anyway, fresh_outputs, autocast_dtype, check_double_backward, chunk_elements_for,
-                      create_graph_requested, load, needs_chunks, needs_saving, recompute_vjp, row_chunks, save,
-                      stash, unstash)
+                      chunk_rows, create_graph_requested, load, needs_chunks, needs_saving, recompute_vjp, row_chunks,
+                      save, stash, unstash)
 
 __all__ = ["linear", "linear_", "batch_norm"]
 
@@ -84,7 +84,7 @@ class _LinearInPlace(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, cfg: CompressionConfig):
         kept = stash(x, cfg, force=True) if ctx.needs_input_grad[1] else None
-        rows = max(1, chunk_elements_for(x.device) // max(1, x.shape[1]))
+        rows = chunk_rows(x.shape[0], x.shape[1], x.device)
         for r0 in range(0, x.shape[0], rows):
             part = x[r0:r0 + rows]
             part.copy_(F.linear(part, weight, bias))

@@ -56,7 +56,8 @@ __all__ = ["PlanSpec", "PlanRecord", "SampleRun", "plan", "predict", "parse_byte
 DEFAULT_SETTINGS = tuple(s.name for s in STANDARD if s.impl == "exact")
 DEFAULT_HIDDEN = {"gcn": 256, "sage": 128, "gat": 128, "gcn2": 256}  # as dgl-exact bench
 SELF_LOOP_MODELS = ("gcn", "gat", "gcn2")
-SAMPLE_NODES = 3000
+# a multiple of 16 chunks x 64-row blocks: both samples run the same chunked loops (ops._saving.chunk_rows)
+SAMPLE_NODES = 3072
 
 
 @dataclasses.dataclass(frozen=True)

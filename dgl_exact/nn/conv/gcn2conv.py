@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from ..._compat import compiling, import_dgl
-from ...ops._saving import (DOUBLE_BACKWARD_MESSAGE, autocast_dtype, chunk_elements_for, create_graph_requested,
+from ...ops._saving import (DOUBLE_BACKWARD_MESSAGE, autocast_dtype, chunk_rows, create_graph_requested,
                             load, needs_saving, row_chunks, save, stash)
 from ... import ops
 from ...config import CompressionConfig
@@ -135,7 +135,7 @@ class _MixGCN2(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h, feat_0, weight1, bias, alpha, beta, cfg, alpha_owed=False):
         # row chunks: every step is row-local, so only chunk-sized temporaries exist besides h itself
-        rows = max(1, chunk_elements_for(h.device) // max(1, h[0].numel()))
+        rows = chunk_rows(h.shape[0], h[0].numel(), h.device)
         for r0 in range(0, h.shape[0], rows):
             h[r0:r0 + rows].add_(feat_0[r0:r0 + rows] * alpha)  # s
         kept = stash(h, cfg, force=True) if ctx.needs_input_grad[2] else None  # force: h is overwritten below
