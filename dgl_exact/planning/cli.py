@@ -103,8 +103,11 @@ def plan_command(dataset, nodes, edges, features, classes, train_nodes, model, h
 @click.option("--data-root", default=lambda: os.environ.get("DGL_EXACT_DATA", "data"), show_default="data")
 @click.option("--out", default="bench-results", show_default=True, type=click.Path(file_okay=False))
 @click.option("--no-measure", is_flag=True, help="Predictions only.")
+@click.option("--measured", "measured_files", multiple=True, type=click.Path(exists=True, dir_okay=False),
+              help="plan.jsonl of an earlier run: reuse its measurements (same code, same machine), predict again.")
 @click.option("--quiet", "-q", is_flag=True)
-def bench_plan_command(dataset, models, settings, hidden, layers, device, data_root, out, no_measure, quiet):
+def bench_plan_command(dataset, models, settings, hidden, layers, device, data_root, out, no_measure, measured_files,
+                       quiet):
     """Predicted (`dgl-exact plan`) against measured (`bench memory`) activation memory and step peak."""
     from ..bench.report import machine_line
     from ..bench.results import ResultSink
@@ -127,7 +130,12 @@ def bench_plan_command(dataset, models, settings, hidden, layers, device, data_r
         raise _user_error(str(e).splitlines()[0]) from None
     os.makedirs(out, exist_ok=True)
     sink = ResultSink(out, "plan")
-    rows = validation_grid(work, model_list, chosen, sink, measure=not no_measure, progress=not quiet)
+    earlier = []
+    for path in measured_files:
+        with open(path) as f:
+            earlier += [json.loads(line) for line in f if line.strip()]
+    rows = validation_grid(work, model_list, chosen, sink, measure=not no_measure, progress=not quiet,
+                           measured=earlier)
     click.echo(f"plan vs measured on {work.dataset.summary()}; {machine_line(work.device)}")
     click.echo(format_rows(rows))
 

@@ -29,8 +29,11 @@ def _err(pred, meas):
 
 
 def validation_grid(work, models: Sequence[str], settings: Sequence[Setting], sink=None, measure: bool = True,
-                    progress: bool = True) -> List[Dict]:
-    """One row per (model, setting): predicted and measured activation memory and step peak."""
+                    progress: bool = True, measured: Sequence[Dict] = ()) -> List[Dict]:
+    """One row per (model, setting): predicted and measured activation memory and step peak. ``measured``:
+    rows of an earlier run (``plan.jsonl``) whose measurements are reused for the same (model, setting)
+    instead of measuring again (the measurement does not depend on the predictor)."""
+    earlier = {(r["model"], r["setting"]): r for r in measured if r.get("peak_meas_bytes") is not None}
     from tqdm.auto import tqdm
 
     from ..bench.runner import _in_fresh_process, _memory_row
@@ -49,9 +52,16 @@ def validation_grid(work, models: Sequence[str], settings: Sequence[Setting], si
                    "act_pred_bytes": rec.activation_bytes, "peak_pred_bytes": rec.step_peak_bytes,
                    "static_pred_bytes": rec.static_bytes, "predict_s": time.perf_counter() - t0,
                    "act_pred_MiB": rec.activation_bytes / 2**20, "peak_pred_MiB": rec.step_peak_bytes / 2**20}
-            if measure:
+            if (model, setting.name) in earlier:
+                old = earlier[(model, setting.name)]
+                meas = {"activation_bytes": old["act_meas_bytes"], "step_peak_bytes": old["peak_meas_bytes"],
+                        "peak_method": f"{old.get('peak_method')} (earlier run)"}
+            elif measure:
                 meas = (_in_fresh_process(_memory_row, work, model, setting, "auto") if work.device.type == "cpu"
                         else _memory_row(work, model, setting, "auto"))
+            else:
+                meas = None
+            if meas is not None:
                 act, peak = meas.get("activation_bytes"), meas.get("step_peak_bytes")
                 row.update(act_meas_bytes=act, peak_meas_bytes=peak,
                            act_meas_MiB=None if act is None else act / 2**20,
