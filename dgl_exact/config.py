@@ -131,12 +131,10 @@ def get_config() -> CompressionConfig:
     """The configuration in force in the current context (innermost scope, else the global default).
     While dynamo traces, the one in force at trace time, baked into the compiled code (dynamo cannot read
     a ContextVar; see :mod:`dgl_exact.ops.captured`)."""
-    from ._compat import compiling
+    from .ops import captured
 
-    if compiling():
-        from .ops.captured import config_at_trace
-
-        return config_at_trace()
+    if captured.active():
+        return captured.config_at_trace()
     scopes = _scopes.get()
     return scopes[-1] if scopes else _global_config
 
