@@ -221,15 +221,9 @@ TINY = "synthetic:num_nodes=60,num_features=8,num_classes=3,avg_degree=4"
 
 
 def _cli(args, capsys):
-    from dgl_exact.cli import main
+    from test_cli_errors import run
 
-    try:
-        main([str(a) for a in args])
-        code = 0
-    except SystemExit as exc:
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
+    return run(args, capsys)
 
 
 def test_cli_compile_refuses_sampled_training(tmp_path, monkeypatch, capsys):
