@@ -87,8 +87,10 @@ def format_rows(rows: Sequence[Dict]) -> str:
         lines.append("| " + " | ".join(cell(c, r.get(c)) for c in COLUMNS) + " |")
     worst = [abs(r[k]) for r in rows for k in ("act_err_pct", "peak_err_pct") if r.get(k) is not None]
     if worst:
-        within = sum(1 for r in rows if all(abs(r.get(k) or 0) <= 10 for k in ("act_err_pct", "peak_err_pct")))
-        lines.append(f"\nlargest |error| {max(worst):.1f} %; rows within 10 %: {within} of {len(rows)}")
+        measured = [r for r in rows if r.get("peak_err_pct") is not None]
+        within = sum(1 for r in measured if all(abs(r.get(k) or 0) <= 10 for k in ("act_err_pct", "peak_err_pct")))
+        lines.append(f"\nlargest |error| {max(worst):.1f} %; measured rows within 10 %: {within} of {len(measured)}"
+                     + (f" ({len(rows) - len(measured)} rows not measured)" if len(measured) < len(rows) else ""))
     return "\n".join(lines)
 
 
