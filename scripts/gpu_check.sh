@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One-shot GPU check (issue 4): build the CUDA extension, benchmark kernels and training, run the CUDA tests.
+# One-shot GPU check: build the CUDA extension, benchmark kernels and training, run the CUDA tests.
 # Every step is time-boxed and appends to $OUT (default gpu-results/), most important first, so a run that
 # hits its limit still returns what it measured. Sized for the lent H200: about 5 minutes when the build is quick (the caps add up to more; correctness
 # first, then the numbers by importance).
@@ -62,5 +62,16 @@ timeout 150 python3 -m dgl_exact bench memory --device cuda --dataset synthetic-
   --settings "dgl_exact fp32,INT2 + RP(0.125)" --out "$OUT/products" -q
 timeout 120 python3 -m dgl_exact bench speed --device cuda --dataset synthetic-products --models gcn --epochs 3 \
   --warmup 1 --settings "dgl_exact fp32,INT2 + RP(0.125)" --out "$OUT/products" -q
+
+step "arxiv-sized GCN INT2 epoch time: eager vs torch.compile (default mode) vs CUDA graphs (reduce-overhead)"
+for MODE in "" "--compile" "--compile=reduce-overhead"; do
+  echo "--- train $MODE"
+  timeout 120 python3 -m dgl_exact train -q --device cuda --dataset synthetic-arxiv --model gcn --layers 3 \
+    --hidden 256 --bits 2 --test-speed 10 $MODE
+done
+
+step "plan vs measured (predicted step peak and activations against measured, every uniform setting)"
+timeout 150 python3 -m dgl_exact bench plan --device cuda --dataset synthetic-arxiv --models gcn,sage \
+  --out "$OUT/plan" -q
 
 step "done"
