@@ -37,7 +37,7 @@ from typing import Dict, List, Optional, Sequence
 import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
+from torch.utils._pytree import tree_flatten
 
 from .. import memory, ops
 from .._compat import import_dgl
@@ -134,6 +134,11 @@ _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 
           "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
 
+
+def _leaves(tree) -> list:
+    """The leaves of a nested structure (``tree_leaves`` is not in torch 2.1's ``_pytree``)."""
+    return tree_flatten(tree)[0]
+
 def parse_bytes(text) -> int:
     """``"2GiB"``, ``"512 MiB"``, ``"1.5GB"``, ``"3e9"`` or an int: bytes."""
     if isinstance(text, (int, float)) and not isinstance(text, bool):
@@ -214,7 +219,7 @@ class _Timeline(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         inputs = None
-        for t in tree_leaves(out):
+        for t in _leaves(out):
             if not isinstance(t, torch.Tensor):
                 continue
             storage = t.untyped_storage()
@@ -226,7 +231,7 @@ class _Timeline(TorchDispatchMode):
                 self.live[key][1] += 1
             else:
                 if inputs is None:  # an output sharing an input's storage is a view or in place: no new memory
-                    inputs = {a.untyped_storage().data_ptr() for a in tree_leaves((args, kwargs))
+                    inputs = {a.untyped_storage().data_ptr() for a in _leaves((args, kwargs))
                               if isinstance(a, torch.Tensor)}
                 if key in inputs:
                     continue
