@@ -195,3 +195,31 @@ def test_budget_plan_hook_applies_the_choice():
     first = kept[plan.slots[0].index]
     assert isinstance(first, CompressedTensor) and first.bits == 1
     assert all(isinstance(kept[s.index], torch.Tensor) for s in plan.slots[1:])
+
+
+def test_exact_slots_survive_in_place_ops():
+    """GCN's square layers (``ops.linear_``) overwrite their input after a forced stash when compression is on:
+    a slot kept exact under an INT2 scope (the fp32 reference of ``bench budget``, a plan's fp32 slot) must be a
+    copy, and its gradient the exact one."""
+    from dgl_exact.config import CompressionConfig, config
+    from dgl_exact.ops import _saving
+    from dgl_exact.planning.accuracy import gradient_variance
+
+    # 9,000 x 128 spans more than one CPU row chunk: linear_ takes its in-place path
+    spec = P.PlanSpec(model="gcn", nodes=9000, edges=36000, features=16, classes=3, hidden=128, layers=3,
+                      batch_norm=False, dropout=0.0)
+    g, feat, y, idx = P._sample_graph(spec, spec.nodes, spec.edges, 1)
+    int2 = CompressionConfig(bits=2)
+
+    def grads(hook, scope):
+        model = P.build_for(spec, seed=3)
+        with _saving.stash_hook(hook), config(scope):
+            P.loss_fn("exact")(model(g, feat), y, idx).backward()
+        return torch.cat([p.grad.flatten() for p in model.parameters()])
+
+    exact = grads(lambda x, c, f: _saving.default_stash(x, B.FP, f), B.FP)
+    kept_exact = grads(lambda x, c, f: B.keep(x, c, B.FP, f), int2)
+    assert torch.allclose(kept_exact, exact, rtol=1e-4, atol=1e-6)
+    v = gradient_variance(lambda: P.build_for(spec, seed=3), (g, feat, y, idx),
+                          lambda: (lambda x, c, f: _saving.default_stash(x, c, f)), draws=1, scope=int2)
+    assert v > 0

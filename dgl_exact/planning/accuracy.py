@@ -18,7 +18,7 @@ import torch
 
 from ..config import CompressionConfig
 from ..ops import _saving
-from .budget import FP, BudgetPlan, budget_plan
+from .budget import FP, BudgetPlan, budget_plan, keep
 from .predict import plan as predict_plan
 from .predict import spec_from_graph
 
@@ -61,7 +61,7 @@ def gradient_variance(make_model: Callable[[], torch.nn.Module], data, make_hook
         loss.backward()
         return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten() for p in params])
 
-    exact = grad(lambda x, cfg, force: _saving.default_stash(x, FP, force))
+    exact = grad(lambda x, cfg, force: keep(x, cfg, FP, force))
     total = 0.0
     for r in range(draws):
         total += float(((grad(_forked(make_hook(), 1 + r)) - exact) ** 2).sum())

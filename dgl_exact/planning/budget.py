@@ -40,7 +40,7 @@ from .predict import (SAMPLE_NODES, PlanRecord, PlanSpec, _extrapolate, build_fo
                       single_thread)
 
 __all__ = ["OPTIONS", "Slot", "BudgetPlan", "BudgetError", "budget_plan", "plan_row", "estimate_sensitivity",
-           "allocate"]
+           "allocate", "keep"]
 
 FP = CompressionConfig(enabled=False)
 #: what a slot may get, by name. Projection only where the op allows it (not batch norm, not ReLU outputs).
@@ -102,6 +102,21 @@ def _slots_from_runs(r1, r2, s1: float, s2: float) -> List[Slot]:
     return slots
 
 
+def keep(x: torch.Tensor, op_cfg: CompressionConfig, kept: CompressionConfig, force: bool,
+         stash: Optional[Callable] = None):
+    """``stash(x, kept, force)`` (default :func:`~dgl_exact.ops._saving.default_stash`) for an op that asked
+    for ``op_cfg``, with an exact copy of ``x`` where the plan keeps it exactly but the op may overwrite it.
+
+    An op that compresses a tensor it owns (``force`` under an enabled ``op_cfg``) may then overwrite that
+    tensor in place (``ops.linear_`` in GCN's square layers, GCNII's fused step): it only needs the
+    compressed copy. Kept by reference, the buffer would be overwritten before backward reads it (autograd
+    refuses: "modified by an inplace operation"). The copy has the bytes an exact slot is planned with."""
+    stash = stash or _saving.default_stash
+    if force and op_cfg.enabled and not kept.enabled and kept.kept_frac >= 1.0:
+        x = x.detach().clone()
+    return stash(x, kept, force)
+
+
 # --- sensitivity --------------------------------------------------------------------------------------------
 def estimate_sensitivity(model: torch.nn.Module, graph, feat, label, idx, slots: Sequence[Slot], replicas: int = 2,
                          seed: int = 0, loss: Optional[Callable] = None) -> None:
@@ -129,7 +144,7 @@ def estimate_sensitivity(model: torch.nn.Module, graph, feat, label, idx, slots:
             i = count[0]
             count[0] += 1
             if i != target or _saving.alive_anyway(x) and not force:
-                return _saving.default_stash(x, FP, force)
+                return keep(x, cfg, FP, force)
             slot = wanted[i]
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(10_000 + 97 * i + replica)
@@ -283,8 +298,7 @@ class BudgetPlan:
                                   "configuration in force for it", RuntimeWarning)
                     warned[0] = True
                 return fallback(x, cfg, force) if fallback else _saving.default_stash(x, cfg, force)
-            kept = OPTIONS[slot.choice]
-            return (fallback or _saving.default_stash)(x, kept, force)
+            return keep(x, cfg, OPTIONS[slot.choice], force, fallback)
 
         return hook
 
