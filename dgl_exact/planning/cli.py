@@ -77,7 +77,7 @@ def plan_command(dataset, nodes, edges, features, classes, train_nodes, model, h
             limit = total if budget == "device" else P.parse_bytes(budget)
             if limit is None:
                 raise ValueError("--budget device: this device's memory is unknown; give a size")
-            records.append(plan_row(spec, limit, device))
+            records.append(plan_row(spec, limit, device, uniform={r.setting: r for r in records}))
     except (ValueError, FileNotFoundError) as e:
         raise _user_error(str(e).splitlines()[0]) from None
     click.echo(f"{spec.describe()}; device {what}")
