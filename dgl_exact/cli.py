@@ -480,7 +480,7 @@ def _bench_prechecks(out=None, plot=False, files=None, datasets=(), out_option="
         _check_dataset(name, data_root)
 
 
-def _bench_setup(dataset, models, settings, hidden, layers, device, data_root):
+def _bench_setup(dataset, models, settings, hidden, layers, device, data_root, budgets=False):
     from .bench.runner import Workload
     from .bench.settings import PYG, select
     from .data import load_dataset
@@ -488,7 +488,7 @@ def _bench_setup(dataset, models, settings, hidden, layers, device, data_root):
 
     try:
         dev = resolve_device(device)
-        chosen = select(settings)
+        chosen = select(settings, budgets=budgets)
         model_list = [m.strip() for m in models.split(",") if m.strip()]
         bad = [m for m in model_list if m not in MODELS]
         if bad:
@@ -521,7 +521,7 @@ def bench_memory(dataset, models, settings, hidden, layers, device, data_root, o
     from .bench.runner import MEMORY_COLUMNS, memory_grid, memory_note
 
     _bench_prechecks(out, plot)
-    work, model_list, chosen = _bench_setup(dataset, models, settings, hidden, layers, device, data_root)
+    work, model_list, chosen = _bench_setup(dataset, models, settings, hidden, layers, device, data_root, budgets=True)
     sink = ResultSink(out, "memory")
     rows = memory_grid(work, model_list, chosen, sink, progress=not quiet)
     click.echo(sink.finish(MEMORY_COLUMNS + ["note"], "Activation memory and step peak",

@@ -264,3 +264,30 @@ def test_budget_at_a_uniform_total_admits_that_setting():
     plan = B.budget_plan(spec, lower.total_bytes, data=data, replicas=1, sample_nodes=600,
                          uniform={"INT2": lower})
     assert plan.variance <= plan.uniform_variance["INT2"] * (1 + 1e-9)
+
+
+def test_bench_memory_measures_a_budgeted_plan(tmp_path):
+    """``dgl-exact bench memory --settings INT2,budget=INT2``: a row for the per-tensor plan within INT2's
+    predicted total, measured as the uniform rows are (fresh process, second step)."""
+    import os
+    import subprocess
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=repo + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "dgl_exact", "bench", "memory", "--dataset",
+                           "synthetic-small:num_nodes=400,num_features=16,num_classes=4", "--models", "gcn",
+                           "--hidden", "16", "--layers", "3", "--settings", "INT2,budget=INT2", "--out", str(out),
+                           "-q"], capture_output=True, text=True, timeout=600, env=env, cwd=str(tmp_path),
+                          stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr
+    with open(out / "memory.jsonl") as f:
+        rows = {r["setting"]: r for r in map(json.loads, f)}
+    plan = rows["budget = INT2 total"]
+    assert plan["note"].startswith("per-tensor plan") and plan["activation_bytes"] > 0
+    assert plan["budget_bytes"] > 0 and plan["step_peak_bytes"] is not None
+    assert "budget = INT2 total" in (out / "memory.md").read_text()
+    with pytest.raises(ValueError, match="bench memory"):
+        select("budget=INT2")
+    with pytest.raises(ValueError, match="one dgl_exact setting"):
+        select("budget=DGL fp32", budgets=True)

@@ -177,6 +177,12 @@ def memory_grid(work: Workload, models: Sequence[str], settings: Sequence[Settin
 def _memory_row(work: Workload, model_name: str, setting: Setting, cpu_method: str = "auto") -> Dict:
     row = {"kind": "memory", "model": model_name, "setting": setting.name, "device": str(work.device),
            "layers": work.layers, "hidden": work.hidden_for(model_name)}
+    plan_scope = contextlib.nullcontext()
+    if setting.budget_of:  # planned before the CPU high-water mark is reset: planning is not the step
+        plan = _budget_plan(work, model_name, setting.budget_of)
+        plan_scope = plan.active()
+        row.update(budget_bytes=plan.budget, plan_peak_pred_MiB=plan.record.step_peak_bytes / 2**20,
+                   note=f"per-tensor plan: {plan.record.note}")
     if work.device.type == "cpu" and cpu_method != "none":
         memory.prepare_cpu_peak()  # before the warm-up step: its freed heap must not stay resident
     model = work.build(model_name, setting.impl)
@@ -184,7 +190,7 @@ def _memory_row(work: Workload, model_name: str, setting: Setting, cpu_method: s
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
     step = work.step_fn(model_name, model, setting.impl)
     scope = compression_scope(setting.compression) if setting.compression else contextlib.nullcontext()
-    with scope:
+    with scope, plan_scope:
         for warm in (True, False):
             opt.zero_grad(set_to_none=True)
             _free(work.device)
@@ -200,6 +206,23 @@ def _memory_row(work: Workload, model_name: str, setting: Setting, cpu_method: s
     del model, opt, step, report
     _free(work.device)
     return row
+
+
+def _budget_plan(work: Workload, model_name: str, ref: str):
+    """The per-tensor plan (:func:`dgl_exact.planning.budget.budget_plan`) of ``model_name`` on the workload
+    within uniform ``ref``'s predicted total, sensitivities from probe steps on the workload's graph."""
+    from ..planning.budget import budget_plan
+    from ..planning.predict import plan as predict_plan
+    from ..planning.predict import spec_from_graph
+
+    ds = work.dataset
+    spec = spec_from_graph(ds.graph, ds.num_features, ds.num_classes, int(work.train_idx.numel()), model_name,
+                           name=ds.name, hidden=work.hidden_for(model_name), layers=work.layers,
+                           dropout=work.dropout, batch_norm=work.batch_norm, heads=work.heads)
+    gpu = work.device.type == "cuda"
+    uniform = {r.setting: r for r in predict_plan(spec, "cuda" if gpu else "cpu", [ref])}
+    data = (work.graph_for(model_name), work.feat, work.train_label, work.train_idx)
+    return budget_plan(spec, uniform[ref].total_bytes, data=data, gpu=gpu, uniform=uniform)
 
 
 _IN_CHILD = False

@@ -12,6 +12,9 @@ class Setting:
     name: str
     impl: str                              # "dgl" (dgl.nn + torch layers), "exact" (dgl_exact) or "pyg"
     compression: Optional[CompressionConfig]  # None for the baselines' plain autograd
+    # a per-tensor plan (dgl_exact.planning.budget) within this uniform setting's predicted total memory;
+    # ``compression`` is then the configuration in force for what the plan does not cover
+    budget_of: Optional[str] = None
 
     @property
     def is_baseline(self) -> bool:
@@ -36,12 +39,30 @@ STANDARD: List[Setting] = [
 PYG = Setting("PyG fp32", "pyg", None)
 
 
-def select(names: Optional[str]) -> List[Setting]:
-    """Settings by comma-separated names (case-insensitive prefixes allowed); all if ``names`` is empty."""
+BUDGET_PREFIX = "budget="
+
+
+def budget_setting(ref: str) -> Setting:
+    """``budget=<setting>``: the per-tensor plan within ``<setting>``'s predicted total (step peak + static
+    memory) for the model and graph measured (only ``dgl-exact bench memory`` plans it)."""
+    base = select(ref)
+    if len(base) != 1 or base[0].impl != "exact" or base[0].budget_of:
+        raise ValueError(f"{BUDGET_PREFIX}{ref}: the budget must be one dgl_exact setting's total (e.g. budget=INT2)")
+    return Setting(f"budget = {base[0].name} total", "exact", CompressionConfig(bits=2), base[0].name)
+
+
+def select(names: Optional[str], budgets: bool = False) -> List[Setting]:
+    """Settings by comma-separated names (case-insensitive prefixes allowed); all if ``names`` is empty.
+    With ``budgets``, ``budget=<setting>`` names a per-tensor plan (:func:`budget_setting`)."""
     if not names:
         return list(STANDARD)
     chosen = []
     for part in (p.strip().lower() for p in names.split(",") if p.strip()):
+        if part.startswith(BUDGET_PREFIX):
+            if not budgets:
+                raise ValueError(f"{part!r}: budgeted plans are measured only by `dgl-exact bench memory`")
+            chosen.append(budget_setting(part[len(BUDGET_PREFIX):].strip()))
+            continue
         matches = [s for s in STANDARD + [PYG] if s.name.lower() == part] or \
                   [s for s in STANDARD + [PYG] if s.name.lower().startswith(part)]
         if not matches:
