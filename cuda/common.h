@@ -162,6 +162,13 @@ DE_HD float bits_float(uint32_t u) {
   return v;
 #endif
 }
+// Group metadata as a kernel reads it: fp32, or bf16 stored as its 16 bits (an fp32 whose low 16 bits are
+// zero), so that decoding needs no conversion kernel for the bf16 metadata compression keeps.
+DE_HD float meta_at(const float* p, int64_t i) { return p[i]; }
+DE_HD float meta_at(const uint16_t* p, int64_t i) { return bits_float(static_cast<uint32_t>(p[i]) << 16); }
+// The bf16 bits of a value bf16 holds exactly (lo, step): its top 16 bits.
+DE_HD uint16_t bf16_bits(float v) { return static_cast<uint16_t>(float_bits(v) >> 16); }
+
 // The largest bf16 <= v: truncation rounds positive values down; a set sign bit first moves the magnitude up.
 DE_HD float bf16_floor(float v) {
   uint32_t b = float_bits(v);
@@ -203,6 +210,39 @@ DE_HD void group_meta_one(float mn, float mx, float factor, float top, float& lo
     mn = fminf(fmaxf(mn, -kSaturate), kSaturate);
     mx = fminf(fmaxf(mx, -kSaturate), kSaturate);
   }
+}
+
+// Running minimum and maximum of one group, for group_meta_one (compress_rows: the range and the codes from
+// one read of the input). A NaN or an inf makes the group non-finite, as the reference's fp32 aminmax then
+// gives a non-finite minimum or maximum: its lo is NaN.
+struct GroupRange {
+  float mn, mx;
+  bool bad;
+  DE_HD GroupRange() : mn(bits_float(0x7F800000u)), mx(bits_float(0xFF800000u)), bad(false) {}
+  DE_HD void add(float v) {
+    if (!finite_bits(v)) {
+      bad = true;
+    } else {
+      mn = v < mn ? v : mn;
+      mx = v > mx ? v : mx;
+    }
+  }
+  DE_HD void merge(float o_mn, float o_mx, bool o_bad) {
+    mn = o_mn < mn ? o_mn : mn;
+    mx = o_mx > mx ? o_mx : mx;
+    bad = bad || o_bad;
+  }
+  DE_HD void meta(float factor, float top, float& lo, float& step) const {
+    group_meta_one(bad ? bits_float(0x7FC00000u) : mn, mx, factor, top, lo, step);
+  }
+};
+
+// compress_rows works on chunks of whole groups that also end on whole 32-bit words of codes: the least
+// number of groups whose elements are a multiple of EPW = 32 / bits (EPW is a power of two).
+DE_HD int64_t word_aligned_groups(int64_t group_elements, int epw) {
+  int64_t g = group_elements & -group_elements;  // the largest power of two dividing it
+  if (g > epw) g = epw;
+  return epw / g;
 }
 
 // Bytes of `numel` packed codes of `bits` bits: ceil(numel * bits / 8).
@@ -316,9 +356,9 @@ DE_HD uint64_t chunk_code_bits(const uint8_t* packed, int64_t c, int count, bool
 }
 
 // v[0..count) = the decoded elements [c * V, c * V + count) (count == V except for the last chunk).
-template <int BITS, bool LEVELS, int V>
-DE_HD void dequantize_chunk(const uint8_t* packed, int64_t c, int count, const CodecShape& sh, const float* lo,
-                            const float* step, const float* L, bool aligned, float (&v)[V]) {
+template <int BITS, bool LEVELS, int V, typename M>
+DE_HD void dequantize_chunk(const uint8_t* packed, int64_t c, int count, const CodecShape& sh, const M* lo,
+                            const M* step, const float* L, bool aligned, float (&v)[V]) {
   constexpr uint64_t MASK = (uint64_t(1) << BITS) - 1;
   const uint64_t bits = chunk_code_bits<BITS, V>(packed, c, count, aligned);
   const int64_t e0 = c * V;
@@ -326,16 +366,16 @@ DE_HD void dequantize_chunk(const uint8_t* packed, int64_t c, int count, const C
   const int64_t col = e0 - row * sh.k;
   const int64_t g = sh.block_rows == 1 ? row : div_fast(row, sh.block_rows, sh.small_r);
   const int64_t rb = row - g * sh.block_rows;
-  const float lo_a = lo[g];
-  const float step_a = step[g];
+  const float lo_a = meta_at(lo, g);
+  const float step_a = meta_at(step, g);
   if (count == V && sh.k >= V) {
     // the chunk crosses a row boundary after `split` elements (V: it does not); the next row may start the
     // next group (it exists: the chunk is full)
     const int split = col + V <= sh.k ? V : static_cast<int>(sh.k - col);
     float lo_b = lo_a, step_b = step_a;
     if (split < V && rb + 1 == sh.block_rows) {
-      lo_b = lo[g + 1];
-      step_b = step[g + 1];
+      lo_b = meta_at(lo, g + 1);
+      step_b = meta_at(step, g + 1);
     }
 #if defined(__CUDA_ARCH__)
 #pragma unroll
@@ -361,8 +401,8 @@ DE_HD void dequantize_chunk(const uint8_t* packed, int64_t c, int count, const C
         r = 0;
         ++gg;
         if (i + 1 < count) {
-          lo_g = lo[gg];
-          step_g = step[gg];
+          lo_g = meta_at(lo, gg);
+          step_g = meta_at(step, gg);
         }
       }
     }

@@ -41,9 +41,53 @@ void quantize_pack_loop(const scalar_t* x, const float* lo, const float* step, c
   });
 }
 
+// compress_rows: chunks of whole groups that end on whole code words (word_aligned_groups), in parallel; per
+// chunk, each group's range and metadata, then the chunk's codes while its values are still in cache.
+// `prepare(e0, e1)` first writes the values of elements [e0, e1) to `x` (relu_dropout_compress: the fused
+// activation's output and mask; ALIGN = 8 then keeps every mask byte inside one chunk).
+template <int BITS, bool LEVELS, int ALIGN, typename scalar_t, typename Prepare>
+void compress_rows_loop(const scalar_t* x, const float* L, float* lo, float* step, uint16_t* meta, uint8_t* out,
+                        const CodecShape& sh, int64_t n_groups, uint64_t seed, bool stochastic, Prepare&& prepare) {
+  constexpr int EPW = 32 / BITS;
+  const int64_t ge = sh.block_rows * sh.k;  // elements of a full group
+  const int64_t c0 = word_aligned_groups(ge, EPW > ALIGN ? EPW : ALIGN);
+  const int64_t per_chunk = c0 * std::max<int64_t>(1, (int64_t(1) << 14) / (c0 * ge));  // groups per chunk
+  const int64_t n_chunks = (n_groups + per_chunk - 1) / per_chunk;
+  const int64_t n_words = (sh.n + EPW - 1) / EPW;
+  const int64_t nbytes = packed_nbytes(sh.n, BITS);
+  const float factor = meta_factor(BITS);
+  const float top = static_cast<float>((1 << BITS) - 1);
+  const CpuSrc<scalar_t, EPW> src{x};
+  at::parallel_for(0, n_chunks, 1, [&](int64_t c_begin, int64_t c_end) {
+    for (int64_t ci = c_begin; ci < c_end; ++ci) {
+      const int64_t g0 = ci * per_chunk, g1 = std::min(n_groups, g0 + per_chunk);
+      prepare(g0 * ge, std::min(sh.n, g1 * ge));
+      for (int64_t g = g0; g < g1; ++g) {
+        GroupRange r;
+        const int64_t e_end = std::min(sh.n, (g + 1) * ge);
+        for (int64_t e = g * ge; e < e_end; ++e) r.add(static_cast<float>(x[e]));
+        r.meta(factor, top, lo[g], step[g]);
+        meta[g] = bf16_bits(lo[g]);
+        meta[n_groups + g] = bf16_bits(step[g]);
+      }
+      // g0 * ge is a multiple of EPW: no word of this chunk holds codes of another chunk's groups
+      const int64_t w0 = g0 * ge / EPW;
+      const int64_t w1 = g1 == n_groups ? n_words : g1 * ge / EPW;
+      for (int64_t w = w0; w < w1; ++w) {
+        const uint32_t word = quantize_word<BITS, LEVELS>(src, w, sh, lo, step, L, seed, stochastic, true);
+        for (int b = 0; b < 4 && 4 * w + b < nbytes; ++b) out[4 * w + b] = static_cast<uint8_t>(word >> (8 * b));
+      }
+    }
+  });
+}
+
+struct NoPrepare {
+  void operator()(int64_t, int64_t) const {}
+};
+
 // By chunks of V = 16 / sizeof(out_t) elements, through the CUDA kernel's per-chunk function (common.h).
-template <int BITS, bool LEVELS, typename out_t>
-void unpack_dequantize_loop(const uint8_t* packed, const float* lo, const float* step, const float* L, out_t* out,
+template <int BITS, bool LEVELS, typename out_t, typename M>
+void unpack_dequantize_loop(const uint8_t* packed, const M* lo, const M* step, const float* L, out_t* out,
                             const CodecShape& sh) {
   constexpr int V = 16 / static_cast<int>(sizeof(out_t));
   const int64_t n_chunks = (sh.n + V - 1) / V;
@@ -137,12 +181,80 @@ at::Tensor unpack_dequantize_cpu(const at::Tensor& packed_in, const at::Tensor& 
   const CodecShape sh = make_codec_shape(n_rows, k, block_rows);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "dgl_exact_unpack_dequantize_cpu", [&] {
     dispatch_bits(bits, c.has_levels, [&](auto bits_c, auto levels_c) {
-      unpack_dequantize_loop<decltype(bits_c)::value, decltype(levels_c)::value, scalar_t>(
-          packed.data_ptr<uint8_t>(), c.lo.data_ptr<float>(), c.step.data_ptr<float>(), L, out.data_ptr<scalar_t>(),
-          sh);
+      with_meta(c, [&](auto lo_p, auto step_p) {
+        unpack_dequantize_loop<decltype(bits_c)::value, decltype(levels_c)::value, scalar_t>(
+            packed.data_ptr<uint8_t>(), lo_p, step_p, L, out.data_ptr<scalar_t>(), sh);
+      });
     });
   });
   return out;
+}
+
+std::tuple<at::Tensor, at::Tensor> compress_rows_cpu(const at::Tensor& x_in, const OptTensor& levels, int64_t bits,
+                                                     int64_t block_rows, int64_t seed, bool stochastic) {
+  const at::Tensor x = prepare_quantize_input(x_in);
+  const CodecArgs c = prepare_compress(x, levels, bits, block_rows);
+  const int64_t n_rows = x.size(0), k = x.size(1), n = x.numel();
+  const int64_t n_groups = (n_rows + block_rows - 1) / block_rows;
+  at::Tensor out = at::empty({packed_nbytes(n, bits)}, x.options().dtype(at::kByte));
+  at::Tensor meta = at::zeros({2, n_groups}, x.options().dtype(at::kBFloat16));
+  if (n == 0) return {out, meta};
+  at::Tensor scratch = at::empty({2, n_groups}, x.options().dtype(at::kFloat));  // fp32 lo, step for the codes
+  const float* L = c.has_levels ? c.levels.data_ptr<float>() : nullptr;
+  const CodecShape sh = make_codec_shape(n_rows, k, block_rows);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "dgl_exact_compress_rows_cpu", [&] {
+    dispatch_bits(bits, c.has_levels, [&](auto bits_c, auto levels_c) {
+      compress_rows_loop<decltype(bits_c)::value, decltype(levels_c)::value, 1, scalar_t>(
+          x.data_ptr<scalar_t>(), L, scratch.data_ptr<float>(), scratch.data_ptr<float>() + n_groups,
+          reinterpret_cast<uint16_t*>(meta.data_ptr<at::BFloat16>()), out.data_ptr<uint8_t>(), sh, n_groups,
+          static_cast<uint64_t>(seed), stochastic, NoPrepare{});
+    });
+  });
+  return {out, meta};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> relu_dropout_compress_cpu(
+    const at::Tensor& x_in, double p, int64_t seed, const OptTensor& levels, int64_t bits, int64_t block_rows,
+    int64_t code_seed, bool stochastic) {
+  const at::Tensor x = prepare_quantize_input(x_in);
+  const CodecArgs c = prepare_compress(x, levels, bits, block_rows);
+  const int64_t n_rows = x.size(0), k = x.size(1), n = x.numel();
+  const int64_t n_groups = (n_rows + block_rows - 1) / block_rows;
+  at::Tensor y = at::empty(x.sizes(), x.options());
+  at::Tensor mask = at::empty({packed_nbytes(n, 1)}, x.options().dtype(at::kByte));
+  at::Tensor out = at::empty({packed_nbytes(n, bits)}, x.options().dtype(at::kByte));
+  at::Tensor meta = at::zeros({2, n_groups}, x.options().dtype(at::kBFloat16));
+  if (n == 0) return {y, mask, out, meta};
+  at::Tensor scratch = at::empty({2, n_groups}, x.options().dtype(at::kFloat));
+  const float* L = c.has_levels ? c.levels.data_ptr<float>() : nullptr;
+  const CodecShape sh = make_codec_shape(n_rows, k, block_rows);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "dgl_exact_relu_dropout_compress_cpu", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    const auto prm = make_elementwise_params<scalar_t, acc_t>(kReluDropout, static_cast<uint64_t>(seed), p, 1.0, 0.0);
+    const scalar_t* xp = x.data_ptr<scalar_t>();
+    scalar_t* yp = y.data_ptr<scalar_t>();
+    uint8_t* mp = mask.data_ptr<uint8_t>();
+    // the activation of elements [e0, e1) (e0 a multiple of 8: whole mask bytes), as relu_dropout_cpu computes it
+    auto activation = [&](int64_t e0, int64_t e1) {
+      for (int64_t b = e0 / 8; b * 8 < e1; ++b) {
+        uint32_t byte = 0;
+        for (int i = 0; i < 8 && b * 8 + i < e1; ++i) {
+          const int64_t e = b * 8 + i;
+          bool bit = false;
+          yp[e] = static_cast<scalar_t>(apply_elementwise<kReluDropout>(static_cast<acc_t>(xp[e]), e, false, bit, prm));
+          byte |= static_cast<uint32_t>(bit) << i;
+        }
+        mp[b] = static_cast<uint8_t>(byte);
+      }
+    };
+    dispatch_bits(bits, c.has_levels, [&](auto bits_c, auto levels_c) {
+      compress_rows_loop<decltype(bits_c)::value, decltype(levels_c)::value, 8, scalar_t>(
+          yp, L, scratch.data_ptr<float>(), scratch.data_ptr<float>() + n_groups,
+          reinterpret_cast<uint16_t*>(meta.data_ptr<at::BFloat16>()), out.data_ptr<uint8_t>(), sh, n_groups,
+          static_cast<uint64_t>(code_seed), stochastic, activation);
+    });
+  });
+  return {y, mask, out, meta};
 }
 
 at::Tensor pack_mask_cpu(const at::Tensor& mask_in) {
@@ -220,6 +332,8 @@ TORCH_LIBRARY_IMPL(dgl_exact, CPU, m) {
   m.impl("group_meta", &dgl_exact::group_meta_cpu);
   m.impl("quantize_pack", &dgl_exact::quantize_pack_cpu);
   m.impl("unpack_dequantize", &dgl_exact::unpack_dequantize_cpu);
+  m.impl("compress_rows", &dgl_exact::compress_rows_cpu);
+  m.impl("relu_dropout_compress", &dgl_exact::relu_dropout_compress_cpu);
   m.impl("pack_mask", &dgl_exact::pack_mask_cpu);
   m.impl("unpack_mask", &dgl_exact::unpack_mask_cpu);
   m.impl("dropout", &dgl_exact::dropout_cpu);

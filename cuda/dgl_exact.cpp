@@ -15,6 +15,10 @@ TORCH_LIBRARY(dgl_exact, m) {
         "bool stochastic) -> Tensor");
   m.def("unpack_dequantize(Tensor packed, Tensor lo, Tensor step, Tensor? levels, int bits, int block_rows, "
         "int n_rows, int k, ScalarType dtype) -> Tensor");
+  m.def("compress_rows(Tensor x, Tensor? levels, int bits, int block_rows, int seed, bool stochastic) "
+        "-> (Tensor, Tensor)");
+  m.def("relu_dropout_compress(Tensor x, float p, int seed, Tensor? levels, int bits, int block_rows, "
+        "int code_seed, bool stochastic) -> (Tensor, Tensor, Tensor, Tensor)");
   m.def("pack_mask(Tensor mask) -> Tensor");
   m.def("unpack_mask(Tensor packed, int numel) -> Tensor");
   m.def("dropout(Tensor x, float p, int seed) -> Tensor");

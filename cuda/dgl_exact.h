@@ -55,9 +55,21 @@ inline at::Tensor as_f32(const at::Tensor& t, const at::Device& device) {
 }
 
 struct CodecArgs {
-  at::Tensor lo, step, levels;  // fp32 contiguous; levels undefined for uniform levels
+  at::Tensor lo, step, levels;  // fp32 contiguous (lo, step: bf16 when meta_bf16); levels undefined for uniform levels
   bool has_levels = false;
+  bool meta_bf16 = false;  // lo and step both bf16 (as compression keeps them): the kernels read their bits
 };
+
+// f(const M* lo, const M* step) with M = float, or uint16_t (the bits of bf16 metadata).
+template <typename F>
+void with_meta(const CodecArgs& c, F&& f) {
+  if (c.meta_bf16) {
+    f(reinterpret_cast<const uint16_t*>(c.lo.data_ptr<at::BFloat16>()),
+      reinterpret_cast<const uint16_t*>(c.step.data_ptr<at::BFloat16>()));
+  } else {
+    f(c.lo.data_ptr<float>(), c.step.data_ptr<float>());
+  }
+}
 
 inline CodecArgs prepare_codec(const at::Tensor& lo, const at::Tensor& step, const OptTensor& levels, int64_t bits,
                                int64_t block_rows, int64_t n_rows, const at::Device& device) {
@@ -65,8 +77,14 @@ inline CodecArgs prepare_codec(const at::Tensor& lo, const at::Tensor& step, con
   TORCH_CHECK(block_rows >= 1, "dgl_exact: block_rows must be >= 1, got ", block_rows);
   const int64_t n_groups = (n_rows + block_rows - 1) / block_rows;
   CodecArgs a;
-  a.lo = as_f32(lo, device).reshape({-1});
-  a.step = as_f32(step, device).reshape({-1});
+  a.meta_bf16 = lo.scalar_type() == at::kBFloat16 && step.scalar_type() == at::kBFloat16;
+  if (a.meta_bf16) {
+    a.lo = lo.to(device).contiguous().reshape({-1});
+    a.step = step.to(device).contiguous().reshape({-1});
+  } else {
+    a.lo = as_f32(lo, device).reshape({-1});
+    a.step = as_f32(step, device).reshape({-1});
+  }
   TORCH_CHECK(a.lo.numel() >= n_groups && a.step.numel() >= n_groups, "dgl_exact: lo/step hold ", a.lo.numel(), "/",
               a.step.numel(), " groups, need ", n_groups, " (", n_rows, " rows, block_rows ", block_rows, ")");
   if (levels.has_value() && levels->defined()) {
@@ -92,6 +110,20 @@ inline at::Tensor prepare_quantize_input(const at::Tensor& x) {
   TORCH_CHECK(x.dim() == 2, "dgl_exact.quantize_pack: x must be [N, k], got ", x.dim(), " dims");
   TORCH_CHECK(is_float_type(x.scalar_type()), "dgl_exact.quantize_pack: x must be floating, got ", x.scalar_type());
   return x.contiguous();
+}
+
+// compress_rows: the level table (fp32, 2^bits entries, or undefined) and the [2, G] bf16 metadata output.
+inline CodecArgs prepare_compress(const at::Tensor& x, const OptTensor& levels, int64_t bits, int64_t block_rows) {
+  check_bits(bits);
+  TORCH_CHECK(block_rows >= 1, "dgl_exact: block_rows must be >= 1, got ", block_rows);
+  CodecArgs a;
+  if (levels.has_value() && levels->defined()) {
+    a.levels = as_f32(*levels, x.device()).reshape({-1});
+    TORCH_CHECK(a.levels.numel() == (int64_t(1) << bits), "dgl_exact: a level table for ", bits, " bits has ",
+                (int64_t(1) << bits), " entries, got ", a.levels.numel());
+    a.has_levels = true;
+  }
+  return a;
 }
 
 inline at::Tensor prepare_packed(const at::Tensor& packed, int64_t nbytes, const char* op) {
@@ -153,6 +185,12 @@ inline at::Tensor prepare_edge_values(const at::Tensor& w, const at::Tensor& x, 
   at::Tensor quantize_pack_##SUFFIX(const at::Tensor& x, const at::Tensor& lo, const at::Tensor& step,             \
                                     const OptTensor& levels, int64_t bits, int64_t block_rows, int64_t seed,       \
                                     bool stochastic);                                                              \
+  std::tuple<at::Tensor, at::Tensor> compress_rows_##SUFFIX(const at::Tensor& x, const OptTensor& levels,          \
+                                                            int64_t bits, int64_t block_rows, int64_t seed,         \
+                                                            bool stochastic);                                       \
+  std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> relu_dropout_compress_##SUFFIX(                       \
+      const at::Tensor& x, double p, int64_t seed, const OptTensor& levels, int64_t bits, int64_t block_rows,      \
+      int64_t code_seed, bool stochastic);                                                                         \
   at::Tensor unpack_dequantize_##SUFFIX(const at::Tensor& packed, const at::Tensor& lo, const at::Tensor& step,    \
                                         const OptTensor& levels, int64_t bits, int64_t block_rows, int64_t n_rows, \
                                         int64_t k, at::ScalarType dtype);                                          \

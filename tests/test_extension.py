@@ -244,6 +244,85 @@ def test_quantize_nonfinite_and_seeds(kind, _library):
           R.quantize_pack(xt, lo2.to(dev), step2.to(dev), None, 4, 1, SEED, True))
 
 
+# Shapes for the fused compress_rows: rows narrower than a code word, odd widths (groups ending mid-word:
+# chunks of several groups), more elements than one CPU chunk (2^14) or one CUDA shared-memory chunk (8192,
+# also with groups too large for any chunk: the two-launch path), a single row.
+COMPRESS_SHAPES = [(37, 5), (10, 1), (7, 1500), (300, 257), (1, 3), (129, 64)]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("levels", ["uniform", "table"])
+@pytest.mark.parametrize("block_rows", [1, 3, 64])
+@pytest.mark.parametrize("bits", [1, 2, 4, 8])
+def test_compress_rows(kind, bits, block_rows, levels, _library):
+    dev = _setup(kind, _library)
+    lv = _levels(bits, levels)
+    lv = lv.to(dev) if lv is not None else None
+    for shape in COMPRESS_SHAPES:
+        x = _input(shape, torch.float32, seed=bits * 100 + block_rows).to(dev)
+        if shape[0] > 3:
+            x[2] = 0.0  # a constant row
+            x[3] = x[3].clamp(0, 0) + 1.5  # a constant non-zero row
+        for stochastic in (True, False):
+            got_p, got_m = X.compress_rows(x, lv, bits, block_rows, SEED, stochastic)
+            want_p, want_m = R.compress_rows(x, lv, bits, block_rows, SEED, stochastic)
+            assert_same(got_m, want_m)
+            assert_same(got_p, want_p)
+            dec = X.unpack_dequantize(got_p, got_m[0], got_m[1], lv, bits, block_rows, shape[0], shape[1],
+                                      torch.float32)
+            dec_ref = R.unpack_dequantize(want_p, want_m[0].float(), want_m[1].float(), lv, bits, block_rows,
+                                          shape[0], shape[1], torch.float32)
+            assert_same(dec, dec_ref, exact=(dev == "cpu"), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16", "fp64"])
+def test_compress_rows_dtypes_and_nonfinite(kind, dtype, _library):
+    dev = _setup(kind, _library)
+    dt = {**DTYPES, "fp64": torch.float64}[dtype]
+    x = _input((29, 33), torch.float32, seed=5)
+    x[0, 3], x[4, 4], x[9, 5] = float("nan"), float("inf"), float("-inf")  # three non-finite groups (lo NaN)
+    x[12] = 3e38  # saturating groups (fp16 / bf16: inf)
+    x[12, 0] = -3e38
+    x = x.to(dt).to(dev)
+    if dt == torch.float64:
+        x[20, 1] = 1e300  # beyond fp32: inf in fp32, a non-finite group
+    for block_rows in (1, 4):
+        for seed in (0, 2**63 - 1, -5):
+            got = X.compress_rows(x, None, 2, block_rows, seed, True)
+            want = R.compress_rows(x, None, 2, block_rows, seed, True)
+            assert_same(got[1], want[1])
+            assert_same(got[0], want[0])
+    # non-contiguous input, empty input
+    xt = _input((20, 12), torch.float32, seed=4).to(dev).t()
+    for a, b in zip(X.compress_rows(xt, None, 4, 1, SEED, True), R.compress_rows(xt, None, 4, 1, SEED, True)):
+        assert_same(a, b)
+    p, m = X.compress_rows(torch.empty(0, 7, device=dev), None, 2, 1, 1, True)
+    assert p.numel() == 0 and m.shape == (2, 0) and m.dtype == torch.bfloat16
+    with pytest.raises(RuntimeError, match="bits"):
+        X.compress_rows(xt, None, 3, 1, 1, True)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16", "fp64"])
+@pytest.mark.parametrize("bits", [1, 2, 4, 8])
+def test_relu_dropout_compress(kind, bits, dtype, _library):
+    """The fused activation + compression: relu_dropout's output and mask and compress_rows of the output,
+    bit for bit (element counts not a multiple of 8; groups too large for a CUDA chunk: the unfused path)."""
+    dev = _setup(kind, _library)
+    dt = {**DTYPES, "fp64": torch.float64}[dtype]
+    lv = _levels(bits, "table")
+    for shape, block_rows, levels in [((37, 5), 1, None), ((300, 257), 1, lv), ((29, 33), 4, None),
+                                      ((129, 64), 64, lv), ((1, 3), 1, None)]:
+        x = _input(shape, dt, seed=bits).to(dev)
+        lvd = levels.to(dev) if levels is not None else None
+        for p, seed in [(0.0, 0), (0.5, SEED), (0.9, 2**63 - 1)]:
+            got = X.relu_dropout_compress(x, p, seed, lvd, bits, block_rows, SEED ^ 1, True)
+            want = R.relu_dropout_compress(x, p, seed, lvd, bits, block_rows, SEED ^ 1, True)
+            for a, b in zip(got, want):
+                assert_same(a, b)
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_empty_tensors(kind, _library):
     dev = _setup(kind, _library)

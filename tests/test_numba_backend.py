@@ -113,6 +113,25 @@ def _check_compression(kind, n_rows, k, bits, block_rows, level_kind, dtype_name
                  _exact(kind))
 
 
+def _check_compress_rows(kind, n_rows, k, bits, block_rows, level_kind, dtype_name, stochastic):
+    """The fused op (group ranges, bf16 metadata and codes from the values) against the reference's, and the
+    decode from the bf16 metadata as stored (no converted copy) against the fp32 values it holds."""
+    ops = _ops(kind)
+    device = _device(kind)
+    dtype = DTYPES[dtype_name]
+    levels = _levels(bits, level_kind, device)
+    x, _, _ = _problem(n_rows, k, bits, block_rows, dtype, levels, device, seed=bits * 7 + block_rows)
+    x[min(2, n_rows - 1)] = 0.0  # a constant row (a constant group when block_rows == 1)
+    packed, meta = ops.compress_rows(x, levels, bits, block_rows, SEED, stochastic)
+    want_packed, want_meta = R.compress_rows(x, levels, bits, block_rows, SEED, stochastic)
+    assert meta.dtype == torch.bfloat16 and meta.shape == (2, -(-n_rows // block_rows))
+    assert_same(meta, want_meta)
+    assert torch.equal(packed, want_packed)
+    dec = ops.unpack_dequantize(packed, meta[0], meta[1], levels, bits, block_rows, n_rows, k, torch.float32)
+    assert_same(dec, R.unpack_dequantize(packed, meta[0].float(), meta[1].float(), levels, bits, block_rows, n_rows,
+                                         k, torch.float32), _exact(kind))
+
+
 # Every bit width x block size x level kind; dtype, rounding and shape rotate through the cases so each
 # value of each appears with every bit width. Shapes: N*k not a multiple of 8, k = 1, rows crossing bytes.
 _SHAPES = [(37, 5), (23, 1), (9, 17), (70, 3)]
@@ -127,6 +146,26 @@ _CASE_IDS = [f"{n}x{k}-int{b}-br{br}-{lv}-{dt}-{'sr' if st else 'rn'}" for n, k,
 @pytest.mark.parametrize("case", _CASES, ids=_CASE_IDS)
 def test_compression_matches_reference(kind, case):
     _check_compression(kind, *case)
+
+
+@pytest.mark.parametrize("kind", ["cpu", "sim"])
+@pytest.mark.parametrize("case", _CASES, ids=_CASE_IDS)
+def test_compress_rows_matches_reference(kind, case):
+    _check_compress_rows(kind, *case)
+
+
+@pytest.mark.parametrize("kind", ["cpu", "sim"])
+@pytest.mark.parametrize("bits", [1, 2, 4, 8])
+def test_relu_dropout_compress_matches_reference(kind, bits):
+    ops = _ops(kind)
+    device = _device(kind)
+    for (n, k), block_rows, dtype, p in [((37, 5), 1, torch.float32, 0.5), ((9, 17), 3, torch.bfloat16, 0.0),
+                                         ((23, 1), 64, torch.float16, 0.3)]:
+        x, _, _ = _problem(n, k, bits, block_rows, dtype, None, device, seed=bits)
+        got = ops.relu_dropout_compress(x, p, SEED, None, bits, block_rows, SEED + 1, True)
+        want = R.relu_dropout_compress(x, p, SEED, None, bits, block_rows, SEED + 1, True)
+        for a, b in zip(got, want):
+            assert_same(a, b, _exact(kind))
 
 
 @pytest.mark.parametrize("bits", [1, 2, 4, 8])

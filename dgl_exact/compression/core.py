@@ -36,7 +36,8 @@ from ..config import CompressionConfig, resolve_config
 from . import projection
 from .levels import levels_for
 
-__all__ = ["CompressedTensor", "compress", "decompress", "compressed_nbytes", "draw_seed", "META_DTYPE"]
+__all__ = ["CompressedTensor", "compress", "decompress", "compressed_nbytes", "draw_seed", "META_DTYPE",
+           "relu_dropout_compress", "fuses_with_activation"]
 
 META_DTYPE = torch.bfloat16
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
@@ -106,31 +107,6 @@ def draw_seed() -> int:
     return int(torch.randint(0, 2**63 - 1, (), dtype=torch.int64).item())
 
 
-def _aminmax(rows: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Row-wise (min, max) in one pass where torch has the kernel (older torch lacks fp16/bf16 ``aminmax``
-    on the CPU: two passes there)."""
-    try:
-        return torch.aminmax(rows, dim=1)
-    except RuntimeError:
-        return rows.amin(dim=1), rows.amax(dim=1)
-
-
-def _group_minmax(x: torch.Tensor, block_rows: int) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Per-group (min, max) in fp32, one pass over ``x`` (groups: ``block_rows`` consecutive rows)."""
-    n = x.shape[0]
-    full = (n // block_rows) * block_rows
-    parts = []
-    if full:
-        parts.append(_aminmax(x[:full].reshape(full // block_rows, -1)))
-    if full < n:
-        parts.append(_aminmax(x[full:].reshape(1, -1)))
-    if len(parts) == 1:
-        mn, mx = parts[0]
-    else:
-        mn, mx = torch.cat([parts[0][0], parts[1][0]]), torch.cat([parts[0][1], parts[1][1]])
-    return mn.float(), mx.float()
-
-
 _level_tables = {}
 
 
@@ -193,19 +169,48 @@ def compress(x: torch.Tensor, config: Optional[CompressionConfig] = None,
         meta = torch.zeros(n_groups, dtype=META_DTYPE, device=x.device)
         return CompressedTensor(width=k, proj_seed=proj_seed, packed=empty, lo=meta, step=meta.clone(), **base)
 
-    mn, mx = _group_minmax(rows, cfg.block_rows)
-    meta = kernels.get("group_meta", x.device)(mn, mx, cfg.bits)  # [2, G] fp32: lo, step (bf16 values)
-    lo, step = meta[0], meta[1]
-    if cfg.nonfinite == "raise":
-        bad = int(torch.isnan(lo).sum())  # lo is NaN exactly for the groups whose fp32 values hold a NaN or an inf
-        if bad:
-            raise FloatingPointError(_nonfinite_message(x, bad, proj_seed is not None))
     group_size = cfg.block_rows * k if n_rows >= cfg.block_rows else n_rows * k
     levels = _level_table(cfg.bits, cfg.levels, group_size, x.device)
-    packed = kernels.get("quantize_pack", x.device)(rows, lo, step, levels, cfg.bits, cfg.block_rows, seed,
-                                                    cfg.stochastic)
-    meta = meta.to(META_DTYPE)  # exact: the values are bf16's
+    # one op: group ranges, metadata ([2, G] bf16 lo, step) and codes (kernels.reference.compress_rows)
+    packed, meta = kernels.get("compress_rows", x.device)(rows, levels, cfg.bits, cfg.block_rows, seed,
+                                                          cfg.stochastic)
+    if cfg.nonfinite == "raise":
+        bad = int(torch.isnan(meta[0]).sum())  # lo is NaN exactly for the groups whose fp32 values hold a NaN or an inf
+        if bad:
+            raise FloatingPointError(_nonfinite_message(x, bad, proj_seed is not None))
     return CompressedTensor(width=k, proj_seed=proj_seed, packed=packed, lo=meta[0], step=meta[1], **base)
+
+
+def fuses_with_activation(x: torch.Tensor, cfg: CompressionConfig) -> bool:
+    """Whether :func:`relu_dropout_compress` applies: quantisation on, no projection (its codes are of the
+    projected rows), a non-empty floating tensor, and non-finite values left to propagate."""
+    if not cfg.enabled or x.dtype not in _FLOAT_DTYPES or x.dim() == 0 or x.numel() == 0:
+        return False
+    width = x.numel() // (1 if x.dim() == 1 else x.shape[0])
+    return cfg.projected_width(width) >= width and cfg.nonfinite == "propagate"
+
+
+def relu_dropout_compress(x: torch.Tensor, p: float, seed: int, config: Optional[CompressionConfig] = None,
+                          code_seed: Optional[int] = None):
+    """``y = dropout(relu(x), p)`` (mask from ``seed``, as ``kernels relu_dropout``), its packed 1-bit mask,
+    and ``compress(y, config, code_seed)``, from one op (``relu_dropout_compress``): a kernel reads ``x`` once
+    for all three. Only where :func:`fuses_with_activation` holds. Returns ``(y, mask, CompressedTensor)``."""
+    cfg = resolve_config(config)
+    if not fuses_with_activation(x, cfg):
+        raise ValueError("relu_dropout_compress needs quantisation on, no projection, a non-empty floating tensor "
+                         "and nonfinite='propagate'")
+    code_seed = draw_seed() if code_seed is None else code_seed
+    x = x.detach()
+    rows = _as_rows(x).contiguous()
+    n_rows, width = rows.shape
+    group_size = cfg.block_rows * width if n_rows >= cfg.block_rows else n_rows * width
+    levels = _level_table(cfg.bits, cfg.levels, group_size, x.device)
+    y, mask, packed, meta = kernels.get("relu_dropout_compress", x.device)(rows, p, seed, levels, cfg.bits,
+                                                                          cfg.block_rows, code_seed, cfg.stochastic)
+    c = CompressedTensor(shape=x.shape, dtype=x.dtype, device=x.device, bits=cfg.bits, block_rows=cfg.block_rows,
+                         levels=cfg.levels, n_rows=n_rows, orig_width=width, width=width, proj_seed=None,
+                         packed=packed, lo=meta[0], step=meta[1])
+    return y.view(x.shape), mask, c
 
 
 def _nonfinite_message(x: torch.Tensor, bad: int, projected: bool) -> str:
@@ -232,7 +237,7 @@ def decompress(c: CompressedTensor) -> torch.Tensor:
         return projection.unproject(c.raw.float(), c.orig_width, c.proj_seed).to(c.dtype).reshape(c.shape)
     if c.packed is None:
         raise ValueError("this CompressedTensor holds no data (a shell from split(); call join() first)")
-    lo, step = c.lo.float(), c.step.float()
+    lo, step = c.lo, c.step  # bf16: every kernel reads the stored metadata as it is (no converted copy)
     if c.n_rows * c.width == 0:
         return torch.zeros(c.shape, dtype=c.dtype, device=c.device)
     group_size = c.block_rows * c.width if c.n_rows >= c.block_rows else c.n_rows * c.width

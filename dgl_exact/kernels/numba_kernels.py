@@ -1,8 +1,10 @@
 """The ``numba`` backend: Numba kernels for the compression and mask ops, on CUDA and on the CPU.
 
 Ops (from :data:`.spec.OPS`; signatures and results exactly those of :mod:`.reference`, codes and masks bit for bit):
-``quantize_pack``, ``unpack_dequantize``, ``pack_mask``, ``unpack_mask``, ``dropout``,
-``relu_dropout``, ``masked_scale``, ``rademacher``. No fallback of its own: the registry chooses.
+``compress_rows``, ``relu_dropout_compress``, ``quantize_pack``, ``unpack_dequantize``, ``pack_mask``,
+``unpack_mask``, ``dropout``, ``relu_dropout``, ``masked_scale``, ``rademacher``. No fallback of its own: the
+registry chooses. ``compress_rows`` and ``relu_dropout_compress`` are compositions of this backend's kernels
+(the one-read fused kernels are the extension's).
 
 Two kernel sets share one scalar source (the hash and the rounding rule live in :mod:`._numba_cpu`):
 
@@ -280,7 +282,8 @@ class _TorchOps:
         out = torch.empty(-(-n * bits // 8), dtype=torch.uint8, device=x.device)
         if n == 0:
             return out
-        inv = torch.where(step > 0, 1.0 / step, torch.zeros_like(step)).float().contiguous()
+        step = step.float()  # bf16 metadata is read as the fp32 values it holds
+        inv = torch.where(step > 0, 1.0 / step, torch.zeros_like(step)).contiguous()
         lo32 = lo.float().contiguous()
         lv, has_levels = self._levels(levels, x.device)
         s_lo, s_hi = _seed_words(seed)
@@ -293,6 +296,22 @@ class _TorchOps:
                 eng.launch("quantize_pack", oc.numel(), x.device, self._a(xc), a, k, block_rows, a_lo, a_inv,
                            a_lv, has_levels, bits, s_lo, s_hi, bool(stochastic), self._a(oc))
         return out
+
+    def compress_rows(self, x, levels, bits, block_rows, seed, stochastic):
+        """Three launches (torch's ``aminmax``, then this engine's ``group_meta`` and ``quantize_pack``): the
+        fused one-read kernel is the extension's; the results are the same bit for bit."""
+        from .reference import group_minmax
+
+        n_rows, k = x.shape
+        n_groups = -(-n_rows // int(block_rows))
+        if n_rows * k == 0:
+            _check_codes(int(bits), int(block_rows), levels, x.new_zeros(n_groups), x.new_zeros(n_groups), n_rows)
+            return (torch.empty(0, dtype=torch.uint8, device=x.device),
+                    torch.zeros((2, n_groups), dtype=torch.bfloat16, device=x.device))
+        mn, mx = group_minmax(x, int(block_rows))
+        meta = self.group_meta(mn, mx, bits)
+        packed = self.quantize_pack(x, meta[0], meta[1], levels, bits, block_rows, seed, stochastic)
+        return packed, meta.to(torch.bfloat16)
 
     def unpack_dequantize(self, packed, lo, step, levels, bits, block_rows, n_rows, k, dtype):
         n = n_rows * k
@@ -378,6 +397,13 @@ class _TorchOps:
                                self._a(pc))
 
         return self._map_chunks(x, launch).view(x.shape), packed
+
+    def relu_dropout_compress(self, x, p, seed, levels, bits, block_rows, code_seed, stochastic):
+        """This engine's ``relu_dropout`` then its ``compress_rows`` (the one-read fused kernel is the
+        extension's); the same results bit for bit."""
+        y, mask = self.relu_dropout(x, p, seed)
+        packed, meta = self.compress_rows(y, levels, bits, block_rows, code_seed, stochastic)
+        return y, mask, packed, meta
 
     def masked_scale(self, g, packed, on, off):
         from . import reference

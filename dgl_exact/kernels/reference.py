@@ -16,6 +16,14 @@ Compression (``quantize_pack`` / ``unpack_dequantize``)
 
     Decoding: ``x_hat = lo + L[q] * step`` (``L[q] = q`` for uniform levels), cast to ``dtype``.
 
+    ``lo`` and ``step`` may be fp32 or bf16 tensors (the values are read as fp32 either way; compression
+    keeps bf16 metadata, and the kernels read it directly instead of a converted copy).
+
+Fused compression (``compress_rows``): ``(packed, meta)`` for ``x`` from the values alone: per group the
+    fp32 minimum and maximum, ``group_meta`` of them, then ``quantize_pack`` against those; ``meta`` is
+    ``[2, G]`` bf16 (``lo``, ``step``: exact, their values are bf16's). One op, so that a kernel can read
+    each group once for both its range and its codes.
+
 Group metadata (``group_meta``): from the fp32 per-group minimum ``mn`` and maximum ``mx``, ``[2, G]``
     fp32 rows ``lo``, ``step`` (values bf16 holds exactly). On the fp32 bit patterns, ``lo`` is ``mn``
     rounded down to bf16 (``b + 0xFFFF`` first when the sign bit is set, then ``& 0xFFFF0000``);
@@ -33,6 +41,9 @@ Group metadata (``group_meta``): from the fp32 per-group minimum ``mn`` and maxi
     inside ``[-C, C]`` stay unbiased, values beyond decode near ``+-C``. Every other group is unaffected.
 
 Masks (``pack_mask`` / ``unpack_mask``): one bit per element, same bit order as 1-bit codes.
+
+Fused activation and compression (``relu_dropout_compress``): ``relu_dropout`` then ``compress_rows`` of its
+    output, one op (the activation's output is also the next layer's kept input).
 
 Random numbers (``hash_uniform``): ``u(seed, e)`` in ``[0, 1)`` with 24 random bits, from two rounds of
 MurmurHash3's 32-bit finaliser: ``h = fmix32(fmix32(e_lo ^ s_lo) ^ ((e_hi + s_hi) mod 2^32))``,
@@ -179,6 +190,7 @@ def quantize_pack(x: torch.Tensor, lo: torch.Tensor, step: torch.Tensor, levels:
                   bits: int, block_rows: int, seed: int, stochastic: bool) -> torch.Tensor:
     n_rows, k = x.shape
     top = (1 << bits) - 1
+    lo, step = lo.float(), step.float()  # bf16 metadata is read as the fp32 values it holds
     inv_all = torch.where(step > 0, 1.0 / step, torch.zeros_like(step))
     out = []
     # row chunks bound the fp32 temporaries; the uint8 codes of all chunks are concatenated and packed once
@@ -210,8 +222,52 @@ def quantize_pack(x: torch.Tensor, lo: torch.Tensor, step: torch.Tensor, levels:
 def unpack_dequantize(packed: torch.Tensor, lo: torch.Tensor, step: torch.Tensor, levels: Optional[torch.Tensor],
                       bits: int, block_rows: int, n_rows: int, k: int, dtype: torch.dtype) -> torch.Tensor:
     q = unpack_codes(packed, bits, n_rows * k).view(n_rows, k)
+    lo, step = lo.float(), step.float()  # bf16 metadata (as compression keeps it) holds fp32 values exactly
     vals = q.float() if levels is None else levels.float()[q]
     return (_group_expand(lo, n_rows, block_rows) + vals * _group_expand(step, n_rows, block_rows)).to(dtype)
+
+
+def _aminmax(rows: torch.Tensor):
+    """Row-wise (min, max) in one pass where torch has the kernel (older torch lacks fp16/bf16 ``aminmax``
+    on the CPU: two passes there)."""
+    try:
+        return torch.aminmax(rows, dim=1)
+    except RuntimeError:
+        return rows.amin(dim=1), rows.amax(dim=1)
+
+
+def group_minmax(x: torch.Tensor, block_rows: int):
+    """Per-group (min, max) of an ``[N, k]`` tensor in fp32 (groups: ``block_rows`` consecutive rows)."""
+    n = x.shape[0]
+    full = (n // block_rows) * block_rows
+    parts = []
+    if full:
+        parts.append(_aminmax(x[:full].reshape(full // block_rows, -1)))
+    if full < n:
+        parts.append(_aminmax(x[full:].reshape(1, -1)))
+    if len(parts) == 1:
+        mn, mx = parts[0]
+    else:
+        mn, mx = torch.cat([parts[0][0], parts[1][0]]), torch.cat([parts[0][1], parts[1][1]])
+    return mn.float(), mx.float()
+
+
+@register("compress_rows", "torch")
+def compress_rows(x: torch.Tensor, levels: Optional[torch.Tensor], bits: int, block_rows: int, seed: int,
+                  stochastic: bool):
+    """Everything compression computes from the values, as one op: each group's range (:func:`group_minmax`),
+    its metadata (:func:`group_meta`) and the codes (:func:`quantize_pack`). Returns ``(packed, meta)``,
+    ``meta`` the ``[2, G]`` rows ``lo``, ``step`` in bf16 (their values are bf16's: exact). A kernel may read
+    ``x`` once (a group's range and codes from one load)."""
+    n_rows, k = x.shape
+    n_groups = -(-n_rows // block_rows)
+    if n_rows * k == 0:
+        return (torch.empty(0, dtype=torch.uint8, device=x.device),
+                torch.zeros((2, n_groups), dtype=torch.bfloat16, device=x.device))
+    mn, mx = group_minmax(x, block_rows)
+    meta = group_meta(mn, mx, bits)
+    packed = quantize_pack(x, meta[0], meta[1], levels, bits, block_rows, seed, stochastic)
+    return packed, meta.to(torch.bfloat16)
 
 
 @register("pack_mask", "torch")
@@ -257,6 +313,17 @@ def relu_dropout(x: torch.Tensor, p: float, seed: int):
     if p > 0:
         y = y * (1.0 / (1.0 - p))
     return y, pack_mask(mask)
+
+
+@register("relu_dropout_compress", "torch")
+def relu_dropout_compress(x: torch.Tensor, p: float, seed: int, levels: Optional[torch.Tensor], bits: int,
+                          block_rows: int, code_seed: int, stochastic: bool):
+    """:func:`relu_dropout` of an ``[N, k]`` tensor and :func:`compress_rows` of its output, as one op (a
+    kernel computes the activation, its mask, the group ranges and the codes from one read of ``x``).
+    Returns ``(y, packed mask, packed codes, meta)``: the two ops' results, bit for bit."""
+    y, mask = relu_dropout(x, p, seed)
+    packed, meta = compress_rows(y, levels, bits, block_rows, code_seed, stochastic)
+    return y, mask, packed, meta
 
 
 @register("masked_scale", "torch")

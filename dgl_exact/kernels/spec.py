@@ -68,6 +68,20 @@ _OPS = (
        "int n_rows, int k, ScalarType dtype) -> Tensor", _codec(),
        lambda packed, lo, step, levels, bits, block_rows, n_rows, k, dtype:
            packed.new_empty((n_rows, k), dtype=dtype)),
+    Op("compress_rows", "(x, levels, bits, block_rows, seed, stochastic) -> (packed uint8, [2, G] bf16 lo, step)",
+       "compress_rows(Tensor x, Tensor? levels, int bits, int block_rows, int seed, bool stochastic) "
+       "-> (Tensor, Tensor)", _codec(),
+       lambda x, levels, bits, block_rows, seed, stochastic:
+           (x.new_empty((_nbytes(x.shape[0] * x.shape[1], bits),), dtype=torch.uint8),
+            x.new_empty((2, -(-x.shape[0] // block_rows)), dtype=torch.bfloat16))),
+    Op("relu_dropout_compress",
+       "(x, p, seed, levels, bits, block_rows, code_seed, stochastic) -> (y, packed mask, packed codes, [2, G] bf16)",
+       "relu_dropout_compress(Tensor x, float p, int seed, Tensor? levels, int bits, int block_rows, int code_seed, "
+       "bool stochastic) -> (Tensor, Tensor, Tensor, Tensor)", _codec(),
+       lambda x, p, seed, levels, bits, block_rows, code_seed, stochastic:
+           (x.new_empty(x.shape), x.new_empty((_nbytes(x.numel(), 1),), dtype=torch.uint8),
+            x.new_empty((_nbytes(x.shape[0] * x.shape[1], bits),), dtype=torch.uint8),
+            x.new_empty((2, -(-x.shape[0] // block_rows)), dtype=torch.bfloat16))),
     Op("pack_mask", "(mask) -> packed uint8", "pack_mask(Tensor mask) -> Tensor", _codec(),
        lambda mask: mask.new_empty((_nbytes(mask.numel(), 1),), dtype=torch.uint8)),
     Op("unpack_mask", "(packed, numel) -> bool [numel]", "unpack_mask(Tensor packed, int numel) -> Tensor",

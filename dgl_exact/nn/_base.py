@@ -33,6 +33,12 @@ class CompressedModuleMixin:
             return _DISABLED
         return resolve_config(self.compression)
 
+    def input_compression(self, graph, feat) -> Optional[CompressionConfig]:
+        """The configuration under which this module's forward on ``graph`` keeps ``feat`` itself (the very
+        tensor) for backward, compressed; None where it does not, or not knowably. A producer of ``feat`` may then make
+        the compressed copy in its own pass (``ops.relu_dropout(..., compress_for=...)``)."""
+        return None
+
 
 def compressed_activation(act: Optional[Callable], config: Optional[CompressionConfig] = None) -> Optional[Callable]:
     """Map standard activations to their dgl_exact versions (1 bit kept instead of a full tensor).

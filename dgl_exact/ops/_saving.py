@@ -122,6 +122,11 @@ def stash_hook(fn):
         _stash_hook.reset(token)
 
 
+def stash_hook_active() -> bool:
+    """Whether a :func:`stash_hook` answers :func:`stash` calls in this context."""
+    return _stash_hook.get() is not None
+
+
 def stash(x: Optional[torch.Tensor], cfg: CompressionConfig, force: bool = False) -> Stashed:
     """Keep ``x`` for backward: by reference if it is alive anyway or compression is off, else compressed.
     ``force`` compresses even a leaf (used for per-edge tensors nobody else keeps)."""
@@ -139,7 +144,29 @@ def default_stash(x: torch.Tensor, cfg: CompressionConfig, force: bool = False) 
         # the tensor itself, not a detached alias (same storage): saved through ``save_for_backward`` it
         # stays connected to its autograd history, which double backward needs
         return x
-    return compress(x, cfg)
+    ready = take_offered(x, cfg)
+    return ready if ready is not None else compress(x, cfg)
+
+
+_OFFERED = "_dgl_exact_offered"
+
+
+def offer_compressed(x: torch.Tensor, cfg: CompressionConfig, c: CompressedTensor) -> None:
+    """Attach ``c``, the compressed copy of ``x`` under ``cfg`` made by the op that produced ``x`` in the same
+    pass (``ops.relu_dropout(..., compress_for=cfg)``), for the next op that keeps ``x``: its :func:`stash`
+    under an equal config takes it instead of compressing ``x`` again. One taker: a second op keeping ``x``
+    compresses it anew (independent noise, as without the offer). An ``x`` changed in place since is never
+    matched. Unclaimed, the copy dies with ``x``."""
+    setattr(x, _OFFERED, (cfg, x._version, c))
+
+
+def take_offered(x: torch.Tensor, cfg: CompressionConfig) -> Optional[CompressedTensor]:
+    """The copy :func:`offer_compressed` attached to ``x`` for ``cfg`` (and detaches it), or None."""
+    offered = getattr(x, _OFFERED, None)
+    if offered is None or offered[0] != cfg or offered[1] != x._version:
+        return None
+    delattr(x, _OFFERED)
+    return offered[2]
 
 
 def unstash(item: Stashed) -> Optional[torch.Tensor]:

@@ -26,11 +26,12 @@ import torch.nn.functional as F
 
 from .. import kernels
 from ..kernels import reference as kernel_reference
-from ..compression import draw_seed
+from .._compat import compiling
+from ..compression import draw_seed, fuses_with_activation, relu_dropout_compress
 from ..config import CompressionConfig, resolve_config
 from . import captured
-from ._saving import (check_double_backward, create_graph_requested, fresh_outputs, load, needs_saving, save, stash,
-                      unstash)
+from ._saving import (check_double_backward, create_graph_requested, fresh_outputs, load, needs_saving,
+                      offer_compressed, save, stash, stash_hook_active, unstash)
 
 __all__ = ["relu", "leaky_relu", "elu", "dropout", "relu_dropout"]
 
@@ -45,8 +46,12 @@ def _mask_like(packed, grad):
 
 class _ReLUDropout(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, p: float, seed: int):
-        y, packed = _kernel_for("relu_dropout", x)(x.contiguous(), p, seed)
+    def forward(ctx, x, p: float, seed: int, compress_for: Optional[CompressionConfig] = None):
+        if compress_for is None:
+            y, packed = _kernel_for("relu_dropout", x)(x.contiguous(), p, seed)
+        else:  # one pass: the output, its mask and the output's compressed copy for the next op
+            y, packed, kept = relu_dropout_compress(x.contiguous(), p, seed, compress_for)
+            offer_compressed(y, compress_for, kept)
         ctx.scale = 1.0 / (1.0 - p) if p > 0 else 1.0
         save(ctx, packed)
         return y
@@ -55,8 +60,8 @@ class _ReLUDropout(torch.autograd.Function):
     def backward(ctx, grad):
         (packed,) = load(ctx)
         if create_graph_requested():  # differentiable in grad (relu'' = 0)
-            return grad * (_mask_like(packed, grad).to(grad.dtype) * ctx.scale), None, None
-        return _kernel_for("masked_scale", grad)(grad.contiguous(), packed, ctx.scale, 0.0), None, None
+            return grad * (_mask_like(packed, grad).to(grad.dtype) * ctx.scale), None, None, None
+        return _kernel_for("masked_scale", grad)(grad.contiguous(), packed, ctx.scale, 0.0), None, None, None
 
 
 def _drop_all(x):
@@ -64,15 +69,27 @@ def _drop_all(x):
 
 
 @fresh_outputs
-def relu_dropout(x: torch.Tensor, p: float = 0.0, training: bool = True) -> torch.Tensor:
-    """``dropout(relu(x), p)`` keeping a single bit per element."""
+def relu_dropout(x: torch.Tensor, p: float = 0.0, training: bool = True, *,
+                 compress_for: Optional[CompressionConfig] = None) -> torch.Tensor:
+    """``dropout(relu(x), p)`` keeping a single bit per element.
+
+    ``compress_for``: the configuration under which the next op keeps this output for backward (a module's
+    ``input_compression(x)``, e.g. SAGEConv's ``fc_self``). Where it quantises without projection, the
+    output's compressed copy comes from the same pass over ``x`` (kernel ``relu_dropout_compress``) and the
+    next op's stash takes it instead of reading the output again (``_saving.offer_compressed``): the same
+    values and the same compression, drawn here instead of there. Ignored while compiling and under a
+    planner's stash hook (which chooses the kept compression itself)."""
     _check_p(p)
     p = float(p) if training else 0.0
     if p >= 1.0:
         return _drop_all(x)
     if not needs_saving(x):
         return F.dropout(F.relu(x), p, training=p > 0)
-    return captured.apply("_ReLUDropout", x, p, draw_seed() if p > 0 else 0)
+    seed = draw_seed() if p > 0 else 0
+    if (compress_for is not None and not compiling() and not stash_hook_active()
+            and fuses_with_activation(x, compress_for)):
+        return _ReLUDropout.apply(x, p, seed, compress_for)
+    return captured.apply("_ReLUDropout", x, p, seed)
 
 
 @fresh_outputs

@@ -51,9 +51,12 @@ class _Layers:
         """dropout2: inverted dropout times ``1 - p`` (a scalar product keeps nothing for backward)."""
         return x * (1.0 - p) if self.dropout2 and p > 0 else x
 
-    def relu_dropout(self, x, p, training):
+    def relu_dropout(self, x, p, training, compress_for=None):
+        """``compress_for``: how the next module keeps this output (``input_compression``); not with
+        dropout2, whose rescaled copy is what that module sees."""
         if self.impl == "exact":
-            return self._undo_scale(ops.relu_dropout(x, p, training), p)
+            keep = None if self.dropout2 and p > 0 else compress_for
+            return self._undo_scale(ops.relu_dropout(x, p, training, compress_for=keep), p)
         return self._undo_scale(F.dropout(F.relu(x), p, training), p)
 
     def dropout(self, x, p, training):
@@ -143,7 +146,7 @@ class StackedGNN(nn.Module):
             # it before BN/ReLU allocate, and hand the conv output over in a list so that BN's output
             # replaces it (a name or a call argument would keep it alive through the whole chain)
             del h
-            h = self._after_conv(i, out)
+            h = self._after_conv(i, out, next_graph=blocks[i + 1] if i + 1 < len(blocks) else None)
         return h
 
     def _input(self, x):
@@ -160,7 +163,7 @@ class StackedGNN(nn.Module):
             edge_weight = edge_weight[keep.to(edge_weight.device)]
         return sub, edge_weight
 
-    def _after_conv(self, i, h):
+    def _after_conv(self, i, h, next_graph=None):
         """What follows convolution ``i``: heads merged, BatchNorm, ReLU and dropout (hidden layers).
         ``h``: the conv output, or a one-element list holding it (taken out, so it dies after BN)."""
         if isinstance(h, list):
@@ -170,7 +173,10 @@ class StackedGNN(nn.Module):
         if i < len(self.convs) - 1:
             if self.norms is not None:
                 h = self.norms[i](h)
-            h = self._lib.relu_dropout(h, self.dropout, self.training)
+            nxt = self.convs[i + 1]
+            keep = (nxt.input_compression(next_graph, h)
+                    if next_graph is not None and hasattr(nxt, "input_compression") else None)
+            h = self._lib.relu_dropout(h, self.dropout, self.training, compress_for=keep)
         return h
 
     @torch.no_grad()

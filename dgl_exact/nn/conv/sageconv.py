@@ -11,7 +11,7 @@ from ... import ops
 from ...ops._saving import mark_fresh, needs_saving
 from ...config import CompressionConfig
 from .._base import (CompressedModuleMixin, apply_dropout, apply_linear, compressed_activation, into,
-                     plain_linear as _plain_linear)
+                     plain_dropout_p, plain_linear as _plain_linear)
 
 dgl = import_dgl()
 from dgl.utils import check_eq_shape  # noqa: E402
@@ -94,6 +94,16 @@ class SAGEConv(CompressedModuleMixin, dgl.nn.SAGEConv):
         super().__init__(in_feats, out_feats, aggregator_type, feat_drop=feat_drop, bias=bias, norm=norm,
                          activation=activation)
         self._init_compression(compression)
+
+    def input_compression(self, graph, feat) -> Optional[CompressionConfig]:
+        """``fc_self`` keeps ``feat`` itself compressed: mean and pool aggregators, one tensor on a whole graph
+        (a block's destination rows are a slice of it), no feature dropout, plain ``fc_self``."""
+        cfg = self._config()
+        if (not cfg.enabled or isinstance(feat, tuple) or getattr(graph, "is_block", False)
+                or self._aggre_type not in ("mean", "pool") or plain_dropout_p(self.feat_drop) != 0
+                or not _plain_linear(self.fc_self)):
+            return None
+        return cfg
 
     def forward(self, graph, feat, edge_weight=None):
         if self._aggre_type == "lstm":

@@ -1,0 +1,119 @@
+"""``ops.relu_dropout(..., compress_for=cfg)``: the output's compressed copy made in the activation's own pass
+(kernel ``relu_dropout_compress``) and taken by the next op's stash instead of compressing the output again.
+
+The fused path must give the same forward, the same kept compressed tensor and the same gradients as the
+unfused one when the random seeds are drawn in the same order; a copy is taken once, only under an equal
+config and only while the output is unchanged; and training a model with it keeps the fused copy used."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import dgl_exact
+from dgl_exact import CompressionConfig, ops
+from dgl_exact.compression import CompressedTensor, decompress
+from dgl_exact.ops import _saving
+
+INT2 = CompressionConfig(bits=2)
+
+
+def _linear_after_relu(x, w, fused: bool, cfg=INT2, p=0.5):
+    torch.manual_seed(7)
+    with dgl_exact.config(cfg):
+        h = ops.relu_dropout(x, p, True, compress_for=cfg if fused else None)
+        return h, ops.linear(h, w, None, cfg)
+
+
+@pytest.mark.parametrize("shape", [(1, 3), (37, 5), (300, 64)])
+@pytest.mark.parametrize("p", [0.0, 0.5])
+def test_fused_equals_unfused_bit_for_bit(shape, p):
+    g = torch.Generator().manual_seed(1)
+    w = torch.randn(4, shape[1], generator=g, requires_grad=True)
+    out = {}
+    for fused in (False, True):
+        x = torch.randn(shape, generator=g.manual_seed(2), requires_grad=True)
+        h, y = _linear_after_relu(x, w, fused, p=p)
+        y.square().sum().backward()
+        out[fused] = (h.detach(), y.detach(), x.grad.clone(), w.grad.clone())
+        w.grad = None
+    for a, b in zip(out[False], out[True]):
+        assert torch.equal(a, b)
+
+
+def test_the_next_stash_takes_the_offered_copy_once():
+    x = torch.randn(20, 8, requires_grad=True)
+    with dgl_exact.config(INT2):
+        h = ops.relu_dropout(x, 0.5, True, compress_for=INT2)
+    offered = getattr(h, _saving._OFFERED)[2]
+    assert isinstance(offered, CompressedTensor) and offered.bits == 2
+    assert torch.allclose(decompress(offered), h.detach(), atol=float(h.detach().abs().max()) / 2)  # INT2 of h
+    assert _saving.default_stash(h, INT2) is offered
+    second = _saving.default_stash(h, INT2)  # a second keeper compresses anew (independent noise)
+    assert isinstance(second, CompressedTensor) and second is not offered
+
+
+def test_no_copy_taken_under_another_config_or_after_an_inplace_change():
+    x = torch.randn(20, 8, requires_grad=True)
+    h = ops.relu_dropout(x, 0.0, True, compress_for=INT2)
+    assert _saving.take_offered(h, CompressionConfig(bits=4)) is None
+    assert _saving.take_offered(h, INT2.replace(block_rows=4)) is None
+    h2 = h * 1.0
+    assert _saving.take_offered(h2, INT2) is None  # another tensor
+    with torch.no_grad():
+        h.mul_(2.0)
+    assert _saving.take_offered(h, INT2) is None  # changed in place since the copy was made
+
+
+@pytest.mark.parametrize("cfg", [CompressionConfig(enabled=False), CompressionConfig(bits=2, kept_frac=0.5),
+                                 CompressionConfig(bits=2, nonfinite="raise")])
+def test_not_fused_where_it_does_not_apply(cfg):
+    x = torch.randn(20, 8, requires_grad=True)
+    h = ops.relu_dropout(x, 0.5, True, compress_for=cfg)
+    assert getattr(h, _saving._OFFERED, None) is None
+    x.grad = None
+    h.sum().backward()
+    assert x.grad is not None
+
+
+def test_eval_and_no_grad_ignore_the_hint():
+    x = torch.randn(5, 4)
+    y = ops.relu_dropout(x, 0.5, False, compress_for=INT2)
+    assert torch.equal(y, torch.relu(x)) and getattr(y, _saving._OFFERED, None) is None
+
+
+def _sage_model():
+    from dgl_exact.training.models import build_model
+
+    torch.manual_seed(0)
+    return build_model("sage", 8, 3, hidden=16, layers=3, dropout=0.5, batch_norm=True)
+
+
+def test_sage_model_takes_every_fused_copy(monkeypatch):
+    """In the trainer's SAGE model each hidden ReLU+dropout makes the next layer's fc_self copy: the step
+    compresses that input once (in the fused op) and never again in fc_self."""
+    import dgl
+
+    from dgl_exact.compression import core
+
+    gen = torch.Generator().manual_seed(1)
+    src, dst = torch.randint(0, 50, (300,), generator=gen), torch.randint(0, 50, (300,), generator=gen)
+    g = dgl.add_self_loop(dgl.graph((src, dst), num_nodes=50))
+    feat = torch.randn(50, 8)
+    model = _sage_model().train()
+    calls = {"fused": 0, "taken": 0}
+    fused, take = core.relu_dropout_compress, _saving.take_offered
+
+    def count_fused(*a, **k):
+        calls["fused"] += 1
+        return fused(*a, **k)
+
+    def count_take(x, cfg):
+        got = take(x, cfg)
+        calls["taken"] += got is not None
+        return got
+
+    monkeypatch.setattr("dgl_exact.ops.elementwise.relu_dropout_compress", count_fused)
+    monkeypatch.setattr(_saving, "take_offered", count_take)
+    with dgl_exact.config(INT2):
+        model(g, feat).sum().backward()
+    assert calls == {"fused": 2, "taken": 2}  # layers 2 and 3 take their input from the fused op
