@@ -393,10 +393,10 @@ std::tuple<at::Tensor, at::Tensor> compress_rows_cuda(const at::Tensor& x_in, co
       constexpr int EPW = 32 / B;
       const int64_t c0 = word_aligned_groups(ge, EPW);
       const int64_t per_chunk = c0 * (kChunkFloats / (c0 * ge));  // 0: a chunk does not fit
-      if (per_chunk > 0) {
+      if (per_chunk > 0) {  // one block per chunk (grid_for counts threads), grid-stride beyond the cap
         using acc_t = at::opmath_type<scalar_t>;
         compress_rows_kernel<B, LV, false, scalar_t, acc_t>
-            <<<grid_for((n_groups + per_chunk - 1) / per_chunk), kThreads, 0, stream>>>(
+            <<<grid_for((n_groups + per_chunk - 1) / per_chunk * kThreads), kThreads, 0, stream>>>(
                 x.data_ptr<scalar_t>(), L, lo, step, meta_p, out.data_ptr<uint8_t>(), sh, n_groups, per_chunk, factor,
                 top, static_cast<uint64_t>(seed), stochastic, nullptr, nullptr, ElementwiseParams<acc_t>{});
         C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -452,7 +452,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> relu_dropout_compress
       constexpr int B = decltype(bits_c)::value;
       constexpr bool LV = decltype(levels_c)::value;
       compress_rows_kernel<B, LV, true, scalar_t, acc_t>
-          <<<grid_for((n_groups + per_chunk - 1) / per_chunk), kThreads, 0, stream>>>(
+          <<<grid_for((n_groups + per_chunk - 1) / per_chunk * kThreads), kThreads, 0, stream>>>(
               x.data_ptr<scalar_t>(), L, lo, lo + n_groups, reinterpret_cast<uint16_t*>(meta.data_ptr<at::BFloat16>()),
               out.data_ptr<uint8_t>(), sh, n_groups, per_chunk, factor, top, static_cast<uint64_t>(code_seed),
               stochastic, y.data_ptr<scalar_t>(), mask.data_ptr<uint8_t>(), prm);
