@@ -404,7 +404,8 @@ def budget_plan(spec: PlanSpec, budget: int, data=None, replicas: int = 2, gpu: 
         graph, feat, label, idx = _probe_data(data, probe_nodes, seed)
     model = build_for(spec, "exact", seed)
     if log:
-        log(f"estimating per-tensor sensitivity: {1 + len(slots) * replicas} forward/backward passes on "
+        probes = sum(len({_family(n) for n in sl.allowed() if OPTIONS[n].enabled}) for sl in slots)
+        log(f"estimating per-tensor sensitivity: {1 + probes * replicas} forward/backward passes on "
             f"{graph.num_nodes():,} nodes")
     estimate_sensitivity(model, graph, feat, label, idx, slots, replicas, seed)
     allocate_for_peak(slots, room, uniform)
