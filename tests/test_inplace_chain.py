@@ -260,11 +260,12 @@ def test_sage_mean_of_leaf_features_kept_compressed(with_ew, monkeypatch):
     """SAGEConv('mean') on input features (no gradient): the neighbour mean is a temporary nobody else
     keeps, so fc_neigh keeps it compressed, not by reference (the sum-then-divide form must stay fresh)."""
     from dgl_exact.compression import CompressedTensor
-    from dgl_exact.ops import dense
+    from dgl_exact.ops import dense, sage
 
     kept = []
     real = dense.stash
-    monkeypatch.setattr(dense, "stash", lambda x, cfg, force=False: kept.append(real(x, cfg, force)) or kept[-1])
+    for module in (dense, sage):  # the composed ops (with edge weights) and the fused sage_mean
+        monkeypatch.setattr(module, "stash", lambda x, cfg, force=False: kept.append(real(x, cfg, force)) or kept[-1])
     g = _graph(30)
     conv = dgl_exact.SAGEConv(5, 5, "mean", compression=dgl_exact.CompressionConfig(bits=2))
     x = torch.randn(30, 5)

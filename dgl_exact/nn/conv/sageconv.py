@@ -8,7 +8,9 @@ import torch
 
 from ..._compat import import_dgl
 from ... import ops
-from ...ops._saving import mark_fresh, needs_saving
+from ..._compat import compiling
+from ...ops import captured
+from ...ops._saving import autocast_dtype, mark_fresh, needs_saving
 from ...config import CompressionConfig
 from .._base import (CompressedModuleMixin, apply_dropout, apply_linear, compressed_activation, into,
                      plain_dropout_p, plain_linear as _plain_linear)
@@ -105,6 +107,17 @@ class SAGEConv(CompressedModuleMixin, dgl.nn.SAGEConv):
             return None
         return cfg
 
+    def _fused_mean(self, cfg, feat, x, st, edge_weight) -> bool:
+        """Whether :func:`dgl_exact.ops.sage_mean` computes this call: 'mean' on a whole graph, plain linears
+        (``fc_neigh`` without bias, as DGL builds it), compression on, training, one dtype, no autocast or
+        capture."""
+        return (self._aggre_type == "mean" and cfg.enabled and not isinstance(feat, tuple)
+                and not st.is_block and edge_weight is None and x.dim() == 2
+                and _plain_linear(self.fc_self) and _plain_linear(self.fc_neigh) and self.fc_neigh.bias is None
+                and x.dtype == self.fc_self.weight.dtype == self.fc_neigh.weight.dtype
+                and needs_saving(x, self.fc_self.weight, self.fc_self.bias, self.fc_neigh.weight)
+                and not captured.active() and not compiling() and autocast_dtype(x.device.type) is None)
+
     def forward(self, graph, feat, edge_weight=None):
         if self._aggre_type == "lstm":
             _warn_fallback_once("the 'lstm' aggregator")
@@ -132,6 +145,14 @@ class SAGEConv(CompressedModuleMixin, dgl.nn.SAGEConv):
             return ops.copy_u_sum(graph, h) if edge_weight is None else ops.u_mul_e_sum(graph, h, edge_weight, cfg)
 
         lin_before_mp = self._in_src_feats > self._out_feats
+        if self._fused_mean(cfg, feat, feat_src, st, edge_weight):
+            # one fused op: two layer-sized buffers at the forward's and the backward's peak, not three
+            rst = ops.sage_mean(graph, feat_src, self.fc_self.weight, self.fc_self.bias, self.fc_neigh.weight, cfg)
+            if self.activation is not None:
+                rst = compressed_activation(self.activation, cfg)(rst)
+            if self.norm is not None:
+                rst = self.norm(rst)
+            return rst
         if self._aggre_type == "mean":
             h = fc(self.fc_neigh, feat_src) if lin_before_mp else feat_src
             # the sum, then the division (copy_u_mean's values): in backward the division's output

@@ -1,0 +1,163 @@
+"""One fused GraphSAGE-mean layer: ``x W_self^T + b + (D^-1 A x) W_neigh^T`` with two layer-sized buffers.
+
+Composed from the separate ops (aggregation, division, two linears, a sum) a layer's forward holds three
+``[N, D]`` fp32 buffers at once (the input, the neighbour mean, a linear's output) and so does its backward
+(the output gradient, the input gradient of ``fc_self`` and that of ``fc_neigh`` before autograd adds them).
+This op holds two, plus chunks. With ``D_out >= D_in`` (aggregate, then project):
+
+* forward: ``s = A x`` (fresh), ``s /= deg`` in place, ``s`` kept compressed, ``s <- s W_neigh^T`` in
+  place row chunk by row chunk (square ``W_neigh``), ``s += x W_self^T`` as one in-place ``addmm_``, ``s +=
+  b``. ``x`` is kept as :func:`~dgl_exact.ops.linear` keeps it (by reference when alive anyway).
+* backward: ``gx = g W_self``, then per column chunk ``c`` of the input features
+  ``gx[:, c] += A^T ((g W_neigh[:, c]) / deg)``: two ``[N, |c|]`` temporaries instead of a third full buffer.
+  The weight gradients read the kept tensors in row chunks (no full-size decompressed copy).
+
+With ``D_out < D_in`` (project, then aggregate, as DGL orders it): nothing but ``x`` is kept, once, for both
+weight gradients (``dW_neigh = (A_mean^T g)^T x``; the composed ops keep two independent compressed copies of
+``x``); backward's ``[N, D_in]`` buffer is ``gx`` alone, the other temporaries are ``D_out`` wide.
+
+Same values as the composed layer up to float summation order (the sum ``s W_neigh^T + x W_self^T + b``
+runs in that order); ``gx`` needs no activation and equals the composed layer's; the weight gradients are
+unbiased estimates from the kept tensors. Taken by :class:`dgl_exact.SAGEConv` ('mean', homogeneous graph,
+plain linears, compression on, training, no autocast or capture); everything else runs the composed ops.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ..compression import CompressedTensor
+from ..config import CompressionConfig, resolve_config
+from ._saving import (check_double_backward, chunk_rows, create_graph_requested, fresh_outputs, load, needs_chunks,
+                      row_chunks, save, stash)
+from .graph import _check_nodes
+from .structure import structure_of
+
+__all__ = ["sage_mean"]
+
+#: input-feature columns per chunk of the backward's transposed aggregation (when the layer is chunked at all)
+COLUMN_CHUNK = 32
+
+
+def _degrees(st, dtype) -> torch.Tensor:
+    return st.in_degrees().clamp(min=1).to(dtype).view(-1, 1)
+
+
+def _weight_grad(grad: torch.Tensor, item) -> torch.Tensor:
+    """``grad^T x`` from a kept ``x``, decoding one row chunk at a time."""
+    gw = None
+    for r0, r1, x in row_chunks(item):
+        part = grad[r0:r1].t().matmul(x.to(grad.dtype))
+        gw = part if gw is None else gw.add_(part)
+    return gw
+
+
+def column_chunks(n_rows: int, width: int, device) -> int:
+    """Columns per chunk of the backward's transposed aggregation: the whole width where a layer-sized
+    buffer is not chunked on ``device`` (a GPU at arxiv size: one sparse product, fewer launches), else
+    :data:`COLUMN_CHUNK`. Depends on the graph's size only through that test, so a planner's sample graphs
+    run the same operators as the full graph."""
+    from ._saving import chunk_elements_for
+
+    return width if n_rows * width <= chunk_elements_for(device) else min(width, COLUMN_CHUNK)
+
+
+class _SAGEMean(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w_self, b_self, w_neigh, st, cfg: CompressionConfig):
+        n, d_in = x.shape
+        ctx.lin_first = w_neigh.shape[0] < d_in  # DGL's order: project before aggregating when that narrows
+        kept_s = None
+        if ctx.lin_first:
+            t = x.matmul(w_neigh.t())
+            out = st.aggregate(t.unsqueeze(1)).view(n, -1)
+            del t
+            out.div_(_degrees(st, out.dtype))
+        else:
+            s = st.aggregate(x.unsqueeze(1)).view(n, d_in)
+            s.div_(_degrees(st, s.dtype))
+            kept_s = stash(s, cfg, force=True) if ctx.needs_input_grad[3] else None
+            # overwrite s only where backward does not read it (kept compressed, or not kept at all)
+            owned = kept_s is None or isinstance(kept_s, CompressedTensor)
+            if owned and w_neigh.shape[0] == d_in and needs_chunks(s):
+                rows = chunk_rows(n, d_in, s.device)
+                for r0 in range(0, n, rows):
+                    part = s[r0:r0 + rows]
+                    part.copy_(part.matmul(w_neigh.t()))
+                out = s
+            else:
+                out = s.matmul(w_neigh.t())
+            del s
+        out.addmm_(x, w_self.t())
+        if b_self is not None:
+            out.add_(b_self)
+        # x serves both weight gradients when the projection came first (dW_neigh = (A_mean^T g)^T x)
+        needs_x = ctx.needs_input_grad[1] or (ctx.lin_first and ctx.needs_input_grad[3])
+        kept_x = stash(x, cfg) if needs_x else None
+        ctx.st, ctx.has_bias = st, b_self is not None
+        save(ctx, kept_x, kept_s, w_self if ctx.needs_input_grad[0] else None,
+             w_neigh if ctx.needs_input_grad[0] else None)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        x_s, s_s, w_self, w_neigh = load(ctx)
+        if create_graph_requested():
+            check_double_backward("sage_mean", x_s, s_s)
+        st = ctx.st
+        grad = grad.contiguous()
+        n = grad.shape[0]
+        deg = _degrees(st, grad.dtype)
+        gx = gws = gb = gwn = None
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            gb = grad.sum(0)
+        if ctx.lin_first:
+            # m = A_mean^T g: [N, D_out], narrower than the input; both weight gradients from one pass over x
+            m = None
+            if ctx.needs_input_grad[0] or ctx.needs_input_grad[3]:
+                m = st.aggregate((grad / deg).unsqueeze(1), transpose=True).view(n, -1)
+            if ctx.needs_input_grad[1] or ctx.needs_input_grad[3]:
+                for r0, r1, x in row_chunks(x_s):
+                    x = x.to(grad.dtype)
+                    if ctx.needs_input_grad[1]:
+                        part = grad[r0:r1].t().matmul(x)
+                        gws = part if gws is None else gws.add_(part)
+                    if ctx.needs_input_grad[3]:
+                        part = m[r0:r1].t().matmul(x)
+                        gwn = part if gwn is None else gwn.add_(part)
+            if ctx.needs_input_grad[0]:
+                gx = grad.matmul(w_self.to(grad.dtype)).addmm_(m, w_neigh.to(grad.dtype))
+            return gx, gws, gb, gwn, None, None
+        if ctx.needs_input_grad[1]:
+            gws = _weight_grad(grad, x_s)
+        if ctx.needs_input_grad[3]:
+            gwn = _weight_grad(grad, s_s)
+        if ctx.needs_input_grad[0]:
+            w_self, w_neigh = w_self.to(grad.dtype), w_neigh.to(grad.dtype)
+            gx = grad.matmul(w_self)
+            d_in = gx.shape[1]
+            width = column_chunks(n, d_in, grad.device)
+            for c0 in range(0, d_in, width):
+                c1 = min(d_in, c0 + width)
+                g = grad.matmul(w_neigh[:, c0:c1]).div_(deg)
+                part = st.aggregate(g.unsqueeze(1), transpose=True).view(n, c1 - c0)
+                del g
+                gx[:, c0:c1].add_(part)
+                del part
+        return gx, gws, gb, gwn, None, None
+
+
+@fresh_outputs
+def sage_mean(g, x: torch.Tensor, w_self: torch.Tensor, b_self: Optional[torch.Tensor], w_neigh: torch.Tensor,
+              config: Optional[CompressionConfig] = None) -> torch.Tensor:
+    """GraphSAGE-mean on a homogeneous graph: ``x W_self^T + b_self + mean_{u -> v}(x[u]) W_neigh^T``, with
+    ``x [N, D_in]``, ``w_self, w_neigh [D_out, D_in]``; the activations kept compressed under ``config``."""
+    st = structure_of(g, x.device)
+    if x.dim() >= 1:
+        _check_nodes(st, x)
+    if st.is_block or st.num_src != st.num_dst or x.dim() != 2 or x.shape[0] != st.num_src:
+        raise ValueError(f"sage_mean needs a homogeneous graph and [N, D] features with one row per node; got "
+                         f"features {tuple(x.shape)} on a graph of {st.num_src} source / {st.num_dst} "
+                         f"destination nodes")
+    return _SAGEMean.apply(x, w_self, b_self, w_neigh, st, resolve_config(config))
