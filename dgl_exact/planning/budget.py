@@ -13,8 +13,8 @@ the least gradient variance (GACT's idea, Liu et al., ICML 2022, for full-graph 
    activation, and quantisation noise is independent per element). Random projection is not: one
    projection matrix for all rows makes its error add up coherently across rows in a weight gradient
    (10-1000x the variance the INT2 scaling predicts, measured on a 20k-node GCN), so the projected options
-   are probed with their own option (INT2 + RP(0.125)) and scaled from it. Compression draws its random numbers inside ``torch.random.fork_rng``, so every probe step
-   sees the same dropout masks.
+   are probed with their own option (INT2 + RP(0.125)) and scaled from it. Compression draws its random
+   numbers inside ``torch.random.fork_rng``, so every probe step sees the same dropout masks.
 3. **Allocation.** Per slot, the options not dominated in (bytes, variance); start from the fewest bytes and
    repeatedly take the upgrade with the largest variance reduction per byte that still fits (greedy
    multiple-choice knapsack). The step peak of a plan is the uniform INT2 peak plus the plan's bytes minus
