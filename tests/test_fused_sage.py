@@ -159,3 +159,24 @@ def test_double_backward_refused_when_compressed():
     out = conv(g, x * 1.0)
     with pytest.raises(RuntimeError, match="double backward"):
         torch.autograd.grad(out.pow(2).sum(), x, create_graph=True)
+
+
+@pytest.mark.parametrize("d_in,d_out", [(7, 7), (7, 9), (9, 4)])
+def test_autocast_matches_dgl_under_autocast(d_in, d_out, small_chunks, exact_kept, monkeypatch):
+    """bf16 autocast (CPU): the fused op runs (products in bf16, the aggregation of x in fp32, as the composed
+    ops under autocast); output bf16, input gradient fp32, all close to DGL's SAGEConv under autocast."""
+    calls = _spy(monkeypatch)
+    ref, ex = _pair(d_in, d_out)
+    g = _graph(19)
+    gen = torch.Generator().manual_seed(3)
+    x, gout = torch.randn(19, d_in, generator=gen), torch.randn(19, d_out, generator=gen)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        want, got = _run(ref, g, x, gout), _run(ex, g, x, gout)
+    assert len(calls) == 1
+    assert got[0].dtype == want[0].dtype == torch.bfloat16 and got[1].dtype == torch.float32
+    tol = dict(rtol=3e-2, atol=3e-2)
+    torch.testing.assert_close(got[0].float(), want[0].float(), **tol)
+    torch.testing.assert_close(got[1], want[1], **tol)
+    for name, grad in want[2].items():
+        assert got[2][name].dtype == grad.dtype == torch.float32, name
+        torch.testing.assert_close(got[2][name], grad, rtol=3e-2, atol=5e-2, msg=name)

@@ -18,8 +18,10 @@ weight gradients (``dW_neigh = (A_mean^T g)^T x``; the composed ops keep two ind
 
 Same values as the composed layer up to float summation order (the sum ``s W_neigh^T + x W_self^T + b``
 runs in that order); ``gx`` needs no activation and equals the composed layer's; the weight gradients are
-unbiased estimates from the kept tensors. Taken by :class:`dgl_exact.SAGEConv` ('mean', homogeneous graph,
-plain linears, compression on, training, no autocast or capture); everything else runs the composed ops.
+unbiased estimates from the kept tensors. Under autocast the products run in the autocast dtype and the
+aggregation of ``x`` in ``x``'s own, as the composed ops run them. Taken by :class:`dgl_exact.SAGEConv`
+('mean', homogeneous graph, plain linears, compression on, training, no capture); everything else runs the
+composed ops.
 """
 from __future__ import annotations
 
@@ -29,8 +31,8 @@ import torch
 
 from ..compression import CompressedTensor
 from ..config import CompressionConfig, resolve_config
-from ._saving import (check_double_backward, chunk_rows, create_graph_requested, fresh_outputs, load, needs_chunks,
-                      row_chunks, save, stash)
+from ._saving import (autocast_dtype, check_double_backward, chunk_rows, create_graph_requested, fresh_outputs, load,
+                      needs_chunks, row_chunks, save, stash)
 from .graph import _check_nodes
 from .structure import structure_of
 
@@ -66,11 +68,17 @@ def column_chunks(n_rows: int, width: int, device) -> int:
 class _SAGEMean(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w_self, b_self, w_neigh, st, cfg: CompressionConfig):
+        # Under autocast the weights arrive cast (``cd``, e.g. bf16) and ``x`` as it was: the products run in
+        # ``cd`` and the aggregation of ``x`` in ``x``'s dtype, as the composed ops under autocast run them.
         n, d_in = x.shape
+        cd = w_neigh.dtype
         ctx.lin_first = w_neigh.shape[0] < d_in  # DGL's order: project before aggregating when that narrows
+        ctx.x_dtype = x.dtype
         kept_s = None
+        xc = None
         if ctx.lin_first:
-            t = x.matmul(w_neigh.t())
+            xc = x if x.dtype == cd else x.to(cd)
+            t = xc.matmul(w_neigh.t())
             out = st.aggregate(t.unsqueeze(1)).view(n, -1)
             del t
             out.div_(_degrees(st, out.dtype))
@@ -80,16 +88,22 @@ class _SAGEMean(torch.autograd.Function):
             kept_s = stash(s, cfg, force=True) if ctx.needs_input_grad[3] else None
             # overwrite s only where backward does not read it (kept compressed, or not kept at all)
             owned = kept_s is None or isinstance(kept_s, CompressedTensor)
-            if owned and w_neigh.shape[0] == d_in and needs_chunks(s):
-                rows = chunk_rows(n, d_in, s.device)
+            rows = chunk_rows(n, d_in, s.device)
+            if owned and s.dtype == cd and w_neigh.shape[0] == d_in and needs_chunks(s):
                 for r0 in range(0, n, rows):
                     part = s[r0:r0 + rows]
                     part.copy_(part.matmul(w_neigh.t()))
                 out = s
+            elif s.dtype != cd:  # cast row chunk by row chunk: no full-size cast copy of s
+                out = s.new_empty((n, w_neigh.shape[0]), dtype=cd)
+                for r0 in range(0, n, rows):
+                    torch.matmul(s[r0:r0 + rows].to(cd), w_neigh.t(), out=out[r0:r0 + rows])
             else:
                 out = s.matmul(w_neigh.t())
             del s
-        out.addmm_(x, w_self.t())
+            xc = x if x.dtype == cd else x.to(cd)
+        out.addmm_(xc, w_self.t())
+        del xc
         if b_self is not None:
             out.add_(b_self)
         # x serves both weight gradients when the projection came first (dW_neigh = (A_mean^T g)^T x)
@@ -107,8 +121,7 @@ class _SAGEMean(torch.autograd.Function):
             check_double_backward("sage_mean", x_s, s_s)
         st = ctx.st
         grad = grad.contiguous()
-        n = grad.shape[0]
-        deg = _degrees(st, grad.dtype)
+        n, xd = grad.shape[0], ctx.x_dtype
         gx = gws = gb = gwn = None
         if ctx.has_bias and ctx.needs_input_grad[2]:
             gb = grad.sum(0)
@@ -116,7 +129,7 @@ class _SAGEMean(torch.autograd.Function):
             # m = A_mean^T g: [N, D_out], narrower than the input; both weight gradients from one pass over x
             m = None
             if ctx.needs_input_grad[0] or ctx.needs_input_grad[3]:
-                m = st.aggregate((grad / deg).unsqueeze(1), transpose=True).view(n, -1)
+                m = st.aggregate((grad / _degrees(st, grad.dtype)).unsqueeze(1), transpose=True).view(n, -1)
             if ctx.needs_input_grad[1] or ctx.needs_input_grad[3]:
                 for r0, r1, x in row_chunks(x_s):
                     x = x.to(grad.dtype)
@@ -127,7 +140,11 @@ class _SAGEMean(torch.autograd.Function):
                         part = m[r0:r1].t().matmul(x)
                         gwn = part if gwn is None else gwn.add_(part)
             if ctx.needs_input_grad[0]:
-                gx = grad.matmul(w_self.to(grad.dtype)).addmm_(m, w_neigh.to(grad.dtype))
+                gx = grad.matmul(w_self.to(grad.dtype))
+                if gx.dtype == xd:
+                    gx.addmm_(m, w_neigh.to(grad.dtype))
+                else:  # autocast: each product cast back to x's dtype, as the composed ops' casts do
+                    gx = gx.to(xd).add_(m.matmul(w_neigh.to(grad.dtype)))
             return gx, gws, gb, gwn, None, None
         if ctx.needs_input_grad[1]:
             gws = _weight_grad(grad, x_s)
@@ -135,12 +152,13 @@ class _SAGEMean(torch.autograd.Function):
             gwn = _weight_grad(grad, s_s)
         if ctx.needs_input_grad[0]:
             w_self, w_neigh = w_self.to(grad.dtype), w_neigh.to(grad.dtype)
-            gx = grad.matmul(w_self)
+            gx = grad.matmul(w_self).to(xd)
             d_in = gx.shape[1]
+            deg = _degrees(st, xd)
             width = column_chunks(n, d_in, grad.device)
             for c0 in range(0, d_in, width):
                 c1 = min(d_in, c0 + width)
-                g = grad.matmul(w_neigh[:, c0:c1]).div_(deg)
+                g = grad.matmul(w_neigh[:, c0:c1]).to(xd).div_(deg)
                 part = st.aggregate(g.unsqueeze(1), transpose=True).view(n, c1 - c0)
                 del g
                 gx[:, c0:c1].add_(part)
@@ -160,4 +178,12 @@ def sage_mean(g, x: torch.Tensor, w_self: torch.Tensor, b_self: Optional[torch.T
         raise ValueError(f"sage_mean needs a homogeneous graph and [N, D] features with one row per node; got "
                          f"features {tuple(x.shape)} on a graph of {st.num_src} source / {st.num_dst} "
                          f"destination nodes")
-    return _SAGEMean.apply(x, w_self, b_self, w_neigh, st, resolve_config(config))
+    cfg = resolve_config(config)
+    dtype = autocast_dtype(x.device.type)
+    if dtype is None:
+        return _SAGEMean.apply(x, w_self, b_self, w_neigh, st, cfg)
+    # autocast: the weights cast as the composed linears cast them (their gradients flow back through the
+    # casts); x stays as it is, kept as it is, and is cast inside (no cast copy kept)
+    with torch.autocast(x.device.type, enabled=False):
+        return _SAGEMean.apply(x, w_self.to(dtype), None if b_self is None else b_self.to(dtype),
+                               w_neigh.to(dtype), st, cfg)

@@ -109,14 +109,15 @@ class SAGEConv(CompressedModuleMixin, dgl.nn.SAGEConv):
 
     def _fused_mean(self, cfg, feat, x, st, edge_weight) -> bool:
         """Whether :func:`dgl_exact.ops.sage_mean` computes this call: 'mean' on a whole graph, plain linears
-        (``fc_neigh`` without bias, as DGL builds it), compression on, training, one dtype, no autocast or
+        (``fc_neigh`` without bias, as DGL builds it), compression on, training, one dtype (or autocast), no
         capture."""
         return (self._aggre_type == "mean" and cfg.enabled and not isinstance(feat, tuple)
                 and not st.is_block and edge_weight is None and x.dim() == 2
                 and _plain_linear(self.fc_self) and _plain_linear(self.fc_neigh) and self.fc_neigh.bias is None
-                and x.dtype == self.fc_self.weight.dtype == self.fc_neigh.weight.dtype
+                and (x.dtype == self.fc_self.weight.dtype == self.fc_neigh.weight.dtype
+                     or (autocast_dtype(x.device.type) is not None and x.is_floating_point()))
                 and needs_saving(x, self.fc_self.weight, self.fc_self.bias, self.fc_neigh.weight)
-                and not captured.active() and not compiling() and autocast_dtype(x.device.type) is None)
+                and not captured.active() and not compiling())
 
     def forward(self, graph, feat, edge_weight=None):
         if self._aggre_type == "lstm":
