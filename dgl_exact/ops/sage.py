@@ -77,11 +77,12 @@ class _SAGEMean(torch.autograd.Function):
         kept_s = None
         xc = None
         if ctx.lin_first:
-            xc = x if x.dtype == cd else x.to(cd)
-            t = xc.matmul(w_neigh.t())
+            # a cast copy of x (autocast) is made for each product and dropped before the aggregation
+            t = x.matmul(w_neigh.t()) if x.dtype == cd else x.to(cd).matmul(w_neigh.t())
             out = st.aggregate(t.unsqueeze(1)).view(n, -1)
             del t
             out.div_(_degrees(st, out.dtype))
+            xc = x if x.dtype == cd else x.to(cd)
         else:
             s = st.aggregate(x.unsqueeze(1)).view(n, d_in)
             s.div_(_degrees(st, s.dtype))
@@ -129,7 +130,17 @@ class _SAGEMean(torch.autograd.Function):
             # m = A_mean^T g: [N, D_out], narrower than the input; both weight gradients from one pass over x
             m = None
             if ctx.needs_input_grad[0] or ctx.needs_input_grad[3]:
-                m = st.aggregate((grad / _degrees(st, grad.dtype)).unsqueeze(1), transpose=True).view(n, -1)
+                deg, d_out = _degrees(st, grad.dtype), grad.shape[1]
+                width = column_chunks(n, d_out, grad.device)
+                if width >= d_out:
+                    m = st.aggregate((grad / deg).unsqueeze(1), transpose=True).view(n, d_out)
+                else:  # column chunks: the scaled gradient and the kernel's buffers exist a chunk at a time
+                    m = torch.empty_like(grad)
+                    for c0 in range(0, d_out, width):
+                        c1 = min(d_out, c0 + width)
+                        g = grad[:, c0:c1] / deg
+                        m[:, c0:c1] = st.aggregate(g.unsqueeze(1), transpose=True).view(n, c1 - c0)
+                        del g
             if ctx.needs_input_grad[1] or ctx.needs_input_grad[3]:
                 for r0, r1, x in row_chunks(x_s):
                     x = x.to(grad.dtype)
