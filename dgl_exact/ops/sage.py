@@ -31,14 +31,15 @@ import torch
 
 from ..compression import CompressedTensor
 from ..config import CompressionConfig, resolve_config
-from ._saving import (autocast_dtype, check_double_backward, chunk_rows, create_graph_requested, fresh_outputs, load,
-                      needs_chunks, row_chunks, save, stash)
+from ._saving import (autocast_dtype, check_double_backward, chunk_elements_for, chunk_rows, create_graph_requested,
+                      fresh_outputs, load, needs_chunks, row_chunks, save, stash)
 from .graph import _check_nodes
 from .structure import structure_of
 
 __all__ = ["sage_mean"]
 
-#: input-feature columns per chunk of the backward's transposed aggregation (when the layer is chunked at all)
+#: columns per chunk of the backward's transposed aggregation (input features; output features where the
+#: layer projects first), when the layer is chunked at all
 COLUMN_CHUNK = 32
 
 
@@ -56,12 +57,10 @@ def _weight_grad(grad: torch.Tensor, item) -> torch.Tensor:
 
 
 def column_chunks(n_rows: int, width: int, device) -> int:
-    """Columns per chunk of the backward's transposed aggregation: the whole width where a layer-sized
+    """Columns per chunk of the backward's transposed aggregations: the whole width where a layer-sized
     buffer is not chunked on ``device`` (a GPU at arxiv size: one sparse product, fewer launches), else
     :data:`COLUMN_CHUNK`. Depends on the graph's size only through that test, so a planner's sample graphs
     run the same operators as the full graph."""
-    from ._saving import chunk_elements_for
-
     return width if n_rows * width <= chunk_elements_for(device) else min(width, COLUMN_CHUNK)
 
 
