@@ -41,6 +41,13 @@ class BatchNorm1d(CompressedModuleMixin, nn.BatchNorm1d):
         if x.dim() != 2:
             return super().forward(x)
         self._check_input_dim(x)
+        track, track_var, use_batch_stats, factor = self.batch_norm_args()
+        return ops.batch_norm(x, track, track_var, self.weight, self.bias, use_batch_stats, factor, self.eps,
+                              self._config())
+
+    def batch_norm_args(self):
+        """``(running_mean, running_var, use_batch_stats, momentum)`` for one forward, as
+        :class:`torch.nn.BatchNorm1d` derives them (counting the batch in ``num_batches_tracked``)."""
         factor = 0.0 if self.momentum is None else self.momentum
         if self.training and self.track_running_stats and self.num_batches_tracked is not None:
             self.num_batches_tracked.add_(1)
@@ -48,8 +55,7 @@ class BatchNorm1d(CompressedModuleMixin, nn.BatchNorm1d):
         use_batch_stats = self.training or (self.running_mean is None and self.running_var is None)
         track = self.running_mean if not self.training or self.track_running_stats else None
         track_var = self.running_var if not self.training or self.track_running_stats else None
-        return ops.batch_norm(x, track, track_var, self.weight, self.bias, use_batch_stats, factor, self.eps,
-                              self._config())
+        return track, track_var, use_batch_stats, factor
 
 
 class ReLU(nn.ReLU):

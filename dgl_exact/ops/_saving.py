@@ -375,3 +375,63 @@ def autocast_dtype(device_type: str) -> Optional[torch.dtype]:
         if device_type == "cpu" and torch.is_autocast_cpu_enabled():
             return torch.get_autocast_cpu_dtype()
     return None
+
+
+# --- gradients a backward may overwrite ----------------------------------------------------------------------
+def _grad_refs(grad: torch.Tensor) -> tuple:
+    """(Python references, TensorImpl uses, storage uses) of ``grad`` as seen from a backward that passed it
+    here directly (the same call depth in :func:`grad_is_private` and its calibration)."""
+    import sys
+
+    uses = grad._use_count() if hasattr(grad, "_use_count") else None
+    storage = torch._C._storage_Use_Count(grad.untyped_storage()._cdata) if hasattr(
+        torch._C, "_storage_Use_Count") else None
+    return sys.getrefcount(grad), uses, storage
+
+
+_PRIVATE_REFS: Optional[tuple] = None
+
+
+def _refs_at_check_depth(grad: torch.Tensor) -> tuple:
+    return _grad_refs(grad)  # one frame between the backward and _grad_refs, as in grad_is_private
+
+
+def _calibrate_private_refs() -> Optional[tuple]:
+    """The references a backward sees on an incoming gradient nobody else holds: measured once, on this
+    torch, by a probe whose incoming gradient is a fresh product (``y * 2``'s backward)."""
+    global _PRIVATE_REFS
+    if _PRIVATE_REFS is None:
+        seen = []
+
+        class _Probe(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, x):
+                return x.clone()
+
+            @staticmethod
+            def backward(ctx, grad):
+                seen.append(_refs_at_check_depth(grad))
+                return grad
+
+        with torch.enable_grad():
+            x = torch.zeros(4, requires_grad=True)
+            (_Probe.apply(x) * 2.0).sum().backward()
+        refs = seen[0]
+        # without a TensorImpl use count the check cannot rule out a C++ holder (a gradient captured by
+        # torch.autograd.grad): never private then
+        _PRIVATE_REFS = refs if refs[1] == 1 and refs[2] is not None else (-1, -1, -1)
+    return _PRIVATE_REFS
+
+
+def grad_is_private(grad: torch.Tensor) -> bool:
+    """Whether a backward may overwrite its incoming gradient ``grad`` in place: nobody else holds it (no
+    Python reference beyond the call's, no other C++ owner such as ``torch.autograd.grad`` capturing it,
+    no view sharing its storage), and it is a plain contiguous tensor of its own. Call it directly from
+    the ``backward`` (the reference counts are compared with a probe's at the same depth). False when in
+    doubt: the caller then works on a copy."""
+    if (not isinstance(grad, torch.Tensor) or grad.requires_grad or grad._base is not None
+            or not grad.is_contiguous() or grad.layout != torch.strided or captured.active() or compiling()):
+        return False
+    want = _calibrate_private_refs()
+    got = _grad_refs(grad)
+    return want[0] >= 0 and got[0] <= want[0] and got[1] == 1 and got[2] <= want[2]

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from .. import nn as exact_nn
 from .. import ops
 from .._compat import import_dgl
-from ..nn.conv.gcn2conv import initial_features_for
+from ..nn.conv.gcn2conv import gcnii_stack, initial_features_for
 
 dgl = import_dgl()
 
@@ -235,7 +235,16 @@ class GCNII(nn.Module):
     def forward(self, graph, x, edge_weight=None):
         if isinstance(graph, (list, tuple)):
             raise ValueError("GCNII runs on whole (sub)graphs, not on blocks from a neighbour sampler")
-        h, h0 = self._input(x)
+        if edge_weight is None and not self.residual and self._lib.impl == "exact" and not self._lib.dropout2:
+            # the hidden layers as fused in-place ops where they apply (two layer-sized buffers at the
+            # step's peak instead of three); else the modules below
+            h0 = self._initial(x)
+            h = gcnii_stack(graph, self.convs, self.norms, h0, self.dropout, self.dropout if self.training else 0.0)
+            if h is not None:
+                return self.lin_out(h)
+            h = self._lib.dropout(h0, self.dropout, self.training)
+        else:
+            h, h0 = self._input(x)
         h0 = initial_features_for(self.convs, h0)  # each layer's h0 gradient without its alpha (one buffer less)
         for i, conv in enumerate(self.convs):
             out = [conv(graph, h, h0, edge_weight=edge_weight)]
@@ -247,8 +256,11 @@ class GCNII(nn.Module):
     def _input(self, x):
         """(input of the first layer, initial representation ``h0``). ``h0`` is reused undropped by every
         layer, as in the GCNII paper's code and EXACT's GCN2; only the first layer's input is dropped."""
-        h0 = self._lib.relu(self.lin_in(self._lib.dropout(x, self.dropout, self.training)))
+        h0 = self._initial(x)
         return self._lib.dropout(h0, self.dropout, self.training), h0
+
+    def _initial(self, x):
+        return self._lib.relu(self.lin_in(self._lib.dropout(x, self.dropout, self.training)))
 
     def _after_conv(self, i, out, h):
         """``out``: the conv output, or a one-element list holding it (taken out, so it dies after BN);

@@ -218,3 +218,59 @@ def initial_features_for(convs, feat_0: torch.Tensor) -> torch.Tensor:
     out = _OweAlpha.apply(feat_0, alpha)
     setattr(out, _ALPHA_OWED, alpha)
     return out
+
+
+def gcnii_stack(graph, convs, norms, h0: torch.Tensor, dropout: float, input_dropout: float):
+    """GCNII's hidden layers ``h_l = dropout(relu(BN_l(conv_l(h_{l-1}, h0))))``, ``h_0' = dropout(h0,
+    input_dropout)``, as fused in-place layers (:func:`dgl_exact.ops.gcn2.gcn2_layer_`: two layer-sized
+    buffers at the step's peak instead of three); returns the last layer's output, or None where the fused
+    layers do not apply (the caller then runs the modules). ``norms``: batch norms or None.
+
+    Applies when training with compression on, with grad enabled, outside torch.compile, capture and
+    autocast, on a homogeneous whole graph without edge weights, for dgl_exact ``GCN2Conv`` layers with
+    ``project_initial_features`` and no activation and dgl_exact ``BatchNorm1d`` norms, none with hooks."""
+    from ...ops import captured
+    from ...ops.gcn2 import BatchNormArgs, GCN2Step, InitialGradient, degree_norm, gcn2_layer_
+    from ..layers import BatchNorm1d
+
+    mods = list(convs) + (list(norms) if norms is not None else [])
+    if not convs or not all(isinstance(c, GCN2Conv) and c._project_initial_features and c._activation is None
+                            for c in convs):
+        return None
+    if norms is not None and (len(norms) != len(convs) or not all(type(m) is BatchNorm1d for m in norms)):
+        return None
+    if (not torch.is_grad_enabled() or compiling() or captured.active() or not all(m.training for m in mods)
+            or any(m._forward_hooks or m._forward_pre_hooks for m in mods) or _global_module_hooks()
+            or autocast_dtype(h0.device.type) is not None):
+        return None
+    if not 0.0 <= dropout < 1.0 or not 0.0 <= input_dropout < 1.0:
+        return None
+    cfgs = [c._config() for c in convs]
+    if not all(cfg.enabled for cfg in cfgs) or h0.dim() != 2 or not h0.is_contiguous():
+        return None
+    params = [p for m in mods for p in m.parameters()]
+    if not all(p.dtype == h0.dtype for p in params) or not needs_saving(h0, *params):
+        return None
+    st = ops.structure_of(graph, h0.device)
+    if not isinstance(st, ops.GraphStructure) or st.is_block or st.num_src != st.num_dst:
+        return None
+    check_feature_rows(st, h0)
+    for conv in convs:
+        check_zero_in_degree(conv, st)
+    grads, norm = InitialGradient(len(convs)), degree_norm(st, h0.dtype)  # one norm kept for all layers
+    h = None
+    for i, (conv, cfg) in enumerate(zip(convs, cfgs)):
+        bn = None
+        if norms is not None:
+            m = norms[i]
+            mean, var, batch_stats, momentum = m.batch_norm_args()
+            bn = BatchNormArgs(m.weight, m.bias, mean, var, batch_stats, momentum, m.eps)
+        step = GCN2Step(float(conv.alpha), float(conv.beta), float(dropout), float(input_dropout), i)
+        h = gcn2_layer_(st, h, h0, conv.weight1, conv.bias if conv._bias else None, step, bn, grads, cfg, norm)
+    return h
+
+
+def _global_module_hooks() -> bool:
+    from torch.nn.modules import module as _module
+
+    return any(getattr(_module, name, None) for name in ("_global_forward_hooks", "_global_forward_pre_hooks"))
