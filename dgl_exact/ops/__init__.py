@@ -4,10 +4,11 @@ from .elementwise import dropout, elu, leaky_relu, relu, relu_dropout
 from .graph import (copy_u_max, copy_u_mean, copy_u_min, copy_u_sum, edge_softmax, gat_attention, normalize_edge_weight,
                     u_add_v, u_mul_e_sum)
 from .sage import sage_mean
+from . import gcn2
 from .loss import binary_cross_entropy_with_logits, cross_entropy
 from .structure import GraphStructure, structure_of
 
 __all__ = ["linear", "linear_", "batch_norm", "relu", "leaky_relu", "elu", "dropout", "relu_dropout", "copy_u_sum",
            "copy_u_mean", "u_mul_e_sum", "copy_u_max", "copy_u_min", "u_add_v", "edge_softmax", "gat_attention",
            "cross_entropy", "binary_cross_entropy_with_logits", "normalize_edge_weight",
-           "sage_mean", "GraphStructure", "structure_of"]
+           "sage_mean", "gcn2", "GraphStructure", "structure_of"]

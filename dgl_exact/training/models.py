@@ -208,6 +208,10 @@ class GCNII(nn.Module):
     ``project_initial_features=False``, EXACT's/PyG's ``shared_weights: false``).
     ``identity_mapping=False`` sets every ``beta_l`` to 1: ``(1 - beta) I + beta W`` becomes ``W``, which
     is what EXACT's arxiv GCNII runs (PyG's ``GCN2Conv`` with ``theta=None``); ``lambda_`` is then unused.
+
+    Training with compression on, shared weights and no residual, the hidden layers run as fused in-place
+    ops (:func:`dgl_exact.nn.conv.gcn2conv.gcnii_stack`: two layer-sized buffers at the step's peak instead
+    of three); the modules' parameters, buffers and ``state_dict`` are the same either way.
     """
 
     def __init__(self, in_feats: int, hidden: int, num_classes: int, layers: int = 8, dropout: float = 0.5,

@@ -11,6 +11,9 @@ from ...ops._saving import (DOUBLE_BACKWARD_MESSAGE, autocast_dtype, chunk_rows,
                             load, needs_saving, row_chunks, save, stash)
 from ... import ops
 from ...config import CompressionConfig
+from ...ops import captured
+from ...ops.gcn2 import BatchNormArgs, GCN2Step, InitialGradient, degree_norm, gcn2_layer_
+from ..layers import BatchNorm1d
 from .._base import (CompressedModuleMixin, check_feature_rows, check_zero_in_degree, compressed_activation, into,
                      kept_by_reference)
 
@@ -229,10 +232,6 @@ def gcnii_stack(graph, convs, norms, h0: torch.Tensor, dropout: float, input_dro
     Applies when training with compression on, with grad enabled, outside torch.compile, capture and
     autocast, on a homogeneous whole graph without edge weights, for dgl_exact ``GCN2Conv`` layers with
     ``project_initial_features`` and no activation and dgl_exact ``BatchNorm1d`` norms, none with hooks."""
-    from ...ops import captured
-    from ...ops.gcn2 import BatchNormArgs, GCN2Step, InitialGradient, degree_norm, gcn2_layer_
-    from ..layers import BatchNorm1d
-
     mods = list(convs) + (list(norms) if norms is not None else [])
     if not convs or not all(isinstance(c, GCN2Conv) and c._project_initial_features and c._activation is None
                             for c in convs):
@@ -246,7 +245,8 @@ def gcnii_stack(graph, convs, norms, h0: torch.Tensor, dropout: float, input_dro
     if not 0.0 <= dropout < 1.0 or not 0.0 <= input_dropout < 1.0:
         return None
     cfgs = [c._config() for c in convs]
-    if not all(cfg.enabled for cfg in cfgs) or h0.dim() != 2 or not h0.is_contiguous():
+    if (not all(cfg.enabled for cfg in cfgs) or h0.dim() != 2 or not h0.is_contiguous()
+            or h0.dtype not in (torch.float32, torch.float64)):  # half precision: the modules (fp32 statistics)
         return None
     params = [p for m in mods for p in m.parameters()]
     if not all(p.dtype == h0.dtype for p in params) or not needs_saving(h0, *params):
