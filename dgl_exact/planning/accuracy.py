@@ -120,6 +120,8 @@ def budget_comparison(dataset, base_config, runs: int = 10, budgets: Sequence[st
         budget = predicted[ref].total_bytes
         plan: BudgetPlan = budget_plan(spec, budget, data=data, replicas=replicas, seed=cfg.seed, log=log,
                                        uniform=predicted)
+        log(f"budget = {ref} total: {plan.summary()}")
+        log(plan.table())
         row = {"kind": "budget", "dataset": dataset.name, "model": cfg.model, "setting": f"budget = {ref} total",
                "runs": runs, "peak_pred_MiB": plan.record.step_peak_bytes / 2**20,
                "total_pred_bytes": plan.record.total_bytes,

@@ -17,9 +17,29 @@ the least gradient variance (GACT's idea, Liu et al., ICML 2022, for full-graph 
    numbers inside ``torch.random.fork_rng``, so every probe step sees the same dropout masks.
 3. **Allocation.** Per slot, the options not dominated in (bytes, variance); start from the fewest bytes and
    repeatedly take the upgrade with the largest variance reduction per byte that still fits (greedy
-   multiple-choice knapsack). The step peak of a plan is the uniform INT2 peak plus the plan's bytes minus
-   INT2's (every kept activation counted as alive at the peak: conservative), then checked by recording the
-   plan's own step on the planner's samples.
+   multiple-choice knapsack), then a dynamic programme over slots (Pareto states of bytes and variance)
+   where it finds less variance: it finds e.g. one slot up to INT4 paid by two down to INT1, which the
+   greedy misses. The step peak of a plan is predicted from the uniform settings ``u`` whose
+   peaks were predicted, in two ways:
+
+   * **trades** (tried first): ``peak(plan) = peak(u) + sum_i (bytes_i(plan) - bytes_i(u))``, a signed sum,
+     so a slot kept in fewer bytes than under ``u`` pays for another kept in more. Allocated as plain bytes
+     against ``room - peak(u) + sum_i bytes_i(u)`` (the same limit). This is exact when every kept activation
+     is alive at the peak and the step's transients are ``u``'s (the usual case: the peak is in the
+     backward pass, before the first kept activation is freed); it is optimistic otherwise (a plan that keeps
+     more bytes in a slot freed before the peak, or whose compression transients are larger). So it is
+     **verified**: the plan's own step is recorded on the planner's two samples and extrapolated, and the
+     trade plan is kept only when that total is within the budget. The recorded step is compared with this
+     call's own recording of ``u`` (two recordings of one step can differ by a few hundred bytes): total =
+     ``u``'s predicted total + (recorded plan - recorded ``u``). Candidates are tried least variance first
+     (one per ``u``; one over the budget by ``d`` is allocated again ``d`` tighter, once), at most eight
+     recordings.
+   * **sound bound** (the fallback when no trade plan lowers the variance or none passes the check):
+     ``peak(plan) <= peak(u) + sum_i max(0, bytes_i(plan) - bytes_i(u))``, true wherever the peak sits, but
+     no slot can give bytes to another; the plan's recorded step (on the same scale) is then reported, not
+     required.
+
+   ``BudgetPlan.allocation`` and the record's ``note`` say which was used.
 
 :class:`BudgetPlan.active` installs the plan (a stash hook) for a training run; when a training forward does
 not match the recorded slots (another model) the hook keeps the configuration in force and warns once.
@@ -43,7 +63,7 @@ from .predict import (SAMPLE_NODES, PlanRecord, PlanSpec, _extrapolate, build_fo
                       single_thread)
 
 __all__ = ["OPTIONS", "Slot", "BudgetPlan", "BudgetError", "budget_plan", "plan_row", "estimate_sensitivity",
-           "allocate", "keep"]
+           "allocate", "allocate_for_peak", "trade_plans", "allocate_with_trades", "keep"]
 
 FP = CompressionConfig(enabled=False)
 #: what a slot may get, by name. Projection only where the op allows it (not batch norm, not ReLU outputs).
@@ -207,9 +227,9 @@ def _frontier(slot: Slot, cost: Callable[[Slot, str], int]) -> List[str]:
 
 def allocate(slots: Sequence[Slot], limit: int, cost: Optional[Callable[[Slot, str], int]] = None) -> int:
     """Choose ``slot.choice`` for every slot with summed ``cost`` (default: the option's bytes) at most
-    ``limit``, minimising the summed variance greedily (largest variance reduction per byte first); returns
-    the cost used. :class:`BudgetError` (cost needed in its ``needed``) when even the cheapest options
-    exceed ``limit``."""
+    ``limit``, minimising the summed variance: greedily (largest variance reduction per byte first), or by
+    dynamic programming over the slots where that finds less (:func:`_pareto`); returns the cost used.
+    :class:`BudgetError` (cost needed in its ``needed``) when even the cheapest options exceed ``limit``."""
     cost = cost or (lambda s, n: s.bytes[n])
     fronts = {s.index: _frontier(s, cost) for s in slots}
     pos = {s.index: 0 for s in slots}
@@ -235,9 +255,71 @@ def allocate(slots: Sequence[Slot], limit: int, cost: Optional[Callable[[Slot, s
         _, s, k, db = best
         pos[s.index] = k
         used += db
+    exact = _pareto(slots, fronts, limit, cost)
+    if exact is not None:
+        var = sum(s.variance.get(fronts[s.index][pos[s.index]], 0.0) for s in slots)
+        if sum(s.variance.get(fronts[s.index][k], 0.0) for s, k in zip(slots, exact[0])) < var:
+            pos = {s.index: k for s, k in zip(slots, exact[0])}
+            used = exact[1]
     for s in slots:
         s.choice = fronts[s.index][pos[s.index]]
     return used
+
+
+def _pareto(slots: Sequence[Slot], fronts, limit: int, cost, work: int = 300_000):
+    """The multiple-choice knapsack by dynamic programming over slots, keeping the (cost, variance) states
+    not dominated (thinned evenly in cost beyond ``work / (slots x options)`` states, at least 64: then
+    approximate; the work is bounded for models with hundreds of kept activations); returns the frontier
+    position per slot of the least-variance state within ``limit`` and its cost, or None. It finds the
+    exchanges the greedy misses: e.g. one INT2 slot up to INT4, paid by two others down to INT1."""
+    rest = [0] * (len(slots) + 1)
+    for i in range(len(slots) - 1, -1, -1):
+        rest[i] = rest[i + 1] + min(cost(slots[i], n) for n in fronts[slots[i].index])
+    states, layers = [(0, 0.0)], []
+    max_states = max(64, work // max(1, len(slots) * max(len(f) for f in fronts.values())))
+    for i, s in enumerate(slots):
+        f = fronts[s.index]
+        opts = [(cost(s, n), s.variance.get(n, 0.0)) for n in f]
+        cand = [(c + oc, v + ov, j, k) for j, (c, v) in enumerate(states) for k, (oc, ov) in enumerate(opts)
+                if c + oc + rest[i + 1] <= limit]
+        cand.sort(key=lambda t: (t[0], t[1]))
+        kept, best = [], math.inf
+        for t in cand:
+            if t[1] < best:
+                kept.append(t)
+                best = t[1]
+        if len(kept) > max_states:
+            step = len(kept) / max_states
+            kept = [kept[int(j * step)] for j in range(max_states - 1)] + [kept[-1]]
+        if not kept:
+            return None
+        layers.append([(t[2], t[3]) for t in kept])
+        states = [(t[0], t[1]) for t in kept]
+    j, picks = len(states) - 1, []
+    for i in range(len(slots) - 1, -1, -1):
+        j, k = layers[i][j]
+        picks.append(k)
+    return picks[::-1], states[-1][0]
+
+
+def _uniform_option(name: str) -> Optional[str]:
+    """The :data:`OPTIONS` name a uniform setting keeps every slot with (None: not one of them)."""
+    setting = select(name)[0]
+    if not setting.compression.enabled:
+        return "fp32"
+    return next((n for n, c in OPTIONS.items() if c == setting.compression), None)
+
+
+def _bytes_under(s: Slot, ref: str) -> int:
+    """The slot's bytes under the uniform option ``ref`` (an op that does not allow projection keeps it
+    unprojected)."""
+    if ref in s.bytes:
+        return s.bytes[ref]
+    return compressed_nbytes((s.rows, s.width), OPTIONS[ref].replace(kept_frac=1.0))
+
+
+def _variance(slots: Sequence[Slot]) -> float:
+    return sum(s.variance.get(s.choice, 0.0) for s in slots)
 
 
 def allocate_for_peak(slots: Sequence[Slot], room: int, uniform: Dict[str, PlanRecord]) -> str:
@@ -250,17 +332,12 @@ def allocate_for_peak(slots: Sequence[Slot], room: int, uniform: Dict[str, PlanR
     :class:`BudgetError` (``needed``: the smallest peak bound) when none fits."""
     best, needed = None, math.inf
     for name, rec in uniform.items():
-        setting = select(name)[0]
-        ref = "fp32" if not setting.compression.enabled else next(
-            (n for n, c in OPTIONS.items() if c == setting.compression), None)
+        ref = _uniform_option(name)
         if ref is None:
             continue
 
         def cost(s, n, ref=ref):
-            if ref in s.bytes:
-                return max(0, s.bytes[n] - s.bytes[ref])
-            # the op does not allow projection: the uniform setting kept it unprojected
-            return max(0, s.bytes[n] - compressed_nbytes((s.rows, s.width), OPTIONS[ref].replace(kept_frac=1.0)))
+            return max(0, s.bytes[n] - _bytes_under(s, ref))
 
         try:
             allocate(slots, room - rec.step_peak_bytes, cost)
@@ -268,7 +345,7 @@ def allocate_for_peak(slots: Sequence[Slot], room: int, uniform: Dict[str, PlanR
             needed = min(needed, rec.step_peak_bytes + e.needed)
             continue
         needed = min(needed, rec.step_peak_bytes)
-        var = sum(s.variance.get(s.choice, 0.0) for s in slots)
+        var = _variance(slots)
         if best is None or var < best[0]:
             best = (var, name, [s.choice for s in slots])
     if best is None:
@@ -278,6 +355,46 @@ def allocate_for_peak(slots: Sequence[Slot], room: int, uniform: Dict[str, PlanR
     for s, c in zip(slots, best[2]):
         s.choice = c
     return best[1]
+
+
+def trade_plans(slots: Sequence[Slot], room: int, uniform: Dict[str, PlanRecord]) -> List[tuple]:
+    """Plans that trade bytes between slots: per uniform setting ``u``, the greedy allocation whose predicted
+    step peak ``peak(u) + sum_i (bytes_i(plan) - bytes_i(u))`` (signed: a slot below ``u``'s bytes pays for
+    one above) stays within ``room``; as ``(variance, u, choices, limit)`` (``limit``: the bytes the slots
+    were allocated, ``room - peak(u) + sum_i bytes_i(u)``), distinct choices only, least variance first.
+    Exact when every kept activation is alive at the peak, optimistic otherwise: verify the plan's own step
+    (:func:`budget_plan` does). The slots' choices are left as the last allocation made.
+    :class:`BudgetError` (``needed``: the smallest predicted peak) when none fits."""
+    out, seen, needed = [], set(), math.inf
+    for name, rec in uniform.items():
+        ref = _uniform_option(name)
+        if ref is None:
+            continue
+        other = rec.step_peak_bytes - sum(_bytes_under(s, ref) for s in slots)  # u's peak less its kept bytes
+        try:
+            used = allocate(slots, room - other)  # plain bytes: the signed sum, shifted by u's kept bytes
+        except BudgetError as e:
+            needed = min(needed, other + e.needed)
+            continue
+        needed = min(needed, other + used)
+        choices = tuple(s.choice for s in slots)
+        if choices not in seen:
+            seen.add(choices)
+            out.append((_variance(slots), name, list(choices), room - other))
+    if not out:
+        err = BudgetError("no plan fits")
+        err.needed = needed
+        raise err
+    return sorted(out, key=lambda c: c[0])
+
+
+def allocate_with_trades(slots: Sequence[Slot], room: int, uniform: Dict[str, PlanRecord]) -> str:
+    """The least-variance plan of :func:`trade_plans`, applied to ``slot.choice``; returns the name of the
+    uniform setting it trades against (its peak is predicted, not bounded: verify it)."""
+    _, name, choices, _ = trade_plans(slots, room, uniform)[0]
+    for s, c in zip(slots, choices):
+        s.choice = c
+    return name
 
 
 # --- the plan -----------------------------------------------------------------------------------------------
@@ -293,6 +410,8 @@ class BudgetPlan:
     variance: float               # predicted added gradient variance (sum over slots)
     uniform_variance: Dict[str, float]
     calls: int                    # stash calls per training forward (kept-by-reference ones included)
+    #: how the step peak was held within the budget: "trades (verified)" or "sound bound"; with the reason
+    allocation: str = ""
 
     def config_for(self, index: int) -> Optional[CompressionConfig]:
         for s in self.slots:
@@ -384,11 +503,12 @@ def budget_plan(spec: PlanSpec, budget: int, data=None, replicas: int = 2, gpu: 
         g1, g2 = samples or samples_for(spec, gpu, sample_nodes)
         names = ["INT2", "INT1", "INT2 + RP(0.125) + blocks(64) + optimal", "dgl_exact fp32", "INT8", "INT4",
                  "INT2 + RP(0.125)"]
-        uniform, runs = {}, {}
+        uniform, runs, own = {}, {}, {}
         for s in select(",".join(names)):
             r1, r2 = g1.record(s), g2.record(s)
             runs[s.name] = (r1, r2)
-            uniform[s.name] = given.get(s.name) or combine(spec, s.name, r1, r2, g1.scale, g2.scale, budget)
+            own[s.name] = combine(spec, s.name, r1, r2, g1.scale, g2.scale, budget)
+            uniform[s.name] = given.get(s.name) or own[s.name]
         slots = _slots_from_runs(*runs["INT2"], g1.scale, g2.scale)
         ref = uniform["INT2"]
         room = budget - ref.static_bytes    # for the step peak
@@ -397,7 +517,11 @@ def budget_plan(spec: PlanSpec, budget: int, data=None, replicas: int = 2, gpu: 
         try:
             allocate_for_peak(slots, room, uniform)
         except BudgetError as e:
-            raise BudgetError(_refusal(spec, budget, ref.static_bytes + e.needed, uniform)) from None
+            try:
+                trade_plans(slots, room, uniform)  # a trade plan may fit (if its recorded step confirms it)
+            except BudgetError as e2:
+                raise BudgetError(_refusal(spec, budget, ref.static_bytes + min(e.needed, e2.needed),
+                                           uniform)) from None
     if data is None:
         graph, feat, label, idx = g2.graph, g2.feat, g2.label, g2.idx
     else:
@@ -408,20 +532,104 @@ def budget_plan(spec: PlanSpec, budget: int, data=None, replicas: int = 2, gpu: 
         log(f"estimating per-tensor sensitivity: {1 + probes * replicas} forward/backward passes on "
             f"{graph.num_nodes():,} nodes")
     estimate_sensitivity(model, graph, feat, label, idx, slots, replicas, seed)
-    allocate_for_peak(slots, room, uniform)
-    plan = BudgetPlan(spec, budget, slots, ref, uniform, sum(s.variance.get(s.choice, 0.0) for s in slots),
+    sound = None
+    try:
+        sound_ref = allocate_for_peak(slots, room, uniform)
+        sound = (_variance(slots), sound_ref, [s.choice for s in slots])
+    except BudgetError:
+        pass
+    try:
+        candidates = trade_plans(slots, room, uniform)
+    except BudgetError as e:
+        candidates, least = [], ref.static_bytes + e.needed
+    if sound is not None:  # trades only where they lower the variance below the sound bound's plan
+        candidates = [c for c in candidates if c[0] < sound[0] * (1 - 1e-9) and c[2] != sound[2]]
+    plan = BudgetPlan(spec, budget, slots, ref, uniform, 0.0,
                       {n: _uniform_variance(slots, n) for n in ("INT8", "INT4", "INT2", "INT1")},
                       len(runs["INT2"][1].stashes))
-    # check: the plan's own recorded step on the samples
-    with single_thread():
-        setting = Setting(f"budget {memory.format_bytes(budget)}", "exact", OPTIONS["INT2"])
-        r1 = g1.record(setting, hook=lambda rec: plan.hook(rec))
-        r2 = g2.record(setting, hook=lambda rec: plan.hook(rec))
-    plan.record = combine(spec, "budget", r1, r2, g1.scale, g2.scale, budget, f"per tensor, {len(slots)} tensors")
+    fb = memory.format_bytes
+    verified, rejected, totals = _verify_trades(plan, candidates, sound[0] if sound else math.inf, g1, g2, own)
+    if verified is not None:
+        plan.record, plan.allocation = verified
+    else:
+        if sound is None:  # only trade plans could fit, and none did on its recorded step
+            raise BudgetError(_refusal(spec, budget, min(totals) if totals else least, uniform))
+        for s, c in zip(slots, sound[2]):
+            s.choice = c
+        plan.record = _record_plan(plan, g1, g2)
+        shift = uniform[sound[1]].total_bytes - own[sound[1]].total_bytes if sound[1] in own else 0
+        plan.record.step_peak_bytes += shift  # on the scale of the reference's prediction, as a verified trade
+        plan.record.total_bytes += shift
+        why = (f"trade plans tried: {len(rejected)}, over the budget on their recorded steps, least total "
+               f"{fb(min(totals))}") if rejected else "no trade plan lowers the variance"
+        plan.allocation = f"sound bound against {sound[1]} ({why})"
+    plan.variance = _variance(slots)
     plan.record.fits = plan.record.total_bytes <= budget
     plan.record.note = "; ".join(f"{n}: {sum(1 for s in slots if s.choice == n)}"
                                  for n in OPTIONS if any(s.choice == n for s in slots))
+    plan.record.note += f" [{plan.allocation}]"
+    if log:
+        log(f"allocation: {plan.allocation}")
     return plan
+
+
+def _verify_trades(plan: BudgetPlan, candidates: Sequence[tuple], worst: float, g1, g2,
+                   own: Dict[str, PlanRecord], tries: int = 8, per_reference: int = 2):
+    """The first trade plan of ``candidates`` (:func:`trade_plans`, least variance first) whose recorded step's
+    total is within the budget: ``((record, description), rejected, totals)``, ``(None, ...)`` when none is.
+
+    The plan's step is recorded on the same samples as ``own[u]``, this call's recording of its uniform
+    reference ``u``, and is compared with it: ``total(plan) = total(u) + (recorded(plan) - own[u])``, where
+    ``total(u)`` is the prediction the allocation used (the caller's, if given). Two recordings of the same
+    step can differ by a few hundred bytes, and a trade plan with exactly ``u``'s bytes and peak must pass
+    at ``u``'s predicted total; the returned record is shifted by that difference (``note`` says by how much).
+    A candidate over the budget by ``d`` bytes is allocated again with ``d`` fewer (its transients were
+    larger than its uniform reference's) while that still lowers the variance below ``worst``; at most
+    ``per_reference`` recordings per uniform reference and ``tries`` in all."""
+    fb = memory.format_bytes
+    slots, rejected, totals, cache, done = plan.slots, [], [], {}, set()
+    for _, name, choices, limit in candidates:
+        for _ in range(per_reference):
+            key = tuple(choices)
+            if (name, key) in done or key not in cache and len(cache) >= tries:
+                break
+            done.add((name, key))
+            for s, c in zip(slots, choices):
+                s.choice = c
+            if key not in cache:
+                cache[key] = _record_plan(plan, g1, g2)
+            rec = dataclasses.replace(cache[key])
+            shift = plan.uniform[name].total_bytes - own[name].total_bytes if name in own else 0
+            rec.step_peak_bytes += shift
+            rec.total_bytes += shift
+            if rec.total_bytes <= plan.budget:
+                rel = rec.total_bytes - plan.uniform[name].total_bytes
+                return (rec, f"trades against {name}, verified: recorded step peak {'+' if rel >= 0 else '-'}"
+                             f"{fb(abs(rel))} from {name}'s, total {fb(rec.total_bytes)} within the budget"
+                             + (f"; shifted {shift:+d} B to {name}'s prediction" if shift else "")), \
+                    rejected, totals
+            rejected.append(f"against {name} {fb(rec.total_bytes)}")
+            totals.append(rec.total_bytes)
+            limit -= rec.total_bytes - plan.budget
+            try:
+                allocate(slots, limit)
+            except BudgetError:
+                break
+            if _variance(slots) >= worst:
+                break
+            choices = [s.choice for s in slots]
+    return None, rejected, totals
+
+
+def _record_plan(plan: BudgetPlan, g1, g2) -> PlanRecord:
+    """The plan's own training step (its current choices), recorded on the planner's two samples and
+    extrapolated to full size."""
+    with single_thread():
+        setting = Setting(f"budget {memory.format_bytes(plan.budget)}", "exact", OPTIONS["INT2"])
+        r1 = g1.record(setting, hook=lambda rec: plan.hook(rec))
+        r2 = g2.record(setting, hook=lambda rec: plan.hook(rec))
+    return combine(plan.spec, "budget", r1, r2, g1.scale, g2.scale, plan.budget,
+                   f"per tensor, {len(plan.slots)} tensors")
 
 
 def _probe_data(data, probe_nodes: int, seed: int):
