@@ -14,6 +14,8 @@ from dgl_exact.training.models import build_model
 
 dgl = pytest.importorskip("dgl")
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # many tiny sparse products: no spin-waiting thread pools
+
 
 def _graph(n, seed=0):
     torch.manual_seed(seed)
@@ -260,3 +262,24 @@ def test_composed_path_where_fusion_does_not_apply(case, monkeypatch):
     with scope:
         model(g, x, edge_weight=ew)
     assert calls == []
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("chunked", [False, True])
+def test_cuda_equals_dgl_on_cpu(chunked, exact_kept, monkeypatch):
+    """Features and parameters on the GPU (graph on the CPU, as PyPI's DGL leaves it): the fused stack runs
+    and equals DGL's model on the CPU; ``chunked``: the GPU's chunk policy shrunk so that rows and columns
+    are chunked there too."""
+    if chunked:
+        monkeypatch.setattr(_saving, "CUDA_CHUNK_ELEMENTS", 5 * 7)
+        monkeypatch.setattr(gcn2, "COLUMN_CHUNK", 3)
+    calls = _spy(monkeypatch)
+    g = _graph(40)
+    x, y = _data(40)
+    ref, ex = _model("dgl", 3), _model("exact", 3).cuda()
+    ex.load_state_dict(ref.state_dict())
+    want = _step(ref, g, x, y)
+    out, loss, grads, bufs = _step(ex, g, x.cuda(), y.cuda())
+    assert len(calls) == 3 and out.is_cuda
+    got = (out.cpu(), loss.cpu(), {n: t.cpu() for n, t in grads.items()}, {n: t.cpu() for n, t in bufs.items()})
+    _assert_close(got, want, dict(rtol=1e-4, atol=1e-5))
