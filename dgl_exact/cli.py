@@ -209,6 +209,10 @@ def train(ctx, conf, debug_mem, test_speed, json_path, checkpoint, resume, quiet
     """Train a model; with no options, a GCN with INT2 activations on the bundled Cora graph."""
     params["conf"] = conf
     cfg = _config_from(ctx, params)
+    if (debug_mem or memory_budget is not None) and not str(cfg.device).startswith("cuda"):
+        from .memory import prepare_cpu_peak
+
+        prepare_cpu_peak()  # before the dataset and the plan grow the heap (see dgl_exact.memory)
     from .data import DatasetNotFoundError
     from .training import distributed
     from .training.trainer import Trainer

@@ -222,7 +222,7 @@ needs_vmhwm = pytest.mark.skipif(vmhwm_available() is not None, reason=f"no CPU 
 MIB = 2**20
 
 
-def _in_fresh_process(body: str) -> dict:
+def _in_fresh_process(body: str, prepare: bool = True) -> dict:
     """Run ``body`` (which sets ``out``, a dict) in a new interpreter and return ``out``. The resident
     high-water mark is only sound in a process whose heap did not grow before ``prepare_cpu_peak()`` (a
     long pytest process has reused pages lying around), which is how the bench and the trainer use it."""
@@ -232,7 +232,8 @@ def _in_fresh_process(body: str) -> dict:
     import textwrap
 
     code = ("import json, torch, dgl_exact\nimport dgl\nfrom dgl_exact.memory import measure_step, prepare_cpu_peak\n"
-            "prepare_cpu_peak()\nout = {}\n" + textwrap.dedent(body) + "\nprint('RESULT ' + json.dumps(out))\n")
+            + ("prepare_cpu_peak()\n" if prepare else "") + "out = {}\n" + textwrap.dedent(body)
+            + "\nprint('RESULT ' + json.dumps(out))\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1]
@@ -259,6 +260,7 @@ def test_step_peak_hand_computed():
                    text=str(report), step=report.step)
     """)
     assert out["step"] and "VmHWM" in out["method"] and "step peak" in out["text"]
+    assert "free heap" not in out["method"]  # prepared first: nothing to flag
     assert abs(out["peak"] - 64 * MIB) <= 1.5 * MIB, out["peak"] / MIB
     assert out["act"] == 0
 
@@ -282,6 +284,37 @@ def test_step_peak_counts_dgl_kernel_allocations():
         out.update(peak=report.peak_bytes, expected=2 * x.nbytes)
     """)
     assert abs(out["peak"] - out["expected"]) <= 1.5 * MIB, (out["peak"] / MIB, out["expected"] / MIB)
+
+
+@needs_vmhwm
+def test_step_peak_sees_heap_pages_freed_before_it():
+    """A process that grew its heap before ``prepare_cpu_peak()`` (glibc's dynamic mmap threshold puts large
+    tensors on the heap once one was freed) has free heap chunks that are still resident; glibc serves
+    later tensors of any size from them. The meter releases their pages first (``malloc_trim``), so a step
+    that reuses them is still counted (two 4 MiB tensors: 8 MiB, not ~0), and the report says the heap
+    was there."""
+    out = _in_fresh_process("""
+        big = torch.ones(4 << 20)   # 16 MiB, mmapped, then freed: the dynamic threshold rises to 16 MiB
+        del big
+        chunks = [torch.ones(1 << 20) for _ in range(8)]  # 8 x 4 MiB on the heap now
+        kept = chunks[1::2]         # every other one stays alive: four 4 MiB holes no trim can release
+        del chunks                  # 16 MiB of free, resident heap chunks
+        prepare_cpu_peak()
+
+        def forward():
+            a = torch.ones(1 << 20)
+            b = a + 1
+            return (a + b).sum()
+
+        def backward(result):
+            pass
+
+        measure_step(forward, backward=backward)
+        report = measure_step(forward, backward=backward)
+        out.update(peak=report.peak_bytes, method=report.peak_method)
+    """, prepare=False)
+    assert abs(out["peak"] - 12 * MIB) <= 1.5 * MIB, out["peak"] / MIB  # a, b and a + b: 3 x 4 MiB
+    assert "free heap chunks before the step" in out["method"], out["method"]
 
 
 def test_step_peak_that_misses_allocations_is_not_reported(monkeypatch):

@@ -259,6 +259,8 @@ def _in_fresh_process(fn, *args):
 def _child_main(task: str, result: str) -> None:
     import pickle
 
+    memory.prepare_cpu_peak()  # first thing: the task's tensors must not grow a heap the step could reuse
+
     with open(task, "rb") as f:
         fn, threads, args = pickle.load(f)
     out = _child(fn, threads, args)

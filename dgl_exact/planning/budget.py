@@ -677,6 +677,8 @@ def plan_for_training(trainer, budget, log: Callable[[str], None] = print, repli
 
     cfg = trainer.cfg
     limit = parse_bytes(budget)
+    if trainer.device.type == "cpu":
+        memory.prepare_cpu_peak()  # the run measures its step peak: planning must not grow a heap it reuses
     if cfg.sampler != "full":
         raise ValueError(f"--memory-budget plans full-graph training; the {cfg.sampler} sampler trains on "
                          "subgraphs whose size it sets (leave --memory-budget out)")

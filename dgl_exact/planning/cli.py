@@ -163,8 +163,10 @@ def bench_budget_command(dataset, model, conf, hidden, layers, batch_norm, epoch
     from ..bench.results import ResultSink
     from ..data import load_dataset
     from ..training.config import TrainConfig, load_conf
+    from .. import memory
     from .accuracy import budget_comparison, format_rows
 
+    memory.prepare_cpu_peak()  # before the dataset grows the heap: every row's step peak is measured here
     try:
         values = dict(load_conf(conf)) if conf else {}
         values.update({"dataset": dataset, "model": model, "epochs": epochs, "data_root": data_root, "device": "cpu"})
