@@ -9,9 +9,11 @@ How (no per-model formula, so any model built from dgl_exact's ops or torch ops 
    recorded step (``forward -> loss -> backward -> Adam step``, the step :func:`dgl_exact.memory.measure_step`
    measures): a ``TorchDispatchMode`` keeps the bytes of every storage an operator creates during the step
    alive until its last tensor dies, giving the live total after every operator (the step's memory
-   timeline), and saved-tensor hooks give the activation bytes. Chunked backward passes (row chunks of a
-   fixed element count at full size) are run with chunks scaled by ``s``, so that the sample chunks where
-   and as often as the full graph would.
+   timeline), and saved-tensor hooks give the activation bytes. On the CPU an output that is allocated
+   empty and filled chunk by chunk counts the pages written so far, as the measured resident high-water
+   mark does (a GPU allocator counts it whole at allocation; see ``_Timeline``). Chunked backward passes
+   (row chunks of a fixed element count at full size) are run with chunks scaled by ``s``, so that the
+   sample chunks where and as often as the full graph would.
 3. Every quantity that grows with the graph is affine in ``s`` (row counts are ``s N`` or ``s E``; weights,
    optimizer state and chunk counts do not change), so each point of the timeline and the activation bytes
    are extrapolated linearly from ``s1`` and ``s2`` to ``s = 1``; the step peak is the largest extrapolated
@@ -200,12 +202,61 @@ def spec_from_graph(graph, features: int, classes: int, train_nodes: int, model:
 
 
 # --- one recorded step --------------------------------------------------------------------------------------
-class _Timeline(TorchDispatchMode):
-    """Live bytes of the storages operators create, after every operator."""
+#: operators that allocate without writing: on the CPU their pages count only once written (see _Timeline)
+_ALLOCATING = frozenset({"empty.memory_format", "empty_strided.default", "new_empty.default",
+                         "new_empty_strided.default", "empty_like.default"})
+_PAGE = 4096
 
-    def __init__(self):
+
+def _written(func, args, kwargs) -> list:
+    """The tensors ``func`` writes: its schema's mutable arguments (``self`` of ``copy_``, ``out=``)."""
+    out = []
+    for i, a in enumerate(func._schema.arguments):
+        if a.alias_info is None or not a.alias_info.is_write:
+            continue
+        value = args[i] if i < len(args) else (kwargs or {}).get(a.name)
+        out += [t for t in _leaves(value) if isinstance(t, torch.Tensor)]
+    return out
+
+
+def _is_view(func) -> bool:
+    return any(r.alias_info is not None and not r.alias_info.is_write for r in func._schema.returns)
+
+
+def _page_span(t: torch.Tensor) -> tuple:
+    """The page-aligned byte range of its storage that ``t`` covers."""
+    if t.numel() == 0:
+        return 0, 0
+    es = t.element_size()
+    start = t.storage_offset() * es
+    extent = 1 + sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride()))
+    end = start + extent * es
+    return start // _PAGE * _PAGE, -(-end // _PAGE) * _PAGE
+
+
+class _Timeline(TorchDispatchMode):
+    """Live bytes of the storages operators create, after every operator.
+
+    ``touched`` (the CPU): memory counts as a resident high-water mark counts it, once its pages are
+    written. A storage an allocating operator (``empty``) creates and whose first use writes only part of
+    it (a chunked loop filling an output row block by row block) counts the pages written so far; any
+    other first use (a read, a whole write, or none before it dies: a kernel outside the dispatcher may
+    have filled it) counts it whole from its allocation, as without ``touched`` (a GPU allocator's
+    ``max_memory_allocated`` counts the allocation)."""
+
+    def __init__(self, touched: bool = False):
         super().__init__()
         self.live, self.total, self.totals, self.names = {}, 0, [], []
+        self.touched = touched
+        self.pending = {}   # storage -> (bytes, index of the operator that allocated it): not used yet
+        self.partial = {}   # storage -> (bytes, written page ranges): filled piece by piece
+
+    def _count_whole(self, key, upto: int) -> int:
+        """A pending storage counted whole from its allocation up to operator ``upto`` (exclusive)."""
+        n, created = self.pending.pop(key)
+        for j in range(created, upto):
+            self.totals[j] += n
+        return n
 
     def _drop(self, key):
         entry = self.live.get(key)
@@ -214,10 +265,48 @@ class _Timeline(TorchDispatchMode):
         entry[1] -= 1
         if entry[1] == 0:
             del self.live[key]
+            if key in self.pending:  # never used by an operator: counted whole while it lived
+                self._count_whole(key, len(self.totals))
+            self.partial.pop(key, None)
             self.total -= entry[0]
+
+    def _use(self, func, args, kwargs) -> None:
+        """Resolve the pending and partial storages this operator uses (``touched`` only)."""
+        written = {id(t) for t in _written(func, args, kwargs)}
+        if not written and _is_view(func):
+            return
+        for t in _leaves((args, kwargs)):
+            if not isinstance(t, torch.Tensor):
+                continue
+            key = t.untyped_storage().data_ptr()
+            if key in self.pending:
+                n = self.pending[key][0]
+                lo, hi = _page_span(t)
+                if id(t) in written and hi - lo < n:
+                    del self.pending[key]
+                    self.partial[key] = (n, [])
+                else:
+                    self._count_whole(key, len(self.totals))
+                    self.live[key][0] = n
+                    self.total += n
+                    continue
+            if key in self.partial and id(t) in written:
+                n, spans = self.partial[key]
+                spans.append(_page_span(t))
+                spans.sort()
+                covered, end = 0, 0
+                for lo, hi in spans:
+                    lo = max(lo, end)
+                    if hi > lo:
+                        covered, end = covered + hi - lo, hi
+                covered = min(covered, n)
+                self.total += covered - self.live[key][0]
+                self.live[key][0] = covered
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        if self.touched and (self.pending or self.partial):
+            self._use(func, args, kwargs)
         inputs = None
         for t in _leaves(out):
             if not isinstance(t, torch.Tensor):
@@ -235,12 +324,21 @@ class _Timeline(TorchDispatchMode):
                               if isinstance(a, torch.Tensor)}
                 if key in inputs:
                     continue
-                self.live[key] = [n, 1]
-                self.total += n
+                if self.touched and func.__name__ in _ALLOCATING and n >= _PAGE:
+                    self.live[key] = [0, 1]
+                    self.pending[key] = (n, len(self.totals))
+                else:
+                    self.live[key] = [n, 1]
+                    self.total += n
             weakref.finalize(t, self._drop, key)
         self.totals.append(self.total)
         self.names.append(func.__name__)
         return out
+
+    def __exit__(self, *exc):
+        for key in list(self.pending):  # still unused at the end of the step: counted whole
+            self._count_whole(key, len(self.totals))
+        return super().__exit__(*exc)
 
 
 @dataclasses.dataclass
@@ -396,7 +494,7 @@ class SampleGraph:
         forward = self.forward_fn(model, setting.impl)
         stashes: List[StashRecord] = []
         recorder = _stash_recorder(stashes)
-        timeline = _Timeline()
+        timeline = _Timeline(touched=not self.gpu)
         with self._context(setting):
             with timeline:
                 with memory._saved_tensors() as saved, _saving.stash_hook(hook(recorder) if hook else recorder):
