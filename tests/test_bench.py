@@ -174,3 +174,17 @@ def test_bench_memory_step_peak_and_deep_gcnii(tmp_path):
         assert rows["INT2"]["step_peak_bytes"] < rows["DGL fp32"]["step_peak_bytes"]
         assert rows["INT2"]["activation_bytes"] < rows["dgl_exact fp32"]["activation_bytes"] <= \
             rows["dgl_exact fp32"]["step_peak_bytes"]
+
+
+def test_fresh_process_round_trip_through_pipes():
+    """A measurement child gets its task on stdin and answers in JSON through a pipe (no pickle is ever
+    read from a file); its failure is raised with its stderr."""
+    import os
+
+    from dgl_exact.bench.runner import _in_fresh_process
+
+    child = _in_fresh_process(os.getpid)
+    assert isinstance(child, int) and child != os.getpid()
+    assert _in_fresh_process(dict, {"a": 1.5, "b": None}) == {"a": 1.5, "b": None}
+    with pytest.raises(RuntimeError, match="invalid literal"):
+        _in_fresh_process(int, "not a number")

@@ -236,36 +236,56 @@ def _child(fn, threads, args):
 
 
 def _in_fresh_process(fn, *args):
-    """``fn(*args)`` in a fresh Python process (same torch thread count), its return value. A plain
-    subprocess, not multiprocessing: no re-import of the caller's ``__main__``."""
+    """``fn(*args)`` in a fresh Python process (same torch thread count), its return value (a JSON-able row).
+    A plain subprocess, not multiprocessing: no re-import of the caller's ``__main__``. Nothing passes
+    through files: the task goes to the child's stdin, the row comes back as JSON through a pipe, so the
+    parent never unpickles anything."""
+    import json
     import pickle
     import subprocess
     import sys
     import tempfile
+    import threading
 
-    with tempfile.TemporaryDirectory(prefix="dgl_exact_bench_") as tmp:
-        task, result = os.path.join(tmp, "task.pkl"), os.path.join(tmp, "result.pkl")
-        with open(task, "wb") as f:
-            pickle.dump((fn, torch.get_num_threads(), args), f)
-        code = f"from dgl_exact.bench.runner import _child_main; _child_main({task!r}, {result!r})"
-        proc = subprocess.run([sys.executable, "-c", code], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, text=True)
-        if proc.returncode != 0 or not os.path.exists(result):
-            raise RuntimeError(f"the measurement process failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
-        with open(result, "rb") as f:
-            return pickle.load(f)
+    payload = pickle.dumps((fn, torch.get_num_threads(), args), protocol=pickle.HIGHEST_PROTOCOL)
+    read_fd, write_fd = os.pipe()
+    code = f"from dgl_exact.bench.runner import _child_main; _child_main({write_fd})"
+    with tempfile.TemporaryFile(mode="w+") as err:
+        try:
+            proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                    stderr=err, pass_fds=(write_fd,))
+        finally:
+            os.close(write_fd)
+
+        def feed():
+            try:
+                proc.stdin.write(payload)
+                proc.stdin.close()
+            except BrokenPipeError:  # the child died early: its stderr says why
+                pass
+
+        feeder = threading.Thread(target=feed, daemon=True)
+        feeder.start()
+        with os.fdopen(read_fd, "rb") as r:
+            data = r.read()
+        proc.wait()
+        feeder.join()
+        if proc.returncode != 0 or not data:
+            err.seek(0)
+            raise RuntimeError(f"the measurement process failed (exit {proc.returncode}):\n{err.read()[-3000:]}")
+    return json.loads(data)
 
 
-def _child_main(task: str, result: str) -> None:
+def _child_main(result_fd: int) -> None:
+    import json
     import pickle
+    import sys
 
     memory.prepare_cpu_peak()  # first thing: the task's tensors must not grow a heap the step could reuse
-
-    with open(task, "rb") as f:
-        fn, threads, args = pickle.load(f)
+    fn, threads, args = pickle.load(sys.stdin.buffer)  # from the parent's pipe, never from a file
     out = _child(fn, threads, args)
-    with open(result, "wb") as f:
-        pickle.dump(out, f)
+    with os.fdopen(result_fd, "w") as f:
+        json.dump(out, f)
 
 
 def memory_note(rows: Sequence[Dict]) -> str:
