@@ -86,3 +86,17 @@ def test_touched_timeline_matches_resident_high_water_mark():
         out['peak'] = measure_step(forward, backward=lambda r: None).peak_bytes
     """ % __import__("os").path.dirname(__file__))
     assert abs(out["peak"] / MIB - 4.0) <= 0.25, out["peak"] / MIB
+
+
+def test_partly_written_output_read_whole_counts_whole_from_then():
+    """Half written by an operator, the rest by a kernel outside the dispatcher: once an operator reads all
+    of it, all of it counts (2 MiB + the 1 MiB temporary made after the read)."""
+    def fn():
+        out = torch.empty(2 * ROWS_PER_MIB, 256)
+        out[:ROWS_PER_MIB] = 1.0                   # an operator: the first MiB
+        out.numpy()[ROWS_PER_MIB:] = 2.0           # not an operator
+        total = out.sum()
+        tmp = torch.ones(ROWS_PER_MIB, 256)
+        return total, tmp
+
+    assert _peak(fn, touched=True) == pytest.approx(3.0, abs=0.01)

@@ -239,9 +239,10 @@ class _Timeline(TorchDispatchMode):
 
     ``touched`` (the CPU): memory counts as a resident high-water mark counts it, once its pages are
     written. A storage an allocating operator (``empty``) creates and whose first use writes only part of
-    it (a chunked loop filling an output row block by row block) counts the pages written so far; any
-    other first use (a read, a whole write, or none before it dies: a kernel outside the dispatcher may
-    have filled it) counts it whole from its allocation, as without ``touched`` (a GPU allocator's
+    it (a chunked loop filling an output row block by row block) counts the pages written or read so far
+    (what an operator reads was written, perhaps by a kernel outside the dispatcher); any other first use
+    (a read, a whole write, or none before it dies: a kernel outside the dispatcher may have filled it)
+    counts it whole from its allocation, as without ``touched`` (a GPU allocator's
     ``max_memory_allocated`` counts the allocation)."""
 
     def __init__(self, touched: bool = False):
@@ -290,8 +291,8 @@ class _Timeline(TorchDispatchMode):
                     self.live[key][0] = n
                     self.total += n
                     continue
-            if key in self.partial and id(t) in written:
-                n, spans = self.partial[key]
+            if key in self.partial:  # a write, or a read: what is read was written before (maybe by a kernel
+                n, spans = self.partial[key]  # outside the dispatcher), so it counts from now on
                 spans.append(_page_span(t))
                 spans.sort()
                 covered, end = 0, 0
