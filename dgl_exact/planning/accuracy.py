@@ -106,7 +106,7 @@ def budget_comparison(dataset, base_config, runs: int = 10, budgets: Sequence[st
                 "tests": tests, "peak_meas_MiB": max(peaks) / 2**20 if peaks else None}
 
     rows, fp32 = [], None
-    for setting in select(",".join(uniform)):
+    for setting in (select(",".join(uniform)) if uniform else []):  # none given: none (select("") is all)
         row = {"kind": "budget", "dataset": dataset.name, "model": cfg.model, "setting": setting.name, "runs": runs,
                "peak_pred_MiB": predicted[setting.name].step_peak_bytes / 2**20,
                "total_pred_bytes": predicted[setting.name].total_bytes}

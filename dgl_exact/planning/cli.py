@@ -152,7 +152,7 @@ def bench_plan_command(dataset, models, settings, hidden, layers, device, data_r
 @click.option("--budgets", default="INT2,INT1", show_default=True,
               help="Budgets: the predicted totals of these uniform settings.")
 @click.option("--uniform", default="dgl_exact fp32,INT8,INT2,INT1", show_default=True,
-              help="Uniform settings trained beside the plans.")
+              help="Uniform settings trained beside the plans (\"\": none).")
 @click.option("--data-root", default=lambda: os.environ.get("DGL_EXACT_DATA", "data"), show_default="data")
 @click.option("--out", default="bench-results", show_default=True, type=click.Path(file_okay=False))
 @click.option("--plot", is_flag=True, help="budget.png: accuracy vs step peak, uniform and budgeted (matplotlib).")
