@@ -629,6 +629,8 @@ def _run_line(r: RunResult, metric: str) -> str:
         fb = memory.format_bytes
         mem += (f"; memory: model {fb(r.model_bytes)}, data {fb(r.data_bytes)}, activations {fb(r.activation_bytes)}, "
                 f"step peak incl. backward {fb(r.peak_bytes)}, total {fb(r.total_bytes)}")
+        if r.peak_method and "free heap chunks" in r.peak_method:  # measured in a process that grew its heap
+            mem += f" ({r.peak_method.split('; ', 1)[-1]})"
     speed = f", {r.epochs_per_second:.2f} epochs/s" if r.epochs_per_second is not None else ""
     return (f"run {r.run + 1}: best epoch {r.best_epoch}, train {metric} {r.train:.4f}, val {r.val:.4f}, "
             f"test {r.test:.4f}, {r.epoch_time * 1000:.1f} ms/epoch{mem}{speed}")
