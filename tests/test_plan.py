@@ -428,3 +428,45 @@ def test_trade_plan_is_verified_on_its_recorded_step(monkeypatch, over):
         assert plan.allocation.startswith("trades against") and "verified" in plan.record.note
         assert chosen != sound and plan.variance < sound_var
         assert plan.record.fits and plan.record.total_bytes <= budget
+
+
+def test_relative_weights_weigh_each_tensor_by_its_own_gradient():
+    """The plan's variance is relative to each parameter tensor's exact gradient: the same error counts 100x
+    more on a tensor whose gradient is 10x smaller, and a tensor with no gradient (a bias before batch norm)
+    counts against the floor, not against its zero norm."""
+    exact = [torch.tensor([3.0, 4.0]), torch.zeros(3), torch.tensor([0.1])]
+    w = B.relative_weights(exact)
+    floor = B.REL_FLOOR * (25.0 + 0.0 + 0.01) / 3
+    want = torch.tensor([1 / (25 + floor)] * 2 + [1 / floor] * 3 + [1 / (0.01 + floor)], dtype=torch.float64)
+    assert torch.allclose(w.double(), want, rtol=1e-6)
+    err = torch.tensor([0.3, 0.4, 0.0, 0.0, 0.0, 0.01])  # 10 % of each tensor's gradient
+    rel = float((w * err ** 2).sum())
+    assert rel == pytest.approx(0.01 * 25 / (25 + floor) + 0.01 * 0.01 / (0.01 + floor), rel=1e-5)
+    assert float((B.relative_weights([torch.zeros(4)]) * torch.ones(4)).sum()) == 4.0  # no gradient at all: plain
+
+
+@pytest.mark.parametrize("option", ["INT2", "INT1"])
+def test_sensitivity_of_batch_norm_inputs_matches_measurement(option):
+    """Batch norm's input noise lands on the small gradient of its scale; the relative estimate (scaled from
+    the INT2 probe) must match a direct measurement on every slot, batch norm's inputs included."""
+    from dgl_exact.planning.accuracy import gradient_variances
+
+    spec = P.PlanSpec(model="gcn", nodes=2000, edges=16000, features=32, classes=4, hidden=32, layers=3,
+                      batch_norm=True, dropout=0.0)
+    g, feat, y, idx = P._sample_graph(spec, spec.nodes, spec.edges, 4)
+    slots = [B.Slot(i, spec.nodes, 32, 4, True, (spec.nodes, 32)) for i in range(5)]
+    for s in slots:
+        s.bytes = {n: s.nbytes(n) for n in s.allowed()}
+    B.estimate_sensitivity(P.build_for(spec, seed=0), g, feat, y, idx, slots, replicas=2, seed=0)
+    for slot in slots:
+        def hook(slot=slot):
+            count = [0]
+
+            def h(x, c, force):
+                i = count[0]
+                count[0] += 1
+                return B.keep(x, c, B.OPTIONS[option] if i == slot.index else B.FP, force)
+            return h
+        rel, plain = gradient_variances(lambda: P.build_for(spec, seed=0), (g, feat, y, idx), hook, draws=4, seed=0)
+        assert plain > 0 and rel > 0
+        assert 1 / 3 < slot.variance[option] / rel < 3, (slot.index, slot.variance[option], rel)

@@ -5,25 +5,27 @@ for each budget equal to a uniform setting's predicted total (default: INT2's an
 plan (:func:`~.budget.budget_plan`, sensitivities from probe steps on the training graph); then for every
 uniform setting and plan: test accuracy over ``runs`` seeds (the same seeds for all), the step peak the
 trainer measures (``--debug-mem``), and the gradient variance each adds, measured against the fp32 gradient
-of a freshly initialised model with the dropout masks fixed (mean over ``draws`` compression draws of
-``||g - g_fp32||^2``, summed over parameters).
+of a freshly initialised model with the dropout masks fixed (mean over ``draws`` compression draws):
+``grad_rel_variance``, relative to each parameter tensor's exact gradient and summed over tensors (what the
+plan minimises, :func:`~.budget.relative_weights`), and ``grad_variance``, ``||g - g_fp32||^2`` summed over
+parameters.
 """
 from __future__ import annotations
 
 import contextlib
 import statistics
-from typing import Callable, Dict, List, Sequence
+from typing import Callable, Dict, List, Sequence, Tuple
 
 import torch
 
 from ..config import CompressionConfig
 from ..ops import _saving
-from .budget import FP, BudgetPlan, budget_plan, keep
+from .budget import FP, BudgetPlan, budget_plan, keep, relative_weights
 from .predict import plan as predict_plan
 from .predict import spec_from_graph
 
 COLUMNS = ["dataset", "model", "setting", "runs", "test_mean", "test_std", "delta_vs_fp32", "peak_pred_MiB",
-           "peak_meas_MiB", "grad_variance"]
+           "peak_meas_MiB", "grad_rel_variance", "grad_variance"]
 
 
 def _forked(hook, seed: int):
@@ -40,10 +42,13 @@ def _forked(hook, seed: int):
     return forked
 
 
-def gradient_variance(make_model: Callable[[], torch.nn.Module], data, make_hook: Callable[[], Callable],
-                      draws: int = 4, seed: int = 0, scope: CompressionConfig = FP) -> float:
-    """Mean over ``draws`` of ``||g - g_fp32||^2`` for a fresh model (same initialisation and dropout masks):
-    ``make_hook()`` gives the stash hook of the setting measured, run under the compression ``scope``."""
+def gradient_variances(make_model: Callable[[], torch.nn.Module], data, make_hook: Callable[[], Callable],
+                       draws: int = 4, seed: int = 0, scope: CompressionConfig = FP) -> Tuple[float, float]:
+    """``(relative, plain)`` gradient variance a setting adds, for a fresh model (same initialisation and
+    dropout masks) against its fp32 gradient, mean over ``draws``: ``plain`` is ``||g - g_fp32||^2``,
+    ``relative`` weighs each parameter tensor by its own exact gradient's squared norm
+    (:func:`~.budget.relative_weights`, what the plan minimises). ``make_hook()`` gives the stash hook of the
+    setting measured, run under the compression ``scope``."""
     from .. import ops
     from ..config import config as compression_scope
 
@@ -52,20 +57,30 @@ def gradient_variance(make_model: Callable[[], torch.nn.Module], data, make_hook
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
 
-    def grad(hook) -> torch.Tensor:
+    def grad(hook) -> List[torch.Tensor]:
         for p in params:
             p.grad = None
         torch.manual_seed(seed)
         with _saving.stash_hook(hook), compression_scope(scope):
             loss = ops.cross_entropy(model(graph, feat), label, idx)
         loss.backward()
-        return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten() for p in params])
+        return [(p.grad if p.grad is not None else torch.zeros_like(p)) for p in params]
 
-    exact = grad(lambda x, cfg, force: keep(x, cfg, FP, force))
-    total = 0.0
+    parts = grad(lambda x, cfg, force: keep(x, cfg, FP, force))
+    weight = relative_weights(parts)
+    exact = torch.cat([g.flatten() for g in parts])
+    rel = plain = 0.0
     for r in range(draws):
-        total += float(((grad(_forked(make_hook(), 1 + r)) - exact) ** 2).sum())
-    return total / draws
+        err = (torch.cat([g.flatten() for g in grad(_forked(make_hook(), 1 + r))]) - exact) ** 2
+        rel += float((weight * err).sum())
+        plain += float(err.sum())
+    return rel / draws, plain / draws
+
+
+def gradient_variance(make_model: Callable[[], torch.nn.Module], data, make_hook: Callable[[], Callable],
+                      draws: int = 4, seed: int = 0, scope: CompressionConfig = FP) -> float:
+    """The relative gradient variance of :func:`gradient_variances` (the plan's objective)."""
+    return gradient_variances(make_model, data, make_hook, draws, seed, scope)[0]
 
 
 def _scope_hook():
@@ -111,7 +126,8 @@ def budget_comparison(dataset, base_config, runs: int = 10, budgets: Sequence[st
                "peak_pred_MiB": predicted[setting.name].step_peak_bytes / 2**20,
                "total_pred_bytes": predicted[setting.name].total_bytes}
         row.update(train(setting.compression, contextlib.nullcontext()))
-        row["grad_variance"] = gradient_variance(make_model, data, _scope_hook, draws, cfg.seed, setting.compression)
+        row["grad_rel_variance"], row["grad_variance"] = gradient_variances(make_model, data, _scope_hook, draws,
+                                                                           cfg.seed, setting.compression)
         if not setting.compression.enabled:
             fp32 = row["test_mean"]
         rows.append(row)
@@ -127,7 +143,8 @@ def budget_comparison(dataset, base_config, runs: int = 10, budgets: Sequence[st
                "total_pred_bytes": plan.record.total_bytes,
                "budget_bytes": budget, "plan": plan.record.note}
         row.update(train(cfg.compression, plan.active()))
-        row["grad_variance"] = gradient_variance(make_model, data, plan.hook, draws, cfg.seed)
+        row["grad_rel_variance"], row["grad_variance"] = gradient_variances(make_model, data, plan.hook, draws,
+                                                                           cfg.seed)
         rows.append(row)
         log(_line(row))
     for row in rows:
@@ -139,14 +156,15 @@ def _line(row: Dict) -> str:
     meas = row.get("peak_meas_MiB")
     return (f"{row['setting']}: test {row['test_mean']:.4f} +- {row['test_std']:.4f}, step peak predicted "
             f"{row['peak_pred_MiB']:.1f} MiB, measured {'n/a' if meas is None else f'{meas:.1f} MiB'}, "
-            f"gradient variance {row['grad_variance']:.3g}" + (f" [{row['plan']}]" if row.get("plan") else ""))
+            f"gradient variance relative {row['grad_rel_variance']:.3g}, plain {row['grad_variance']:.3g}"
+            + (f" [{row['plan']}]" if row.get("plan") else ""))
 
 
 def format_rows(rows: Sequence[Dict]) -> str:
     def cell(k, v):
         if v is None:
             return "n/a"
-        if k == "grad_variance":
+        if k in ("grad_variance", "grad_rel_variance"):
             return f"{v:.3g}"
         if isinstance(v, float):
             return f"{v:+.4f}" if k == "delta_vs_fp32" else (f"{v:.4f}" if k.startswith("test") else f"{v:.1f}")
