@@ -100,3 +100,23 @@ def test_partly_written_output_read_whole_counts_whole_from_then():
         return total, tmp
 
     assert _peak(fn, touched=True) == pytest.approx(3.0, abs=0.01)
+
+
+def test_extrapolated_peak_aligns_loops_of_different_lengths():
+    """Two samples whose chunked loops ran a different number of times: points are matched across the
+    common prefix and suffix and by alignment in between (as a full alignment would match them)."""
+    import difflib
+    from types import SimpleNamespace
+
+    from dgl_exact.planning.predict import _extrapolate, extrapolated_peak
+
+    head, tail = ["mm", "add", "relu"], ["sum", "mm", "copy_"]
+    a = SimpleNamespace(names=head + ["view", "mm", "copy_"] * 2 + tail, timeline=list(range(0, 120, 10)))
+    b = SimpleNamespace(names=head + ["view", "mm", "copy_"] * 3 + tail, timeline=[3 * t for t in range(15)])
+
+    matcher = difflib.SequenceMatcher(None, a.names, b.names, autojunk=False)
+    want = max(_extrapolate(a.timeline[i + k], b.timeline[j + k], 1.0, 2.0)
+               for i, j, n in matcher.get_matching_blocks() for k in range(n))
+    assert extrapolated_peak(a, b, 1.0, 2.0) == int(want)
+    same = SimpleNamespace(names=list(a.names), timeline=[2 * t for t in a.timeline])
+    assert extrapolated_peak(a, same, 1.0, 2.0) == max(int(_extrapolate(x, 2 * x, 1.0, 2.0)) for x in a.timeline)

@@ -39,7 +39,6 @@ from typing import Dict, List, Optional, Sequence
 import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 from .. import memory, ops
 from .._compat import import_dgl
@@ -137,9 +136,22 @@ _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 
 
 
 
-def _leaves(tree) -> list:
-    """The leaves of a nested structure (``tree_leaves`` is not in torch 2.1's ``_pytree``)."""
-    return tree_flatten(tree)[0]
+def _tensors(tree, out=None) -> list:
+    """The tensors in an operator's arguments or results: nested tuples, lists and dicts (what aten passes),
+    without ``_pytree``'s generality (a third of the planner's time went to flattening)."""
+    out = [] if out is None else out
+    if isinstance(tree, torch.Tensor):
+        out.append(tree)
+    elif isinstance(tree, (tuple, list)):
+        for t in tree:
+            if isinstance(t, torch.Tensor):
+                out.append(t)
+            elif isinstance(t, (tuple, list, dict)):
+                _tensors(t, out)
+    elif isinstance(tree, dict):
+        for t in tree.values():
+            _tensors(t, out)
+    return out
 
 def parse_bytes(text) -> int:
     """``"2GiB"``, ``"512 MiB"``, ``"1.5GB"``, ``"3e9"`` or an int: bytes."""
@@ -208,19 +220,32 @@ _ALLOCATING = frozenset({"empty.memory_format", "empty_strided.default", "new_em
 _PAGE = 4096
 
 
+_SCHEMA: Dict = {}
+
+
+def _schema(func) -> tuple:
+    """``(mutable arguments as (position, name), returns a view)`` of an operator, cached per operator."""
+    info = _SCHEMA.get(func)
+    if info is None:
+        sch = func._schema
+        writes = tuple((i, a.name) for i, a in enumerate(sch.arguments)
+                       if a.alias_info is not None and a.alias_info.is_write)
+        view = any(r.alias_info is not None and not r.alias_info.is_write for r in sch.returns)
+        info = _SCHEMA[func] = (writes, view)
+    return info
+
+
 def _written(func, args, kwargs) -> list:
     """The tensors ``func`` writes: its schema's mutable arguments (``self`` of ``copy_``, ``out=``)."""
     out = []
-    for i, a in enumerate(func._schema.arguments):
-        if a.alias_info is None or not a.alias_info.is_write:
-            continue
-        value = args[i] if i < len(args) else (kwargs or {}).get(a.name)
-        out += [t for t in _leaves(value) if isinstance(t, torch.Tensor)]
+    for i, name in _schema(func)[0]:
+        value = args[i] if i < len(args) else (kwargs or {}).get(name)
+        _tensors(value, out)
     return out
 
 
 def _is_view(func) -> bool:
-    return any(r.alias_info is not None and not r.alias_info.is_write for r in func._schema.returns)
+    return _schema(func)[1]
 
 
 def _page_span(t: torch.Tensor) -> tuple:
@@ -244,6 +269,13 @@ class _Timeline(TorchDispatchMode):
     (a read, a whole write, or none before it dies: a kernel outside the dispatcher may have filled it)
     counts it whole from its allocation, as without ``touched`` (a GPU allocator's
     ``max_memory_allocated`` counts the allocation)."""
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # torch >= 2.5 wraps a mode's __torch_dispatch__ in torch._disable_dynamo, whose first call imports
+        # torch._dynamo (2.4 s here) and whose wrapper runs on every operator; nothing is compiled under
+        # this mode, so there is nothing to skip
+        return False
 
     def __init__(self, touched: bool = False):
         super().__init__()
@@ -276,9 +308,7 @@ class _Timeline(TorchDispatchMode):
         written = {id(t) for t in _written(func, args, kwargs)}
         if not written and _is_view(func):
             return
-        for t in _leaves((args, kwargs)):
-            if not isinstance(t, torch.Tensor):
-                continue
+        for t in _tensors((args, kwargs)):
             key = t.untyped_storage().data_ptr()
             if key in self.pending:
                 n = self.pending[key][0]
@@ -309,9 +339,7 @@ class _Timeline(TorchDispatchMode):
         if self.touched and (self.pending or self.partial):
             self._use(func, args, kwargs)
         inputs = None
-        for t in _leaves(out):
-            if not isinstance(t, torch.Tensor):
-                continue
+        for t in _tensors(out):
             storage = t.untyped_storage()
             n = storage.nbytes()
             if n == 0:
@@ -321,8 +349,7 @@ class _Timeline(TorchDispatchMode):
                 self.live[key][1] += 1
             else:
                 if inputs is None:  # an output sharing an input's storage is a view or in place: no new memory
-                    inputs = {a.untyped_storage().data_ptr() for a in _leaves((args, kwargs))
-                              if isinstance(a, torch.Tensor)}
+                    inputs = {a.untyped_storage().data_ptr() for a in _tensors((args, kwargs))}
                 if key in inputs:
                     continue
                 if self.touched and func.__name__ in _ALLOCATING and n >= _PAGE:
@@ -522,12 +549,22 @@ def extrapolated_peak(r1: SampleRun, r2: SampleRun, s1: float, s2: float) -> int
     """The largest point of the step's memory timeline extrapolated to ``s = 1``. Points are matched by
     position where both runs called the same operators; otherwise by aligning the operator sequences
     (chunked loops may repeat a different number of times at the two scales)."""
+    t1, t2 = r1.timeline, r2.timeline
     if r1.names == r2.names:
-        pairs = zip(r1.timeline, r2.timeline)
-    else:
-        matcher = difflib.SequenceMatcher(None, r1.names, r2.names, autojunk=False)
-        pairs = [(r1.timeline[i + k], r2.timeline[j + k]) for i, j, size in matcher.get_matching_blocks()
-                 for k in range(size)]
+        pairs = list(zip(t1, t2))
+    else:  # align only what lies between the common prefix and suffix (quadratic matching: seconds otherwise)
+        a, b = r1.names, r2.names
+        pre = 0
+        while pre < min(len(a), len(b)) and a[pre] == b[pre]:
+            pre += 1
+        suf = 0
+        while suf < min(len(a), len(b)) - pre and a[-1 - suf] == b[-1 - suf]:
+            suf += 1
+        pairs = list(zip(t1[:pre], t2[:pre]))
+        matcher = difflib.SequenceMatcher(None, a[pre:len(a) - suf], b[pre:len(b) - suf], autojunk=False)
+        pairs += [(t1[pre + i + k], t2[pre + j + k]) for i, j, size in matcher.get_matching_blocks()
+                  for k in range(size)]
+        pairs += list(zip(t1[len(t1) - suf:], t2[len(t2) - suf:]))
     return int(max([0.0] + [_extrapolate(a, b, s1, s2) for a, b in pairs]))
 
 
