@@ -470,3 +470,26 @@ def test_sensitivity_of_batch_norm_inputs_matches_measurement(option):
         rel, plain = gradient_variances(lambda: P.build_for(spec, seed=0), (g, feat, y, idx), hook, draws=4, seed=0)
         assert plain > 0 and rel > 0
         assert 1 / 3 < slot.variance[option] / rel < 3, (slot.index, slot.variance[option], rel)
+
+
+def test_gat_makes_the_same_stash_calls_whatever_the_plan_keeps_exactly():
+    """A plan's slots are numbered by stash call: GAT's second copy of its source features must be stashed
+    whether or not the plan keeps the first copy exactly (it was skipped, so every later slot got the next
+    slot's option and the probe measured zero variance for the copy)."""
+    spec = P.PlanSpec(model="gat", nodes=1500, edges=9000, features=16, classes=3, hidden=8, layers=2, heads=2)
+    g = P.SampleGraph(spec, spec.nodes, spec.edges)
+    int2 = select("INT2")[0]
+    reference = [st.shape for st in g.record(int2).stashes]
+    first_copy = next(st.index for st in g.record(int2).stashes if st.kept == "compressed")
+
+    def exact_first(rec):
+        count = [0]
+
+        def hook(x, cfg, force):
+            i = count[0]
+            count[0] += 1
+            return rec(x, B.FP if i == first_copy else cfg, force)
+        return hook
+
+    assert [st.shape for st in g.record(int2, hook=exact_first).stashes] == reference
+    assert len(reference) > first_copy + 1 and reference[first_copy + 1] == reference[first_copy]

@@ -351,8 +351,10 @@ class _GATAttention(torch.autograd.Function):
         # (decompressed) source features: with a single compressed copy the product is biased
         # (E[x_hat x_hat^T] != x x^T; about 10% at INT2, ~100% with projection). A second, independently
         # compressed copy of the source features serves those products and keeps them unbiased.
-        second = not isinstance(fs_kept, torch.Tensor) and (ctx.needs_input_grad[2] or
-                                                              (prefix and ctx.needs_input_grad[3]))
+        # Decided by the configuration, not by what the first stash returned, so that a forward makes the same
+        # stash calls whatever a per-tensor plan keeps exactly (its slots are numbered by call); a copy of a
+        # tensor alive anyway is kept by reference, at no cost.
+        second = cfg.enabled and (ctx.needs_input_grad[2] or (prefix and ctx.needs_input_grad[3]))
         # feat_dst is kept by reference (a view, no memory) when feat_src is exact: double backward needs it
         fd_kept = (feat_dst if isinstance(fs_kept, torch.Tensor) else None) if prefix else stash(feat_dst, cfg)
         save(ctx, fs_kept, stash(feat_src, cfg) if second else None, fd_kept, el, er, attn_l, attn_r, ew)
