@@ -493,3 +493,26 @@ def test_gat_makes_the_same_stash_calls_whatever_the_plan_keeps_exactly():
 
     assert [st.shape for st in g.record(int2, hook=exact_first).stashes] == reference
     assert len(reference) > first_copy + 1 and reference[first_copy + 1] == reference[first_copy]
+
+
+def test_memory_budget_trains_under_the_scope_it_planned_with():
+    """``train --memory-budget`` with compression off (``--act-fp``): GAT keeps its second source copy only
+    when compressing, so under the configured fp scope every slot after it would get another slot's
+    option; training runs under the recorded scope instead, and every kept activation matches its slot."""
+    import warnings
+
+    from dgl_exact.config import CompressionConfig
+    from dgl_exact.planning.budget import plan_for_training
+    from dgl_exact.training.config import TrainConfig
+    from dgl_exact.training.trainer import Trainer
+
+    cfg = TrainConfig(dataset="synthetic-arxiv:num_nodes=1500", model="gat", hidden=8, heads=2, layers=2,
+                      epochs=3, runs=1, compression=CompressionConfig(enabled=False))
+    trainer = Trainer(cfg, progress=False, log=None)
+    lines = []
+    plan = plan_for_training(trainer, "1GiB", log=lines.append)
+    assert any("training runs under INT2" in line for line in lines)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="memory budget plan")
+        with plan.active():
+            trainer.fit()

@@ -716,6 +716,13 @@ def plan_for_training(trainer, budget, log: Callable[[str], None] = print, repli
                          "subgraphs whose size it sets (leave --memory-budget out)")
     if cfg.amp or cfg.use_labels or cfg.inductive:
         raise ValueError("--memory-budget does not yet plan --amp, --use-labels or --inductive training")
+    recorded = OPTIONS[PROBE]  # the scope the planner recorded the slots under
+    if cfg.compression != recorded:
+        # ops decide which activations to keep from the configuration in force (e.g. GAT keeps a second copy
+        # only when compressing): train under the recorded scope, so that the slots are the planned ones
+        log(f"memory budget: the plan chooses each kept activation's compression; training runs under "
+            f"{recorded.describe()} (the scope it was planned under) in place of {cfg.compression.describe()}")
+        trainer.cfg = cfg = cfg.replace(compression=recorded)
     ds = trainer.dataset
     idx = trainer.split["train"]
     spec = spec_from_graph(ds.graph, ds.num_features, ds.num_classes, int(idx.numel()), cfg.model, name=ds.name,
