@@ -516,3 +516,20 @@ def test_memory_budget_trains_under_the_scope_it_planned_with():
         warnings.filterwarnings("error", message="memory budget plan")
         with plan.active():
             trainer.fit()
+
+
+def test_bench_budget_rows(tmp_path):
+    """``dgl-exact bench budget``: a uniform row and a plan row at its budget, each with test accuracy over
+    the seeds, the measured step peak and both gradient variances (relative: the plan's objective; plain)."""
+    out = tmp_path / "b"
+    res = CliRunner().invoke(cli, ["bench", "budget", "--dataset", "synthetic-arxiv:num_nodes=1200", "--model", "gcn",
+                                   "--hidden", "16", "--layers", "2", "--epochs", "2", "--runs", "2",
+                                   "--uniform", "INT2", "--budgets", "INT2", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    rows = [json.loads(line) for line in (out / "budget.jsonl").read_text().splitlines()]
+    assert [r["setting"] for r in rows] == ["INT2", "budget = INT2 total"]
+    for r in rows:
+        assert 0.0 <= r["test_mean"] <= 1.0 and len(r["tests"]) == 2 and r["peak_meas_MiB"] > 0
+        assert r["grad_rel_variance"] >= 0 and r["grad_variance"] >= 0  # 0 where a plan keeps every slot exact
+    assert rows[0]["grad_rel_variance"] > 0 and rows[0]["grad_variance"] > 0  # uniform INT2
+    assert "grad_rel_variance" in res.output
