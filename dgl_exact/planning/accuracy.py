@@ -20,7 +20,7 @@ import torch
 
 from ..config import CompressionConfig
 from ..ops import _saving
-from .budget import FP, BudgetPlan, budget_plan, keep, relative_weights
+from .budget import FP, BudgetPlan, budget_plan, keep, per_parameter_steps, relative_weights
 from .predict import plan as predict_plan
 from .predict import spec_from_graph
 
@@ -135,7 +135,7 @@ def budget_comparison(dataset, base_config, runs: int = 10, budgets: Sequence[st
     for ref in budgets:
         budget = predicted[ref].total_bytes
         plan: BudgetPlan = budget_plan(spec, budget, data=data, replicas=replicas, seed=cfg.seed, log=log,
-                                       uniform=predicted)
+                                       uniform=predicted, relative=per_parameter_steps(cfg.optimizer))
         log(f"budget = {ref} total: {plan.summary()}")
         log(plan.table())
         row = {"kind": "budget", "dataset": dataset.name, "model": cfg.model, "setting": f"budget = {ref} total",

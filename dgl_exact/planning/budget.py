@@ -66,7 +66,8 @@ from .predict import (SAMPLE_NODES, PlanRecord, PlanSpec, _extrapolate, build_fo
                       single_thread)
 
 __all__ = ["OPTIONS", "Slot", "BudgetPlan", "BudgetError", "budget_plan", "plan_row", "estimate_sensitivity",
-           "allocate", "allocate_for_peak", "trade_plans", "allocate_with_trades", "keep"]
+           "allocate", "allocate_for_peak", "trade_plans", "allocate_with_trades", "keep", "relative_weights",
+           "per_parameter_steps"]
 
 FP = CompressionConfig(enabled=False)
 #: what a slot may get, by name. Projection only where the op allows it (not batch norm, not ReLU outputs).
@@ -157,6 +158,12 @@ def keep(x: torch.Tensor, op_cfg: CompressionConfig, kept: CompressionConfig, fo
 REL_FLOOR = 1e-3
 
 
+def per_parameter_steps(optimizer: str) -> bool:
+    """Whether ``optimizer`` (a training config's name) scales each parameter's step by its own gradient's
+    magnitude, so that a plan should minimise the relative gradient variance (:func:`relative_weights`)."""
+    return optimizer.lower() != "sgd"
+
+
 def relative_weights(exact: Sequence[torch.Tensor]) -> torch.Tensor:
     """Per element of the flattened gradient, ``1 / (||g_p||^2 + floor)`` for the parameter tensor ``p`` it
     belongs to (``exact``: the exact gradient per tensor; ``floor``: :data:`REL_FLOOR` times the tensors' mean
@@ -174,10 +181,11 @@ def relative_weights(exact: Sequence[torch.Tensor]) -> torch.Tensor:
 
 
 def estimate_sensitivity(model: torch.nn.Module, graph, feat, label, idx, slots: Sequence[Slot], replicas: int = 2,
-                         seed: int = 0, loss: Optional[Callable] = None) -> None:
+                         seed: int = 0, loss: Optional[Callable] = None, relative: bool = True) -> None:
     """Fill ``slot.variance[option]`` (the gradient variance it adds, relative to each parameter tensor's exact
-    gradient and summed over tensors: :func:`relative_weights`) for every slot, from ``1 + probes * replicas``
-    training forwards and backwards of ``model`` on the given data."""
+    gradient and summed over tensors: :func:`relative_weights`; with ``relative=False`` the plain
+    ``||g - g0||^2``, what plain SGD's step feels) for every slot, from ``1 + probes * replicas`` training
+    forwards and backwards of ``model`` on the given data."""
     loss = loss or (lambda logits: ops.cross_entropy(logits, label, idx))
     params = [p for p in model.parameters() if p.requires_grad]
     model.train()
@@ -218,7 +226,7 @@ def estimate_sensitivity(model: torch.nn.Module, graph, feat, label, idx, slots:
         return hook
 
     exact = gradient(probe_hook(None, 0))
-    weight = relative_weights(exact)
+    weight = relative_weights(exact) if relative else 1.0
     g0 = torch.cat([g.flatten() for g in exact])
     del exact
     for slot in slots:
@@ -442,6 +450,8 @@ class BudgetPlan:
     calls: int                    # stash calls per training forward (kept-by-reference ones included)
     #: how the step peak was held within the budget: "trades (verified)" or "sound bound"; with the reason
     allocation: str = ""
+    #: the variance is relative to each parameter tensor's gradient (:func:`relative_weights`), else plain
+    relative: bool = True
 
     def config_for(self, index: int) -> Optional[CompressionConfig]:
         for s in self.slots:
@@ -478,7 +488,8 @@ class BudgetPlan:
 
     def table(self) -> str:
         fb = memory.format_bytes
-        lines = ["| slot | shape (full size) | kept as | bytes | added grad. variance (relative) |",
+        kind = "relative" if self.relative else "plain"
+        lines = [f"| slot | shape (full size) | kept as | bytes | added grad. variance ({kind}) |",
                  "|---|---|---|---|---|"]
         for s in self.slots:
             lines.append(f"| {s.index} | {s.rows:,} x {s.width} | {s.choice} | {fb(s.bytes[s.choice])} | "
@@ -489,9 +500,10 @@ class BudgetPlan:
         fb = memory.format_bytes
         r = self.record
         uni = ", ".join(f"{n} {v:.3g}" for n, v in self.uniform_variance.items())
+        kind = "relative to each parameter's gradient" if self.relative else "plain"
         return (f"memory budget {fb(self.budget)}: predicted static {fb(r.static_bytes)}, activations "
                 f"{fb(r.activation_bytes)}, step peak {fb(r.step_peak_bytes)}, total {fb(r.total_bytes)}; "
-                f"predicted added gradient variance (relative to each parameter's gradient) {self.variance:.3g} "
+                f"predicted added gradient variance ({kind}) {self.variance:.3g} "
                 f"(uniform: {uni})")
 
 
@@ -521,7 +533,7 @@ def _refusal(spec: PlanSpec, budget: int, needed_total: int, uniform: Dict[str, 
 def budget_plan(spec: PlanSpec, budget: int, data=None, replicas: int = 2, gpu: bool = False,
                 samples: Optional[tuple] = None, probe_nodes: int = 200_000, log: Callable[[str], None] = None,
                 seed: int = 0, sample_nodes: int = SAMPLE_NODES,
-                uniform: Optional[Dict[str, PlanRecord]] = None) -> BudgetPlan:
+                uniform: Optional[Dict[str, PlanRecord]] = None, relative: bool = True) -> BudgetPlan:
     """Plan a compression per kept activation of ``spec`` so that static memory + step peak stays within
     ``budget`` bytes. ``data``: ``(graph, feat, label_rows, train_idx)`` to estimate sensitivities on (the
     training data; a random subgraph of ``probe_nodes`` nodes when larger); default: the planner's sample
@@ -529,7 +541,9 @@ def budget_plan(spec: PlanSpec, budget: int, data=None, replicas: int = 2, gpu: 
     fits, saying what would. ``uniform``: the caller's predictions of uniform settings (:func:`.predict.plan`),
     used for the step-peak bounds in place of this call's own: two recordings of the same step can differ
     by a few hundred bytes, and a budget read off a uniform setting's predicted total must admit that
-    setting itself."""
+    setting itself. ``relative``: the variance minimised is relative to each parameter tensor's gradient
+    (:func:`relative_weights`; for optimizers that scale each parameter's step, Adam and RMSprop), else
+    plain (SGD)."""
     given = dict(uniform or {})
     with single_thread() if data is None else contextlib.nullcontext():
         g1, g2 = samples or samples_for(spec, gpu, sample_nodes)
@@ -563,7 +577,7 @@ def budget_plan(spec: PlanSpec, budget: int, data=None, replicas: int = 2, gpu: 
         probes = sum(len({_family(n) for n in sl.allowed() if OPTIONS[n].enabled}) for sl in slots)
         log(f"estimating per-tensor sensitivity: {1 + probes * replicas} forward/backward passes on "
             f"{graph.num_nodes():,} nodes")
-    estimate_sensitivity(model, graph, feat, label, idx, slots, replicas, seed)
+    estimate_sensitivity(model, graph, feat, label, idx, slots, replicas, seed, relative=relative)
     sound = None
     try:
         sound_ref = allocate_for_peak(slots, room, uniform)
@@ -578,7 +592,7 @@ def budget_plan(spec: PlanSpec, budget: int, data=None, replicas: int = 2, gpu: 
         candidates = [c for c in candidates if c[0] < sound[0] * (1 - 1e-9) and c[2] != sound[2]]
     plan = BudgetPlan(spec, budget, slots, ref, uniform, 0.0,
                       {n: _uniform_variance(slots, n) for n in ("INT8", "INT4", "INT2", "INT1")},
-                      len(runs["INT2"][1].stashes))
+                      len(runs["INT2"][1].stashes), relative=relative)
     fb = memory.format_bytes
     verified, rejected, totals = _verify_trades(plan, candidates, sound[0] if sound else math.inf, g1, g2, own)
     if verified is not None:
@@ -730,7 +744,7 @@ def plan_for_training(trainer, budget, log: Callable[[str], None] = print, repli
                            heads=cfg.heads)
     data = (trainer.graph, trainer.feat, trainer.label[idx], idx)
     plan = budget_plan(spec, limit, data=data, replicas=replicas, gpu=trainer.device.type == "cuda", log=log,
-                       seed=cfg.seed)
+                       seed=cfg.seed, relative=per_parameter_steps(cfg.optimizer))
     log(plan.summary())
     log(plan.table())
     return plan
