@@ -386,6 +386,7 @@ def _sensitive_first_slot(monkeypatch):
     def estimate(model, graph, feat, label, idx, slots, *a, **k):
         orig(model, graph, feat, label, idx, slots, *a, **k)
         slots[0].variance = {n: 1e4 * v for n, v in slots[0].variance.items()}
+        slots[0].other_variance = {n: 1e4 * v for n, v in slots[0].other_variance.items()}  # both measures
 
     monkeypatch.setattr(B, "estimate_sensitivity", estimate)
 
@@ -536,3 +537,36 @@ def test_bench_budget_rows(tmp_path):
         assert r["grad_rel_variance"] >= 0 and r["grad_variance"] >= 0  # 0 where a plan keeps every slot exact
     assert rows[0]["grad_rel_variance"] > 0 and rows[0]["grad_variance"] > 0  # uniform INT2
     assert "grad_rel_variance" in res.output
+
+
+def test_plan_no_worse_than_uniform_on_either_measure():
+    """A plan lower in its objective (relative variance) but higher in the other (plain) than the best uniform
+    setting within the budget is replaced by that setting; one lower in both is kept."""
+    spec, data = _gcn_case()
+    uniform = {r.setting: r for r in P.plan(spec, "cpu", ["INT2"], sample_nodes=600)}
+    plan = B.budget_plan(spec, uniform["INT2"].total_bytes, data=data, replicas=1, sample_nodes=600,
+                         uniform=uniform)
+    first = plan.slots[0]  # a plan the objective likes: the first slot's INT1 far below INT2 in relative
+    first.variance = {n: (0.05 if n == "INT1" else 1.0) * v for n, v in first.variance.items()}
+    first.other_variance = {n: (100.0 if n == "INT1" else 1.0) * v for n, v in first.other_variance.items()}
+    want = ["INT1"] + ["INT2"] * (len(plan.slots) - 1)
+    for s, c in zip(plan.slots, want):
+        s.choice = c
+    int2 = sum(s.variance["INT2"] for s in plan.slots)
+    assert B._variance(plan.slots) < int2 < sum(s.variance["INT1"] for s in plan.slots)  # INT2: best uniform
+    plan.allocation = "test"
+    B._no_worse_than_uniform(plan)  # ... and far above in the plain one: INT2 itself
+    assert [s.choice for s in plan.slots] == ["INT2"] * len(plan.slots)
+    assert plan.allocation.startswith("uniform INT2") and plan.record.total_bytes == uniform["INT2"].total_bytes
+    first.other_variance["INT1"] = 0.0  # lower in both: kept
+    for s, c in zip(plan.slots, want):
+        s.choice = c
+    B._no_worse_than_uniform(plan)
+    assert [s.choice for s in plan.slots] == want
+
+
+def test_bench_budget_takes_sizes_or_setting_names():
+    from dgl_exact.planning.accuracy import _size
+
+    assert _size("80MiB") == 80 * 2**20 and _size("1.5GB") == 1_500_000_000
+    assert _size("INT2") is None and _size("INT2 + RP(0.125) + blocks(64) + optimal") is None

@@ -103,7 +103,8 @@ def budget_comparison(dataset, base_config, runs: int = 10, budgets: Sequence[st
     spec = spec_from_graph(dataset.graph, dataset.num_features, dataset.num_classes, int(idx.numel()), cfg.model,
                            name=dataset.name, hidden=cfg.hidden, layers=cfg.layers, dropout=cfg.dropout,
                            batch_norm=cfg.batch_norm, heads=cfg.heads)
-    names = list(dict.fromkeys(list(uniform) + list(budgets)))
+    sizes = {b: _size(b) for b in budgets}  # a budget is a uniform setting's name or a size ("80MiB")
+    names = list(dict.fromkeys(list(uniform) + [b for b in budgets if sizes[b] is None]))
     predicted = {r.setting: r for r in predict_plan(spec, "cpu", names)}
 
     def make_model():
@@ -133,13 +134,14 @@ def budget_comparison(dataset, base_config, runs: int = 10, budgets: Sequence[st
         rows.append(row)
         log(_line(row))
     for ref in budgets:
-        budget = predicted[ref].total_bytes
+        budget = predicted[ref].total_bytes if sizes[ref] is None else sizes[ref]
         plan: BudgetPlan = budget_plan(spec, budget, data=data, replicas=replicas, seed=cfg.seed, log=log,
                                        uniform=predicted, relative=per_parameter_steps(cfg.optimizer))
-        log(f"budget = {ref} total: {plan.summary()}")
+        name = f"budget = {ref} total" if sizes[ref] is None else f"budget = {ref}"
+        log(f"{name}: {plan.summary()}")
         log(plan.table())
-        row = {"kind": "budget", "dataset": dataset.name, "model": cfg.model, "setting": f"budget = {ref} total",
-               "runs": runs, "peak_pred_MiB": plan.record.step_peak_bytes / 2**20,
+        row = {"kind": "budget", "dataset": dataset.name, "model": cfg.model, "setting": name, "runs": runs,
+               "peak_pred_MiB": plan.record.step_peak_bytes / 2**20,
                "total_pred_bytes": plan.record.total_bytes,
                "budget_bytes": budget, "plan": plan.record.note}
         row.update(train(cfg.compression, plan.active()))
@@ -150,6 +152,16 @@ def budget_comparison(dataset, base_config, runs: int = 10, budgets: Sequence[st
     for row in rows:
         row["delta_vs_fp32"] = None if fp32 is None else row["test_mean"] - fp32
     return rows
+
+
+def _size(budget: str):
+    """Bytes of a budget given as a size, None for a uniform setting's name."""
+    from .predict import parse_bytes
+
+    try:
+        return parse_bytes(budget)
+    except ValueError:
+        return None
 
 
 def _line(row: Dict) -> str:

@@ -150,7 +150,7 @@ def bench_plan_command(dataset, models, settings, hidden, layers, device, data_r
 @click.option("--epochs", type=click.IntRange(min=1), default=200, show_default=True)
 @click.option("--runs", type=click.IntRange(min=1), default=10, show_default=True, help="Seeds per setting.")
 @click.option("--budgets", default="INT2,INT1", show_default=True,
-              help="Budgets: the predicted totals of these uniform settings.")
+              help="Budgets: the predicted totals of these uniform settings, or sizes (e.g. INT2,80MiB).")
 @click.option("--uniform", default="dgl_exact fp32,INT8,INT2,INT1", show_default=True,
               help="Uniform settings trained beside the plans (\"\": none).")
 @click.option("--data-root", default=lambda: os.environ.get("DGL_EXACT_DATA", "data"), show_default="data")
