@@ -570,3 +570,14 @@ def test_bench_budget_takes_sizes_or_setting_names():
 
     assert _size("80MiB") == 80 * 2**20 and _size("1.5GB") == 1_500_000_000
     assert _size("INT2") is None and _size("INT2 + RP(0.125) + blocks(64) + optimal") is None
+
+
+def test_static_prediction_does_not_depend_on_the_settings_before_it():
+    """The structure cache a setting's static memory counts is its own graph's: recording DGL's fp32 first
+    (which builds no dgl_exact cache) left dgl_exact's cache out of every later setting, and a previous
+    sample pair dying meanwhile made it 0."""
+    spec = P.PlanSpec(model="gcn", nodes=3000, edges=24000, features=16, classes=4, hidden=16, layers=2)
+    alone = P.plan(spec, "cpu", ["INT2"], sample_nodes=600)[0]
+    after_dgl = {r.setting: r for r in P.plan(spec, "cpu", ["DGL fp32", "INT2"], sample_nodes=600)}["INT2"]
+    assert alone.breakdown["structure_cache_bytes"] > 0
+    assert after_dgl.breakdown == alone.breakdown and after_dgl.static_bytes == alone.static_bytes

@@ -318,11 +318,12 @@ def cache_size() -> int:
         return len(_cache)
 
 
-def cached_static_tensors():
-    """All tensors held by structure caches (for memory meters)."""
+def cached_static_tensors(graph=None):
+    """All tensors held by structure caches (for memory meters); with ``graph``, only those of its entry."""
     with _lock:
         _drop_pending()
-        entries = [e for record in _cache.values() for e in record.per_device.values()]
+        records = _cache.values() if graph is None else [r for r in [_cache.get(id(graph._graph))] if r]
+        entries = [e for record in records for e in record.per_device.values()]
     return [t for e in entries for t in e.static_tensors()]
 
 
