@@ -353,7 +353,7 @@ def test_trades_lower_the_variance_at_the_uniform_bytes():
     uniform_var = sum(s.variance["INT2"] for s in slots)
 
     var, name, choices, limit = B.trade_plans(slots, room, uniform)[0]
-    assert name == "INT2" and limit == int2  # room - peak(u) + sum_i bytes_i(u)
+    assert name == "INT2" and limit == room
     assert B.allocate_with_trades(slots, room, uniform) == "INT2"
     assert [s.choice for s in slots] == choices
     assert sum(s.bytes[s.choice] for s in slots) <= int2  # the signed byte difference to INT2 is <= 0

@@ -51,7 +51,7 @@ from ..ops.structure import cached_static_tensors
 dgl = import_dgl()
 
 __all__ = ["PlanSpec", "PlanRecord", "SampleRun", "plan", "predict", "parse_bytes", "device_bytes",
-           "spec_for_dataset", "DEFAULT_SETTINGS", "SampleGraph", "samples_for"]
+           "spec_for_dataset", "DEFAULT_SETTINGS", "SampleGraph", "samples_for", "extrapolated_points"]
 
 #: the uniform settings a plan compares (the names ``dgl-exact bench`` uses)
 DEFAULT_SETTINGS = tuple(s.name for s in STANDARD if s.impl == "exact")
@@ -380,6 +380,11 @@ class StashRecord:
     nbytes: int          # bytes kept (0 when kept by reference to a tensor alive anyway)
     projectable: bool    # the op allows a random projection (batch norm, ReLU outputs do not)
     force: bool
+    #: where the kept copy lives in the recorded step's timeline (operator indices): it is counted at the points
+    #: ``born <= j < died`` (``died`` None: still alive when the step ended; ``born`` -1: not tracked, e.g.
+    #: kept by reference to a tensor whose life it does not decide)
+    born: int = -1
+    died: Optional[int] = None
 
 
 @dataclasses.dataclass
@@ -427,7 +432,7 @@ def loss_fn(impl: str):
     return lambda logits, y, idx: F.cross_entropy(logits[idx], y)
 
 
-def _stash_recorder(records: List[StashRecord]):
+def _stash_recorder(records: List[StashRecord], timeline: Optional["_Timeline"] = None):
     from ..config import get_config
 
     def hook(x, cfg, force):
@@ -440,11 +445,29 @@ def _stash_recorder(records: List[StashRecord]):
             kind, nbytes = "reference", 0
         # an op that forbids projection passes its config with kept_frac=1.0 while the scope projects
         projectable = not (cfg.kept_frac >= 1.0 and scope.kept_frac < 1.0)
-        records.append(StashRecord(len(records), tuple(x.shape), str(x.dtype)[6:], kind, nbytes, projectable,
-                                   force))
+        record = StashRecord(len(records), tuple(x.shape), str(x.dtype)[6:], kind, nbytes, projectable, force)
+        records.append(record)
+        if timeline is not None and isinstance(kept, CompressedTensor):
+            _track_life(record, kept, timeline)
         return kept
 
     return hook
+
+
+def _track_life(record: StashRecord, kept: CompressedTensor, timeline: "_Timeline") -> None:
+    """Note in ``record`` the timeline points at which the compressed copy is alive: from now until its last
+    tensor dies (autograd frees saved tensors after their node's backward)."""
+    record.born = len(timeline.totals)
+    tensors = kept.split()[1]
+    left = [len(tensors)]
+
+    def dead():
+        left[0] -= 1
+        if left[0] == 0:
+            record.died = len(timeline.totals)
+
+    for t in tensors:
+        weakref.finalize(t, dead)
 
 
 @contextlib.contextmanager
@@ -535,8 +558,8 @@ class SampleGraph:
         model, opt = self.model_and_optimizer(setting)
         forward = self.forward_fn(model, setting.impl)
         stashes: List[StashRecord] = []
-        recorder = _stash_recorder(stashes)
         timeline = _Timeline(touched=not self.gpu)
+        recorder = _stash_recorder(stashes, timeline)
         with self._context(setting):
             with timeline:
                 with memory._saved_tensors() as saved, _saving.stash_hook(hook(recorder) if hook else recorder):
@@ -560,13 +583,14 @@ def _extrapolate(a: float, b: float, s1: float, s2: float, s: float = 1.0) -> fl
     return b + (b - a) * (s - s2) / (s2 - s1)
 
 
-def extrapolated_peak(r1: SampleRun, r2: SampleRun, s1: float, s2: float) -> int:
-    """The largest point of the step's memory timeline extrapolated to ``s = 1``. Points are matched by
-    position where both runs called the same operators; otherwise by aligning the operator sequences
-    (chunked loops may repeat a different number of times at the two scales)."""
+def extrapolated_points(r1: SampleRun, r2: SampleRun, s1: float, s2: float) -> List[tuple]:
+    """The step's memory timeline extrapolated to ``s = 1``, as ``(bytes, j)`` with ``j`` the point's operator
+    index in ``r2``. Points are matched by position where both runs called the same operators; otherwise by
+    aligning the operator sequences (chunked loops may repeat a different number of times at the two
+    scales)."""
     t1, t2 = r1.timeline, r2.timeline
     if r1.names == r2.names:
-        pairs = list(zip(t1, t2))
+        pairs = [(i, i) for i in range(len(t2))]
     else:  # align only what lies between the common prefix and suffix (quadratic matching: seconds otherwise)
         a, b = r1.names, r2.names
         pre = 0
@@ -575,12 +599,16 @@ def extrapolated_peak(r1: SampleRun, r2: SampleRun, s1: float, s2: float) -> int
         suf = 0
         while suf < min(len(a), len(b)) - pre and a[-1 - suf] == b[-1 - suf]:
             suf += 1
-        pairs = list(zip(t1[:pre], t2[:pre]))
+        pairs = [(i, i) for i in range(pre)]
         matcher = difflib.SequenceMatcher(None, a[pre:len(a) - suf], b[pre:len(b) - suf], autojunk=False)
-        pairs += [(t1[pre + i + k], t2[pre + j + k]) for i, j, size in matcher.get_matching_blocks()
-                  for k in range(size)]
-        pairs += list(zip(t1[len(t1) - suf:], t2[len(t2) - suf:]))
-    return int(max([0.0] + [_extrapolate(a, b, s1, s2) for a, b in pairs]))
+        pairs += [(pre + i + k, pre + j + k) for i, j, size in matcher.get_matching_blocks() for k in range(size)]
+        pairs += [(len(t1) - suf + k, len(t2) - suf + k) for k in range(suf)]
+    return [(_extrapolate(t1[i], t2[j], s1, s2), j) for i, j in pairs]
+
+
+def extrapolated_peak(r1: SampleRun, r2: SampleRun, s1: float, s2: float) -> int:
+    """The largest point of the step's memory timeline extrapolated to ``s = 1`` (:func:`extrapolated_points`)."""
+    return int(max([0.0] + [v for v, _ in extrapolated_points(r1, r2, s1, s2)]))
 
 
 def _format_bytes(formats: Sequence[str], nodes: int, edges: int) -> int:
