@@ -25,15 +25,21 @@ the least gradient variance (GACT's idea, Liu et al., ICML 2022, for full-graph 
    greedy misses. The step peak of a plan is predicted from the uniform settings ``u`` whose
    peaks were predicted, in two ways:
 
-   * **trades** (tried first): ``peak(plan) = peak(u) + sum_i (bytes_i(plan) - bytes_i(u))``, a signed sum,
-     so a slot kept in fewer bytes than under ``u`` pays for another kept in more. Allocated as plain bytes
-     against ``room - peak(u) + sum_i bytes_i(u)`` (the same limit). This is exact when every kept activation
-     is alive at the peak and the step's transients are ``u``'s (the usual case: the peak is in the
-     backward pass, before the first kept activation is freed); it is optimistic otherwise (a plan that keeps
-     more bytes in a slot freed before the peak, or whose compression transients are larger). So it is
-     **verified**: the plan's own step is recorded on the planner's two samples and extrapolated, and the
-     trade plan is kept only when that total is within the budget. The recorded step is compared with this
-     call's own recording of ``u`` (two recordings of one step can differ by a few hundred bytes): total =
+   * **trades** (tried first), from ``u``'s recorded **timeline** (:class:`PeakModel`): every point ``j`` of
+     ``u``'s step (extrapolated to full size) less ``u``'s bytes of the activations alive at ``j``, plus the
+     plan's bytes of those same activations; the plan's peak is the largest point. So a slot kept in fewer
+     bytes than under ``u`` pays for another kept in more where both are alive at the peak, and a slot
+     freed before the peak (the last layers' inputs when the peak is in an earlier layer's backward: on a
+     20,000-node GAT 3x128 the peak is in the second layer's attention backward, and the last four kept
+     activations are gone by then) costs nothing there and is kept in more bytes, up to the point where
+     another point of the timeline would become the peak. Allocated with one limit per point on the bytes
+     of the slots created up to its last live one (exact when activations die in the reverse order of their
+     creation, as a backward pass frees them). Where ``u``'s stashes were not all tracked, the signed sum
+     ``peak(u) + sum_i (bytes_i(plan) - bytes_i(u))`` over all slots. Both are exact only when the plan's
+     own transients are ``u``'s (compression buffers differ between options), so every trade plan is
+     **verified**: its own step is recorded on the planner's two samples and extrapolated, and it is kept
+     only when that total is within the budget. The recorded step is compared with this call's own
+     recording of ``u`` (two recordings of one step can differ by a few hundred bytes): total =
      ``u``'s predicted total + (recorded plan - recorded ``u``). Candidates are tried least variance first
      (one per ``u``; one over the budget by ``d`` is allocated again ``d`` tighter, once), at most eight
      recordings.
@@ -41,6 +47,10 @@ the least gradient variance (GACT's idea, Liu et al., ICML 2022, for full-graph 
      ``peak(plan) <= peak(u) + sum_i max(0, bytes_i(plan) - bytes_i(u))``, true wherever the peak sits, but
      no slot can give bytes to another; the plan's recorded step (on the same scale) is then reported, not
      required.
+4. **No worse than uniform.** A plan is kept only when its added variance is no more than the best uniform
+   setting's within the budget on both measures (relative and plain, :func:`_no_worse_than_uniform`); else
+   that setting is applied, with the free upgrades its timeline allows (each slot only to an option no
+   worse on both measures, verified the same way).
 
    ``BudgetPlan.allocation`` and the record's ``note`` say which was used.
 
