@@ -35,7 +35,7 @@ from ..config import CompressionConfig, resolve_config
 from .. import kernels
 from ..kernels import reference as kernel_reference
 from ._saving import (check_double_backward, create_graph_requested, fresh_outputs, load, needs_saving,
-                      recompute_vjp, save, stash, unstash)
+                      recompute_vjp, row_chunks, save, stash, unstash)
 from .structure import GraphStructure, edge_softmax_forward, structure_of
 from . import captured
 
@@ -336,6 +336,21 @@ def _gat_reference(st, feat_src, feat_dst, attn_l, attn_r, ew, slope, p, seed):
     return _spmm_ref(st, feat_src, a), a
 
 
+def _node_sum(grad: torch.Tensor, item, dtype: torch.dtype, rows: int) -> torch.Tensor:
+    """``sum_n grad[n, h] * x[n, h, d]`` over the first ``rows`` rows of a kept item ``x`` ([N, H, D]), decoded
+    row chunk by row chunk (:func:`row_chunks`)."""
+    out = None
+    for r0, r1, x in row_chunks(item):
+        if r0 >= rows:
+            break
+        r1 = min(r1, rows)
+        part = torch.einsum("nh,nhd->hd", grad[r0:r1].to(dtype), x[: r1 - r0].to(dtype))
+        out = part if out is None else out.add_(part)
+    if out is None:  # no rows
+        out = torch.zeros((grad.shape[1], item.shape[-1]), dtype=dtype, device=grad.device)
+    return out
+
+
 class _GATAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, feat_src, feat_dst, attn_l, attn_r, ew, st: GraphStructure, slope: float, p: float,
@@ -346,6 +361,9 @@ class _GATAttention(torch.autograd.Function):
         out = st.aggregate(feat_src, a.to(feat_src.dtype))
         prefix = _is_prefix_view(feat_dst, feat_src)
         ctx.st, ctx.slope, ctx.p, ctx.seed, ctx.prefix, ctx.n_dst = st, slope, p, seed, prefix, feat_dst.shape[0]
+        # one tensor for both ends (GATConv on a graph, not a block): its two gradients are summed here, in
+        # place, rather than returned as two [N, H, D] tensors for autograd to add into a third
+        ctx.same = feat_dst is feat_src
         fs_kept = stash(feat_src, cfg)
         # The attention-vector gradients multiply the features by a gradient that is itself linear in the
         # (decompressed) source features: with a single compressed copy the product is biased
@@ -370,14 +388,13 @@ class _GATAttention(torch.autograd.Function):
             grads = recompute_vjp(lambda *t: _gat_reference(st, *t, slope, p, seed),
                                   [fs_s, fd_s, attn_l, attn_r, ew], ctx.needs_input_grad[:5], [g_out, g_a])
             return (*grads, None, None, None, None, None)
-        fs = unstash(fs_s)
-        fs2 = fs if fs2_s is None else unstash(fs2_s)  # independent of fs when compressed (see forward)
-        fd = fs2[: ctx.n_dst] if fd_s is None else unstash(fd_s)
         dtype = g_out.dtype
         raw, s, a = _attention(st, el, er, ctx.slope, ctx.p, ctx.seed, ew)
         g_out = g_out.contiguous()
         grad_fs = st.aggregate(g_out, a.to(dtype), transpose=True)
+        fs = unstash(fs_s)  # whole: edges read any source row
         grad_a = st.edge_dot(fs.to(dtype), g_out)
+        del fs
         if g_a is not None:
             grad_a = grad_a + g_a
         grad_ew = None
@@ -390,13 +407,25 @@ class _GATAttention(torch.autograd.Function):
         grad_s = kernels.get("dropout", s.device)(grad_a, ctx.p, ctx.seed) if ctx.p > 0 else grad_a
         grad_e = _softmax_backward(st, s, grad_s)
         grad_raw = torch.where(raw > 0, grad_e, grad_e * ctx.slope)
+        del raw, s, a, grad_a, grad_s, grad_e
         grad_el = st.edge_sum_to(grad_raw, "src")
         grad_er = st.edge_sum_to(grad_raw, "dst")
-        grad_fs = grad_fs + grad_el.unsqueeze(-1) * attn_l
-        grad_fd = grad_er.unsqueeze(-1) * attn_r
-        # sum over nodes (and any extra leading feature dims, which broadcast against [1, H, D])
-        grad_attn_l = (grad_el.unsqueeze(-1) * fs2.to(dtype)).reshape(-1, *attn_l.shape[1:]).sum(0).view(attn_l.shape)
-        grad_attn_r = (grad_er.unsqueeze(-1) * fd.to(dtype)).reshape(-1, *attn_r.shape[1:]).sum(0).view(attn_r.shape)
+        del grad_raw
+        # the attention vectors' gradients from the second copy (independent of the first when compressed, see
+        # forward; destination features: its first n_dst rows unless kept on their own), decoded row chunk by
+        # row chunk: no whole decompressed copy and no [N, H, D] product
+        ct = torch.promote_types(grad_el.dtype, dtype)
+        second = fs_s if fs2_s is None else fs2_s
+        grad_attn_l = _node_sum(grad_el, second, ct, grad_el.shape[0]).view(attn_l.shape) \
+            if ctx.needs_input_grad[2] else None
+        grad_attn_r = _node_sum(grad_er, second if fd_s is None else fd_s, ct, ctx.n_dst).view(attn_r.shape) \
+            if ctx.needs_input_grad[3] else None
+        grad_fs.addcmul_(grad_el.unsqueeze(-1), attn_l)  # this op's own buffer (the transposed aggregation)
+        grad_fd = None
+        if ctx.same:
+            grad_fs.addcmul_(grad_er.unsqueeze(-1), attn_r)
+        elif ctx.needs_input_grad[1]:
+            grad_fd = grad_er.unsqueeze(-1) * attn_r
         return grad_fs, grad_fd, grad_attn_l, grad_attn_r, grad_ew, None, None, None, None, None
 
 
