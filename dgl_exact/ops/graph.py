@@ -391,10 +391,10 @@ class _GATAttention(torch.autograd.Function):
         dtype = g_out.dtype
         raw, s, a = _attention(st, el, er, ctx.slope, ctx.p, ctx.seed, ew)
         g_out = g_out.contiguous()
-        grad_fs = st.aggregate(g_out, a.to(dtype), transpose=True)
-        fs = unstash(fs_s)  # whole: edges read any source row
+        fs = unstash(fs_s)  # whole (edges read any source row), and dropped before the feature gradient exists
         grad_a = st.edge_dot(fs.to(dtype), g_out)
         del fs
+        grad_fs = st.aggregate(g_out, a.to(dtype), transpose=True)
         if g_a is not None:
             grad_a = grad_a + g_a
         grad_ew = None

@@ -622,7 +622,7 @@ class BudgetPlan:
         lines = [f"| slot | shape (full size) | kept as | bytes | alive at the step peak | added grad. variance "
                  f"({kind}) |", "|---|---|---|---|---|---|"]
         for s in self.slots:
-            alive = {True: "yes", False: "no (freed before)", None: "?"}[s.at_peak]
+            alive = {True: "yes", False: "no", None: "?"}[s.at_peak]
             lines.append(f"| {s.index} | {s.rows:,} x {s.width} | {s.choice} | {fb(s.bytes[s.choice])} | {alive} | "
                          f"{s.variance.get(s.choice, 0.0):.3g} |")
         return "\n".join(lines)

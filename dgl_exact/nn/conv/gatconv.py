@@ -10,7 +10,7 @@ from ..._compat import import_dgl
 from ... import ops
 from ...config import CompressionConfig
 from .._base import (CompressedModuleMixin, apply_dropout, apply_linear, check_zero_in_degree, compressed_activation,
-                     plain_dropout_p)
+                     into, plain_dropout_p)
 
 dgl = import_dgl()
 
@@ -100,14 +100,18 @@ class GATConv(CompressedModuleMixin, dgl.nn.GATConv):
                 n_dst = st.num_dst
                 feat_dst, h_dst = feat_src[:n_dst], h_dst[:n_dst]
                 dst_prefix = (n_dst,) + tuple(dst_prefix[1:])
+        if self.res_fc is None:
+            del h_src, h_dst  # no local name keeps the dropped-out input past its product
         rst, attention = ops.gat_attention(graph, feat_src, feat_dst, self.attn_l, self.attn_r,
                                            negative_slope=self.leaky_relu.negative_slope, attn_drop=attn_p,
                                            edge_weight=edge_weight, training=self.training, config=cfg)
+        # the attention op kept what its backward needs: the projected features die here, not after the
+        # bias and the activation; the residual and the bias are added into the op's own output
+        del feat_src, feat_dst
         if self.res_fc is not None:
-            resval = fc(self.res_fc, h_dst).view(*dst_prefix, -1, out)
-            rst = rst + resval
+            rst = into(rst, "add", fc(self.res_fc, h_dst).view(*dst_prefix, -1, out))
         if self.has_explicit_bias:
-            rst = rst + self.bias.view(*((1,) * len(dst_prefix)), heads, out)
+            rst = into(rst, "add", self.bias.view(*((1,) * len(dst_prefix)), heads, out))
         if self.activation:
             rst = compressed_activation(self.activation, cfg)(rst)
         if get_attention:
