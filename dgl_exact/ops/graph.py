@@ -336,6 +336,15 @@ def _gat_reference(st, feat_src, feat_dst, attn_l, attn_r, ew, slope, p, seed):
     return _spmm_ref(st, feat_src, a), a
 
 
+def _add_product(buf: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``buf + a * b``, into ``buf`` (this op's own buffer) where that has the out-of-place result's dtype;
+    else out of place (under autocast a bf16 ``buf`` with fp32 factors: the sum is formed in fp32, as before,
+    and torch 2.1's in-place ``addcmul_`` refuses mixed dtypes)."""
+    if torch.result_type(buf, a) == buf.dtype and torch.promote_types(a.dtype, b.dtype) == buf.dtype:
+        return buf.addcmul_(a, b)
+    return buf + a * b
+
+
 def _node_sum(grad: torch.Tensor, item, dtype: torch.dtype, rows: int) -> torch.Tensor:
     """``sum_n grad[n, h] * x[n, h, d]`` over the first ``rows`` rows of a kept item ``x`` ([N, H, D]), decoded
     row chunk by row chunk (:func:`row_chunks`)."""
@@ -420,10 +429,10 @@ class _GATAttention(torch.autograd.Function):
             if ctx.needs_input_grad[2] else None
         grad_attn_r = _node_sum(grad_er, second if fd_s is None else fd_s, ct, ctx.n_dst).view(attn_r.shape) \
             if ctx.needs_input_grad[3] else None
-        grad_fs.addcmul_(grad_el.unsqueeze(-1), attn_l)  # this op's own buffer (the transposed aggregation)
+        grad_fs = _add_product(grad_fs, grad_el.unsqueeze(-1), attn_l)
         grad_fd = None
         if ctx.same:
-            grad_fs.addcmul_(grad_er.unsqueeze(-1), attn_r)
+            grad_fs = _add_product(grad_fs, grad_er.unsqueeze(-1), attn_r)
         elif ctx.needs_input_grad[1]:
             grad_fd = grad_er.unsqueeze(-1) * attn_r
         return grad_fs, grad_fd, grad_attn_l, grad_attn_r, grad_ew, None, None, None, None, None
