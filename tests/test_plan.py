@@ -227,6 +227,48 @@ def test_exact_slots_survive_in_place_ops():
     assert v > 0
 
 
+def test_a_plan_applied_to_another_forward_raises_and_its_scope_matches():
+    """GAT keeps a second copy of its projected features only when compressing: under another scope than the
+    one its slots were recorded in, a plan's choices would land on the wrong tensors. That forward must
+    raise (it was a warning once, and the plan's measured gradient variance came from misplaced choices);
+    under ``plan.active()`` (which enters the recorded scope) and in the variance probe under
+    ``plan.scope``, every kept activation matches its slot."""
+    from dgl_exact.config import config
+    from dgl_exact.ops import _saving
+    from dgl_exact.planning.accuracy import gradient_variances
+
+    spec = P.PlanSpec(model="gat", nodes=400, edges=2400, features=16, classes=3, hidden=8, layers=2, heads=2)
+    plan = B.budget_plan(spec, 10 * 2**30, replicas=1, sample_nodes=200)
+    assert plan.scope == B.OPTIONS[B.PROBE] and plan.scope.enabled
+    g, feat, y, idx = P._sample_graph(spec, spec.nodes, spec.edges, 1)
+    model = P.build_for(spec)
+    shapes = []
+    orig = _saving.default_stash
+
+    def spy(x, cfg, force=False):
+        shapes.append(tuple(x.shape))
+        return orig(x, cfg, force)
+
+    _saving.default_stash = spy
+    try:
+        with config(B.FP), plan.active():  # a caller's exact scope outside: the plan's own scope wins
+            P.loss_fn("exact")(model(g, feat), y, idx).backward()
+    finally:
+        _saving.default_stash = orig
+    assert len(shapes) == plan.calls
+    for s in plan.slots:
+        assert shapes[s.index][1:] == s.shape[1:]
+    with config(B.FP), _saving.stash_hook(plan.hook()):  # the plan's hook under the exact scope: one copy fewer
+        with pytest.raises(B.PlanMismatchError, match="scope"):
+            model(g, feat)
+    data = (g, feat, y, idx)
+    rel, plain = gradient_variances(lambda: P.build_for(spec, seed=0), data, plan.hook, draws=1, seed=0,
+                                    scope=plan.scope)
+    assert rel >= 0 and plain >= 0
+    with pytest.raises(B.PlanMismatchError):
+        gradient_variances(lambda: P.build_for(spec, seed=0), data, plan.hook, draws=1, seed=0, scope=B.FP)
+
+
 def _gcn_case(nodes=3000):
     spec = P.PlanSpec(model="gcn", nodes=nodes, edges=12 * nodes, features=32, classes=4, hidden=64, layers=3,
                       batch_norm=False)

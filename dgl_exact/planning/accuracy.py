@@ -144,9 +144,11 @@ def budget_comparison(dataset, base_config, runs: int = 10, budgets: Sequence[st
                "peak_pred_MiB": plan.record.step_peak_bytes / 2**20,
                "total_pred_bytes": plan.record.total_bytes,
                "budget_bytes": budget, "plan": plan.record.note}
-        row.update(train(cfg.compression, plan.active()))
+        # under the scope its slots were recorded in (ops choose what to keep from the configuration in
+        # force: GAT keeps a second copy only when compressing), for training and for the variance probe
+        row.update(train(plan.scope, plan.active()))
         row["grad_rel_variance"], row["grad_variance"] = gradient_variances(make_model, data, plan.hook, draws,
-                                                                           cfg.seed)
+                                                                           cfg.seed, plan.scope)
         rows.append(row)
         log(_line(row))
     for row in rows:

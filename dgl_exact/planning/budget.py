@@ -63,7 +63,6 @@ import contextlib
 import dataclasses
 import itertools
 import math
-import warnings
 from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
@@ -105,6 +104,10 @@ def _family(name: str) -> str:
 
 class BudgetError(ValueError):
     """The budget cannot be met by any plan; the message says what would fit."""
+
+
+class PlanMismatchError(RuntimeError):
+    """A forward under a :class:`BudgetPlan` keeps other activations than the ones planned."""
 
 
 @dataclasses.dataclass
@@ -582,6 +585,10 @@ class BudgetPlan:
     relative: bool = True
     #: the uniform setting whose step the plan's peak was predicted against
     reference: str = ""
+    #: the compression in force when the slots were recorded: ops choose what to keep from the configuration
+    #: in force (GAT keeps a second copy only when compressing), so a training forward matches the slots
+    #: only under this scope (:meth:`active` enters it; a trainer must train under it)
+    scope: CompressionConfig = dataclasses.field(default_factory=lambda: OPTIONS[PROBE])
 
     def config_for(self, index: int) -> Optional[CompressionConfig]:
         for s in self.slots:
@@ -590,30 +597,39 @@ class BudgetPlan:
         return None
 
     def hook(self, fallback=None):
-        """A stash hook applying the plan; the slot counter restarts after the last slot."""
+        """A stash hook applying the plan; the slot counter restarts after the last slot. A kept activation
+        whose shape (beyond its rows) is not its slot's raises :class:`PlanMismatchError`: the forward is not
+        the one planned, and a choice applied to the wrong tensor would break the plan's peak and variance
+        without a sign."""
         by_index = {s.index: s for s in self.slots}
-        count, warned = [0], [False]
+        count = [0]
 
         def hook(x, cfg, force):
             i = count[0]
             count[0] = (i + 1) % max(self.calls, 1)
             slot = by_index.get(i)
-            width = math.prod(x.shape[1:]) if x.dim() > 1 else 1
-            if slot is None or width != slot.width or x.dim() != len(slot.shape):
-                if slot is not None and not warned[0]:
-                    warnings.warn("memory budget plan: a kept activation does not match the planned one "
-                                  f"(slot {i}: shape {tuple(x.shape)}, planned {slot.shape}); keeping the "
-                                  "configuration in force for it", RuntimeWarning)
-                    warned[0] = True
+            if slot is None:  # kept by reference when planned (a leaf, or alive anyway)
                 return fallback(x, cfg, force) if fallback else _saving.default_stash(x, cfg, force)
+            if tuple(x.shape[1:]) != tuple(slot.shape[1:]) or x.dim() != len(slot.shape):
+                count[0] = 0  # the next forward starts afresh
+                raise PlanMismatchError(
+                    f"memory budget plan: kept activation {i} of this forward has shape {tuple(x.shape)}, the "
+                    f"plan's slot {i} was recorded as {slot.shape} (rows at sample size); this forward keeps "
+                    f"other activations than the planned one ({self.calls} per forward, recorded under "
+                    f"{self.scope.describe()}). Train the planned model under the plan's compression scope "
+                    "(`with plan.active():` enters it; a Trainer needs cfg.compression = plan.scope), or plan "
+                    "again for this model")
             return keep(x, cfg, OPTIONS[slot.choice], force, fallback)
 
         return hook
 
     @contextlib.contextmanager
     def active(self):
-        """Within this scope, training forwards keep their activations as planned."""
-        with _saving.stash_hook(self.hook()):
+        """Within this scope, training forwards keep their activations as planned (under :attr:`scope`, the
+        compression in force when the slots were recorded)."""
+        from ..config import config as compression_scope
+
+        with compression_scope(self.scope), _saving.stash_hook(self.hook()):
             yield self
 
     def table(self) -> str:
