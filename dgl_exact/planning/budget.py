@@ -607,6 +607,13 @@ class BudgetPlan:
         def hook(x, cfg, force):
             i = count[0]
             count[0] = (i + 1) % max(self.calls, 1)
+            if cfg.enabled != self.scope.enabled:  # ops keep other tensors with compression on than off
+                count[0] = 0
+                raise PlanMismatchError(
+                    f"memory budget plan: it was recorded under {self.scope.describe()}, and this forward runs "
+                    f"under {cfg.describe()}: its kept activations are not the planned ones. Train the planned "
+                    "model under the plan's compression scope (`with plan.active():` enters it; a Trainer needs "
+                    "cfg.compression = plan.scope)")
             slot = by_index.get(i)
             if slot is None:  # kept by reference when planned (a leaf, or alive anyway)
                 return fallback(x, cfg, force) if fallback else _saving.default_stash(x, cfg, force)
