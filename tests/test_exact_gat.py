@@ -126,3 +126,58 @@ def test_lr_warmup_follows_exact(tmp_path):
     tr.train_epoch = spy
     tr.fit()
     assert seen == pytest.approx([0.0025, 0.005, 0.0075, 0.01, 0.01, 0.01])
+
+
+@pytest.mark.parametrize("residual", [False, True])
+def test_hidden_inputs_die_inside_gatconv_and_the_step_is_unchanged(monkeypatch, residual):
+    """The trainer's GAT hands each hidden representation to its conv (``Handoff``): without a residual map
+    it is freed once projected and kept compressed, before the attention op allocates its output (GAT's
+    forward peak held input, projected features and attention output at once); with a residual map the
+    conv still needs it. Outputs and gradients are those of the same step without the handoff (a forward
+    pre-hook turns it off)."""
+    import weakref
+
+    from dgl_exact import config as compression_scope
+    from dgl_exact import ops
+    from dgl_exact.config import CompressionConfig
+    from dgl_exact.nn import _base
+
+    g = _graph(60, 400)
+    x = torch.randn(60, 5)
+    model = build_model("gat", 5, 3, hidden=4, layers=3, dropout=0.5, batch_norm=True, heads=2, residual=residual)
+    model.train()
+    refs, alive_at_op = [], []
+    orig_init, orig_op = _base.Handoff.__init__, ops.gat_attention
+
+    def init(self, value):
+        refs.append((weakref.ref(value), value.grad_fn is not None))
+        orig_init(self, value)
+
+    def op(*args, **kwargs):
+        if refs:
+            ref, hidden = refs[-1]
+            if hidden:
+                alive_at_op.append(ref() is not None)
+        return orig_op(*args, **kwargs)
+
+    monkeypatch.setattr(_base.Handoff, "__init__", init)
+    monkeypatch.setattr(ops, "gat_attention", op)
+
+    def step():
+        for p in model.parameters():
+            p.grad = None
+        torch.manual_seed(3)
+        with compression_scope(CompressionConfig(bits=2)):
+            out = model(g, x)
+        out.square().sum().backward()
+        return out.detach(), [p.grad.clone() for p in model.parameters()]
+
+    out, grads = step()
+    assert len(refs) == 3 and alive_at_op == [residual, residual]  # layer 0's input is the features (a leaf)
+    handle = model.convs[1].register_forward_pre_hook(lambda m, args: None)  # a hook sees tensors: no handoff
+    refs.clear()
+    out_plain, grads_plain = step()
+    handle.remove()
+    assert len(refs) == 2
+    assert torch.equal(out, out_plain)
+    assert all(torch.equal(a, b) for a, b in zip(grads, grads_plain))

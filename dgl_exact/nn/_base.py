@@ -40,6 +40,25 @@ class CompressedModuleMixin:
         return None
 
 
+class Handoff:
+    """A layer input handed over to one module call: the module :meth:`take` s it out, so that neither the
+    caller's name nor ``nn.Module.__call__``'s argument tuple keeps it alive. Once the module has kept what
+    its backward needs (compressed), the input is freed inside the call instead of after it (GAT's forward
+    peak held the input, the projected features and the attention output at once). Modules that accept it
+    have ``takes_handoff = True``; the input's last reference must be the handoff's."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value):
+        self._value = value
+
+    def take(self):
+        value, self._value = self._value, None
+        if value is None:
+            raise RuntimeError("Handoff.take(): this input was already taken (a handoff is for one call)")
+        return value
+
+
 def compressed_activation(act: Optional[Callable], config: Optional[CompressionConfig] = None) -> Optional[Callable]:
     """Map standard activations to their dgl_exact versions (1 bit kept instead of a full tensor).
     ``config``: the calling module's compression (ELU keeps its output compressed with it)."""

@@ -23,7 +23,8 @@ import torch.nn.functional as F
 
 from .. import nn as exact_nn
 from .. import ops
-from .._compat import import_dgl
+from .._compat import compiling, import_dgl
+from ..nn._base import Handoff
 from ..nn.conv.gcn2conv import gcnii_stack, initial_features_for
 
 dgl = import_dgl()
@@ -77,6 +78,17 @@ class _Rows:
         if self.out is None:
             self.out = rows.new_empty((self.num_nodes,) + tuple(rows.shape[1:]))
         self.out[block.dstdata[dgl.NID].to(rows.device).long()] = rows
+
+
+def _hand_over(conv: nn.Module) -> bool:
+    """Whether to pass ``conv`` its input as a :class:`~dgl_exact.nn._base.Handoff`: a training forward that
+    records gradients, not traced by dynamo, and no forward hook that would see the handoff in place of the
+    tensor."""
+    from torch.nn.modules import module as _module
+
+    return (getattr(conv, "takes_handoff", False) and conv.training and torch.is_grad_enabled() and not compiling()
+            and not conv._forward_pre_hooks and not conv._forward_hooks
+            and not _module._global_forward_pre_hooks and not _module._global_forward_hooks)
 
 
 class StackedGNN(nn.Module):
@@ -141,6 +153,10 @@ class StackedGNN(nn.Module):
         weights = edge_weight if isinstance(edge_weight, (list, tuple)) else [edge_weight] * len(self.convs)
         h = self._input(x)
         for i, (conv, g, w) in enumerate(zip(self.convs, blocks, weights)):
+            if _hand_over(conv):
+                # a hidden representation only this loop holds: hand it over, so that it dies inside the
+                # conv once kept (compressed) rather than when the conv returns
+                h = Handoff(h)
             out = [conv(g, h, edge_weight=w)]
             # the layer input is dead once the conv has returned (it kept what it needs, compressed): release
             # it before BN/ReLU allocate, and hand the conv output over in a list so that BN's output

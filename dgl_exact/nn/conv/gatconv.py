@@ -9,8 +9,8 @@ import torch.nn as nn
 from ..._compat import import_dgl
 from ... import ops
 from ...config import CompressionConfig
-from .._base import (CompressedModuleMixin, apply_dropout, apply_linear, check_zero_in_degree, compressed_activation,
-                     into, plain_dropout_p)
+from .._base import (CompressedModuleMixin, Handoff, apply_dropout, apply_linear, check_zero_in_degree,
+                     compressed_activation, into, plain_dropout_p)
 
 dgl = import_dgl()
 
@@ -65,8 +65,14 @@ class GATConv(CompressedModuleMixin, dgl.nn.GATConv):
                          allow_zero_in_degree=allow_zero_in_degree, bias=bias)
         self._init_compression(compression)
 
+    #: ``forward`` accepts a :class:`~dgl_exact.nn._base.Handoff` as ``feat`` (the trainer's models hand
+    #: their hidden representations over, so that the input dies once projected)
+    takes_handoff = True
+
     def forward(self, graph, feat, edge_weight=None, get_attention=False):
         global _fallback_warned
+        if isinstance(feat, Handoff):
+            feat = feat.take()
         attn_p = plain_dropout_p(self.attn_drop)
         if attn_p is None or not isinstance(self.leaky_relu, nn.LeakyReLU):
             if not _fallback_warned:
@@ -101,7 +107,7 @@ class GATConv(CompressedModuleMixin, dgl.nn.GATConv):
                 feat_dst, h_dst = feat_src[:n_dst], h_dst[:n_dst]
                 dst_prefix = (n_dst,) + tuple(dst_prefix[1:])
         if self.res_fc is None:
-            del h_src, h_dst  # no local name keeps the dropped-out input past its product
+            del h_src, h_dst, feat  # no local name keeps the (dropped-out) input past its product
         rst, attention = ops.gat_attention(graph, feat_src, feat_dst, self.attn_l, self.attn_r,
                                            negative_slope=self.leaky_relu.negative_slope, attn_drop=attn_p,
                                            edge_weight=edge_weight, training=self.training, config=cfg)
