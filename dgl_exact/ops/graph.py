@@ -403,7 +403,6 @@ class _GATAttention(torch.autograd.Function):
         fs = unstash(fs_s)  # whole (edges read any source row), and dropped before the feature gradient exists
         grad_a = st.edge_dot(fs.to(dtype), g_out)
         del fs
-        grad_fs = st.aggregate(g_out, a.to(dtype), transpose=True)
         if g_a is not None:
             grad_a = grad_a + g_a
         grad_ew = None
@@ -416,10 +415,14 @@ class _GATAttention(torch.autograd.Function):
         grad_s = kernels.get("dropout", s.device)(grad_a, ctx.p, ctx.seed) if ctx.p > 0 else grad_a
         grad_e = _softmax_backward(st, s, grad_s)
         grad_raw = torch.where(raw > 0, grad_e, grad_e * ctx.slope)
-        del raw, s, a, grad_a, grad_s, grad_e
+        del raw, s, grad_a, grad_s, grad_e
         grad_el = st.edge_sum_to(grad_raw, "src")
         grad_er = st.edge_sum_to(grad_raw, "dst")
         del grad_raw
+        # the feature gradient's [N, H, D] buffer only now, after the per-edge tensors of the score gradient
+        # are gone (they peaked beside it: six [E, H] tensors at once)
+        grad_fs = st.aggregate(g_out, a.to(dtype), transpose=True)
+        del a
         # the attention vectors' gradients from the second copy (independent of the first when compressed, see
         # forward; destination features: its first n_dst rows unless kept on their own), decoded row chunk by
         # row chunk: no whole decompressed copy and no [N, H, D] product
