@@ -40,6 +40,15 @@ class CompressedModuleMixin:
         return None
 
 
+def forward_hooks_present(*modules: nn.Module) -> bool:
+    """Whether a forward (pre-)hook is registered on any of ``modules`` or globally: such a hook sees the
+    module's inputs and outputs, so a fused path or a handed-over input would change what it sees."""
+    from torch.nn.modules import module as _module
+
+    return (any(m._forward_hooks or m._forward_pre_hooks for m in modules)
+            or any(getattr(_module, name, None) for name in ("_global_forward_hooks", "_global_forward_pre_hooks")))
+
+
 class Handoff:
     """A layer input handed over to one module call: the module :meth:`take` s it out, so that neither the
     caller's name nor ``nn.Module.__call__``'s argument tuple keeps it alive. Once the module has kept what

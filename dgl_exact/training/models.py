@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from .. import nn as exact_nn
 from .. import ops
 from .._compat import compiling, import_dgl
-from ..nn._base import Handoff
+from ..nn._base import Handoff, forward_hooks_present
 from ..nn.conv.gcn2conv import gcnii_stack, initial_features_for
 
 dgl = import_dgl()
@@ -84,11 +84,8 @@ def _hand_over(conv: nn.Module) -> bool:
     """Whether to pass ``conv`` its input as a :class:`~dgl_exact.nn._base.Handoff`: a training forward that
     records gradients, not traced by dynamo, and no forward hook that would see the handoff in place of the
     tensor."""
-    from torch.nn.modules import module as _module
-
     return (getattr(conv, "takes_handoff", False) and conv.training and torch.is_grad_enabled() and not compiling()
-            and not conv._forward_pre_hooks and not conv._forward_hooks
-            and not _module._global_forward_pre_hooks and not _module._global_forward_hooks)
+            and not forward_hooks_present(conv))
 
 
 class StackedGNN(nn.Module):

@@ -14,8 +14,8 @@ from ...config import CompressionConfig
 from ...ops import captured
 from ...ops.gcn2 import BatchNormArgs, GCN2Step, InitialGradient, degree_norm, gcn2_layer_
 from ..layers import BatchNorm1d
-from .._base import (CompressedModuleMixin, check_feature_rows, check_zero_in_degree, compressed_activation, into,
-                     kept_by_reference)
+from .._base import (CompressedModuleMixin, check_feature_rows, check_zero_in_degree, compressed_activation,
+                     forward_hooks_present, into, kept_by_reference)
 
 dgl = import_dgl()
 
@@ -239,7 +239,7 @@ def gcnii_stack(graph, convs, norms, h0: torch.Tensor, dropout: float, input_dro
     if norms is not None and (len(norms) != len(convs) or not all(type(m) is BatchNorm1d for m in norms)):
         return None
     if (not torch.is_grad_enabled() or compiling() or captured.active() or not all(m.training for m in mods)
-            or any(m._forward_hooks or m._forward_pre_hooks for m in mods) or _global_module_hooks()
+            or forward_hooks_present(*mods)
             or autocast_dtype(h0.device.type) is not None):
         return None
     if not 0.0 <= dropout < 1.0 or not 0.0 <= input_dropout < 1.0:
@@ -269,8 +269,3 @@ def gcnii_stack(graph, convs, norms, h0: torch.Tensor, dropout: float, input_dro
         h = gcn2_layer_(st, h, h0, conv.weight1, conv.bias if conv._bias else None, step, bn, grads, cfg, norm)
     return h
 
-
-def _global_module_hooks() -> bool:
-    from torch.nn.modules import module as _module
-
-    return any(getattr(_module, name, None) for name in ("_global_forward_hooks", "_global_forward_pre_hooks"))
