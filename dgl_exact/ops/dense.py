@@ -171,8 +171,12 @@ class _BatchNorm(torch.autograd.Function):
             mean, invstd = stat_a, (stat_b + ctx.eps).rsqrt()
         sum_g = g.sum(0)
         sum_gxhat = torch.zeros_like(sum_g)
+        # per chunk one temporary beside the decoded rows (x - mean, scaled in place); the decoded rows are
+        # not written (a chunk of an exact tensor is a view of it)
         for r0, r1, x in row_chunks(x_s):
-            sum_gxhat += (g[r0:r1] * ((x.to(cdt) - mean) * invstd)).sum(0)
+            t = torch.sub(x.to(cdt), mean)
+            sum_gxhat += t.mul_(invstd).mul_(g[r0:r1]).sum(0)
+            del t
         w = invstd if weight is None else weight.to(cdt) * invstd
         gx = None
         if ctx.needs_input_grad[0]:
@@ -181,7 +185,16 @@ class _BatchNorm(torch.autograd.Function):
                 n = grad.shape[0]
                 mean_g, proj = sum_g / n, sum_gxhat * invstd / n  # (x - mean) * invstd^2 * sum(g xhat) / N
                 for r0, r1, x in row_chunks(x_s):
-                    gx[r0:r1] = (g[r0:r1] - mean_g - (x.to(cdt) - mean) * proj) * w
+                    t = torch.sub(x.to(cdt), mean).mul_(proj)
+                    if gx.dtype == cdt:  # formed in gx's own rows: no chunk-sized temporaries beyond t
+                        out = gx[r0:r1]
+                        torch.sub(g[r0:r1], mean_g, out=out)
+                        out.sub_(t).mul_(w)
+                    else:  # half-precision gradient: the arithmetic in cdt, as ATen does, then rounded once
+                        gx[r0:r1] = t.neg_().add_(g[r0:r1]).sub_(mean_g).mul_(w)
+                    del t
+            elif gx.dtype == cdt:
+                torch.mul(g, w, out=gx)
             else:
                 gx.copy_(g * w)
         gw = gb = None
