@@ -582,6 +582,15 @@ def test_bench_budget_rows(tmp_path):
         assert r["grad_rel_variance"] >= 0 and r["grad_variance"] >= 0  # 0 where a plan keeps every slot exact
     assert rows[0]["grad_rel_variance"] > 0 and rows[0]["grad_variance"] > 0  # uniform INT2
     assert "grad_rel_variance" in res.output
+    assert all("delta_vs_fp32" in r for r in rows)  # the finished rows replaced the ones written as they came
+    # each seed written as it finished (an interrupted comparison keeps them), the same as the rows' tests
+    runs = [json.loads(line) for line in (out / "budget-runs.jsonl").read_text().splitlines()]
+    assert [(r["setting"], r["seed"]) for r in runs] == [(n, s) for n in ("INT2", "budget = INT2 total")
+                                                          for s in (0, 1)]
+    for row in rows:
+        assert [r["test"] for r in runs if r["setting"] == row["setting"]] == row["tests"]
+        assert all(r["peak_MiB"] > 0 for r in runs)
+    assert "INT2: run 2/2 (seed 1): test" in res.output
 
 
 def test_plan_no_worse_than_uniform_on_either_measure():

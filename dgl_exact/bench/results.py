@@ -26,6 +26,18 @@ class ResultSink:
             f.flush()
             os.fsync(f.fileno())
 
+    def replace_rows(self, rows: Iterable[Dict]) -> None:
+        """This run's rows replaced by ``rows`` (e.g. completed with columns known only at the end), written
+        atomically."""
+        self.rows = list(rows)
+        tmp = self.path + ".tmp"
+        with open(tmp, "w") as f:
+            for row in self.rows:
+                f.write(json.dumps(row, default=str) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+
     def finish(self, columns: Sequence[str], title: str, header: str = "") -> str:
         """Write CSV and Markdown next to the JSONL; return the Markdown text."""
         write_csv(os.path.join(self.out_dir, f"{self.name}.csv"), self.rows, columns)

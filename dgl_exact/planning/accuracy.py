@@ -13,8 +13,9 @@ parameters.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import statistics
-from typing import Callable, Dict, List, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -90,8 +91,13 @@ def _scope_hook():
 
 def budget_comparison(dataset, base_config, runs: int = 10, budgets: Sequence[str] = ("INT2", "INT1"),
                       uniform: Sequence[str] = ("dgl_exact fp32", "INT8", "INT2", "INT1"), replicas: int = 2,
-                      draws: int = 4, log: Callable[[str], None] = print) -> List[Dict]:
-    """Rows of :data:`COLUMNS` (see the module docstring)."""
+                      draws: int = 4, log: Callable[[str], None] = print,
+                      on_run: Optional[Callable[[Dict], None]] = None,
+                      on_row: Optional[Callable[[Dict], None]] = None) -> List[Dict]:
+    """Rows of :data:`COLUMNS` (see the module docstring). As they finish, each seed's result is logged and
+    passed to ``on_run`` (``setting``, ``run``, ``seed``, ``test``, ``val``, ``best_epoch``, ``peak_MiB``), and
+    each setting's row to ``on_row`` (without ``delta_vs_fp32``, known only at the end): an interrupted
+    comparison keeps what it measured."""
     from ..bench.settings import select
     from ..training.models import build_model
     from ..training.trainer import Trainer
@@ -112,12 +118,22 @@ def budget_comparison(dataset, base_config, runs: int = 10, budgets: Sequence[st
         return build_model(cfg.model, dataset.num_features, dataset.num_classes, hidden=cfg.hidden,
                            layers=cfg.layers, dropout=cfg.dropout, batch_norm=cfg.batch_norm, heads=cfg.heads)
 
-    def train(setting_cfg: CompressionConfig, scope) -> Dict:
+    def train(name: str, setting_cfg: CompressionConfig, scope) -> Dict:
         trainer = Trainer(cfg.replace(compression=setting_cfg), dataset=dataset, progress=False, log=None)
+        results = []
         with scope:
-            res = trainer.fit(debug_mem=True)
-        tests = [r.test for r in res.runs]
-        peaks = [r.peak_bytes for r in res.runs if getattr(r, "peak_bytes", None)]
+            for run in range(cfg.runs):
+                r = trainer.run(run, debug_mem=True, completed=[dataclasses.asdict(x) for x in results])
+                results.append(r)
+                peak = getattr(r, "peak_bytes", None)
+                rec = {"setting": name, "run": r.run, "seed": r.seed, "test": r.test, "val": r.val,
+                       "best_epoch": r.best_epoch, "peak_MiB": None if peak is None else peak / 2**20}
+                log(f"{name}: run {r.run + 1}/{cfg.runs} (seed {r.seed}): test {r.test:.4f}, val {r.val:.4f}, "
+                    f"best epoch {r.best_epoch}" + ("" if peak is None else f", step peak {peak / 2**20:.1f} MiB"))
+                if on_run is not None:
+                    on_run(rec)
+        tests = [r.test for r in results]
+        peaks = [r.peak_bytes for r in results if getattr(r, "peak_bytes", None)]
         return {"test_mean": statistics.fmean(tests), "test_std": statistics.stdev(tests) if len(tests) > 1 else 0.0,
                 "tests": tests, "peak_meas_MiB": max(peaks) / 2**20 if peaks else None}
 
@@ -126,13 +142,15 @@ def budget_comparison(dataset, base_config, runs: int = 10, budgets: Sequence[st
         row = {"kind": "budget", "dataset": dataset.name, "model": cfg.model, "setting": setting.name, "runs": runs,
                "peak_pred_MiB": predicted[setting.name].step_peak_bytes / 2**20,
                "total_pred_bytes": predicted[setting.name].total_bytes}
-        row.update(train(setting.compression, contextlib.nullcontext()))
+        row.update(train(setting.name, setting.compression, contextlib.nullcontext()))
         row["grad_rel_variance"], row["grad_variance"] = gradient_variances(make_model, data, _scope_hook, draws,
                                                                            cfg.seed, setting.compression)
         if not setting.compression.enabled:
             fp32 = row["test_mean"]
         rows.append(row)
         log(_line(row))
+        if on_row is not None:
+            on_row(dict(row))
     for ref in budgets:
         budget = predicted[ref].total_bytes if sizes[ref] is None else sizes[ref]
         plan: BudgetPlan = budget_plan(spec, budget, data=data, replicas=replicas, seed=cfg.seed, log=log,
@@ -146,11 +164,13 @@ def budget_comparison(dataset, base_config, runs: int = 10, budgets: Sequence[st
                "budget_bytes": budget, "plan": plan.record.note}
         # under the scope its slots were recorded in (ops choose what to keep from the configuration in
         # force: GAT keeps a second copy only when compressing), for training and for the variance probe
-        row.update(train(plan.scope, plan.active()))
+        row.update(train(name, plan.scope, plan.active()))
         row["grad_rel_variance"], row["grad_variance"] = gradient_variances(make_model, data, plan.hook, draws,
                                                                            cfg.seed, plan.scope)
         rows.append(row)
         log(_line(row))
+        if on_row is not None:
+            on_row(dict(row))
     for row in rows:
         row["delta_vs_fp32"] = None if fp32 is None else row["test_mean"] - fp32
     return rows

@@ -177,12 +177,12 @@ def bench_budget_command(dataset, model, conf, hidden, layers, batch_norm, epoch
     except (ValueError, FileNotFoundError) as e:
         raise _user_error(str(e).splitlines()[0]) from None
     os.makedirs(out, exist_ok=True)
-    sink = ResultSink(out, "budget")
+    # written as they finish (an interrupted comparison keeps them): each seed's result, each setting's row
+    sink, per_run = ResultSink(out, "budget"), ResultSink(out, "budget-runs")
     rows = budget_comparison(ds, base, runs=runs, budgets=[b.strip() for b in budgets.split(",") if b.strip()],
                              uniform=[u.strip() for u in uniform.split(",") if u.strip()],
-                             log=lambda m: click.echo(m, err=True))
-    for r in rows:
-        sink.add(r)
+                             log=lambda m: click.echo(m, err=True), on_run=per_run.add, on_row=sink.add)
+    sink.replace_rows(rows)  # the finished rows, with delta_vs_fp32
     click.echo(f"budgeted plans vs uniform settings on {ds.summary()}, {base.model} {base.layers}x{base.hidden}, "
                f"{runs} seeds, {epochs} epochs")
     click.echo(format_rows(rows))
