@@ -129,38 +129,36 @@ def test_lr_warmup_follows_exact(tmp_path):
 
 
 @pytest.mark.parametrize("residual", [False, True])
-def test_hidden_inputs_die_inside_gatconv_and_the_step_is_unchanged(monkeypatch, residual):
-    """The trainer's GAT hands each hidden representation to its conv (``Handoff``): without a residual map
-    it is freed once projected and kept compressed, before the attention op allocates its output (GAT's
-    forward peak held input, projected features and attention output at once); with a residual map the
-    conv still needs it. Outputs and gradients are those of the same step without the handoff (a forward
-    pre-hook turns it off)."""
+def test_donated_hidden_inputs_are_released_inside_gatconv_and_the_step_is_unchanged(monkeypatch, residual):
+    """The trainer's GAT donates each hidden representation to its conv (``dgl_exact.donate``): without a
+    residual map it is released once projected and kept compressed, before the attention op allocates its
+    output; with a residual map the conv still needs it and keeps it. Outputs and gradients are those of the
+    same step where a hook keeps the conv from releasing anything."""
     import weakref
 
     from dgl_exact import config as compression_scope
     from dgl_exact import ops
     from dgl_exact.config import CompressionConfig
-    from dgl_exact.nn import _base
+    from dgl_exact.ops import _saving
+    from dgl_exact.training import models
 
     g = _graph(60, 400)
     x = torch.randn(60, 5)
     model = build_model("gat", 5, 3, hidden=4, layers=3, dropout=0.5, batch_norm=True, heads=2, residual=residual)
     model.train()
-    refs, alive_at_op = [], []
-    orig_init, orig_op = _base.Handoff.__init__, ops.gat_attention
+    refs, released_at_op = [], []
+    orig_donate, orig_op = models.donate, ops.gat_attention
 
-    def init(self, value):
-        refs.append((weakref.ref(value), value.grad_fn is not None))
-        orig_init(self, value)
+    def donate(value):
+        refs.append(weakref.ref(value))
+        return orig_donate(value)
 
     def op(*args, **kwargs):
         if refs:
-            ref, hidden = refs[-1]
-            if hidden:
-                alive_at_op.append(ref() is not None)
+            released_at_op.append(type(refs[-1]()) is _saving.Released)
         return orig_op(*args, **kwargs)
 
-    monkeypatch.setattr(_base.Handoff, "__init__", init)
+    monkeypatch.setattr(models, "donate", donate)
     monkeypatch.setattr(ops, "gat_attention", op)
 
     def step():
@@ -173,11 +171,42 @@ def test_hidden_inputs_die_inside_gatconv_and_the_step_is_unchanged(monkeypatch,
         return out.detach(), [p.grad.clone() for p in model.parameters()]
 
     out, grads = step()
-    assert len(refs) == 3 and alive_at_op == [residual, residual]  # layer 0's input is the features (a leaf)
-    handle = model.convs[1].register_forward_pre_hook(lambda m, args: None)  # a hook sees tensors: no handoff
-    refs.clear()
+    assert len(refs) == 2 and released_at_op == [not residual] * 2  # layer 0 takes the features
+    handles = [c.register_forward_pre_hook(lambda m, args: None) for c in model.convs]  # hooks: nothing released
+    refs.clear(), released_at_op.clear()
     out_plain, grads_plain = step()
-    handle.remove()
-    assert len(refs) == 2
+    for h in handles:
+        h.remove()
+    assert len(refs) == 2 and released_at_op == [False, False]
     assert torch.equal(out, out_plain)
     assert all(torch.equal(a, b) for a, b in zip(grads, grads_plain))
+
+
+def test_full_backward_hook_on_a_gat_layer_sees_and_replaces_gradients_as_in_dgl():
+    """A full backward hook on a GATConv of the trainer's GAT model that rescales ``grad_input``: it receives
+    the input gradient and its replacement reaches the earlier layers, as with DGL's modules (compression
+    off, so the gradients are comparable exactly)."""
+    from dgl_exact import config as compression_scope
+
+    g = _graph(40, 200)
+    x = torch.randn(40, 5)
+    seen = {}
+
+    def run(impl):
+        torch.manual_seed(0)
+        model = build_model("gat", 5, 3, hidden=4, layers=3, dropout=0.0, batch_norm=False, heads=2, impl=impl)
+        model.train()
+
+        def hook(module, grad_input, grad_output):
+            seen.setdefault(impl, []).append(grad_input[1] is not None)  # (graph: None, feat)
+            return (grad_input[0], grad_input[1] * 3.0)
+
+        model.convs[1].register_full_backward_hook(hook)
+        with compression_scope(enabled=False):
+            model(g, x).square().sum().backward()
+        return {n: p.grad for n, p in model.named_parameters()}
+
+    want, got = run("dgl"), run("exact")
+    assert seen["exact"] == seen["dgl"] == [True]
+    for name, grad in want.items():
+        torch.testing.assert_close(got[name], grad, rtol=1e-5, atol=1e-6, msg=name)

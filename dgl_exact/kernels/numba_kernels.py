@@ -240,10 +240,12 @@ class _TorchOps:
         return self._uniform_tables[key]
 
     def _map_chunks(self, x: torch.Tensor, launch) -> torch.Tensor:
-        """The flat output of an elementwise op: ``launch(a, b, xc, oc)`` runs the kernel on elements
-        ``[a, b)``, from the fp32 array ``xc`` into the fp32 array ``oc``. fp32 tensors go in one chunk;
-        others through fp32 chunks of :data:`CHUNK` elements (``oc`` then a scratch buffer copied back)."""
-        out = torch.empty(x.numel(), dtype=x.dtype, device=x.device)
+        """The output of an elementwise op, shaped as ``x`` (a tensor of its own, not a view, so that it can be
+        released alone): ``launch(a, b, xc, oc)`` runs the kernel on elements ``[a, b)``, from the fp32
+        array ``xc`` into the fp32 array ``oc``. fp32 tensors go in one chunk; others through fp32 chunks
+        of :data:`CHUNK` elements (``oc`` then a scratch buffer copied back)."""
+        shaped = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        out = shaped.view(-1)
         scratch = None if x.dtype == torch.float32 else torch.empty(min(CHUNK, x.numel()), dtype=torch.float32,
                                                                     device=x.device)
         with self.engine.scope(x.device):
@@ -252,7 +254,7 @@ class _TorchOps:
                 launch(a, b, self._a(xc), self._a(oc))
                 if scratch is not None:
                     out[a:b].copy_(oc)
-        return out
+        return shaped
 
     # compression --------------------------------------------------------------------------------
     def group_meta(self, mn, mx, bits):
@@ -378,7 +380,7 @@ class _TorchOps:
         s_lo, s_hi = _seed_words(seed)
         out = self._map_chunks(x, lambda a, b, xc, oc: self.engine.launch(
             "dropout", b - a, x.device, xc, a, p32, s_lo, s_hi, sc, oc))
-        return out.view(x.shape)
+        return out
 
     def relu_dropout(self, x, p, seed):
         from . import reference
@@ -396,7 +398,7 @@ class _TorchOps:
             self.engine.launch("relu_dropout", pc.numel(), x.device, xc, a, bool(use_p), p32, s_lo, s_hi, sc, oc,
                                self._a(pc))
 
-        return self._map_chunks(x, launch).view(x.shape), packed
+        return self._map_chunks(x, launch), packed
 
     def relu_dropout_compress(self, x, p, seed, levels, bits, block_rows, code_seed, stochastic):
         """This engine's ``relu_dropout`` then its ``compress_rows`` (the one-read fused kernel is the
@@ -421,7 +423,7 @@ class _TorchOps:
             a_packed = self._a(packed.contiguous())
         out = self._map_chunks(g, lambda a, b, gc, oc: self.engine.launch(
             "masked_scale", b - a, g.device, gc, a, a_packed, a_on, a_off, c, oc))
-        return out.view(g.shape)
+        return out
 
     # random numbers -------------------------------------------------------------------------------
     def rademacher(self, d, k, seed, device, dtype=torch.float32):

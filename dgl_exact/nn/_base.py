@@ -40,32 +40,18 @@ class CompressedModuleMixin:
         return None
 
 
-def forward_hooks_present(*modules: nn.Module) -> bool:
-    """Whether a forward (pre-)hook is registered on any of ``modules`` or globally: such a hook sees the
-    module's inputs and outputs, so a fused path or a handed-over input would change what it sees."""
+def hooks_present(*modules: nn.Module) -> bool:
+    """Whether any hook is registered on any of ``modules`` (forward, forward-pre, backward, backward-pre) or
+    globally: a hook sees a module's own call (its inputs, outputs and gradients), so a fused path or an
+    input released early would change what it sees. Fast paths run only where this is False."""
     from torch.nn.modules import module as _module
 
-    return (any(m._forward_hooks or m._forward_pre_hooks for m in modules)
-            or any(getattr(_module, name, None) for name in ("_global_forward_hooks", "_global_forward_pre_hooks")))
-
-
-class Handoff:
-    """A layer input handed over to one module call: the module :meth:`take` s it out, so that neither the
-    caller's name nor ``nn.Module.__call__``'s argument tuple keeps it alive. Once the module has kept what
-    its backward needs (compressed), the input is freed inside the call instead of after it (GAT's forward
-    peak held the input, the projected features and the attention output at once). Modules that accept it
-    have ``takes_handoff = True``; the input's last reference must be the handoff's."""
-
-    __slots__ = ("_value",)
-
-    def __init__(self, value):
-        self._value = value
-
-    def take(self):
-        value, self._value = self._value, None
-        if value is None:
-            raise RuntimeError("Handoff.take(): this input was already taken (a handoff is for one call)")
-        return value
+    if any(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks
+           for m in modules):
+        return True
+    return any(getattr(_module, name, None) for name in (
+        "_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
+        "_global_backward_pre_hooks"))
 
 
 def compressed_activation(act: Optional[Callable], config: Optional[CompressionConfig] = None) -> Optional[Callable]:

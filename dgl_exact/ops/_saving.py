@@ -127,15 +127,22 @@ def stash_hook_active() -> bool:
     return _stash_hook.get() is not None
 
 
-def stash(x: Optional[torch.Tensor], cfg: CompressionConfig, force: bool = False) -> Stashed:
+def stash(x: Optional[torch.Tensor], cfg: CompressionConfig, force: bool = False,
+          overwritten: bool = False) -> Stashed:
     """Keep ``x`` for backward: by reference if it is alive anyway or compression is off, else compressed.
-    ``force`` compresses even a leaf (used for per-edge tensors nobody else keeps)."""
+    ``force`` compresses even a leaf (used for per-edge tensors nobody else keeps). ``overwritten``: the
+    caller writes into ``x`` afterwards (rule 3): where ``x`` would be kept exactly, a copy is kept."""
     if x is None:
         return None
     hook = _stash_hook.get()
-    if hook is not None:
-        return hook(x, cfg, force)
-    return default_stash(x, cfg, force)
+    item = hook(x, cfg, force) if hook is not None else default_stash(x, cfg, force)
+    if overwritten and isinstance(item, torch.Tensor) and _shares_storage(item, x):
+        item = x.clone(memory_format=torch.contiguous_format)
+    return item
+
+
+def _shares_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
 
 
 def default_stash(x: torch.Tensor, cfg: CompressionConfig, force: bool = False) -> Stashed:
@@ -377,61 +384,62 @@ def autocast_dtype(device_type: str) -> Optional[torch.dtype]:
     return None
 
 
-# --- gradients a backward may overwrite ----------------------------------------------------------------------
-def _grad_refs(grad: torch.Tensor) -> tuple:
-    """(Python references, TensorImpl uses, storage uses) of ``grad`` as seen from a backward that passed it
-    here directly (the same call depth in :func:`grad_is_private` and its calibration)."""
-    import sys
+# --- donation (rule 5) ---------------------------------------------------------------------------------------
+class Donated(torch.Tensor):
+    """The class of a tensor its owner gave up with :func:`donate`: it computes as a plain tensor (results
+    of operations on it are plain tensors) until an op that was handed it :func:`release` s it."""
 
-    uses = grad._use_count() if hasattr(grad, "_use_count") else None
-    storage = torch._C._storage_Use_Count(grad.untyped_storage()._cdata) if hasattr(
-        torch._C, "_storage_Use_Count") else None
-    return sys.getrefcount(grad), uses, storage
-
-
-_PRIVATE_REFS: Optional[tuple] = None
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **(kwargs or {}))
 
 
-def _refs_at_check_depth(grad: torch.Tensor) -> tuple:
-    return _grad_refs(grad)  # one frame between the backward and _grad_refs, as in grad_is_private
+class Released(torch.Tensor):
+    """The class of a donated tensor once released: its memory went back to the allocator (unless another
+    tensor shares it); any use raises."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", str(func))
+        raise RuntimeError(
+            f"dgl_exact: this tensor was donated (dgl_exact.donate) to a module that has released its memory; "
+            f"it cannot be used any more (by {name}). Donate only a tensor nothing reads after the call: write "
+            f"`h = conv(g, dgl_exact.donate(h))`, and keep another tensor where you need its values later.")
 
 
-def _calibrate_private_refs() -> Optional[tuple]:
-    """The references a backward sees on an incoming gradient nobody else holds: measured once, on this
-    torch, by a probe whose incoming gradient is a fresh product (``y * 2``'s backward)."""
-    global _PRIVATE_REFS
-    if _PRIVATE_REFS is None:
-        seen = []
+def donate(x: torch.Tensor) -> torch.Tensor:
+    """Give ``x`` up to the next dgl_exact module or op it is passed to: nothing reads ``x`` after that call
+    (by any name), so the callee may free its memory as soon as it has kept what its backward needs,
+    instead of when the call returns (``nn.Module.__call__`` and the caller's name hold it until then).
+    Returns ``x`` itself, now of class :class:`Donated`; use it as ``h = conv(g, dgl_exact.donate(h))``.
 
-        class _Probe(torch.autograd.Function):
-            @staticmethod
-            def forward(ctx, x):
-                return x.clone()
-
-            @staticmethod
-            def backward(ctx, grad):
-                seen.append(_refs_at_check_depth(grad))
-                return grad
-
-        with torch.enable_grad():
-            x = torch.zeros(4, requires_grad=True)
-            (_Probe.apply(x) * 2.0).sum().backward()
-        refs = seen[0]
-        # without a TensorImpl use count the check cannot rule out a C++ holder (a gradient captured by
-        # torch.autograd.grad): never private then
-        _PRIVATE_REFS = refs if refs[1] == 1 and refs[2] is not None else (-1, -1, -1)
-    return _PRIVATE_REFS
+    Donation is a permission, never a request: a callee releases ``x`` only where that cannot change what
+    is computed or seen (training with grad, no hooks on the module, ``x`` kept compressed, not under
+    torch.compile; :func:`dgl_exact.explain` says what happened). A released ``x`` raises on any use; views
+    of it made before keep their values (and its memory). Parameters, leaves that require grad and tensor
+    subclasses cannot be donated (TypeError); under torch.compile ``donate`` returns ``x`` unchanged."""
+    if compiling():
+        return x
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"dgl_exact.donate expects a torch.Tensor, got {type(x).__name__}")
+    if type(x) is Donated:
+        return x
+    if type(x) is not torch.Tensor or (x.is_leaf and x.requires_grad):
+        raise TypeError("dgl_exact.donate: only a plain tensor computed in this forward can be donated (not a "
+                        f"parameter, a leaf that requires grad or a {type(x).__name__} subclass)")
+    x.__class__ = Donated
+    return x
 
 
-def grad_is_private(grad: torch.Tensor) -> bool:
-    """Whether a backward may overwrite its incoming gradient ``grad`` in place: nobody else holds it (no
-    Python reference beyond the call's, no other C++ owner such as ``torch.autograd.grad`` capturing it,
-    no view sharing its storage), and it is a plain contiguous tensor of its own. Call it directly from
-    the ``backward`` (the reference counts are compared with a probe's at the same depth). False when in
-    doubt: the caller then works on a copy."""
-    if (not isinstance(grad, torch.Tensor) or grad.requires_grad or grad._base is not None
-            or not grad.is_contiguous() or grad.layout != torch.strided or captured.active() or compiling()):
+def release(x: torch.Tensor) -> bool:
+    """Free the memory of a :class:`Donated` tensor ``x`` (its reference to its storage is dropped; the
+    memory returns once no view shares it) and make any later use of ``x`` raise. For the callee ``x`` was
+    donated to, once nothing it computes reads ``x`` again and its backward keeps no reference to ``x``
+    (rule 5). Returns whether ``x`` was released (False: not donated)."""
+    if type(x) is not Donated:
         return False
-    want = _calibrate_private_refs()
-    got = _grad_refs(grad)
-    return want[0] >= 0 and got[0] <= want[0] and got[1] == 1 and got[2] <= want[2]
+    with torch.no_grad():
+        x.set_(torch.empty(0, dtype=x.dtype, device=x.device))
+    x.__class__ = Released
+    return True

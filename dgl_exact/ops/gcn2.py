@@ -1,4 +1,4 @@
-"""GCNII's hidden layer as one in-place op: two layer-sized buffers at the step's peak instead of three.
+"""GCNII's hidden layers and output linear as one op: two layer-sized buffers at the step's peak, not three.
 
 A GCNII hidden layer (``GCN2Conv`` with ``project_initial_features``, then BatchNorm, ReLU and dropout) is
 
@@ -11,29 +11,28 @@ Composed from separate ops, each step allocates its output while its input is al
 input is alive in the caller's frame: the forward holds ``h0``, the input and a new buffer (three
 ``[N, D]`` blocks), and so does the backward (the ``h0`` gradient accumulator, the incoming gradient and a
 new one). At GCNII's depth those three blocks, beside every layer's compressed activations, are the step's
-peak (issue 12: 796 MiB for 16 x 256 on an arxiv-sized graph).
+peak.
 
-:func:`gcn2_layer_` writes every step into the layer's own buffer:
+:func:`gcnii_layers` runs every hidden layer and the output linear inside one autograd Function (the
+pattern of ``torch.utils.checkpoint``), so every buffer it writes in place was allocated inside it
+(:mod:`dgl_exact.ops.keep`, rule 2); nothing is guessed about who else holds a tensor:
 
-* **forward**: the propagation runs column chunk by column chunk (a column of the output depends only on
-  the same column of the input), each chunk scaled, aggregated and written back, so only two ``[N, c]``
-  temporaries exist besides the buffer; the mix, batch norm (statistics first, then normalised in place),
-  ReLU and dropout run row chunk by row chunk in place. ``h0`` and the buffer are the only blocks.
-* **backward**: the same steps in reverse, each in place in the incoming gradient when nobody else can see
-  that tensor (:func:`._saving.grad_is_private`; else it is copied once); the ``h0`` gradient of every
-  layer goes into one buffer the stack shares (:class:`InitialGradient`), handed to ``h0`` by the first
-  layer. The ``h0`` gradient and the layer's gradient are the only blocks.
+* **forward**: the first layer draws ``dropout(h0)`` into a new buffer, and every layer writes into it: the
+  propagation column chunk by column chunk (a column of the output depends only on the same column of the
+  input: two ``[N, c]`` temporaries), the mix, batch norm (statistics first, then normalised in place),
+  ReLU and dropout row chunk by row chunk. The output linear reads the buffer last.
+* **backward**: the logits' gradient (``[N, classes]``, never written) times the output weight is a new
+  buffer; the layers' backward steps run in reverse in place in it, and the ``h0`` gradient of every layer
+  is summed in a second one. The ``h0`` gradient and the layers' gradient are the only blocks.
 
-The first layer takes ``x = None`` and draws its input ``dropout(h0)`` itself into a new buffer (its
-backward then returns the whole ``h0`` gradient in one tensor). On a device where a layer is not chunked
-(a GPU at arxiv size, :func:`._saving.chunk_elements_for`) the propagation runs at full width: one sparse
-product, three blocks, as the composed ops.
+On a device where a layer is not chunked (a GPU at arxiv size, :func:`.keep.chunk_elements_for`) the
+propagation runs at full width: one sparse product, three blocks, as the composed ops.
 
-Same values as the composed layer up to float rounding; the input and ``h0`` gradients need no activation
-and equal the composed layer's; the weight gradients are unbiased estimates from the kept (compressed)
-tensors. Taken by :class:`dgl_exact.training.models.GCNII` through :func:`dgl_exact.nn.conv.gcn2conv.gcnii_stack`
-where it applies (training with compression on, shared weights, no residual, whole graph, no edge weights,
-no autocast or capture); everything else runs the composed ops.
+Same values as the composed layers up to float rounding; the input and ``h0`` gradients need no activation
+and equal the composed layers'; the weight gradients are unbiased estimates from the kept (compressed)
+tensors. Taken by :class:`dgl_exact.training.models.GCNII` through
+:func:`dgl_exact.nn.conv.gcn2conv.gcnii_stack` where it is equivalent to the modules (see there);
+everything else runs the composed ops.
 """
 from __future__ import annotations
 
@@ -46,10 +45,10 @@ import torch.nn.functional as F
 from .. import kernels
 from ..compression import draw_seed
 from ..config import CompressionConfig
-from ._saving import (DOUBLE_BACKWARD_MESSAGE, _calibrate_private_refs, chunk_elements_for, chunk_rows,
-                      create_graph_requested, grad_is_private, load, row_chunks, save, stash)
+from ._saving import (DOUBLE_BACKWARD_MESSAGE, chunk_elements_for, chunk_rows, create_graph_requested, load,
+                      row_chunks, save, stash)
 
-__all__ = ["BatchNormArgs", "GCN2Step", "InitialGradient", "degree_norm", "gcn2_layer_"]
+__all__ = ["BatchNormArgs", "GCN2Layer", "GCN2Step", "degree_norm", "gcnii_layers"]
 
 #: columns per chunk of the propagation (both directions) where a layer is chunked on its device
 COLUMN_CHUNK = 16
@@ -82,16 +81,6 @@ class GCN2Step:
     index: int
 
 
-class InitialGradient:
-    """The ``h0`` gradient of a stack of ``layers`` fused layers, summed in one buffer. Backward runs the
-    layers last to first: the last one starts the buffer (so a repeated backward, ``retain_graph``, starts
-    anew), the first one returns it as ``h0``'s gradient and lets go of it."""
-
-    def __init__(self, layers: int):
-        self.layers = layers
-        self.buffer: Optional[torch.Tensor] = None
-
-
 def _column_width(n: int, d: int, device) -> int:
     """The whole width where a layer-sized buffer is not chunked on ``device``, else :data:`COLUMN_CHUNK`.
     Depends on the graph's size only through that test (a planner's samples run the same operators)."""
@@ -122,135 +111,195 @@ def _row_ranges(x: torch.Tensor):
     return [(r0, min(n, r0 + rows)) for r0 in range(0, n, rows)]
 
 
-class _GCN2Layer(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, h0, weight1, bias, bn_weight, bn_bias, st, norm, step: GCN2Step, bn: Optional[BatchNormArgs],
-                grads: InitialGradient, cfg: CompressionConfig):
-        kernel_dropout = kernels.get("dropout", h0.device)
-        kernel_relu_dropout = kernels.get("relu_dropout", h0.device)
-        ranges = _row_ranges(h0)
-        first = x is None
-        input_seeds: List[int] = []
-        if first:  # the first layer's input, dropout(h0), in a buffer of its own
-            x = torch.empty_like(h0, memory_format=torch.contiguous_format)
-            for r0, r1 in ranges:
-                if step.input_dropout > 0:
-                    input_seeds.append(draw_seed())
-                    x[r0:r1] = kernel_dropout(h0[r0:r1].contiguous(), step.input_dropout, input_seeds[-1])
-                else:
-                    x[r0:r1] = h0[r0:r1]
-        _propagate_(st, x, norm, 1.0 - step.alpha, transpose=False)
-        for r0, r1 in ranges:  # s
-            x[r0:r1].add_(h0[r0:r1] * step.alpha)
-        kept_s = stash(x, cfg, force=True) if ctx.needs_input_grad[2] else None  # force: overwritten next
-        for r0, r1 in ranges:  # o
-            part = x[r0:r1]
-            proj = F.linear(part, weight1.t()).mul_(step.beta)
-            part.mul_(1.0 - step.beta).add_(proj)
-            if bias is not None:
-                part.add_(bias)
-            del proj
-        stats: tuple = ()
-        kept_o = None
-        if bn is not None:
-            kept_o = stash(x, cfg.replace(kept_frac=1.0), force=True)  # batch norm's input, never projected
-            if bn.batch_stats:
-                var, mean = torch.var_mean(x, 0, correction=0)
-                if bn.running_mean is not None:
-                    n = x.shape[0]
-                    bn.running_mean.mul_(1.0 - bn.momentum).add_(mean, alpha=bn.momentum)
-                    bn.running_var.mul_(1.0 - bn.momentum).add_(var * (n / max(n - 1, 1)), alpha=bn.momentum)
+
+@dataclasses.dataclass
+class _LayerRecord:
+    """What one layer's backward needs besides its kept tensors: where its items sit in the saved list and
+    the seeds and row ranges of its forward."""
+
+    step: GCN2Step
+    first: bool
+    has_bias: bool
+    bn_batch_stats: Optional[bool]  # None: no batch norm
+    input_seeds: List[int]
+    ranges: list
+    n_stats: int
+    n_masks: int
+    start: int = 0  # index of the layer's first item in the saved list
+
+
+def _layer_forward(x, h0, weight1, bias, bn_weight, bn_bias, st, norm, step: GCN2Step,
+                   bn: Optional[BatchNormArgs], cfg: CompressionConfig, need_weight: bool):
+    """One hidden layer written into ``x`` (allocated by this stack; a new buffer holding ``dropout(h0)`` when
+    ``x`` is None). Returns ``(x, items, record)``: the items to keep for backward and the layer's record."""
+    kernel_dropout = kernels.get("dropout", h0.device)
+    kernel_relu_dropout = kernels.get("relu_dropout", h0.device)
+    ranges = _row_ranges(h0)
+    first = x is None
+    input_seeds: List[int] = []
+    if first:  # the first layer's input, dropout(h0), in a buffer of the stack's own
+        x = torch.empty_like(h0, memory_format=torch.contiguous_format)
+        for r0, r1 in ranges:
+            if step.input_dropout > 0:
+                input_seeds.append(draw_seed())
+                x[r0:r1] = kernel_dropout(h0[r0:r1].contiguous(), step.input_dropout, input_seeds[-1])
             else:
-                mean, var = bn.running_mean, bn.running_var
-            invstd = (var + bn.eps).rsqrt()
-            scale = invstd if bn_weight is None else invstd * bn_weight
-            for r0, r1 in ranges:
-                part = x[r0:r1].sub_(mean).mul_(scale)
-                if bn_bias is not None:
-                    part.add_(bn_bias)
-            stats = (mean, invstd)
-        masks, seeds = [], []
-        for r0, r1 in ranges:  # ReLU and dropout: one bit per element
-            seeds.append(draw_seed() if step.dropout > 0 else 0)
-            y, packed = kernel_relu_dropout(x[r0:r1], step.dropout, seeds[-1])
-            x[r0:r1] = y
-            masks.append(packed)
-            del y
-        if not first:
-            ctx.mark_dirty(x)
-        ctx.st, ctx.step, ctx.grads, ctx.first = st, step, grads, first
-        ctx.has_bias, ctx.bn_batch_stats = bias is not None, None if bn is None else bn.batch_stats
-        ctx.input_seeds, ctx.ranges, ctx.masks = input_seeds, ranges, len(masks)
-        save(ctx, kept_s, kept_o, weight1, bn_weight, norm, *stats, *masks)
-        return x
+                x[r0:r1] = h0[r0:r1]
+    _propagate_(st, x, norm, 1.0 - step.alpha, transpose=False)
+    for r0, r1 in ranges:  # s
+        x[r0:r1].add_(h0[r0:r1] * step.alpha)
+    # x is overwritten below: an exactly kept s is a copy (keep.py, rule 3)
+    kept_s = stash(x, cfg, force=True, overwritten=True) if need_weight else None
+    for r0, r1 in ranges:  # o
+        part = x[r0:r1]
+        proj = F.linear(part, weight1.t()).mul_(step.beta)
+        part.mul_(1.0 - step.beta).add_(proj)
+        if bias is not None:
+            part.add_(bias)
+        del proj
+    stats: tuple = ()
+    kept_o = None
+    if bn is not None:
+        # batch norm's input, never projected; overwritten below
+        kept_o = stash(x, cfg.replace(kept_frac=1.0), force=True, overwritten=True)
+        if bn.batch_stats:
+            var, mean = torch.var_mean(x, 0, correction=0)
+            if bn.running_mean is not None:
+                n = x.shape[0]
+                bn.running_mean.mul_(1.0 - bn.momentum).add_(mean, alpha=bn.momentum)
+                bn.running_var.mul_(1.0 - bn.momentum).add_(var * (n / max(n - 1, 1)), alpha=bn.momentum)
+        else:
+            mean, var = bn.running_mean, bn.running_var
+        invstd = (var + bn.eps).rsqrt()
+        scale = invstd if bn_weight is None else invstd * bn_weight
+        for r0, r1 in ranges:
+            part = x[r0:r1].sub_(mean).mul_(scale)
+            if bn_bias is not None:
+                part.add_(bn_bias)
+        stats = (mean, invstd)
+    masks = []
+    for r0, r1 in ranges:  # ReLU and dropout: one bit per element
+        seed = draw_seed() if step.dropout > 0 else 0
+        y, packed = kernel_relu_dropout(x[r0:r1], step.dropout, seed)
+        x[r0:r1] = y
+        masks.append(packed)
+        del y
+    record = _LayerRecord(step, first, bias is not None, None if bn is None else bn.batch_stats, input_seeds,
+                          ranges, len(stats), len(masks))
+    return x, [kept_s, kept_o, weight1, bn_weight, *stats, *masks], record
+
+
+def _layer_backward(g, items, rec: _LayerRecord, gh0, need_w: bool, need_b: bool, need_x: bool, need_h0: bool):
+    """One layer's backward, in place in ``g`` (the stack allocated it: keep.py, rule 2). Returns ``(gx, gh0,
+    gw, gb, g_bnw, g_bnb)``; ``gh0`` accumulates ``alpha`` times every layer's mix gradient."""
+    kept_s, kept_o, weight1, bn_weight, *rest = items
+    stats, masks = rest[:rec.n_stats], rest[rec.n_stats:]
+    step, ranges = rec.step, rec.ranges
+    masked_scale = kernels.get("masked_scale", g.device)
+    scale = 1.0 / (1.0 - step.dropout) if step.dropout > 0 else 1.0
+    for (r0, r1), packed in zip(ranges, masks):
+        g[r0:r1] = masked_scale(g[r0:r1], packed, scale, 0.0)
+    g_bnw = g_bnb = None
+    if kept_o is not None:  # batch norm, from its compressed input in row chunks (as ops.batch_norm)
+        mean, invstd = stats
+        sum_g = g.sum(0)
+        sum_gxhat = torch.zeros_like(sum_g)
+        for r0, r1, o in row_chunks(kept_o):
+            sum_gxhat += (g[r0:r1] * ((o.to(g.dtype) - mean) * invstd)).sum(0)
+        w = invstd if bn_weight is None else bn_weight * invstd
+        if rec.bn_batch_stats:
+            n = g.shape[0]
+            mean_g, proj = sum_g / n, sum_gxhat * invstd / n
+            for r0, r1, o in row_chunks(kept_o):
+                g[r0:r1].sub_(mean_g).sub_((o.to(g.dtype) - mean) * proj).mul_(w)
+        else:
+            g.mul_(w)
+        if bn_weight is not None:
+            g_bnw, g_bnb = sum_gxhat.to(bn_weight.dtype), sum_g.to(bn_weight.dtype)
+    gw = gb = None
+    if need_w:
+        for r0, r1, s in row_chunks(kept_s):
+            part = s.to(g.dtype).t().matmul(g[r0:r1])
+            gw = part if gw is None else gw.add_(part)
+        gw = gw.mul_(step.beta)
+    if rec.has_bias and need_b:
+        gb = g.sum(0)
+    need_x = need_x and not rec.first
+    if not (need_x or need_h0):
+        return None, gh0, gw, gb, g_bnw, g_bnb
+    for r0, r1 in ranges:  # gs = (1 - beta) g + beta g W^T
+        part = g[r0:r1]
+        proj = part.matmul(weight1.t()).mul_(step.beta)
+        part.mul_(1.0 - step.beta).add_(proj)
+        del proj
+    if need_h0:
+        gh0 = g * step.alpha if gh0 is None else gh0.add_(g, alpha=step.alpha)
+    return g, gh0, gw, gb, g_bnw, g_bnb
+
+
+class _GCNIIStack(torch.autograd.Function):
+    """GCNII's hidden layers and the output linear as one autograd region (the pattern of
+    ``torch.utils.checkpoint``: the layers' forward and backward loops run inside one Function). Every
+    layer-sized buffer the loops write in place is allocated inside it (keep.py, rule 2): the layers' shared
+    working buffer in the forward, and in the backward the gradient ``g W_out`` formed from the logits'
+    gradient, which is ``[N, classes]`` and never written."""
+
+    @staticmethod
+    def forward(ctx, h0, norm, head_w, head_b, st, steps, bns, cfgs, head_cfg, *params):
+        needs = ctx.needs_input_grad
+        x, kept, records = None, [], []
+        for i, (step, bn, cfg) in enumerate(zip(steps, bns, cfgs)):
+            w1, b, bw, bb = params[4 * i:4 * i + 4]
+            x, items, rec = _layer_forward(x, h0, w1, b, bw, bb, st, norm, step, bn, cfg, needs[9 + 4 * i])
+            rec.start = len(kept)
+            kept.extend(items)
+            records.append(rec)
+        logits = F.linear(x, head_w, head_b)
+        # the last layer's output, made here and never overwritten: compressed (or itself when exact)
+        kept_head = stash(x, head_cfg, force=True) if needs[2] else None
+        del x
+        ctx.st, ctx.records, ctx.has_head_bias = st, records, head_b is not None
+        save(ctx, norm, head_w, kept_head, *kept)
+        return logits
 
     @staticmethod
     def backward(ctx, grad):
         if create_graph_requested():
-            raise RuntimeError(DOUBLE_BACKWARD_MESSAGE.format(op="the fused GCNII layer"))
-        kept_s, kept_o, weight1, bn_weight, norm, *rest = load(ctx)
-        step, ranges, needs = ctx.step, ctx.ranges, ctx.needs_input_grad
-        stats, masks = rest[:len(rest) - ctx.masks], rest[len(rest) - ctx.masks:]
-        g = grad if grad_is_private(grad) else grad.clone(memory_format=torch.contiguous_format)
-        del grad
-        masked_scale = kernels.get("masked_scale", g.device)
-        scale = 1.0 / (1.0 - step.dropout) if step.dropout > 0 else 1.0
-        for (r0, r1), packed in zip(ranges, masks):
-            g[r0:r1] = masked_scale(g[r0:r1], packed, scale, 0.0)
-        g_bnw = g_bnb = None
-        if kept_o is not None:  # batch norm, from its compressed input in row chunks (as ops.batch_norm)
-            mean, invstd = stats
-            sum_g = g.sum(0)
-            sum_gxhat = torch.zeros_like(sum_g)
-            for r0, r1, o in row_chunks(kept_o):
-                sum_gxhat += (g[r0:r1] * ((o.to(g.dtype) - mean) * invstd)).sum(0)
-            w = invstd if bn_weight is None else bn_weight * invstd
-            if ctx.bn_batch_stats:
-                n = g.shape[0]
-                mean_g, proj = sum_g / n, sum_gxhat * invstd / n
-                for r0, r1, o in row_chunks(kept_o):
-                    part = g[r0:r1]
-                    part.sub_(mean_g).sub_((o.to(g.dtype) - mean) * proj).mul_(w)
-            else:
-                g.mul_(w)
-            if bn_weight is not None:
-                g_bnw, g_bnb = sum_gxhat.to(bn_weight.dtype), sum_g.to(bn_weight.dtype)
-        gw = gb = None
+            raise RuntimeError(DOUBLE_BACKWARD_MESSAGE.format(op="the fused GCNII stack"))
+        norm, head_w, kept_head, *kept = load(ctx)
+        needs = ctx.needs_input_grad
+        records = ctx.records
+        g_head_w = g_head_b = None
         if needs[2]:
-            for r0, r1, s in row_chunks(kept_s):
-                part = s.to(g.dtype).t().matmul(g[r0:r1])
-                gw = part if gw is None else gw.add_(part)
-            gw = gw.mul_(step.beta)
-        if ctx.has_bias and needs[3]:
-            gb = g.sum(0)
-        need_x = needs[0] or (ctx.first and needs[1])
-        if not (need_x or needs[1]):
-            return None, None, gw, gb, g_bnw, g_bnb, None, None, None, None, None, None
-        for r0, r1 in ranges:  # gs = (1 - beta) g + beta g W^T
-            part = g[r0:r1]
-            proj = part.matmul(weight1.t()).mul_(step.beta)
-            part.mul_(1.0 - step.beta).add_(proj)
-            del proj
-        grads = ctx.grads
-        if needs[1]:
-            if step.index == grads.layers - 1 or grads.buffer is None:
-                grads.buffer = g * step.alpha
-            else:
-                grads.buffer.add_(g, alpha=step.alpha)
-        gx = gh0 = None
-        if need_x:
-            _propagate_(ctx.st, g, norm, 1.0 - step.alpha, transpose=True)
-            gx = g
-        if ctx.first:
-            if needs[1]:
-                if ctx.input_seeds:
-                    kernel_dropout = kernels.get("dropout", g.device)
-                    for (r0, r1), seed in zip(ranges, ctx.input_seeds):
-                        g[r0:r1] = kernel_dropout(g[r0:r1], step.input_dropout, seed)
-                gh0 = grads.buffer.add_(g)
-                grads.buffer = None
-            gx = None
-        return gx, gh0, gw, gb, g_bnw, g_bnb, None, None, None, None, None, None
+            for r0, r1, x in row_chunks(kept_head):
+                part = grad[r0:r1].t().matmul(x.to(grad.dtype))
+                g_head_w = part if g_head_w is None else g_head_w.add_(part)
+        if ctx.has_head_bias and needs[3]:
+            g_head_b = grad.sum(0)
+        param_grads: list = [None] * (4 * len(records))
+        need_any = needs[0] or any(needs[9:])
+        gh0 = None
+        if need_any:
+            g = grad.matmul(head_w.to(grad.dtype))  # allocated here: the loops may write it (rule 2)
+            for i in range(len(records) - 1, -1, -1):
+                rec = records[i]
+                n_items = 4 + rec.n_stats + rec.n_masks
+                items = kept[rec.start:rec.start + n_items]
+                need_x = needs[0] or any(needs[9:9 + 4 * i])
+                g, gh0, gw, gb, gbw, gbb = _layer_backward(g, items, rec, gh0, needs[9 + 4 * i],
+                                                           needs[9 + 4 * i + 1], need_x, needs[0])
+                param_grads[4 * i:4 * i + 4] = [gw, gb, gbw, gbb]
+                if g is None:
+                    break
+                _propagate_(ctx.st, g, norm, 1.0 - rec.step.alpha, transpose=True)
+                if rec.first:  # the first layer's input was dropout(h0)
+                    if rec.input_seeds:
+                        kernel_dropout = kernels.get("dropout", g.device)
+                        for (r0, r1), seed in zip(rec.ranges, rec.input_seeds):
+                            g[r0:r1] = kernel_dropout(g[r0:r1], rec.step.input_dropout, seed)
+                    gh0 = gh0.add_(g)
+            del g
+        return (gh0, None, g_head_w, g_head_b, None, None, None, None, None, *param_grads)
 
 
 def degree_norm(st, dtype) -> torch.Tensor:
@@ -258,17 +307,34 @@ def degree_norm(st, dtype) -> torch.Tensor:
     return st.in_degrees().to(dtype).clamp(min=1).pow(-0.5).unsqueeze(1)
 
 
-def gcn2_layer_(st, x: Optional[torch.Tensor], h0: torch.Tensor, weight1: torch.Tensor, bias: Optional[torch.Tensor],
-                step: GCN2Step, bn: Optional[BatchNormArgs], grads: InitialGradient,
-                config: CompressionConfig, norm: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """One GCNII hidden layer (propagation, mix, batch norm, ReLU, dropout) written into ``x``, which the
-    caller must own (nobody else reads it afterwards); ``x = None`` for the first layer, whose input
-    ``dropout(h0, step.input_dropout)`` is drawn here. ``st``: the graph's
-    :class:`~dgl_exact.ops.structure.GraphStructure` (homogeneous, whole graph); ``bn``: None for no batch
-    norm. All layers of one stack share ``grads``, and may share ``norm`` (:func:`degree_norm`: each layer
-    keeps it)."""
-    _calibrate_private_refs()  # here, not inside the first backward
-    norm = degree_norm(st, h0.dtype) if norm is None else norm
-    bn_weight = bn.weight if bn is not None else None
-    bn_bias = bn.bias if bn is not None else None
-    return _GCN2Layer.apply(x, h0, weight1, bias, bn_weight, bn_bias, st, norm, step, bn, grads, config)
+@dataclasses.dataclass(frozen=True)
+class GCN2Layer:
+    """One hidden layer of :func:`gcnii_layers`: its constants, its weights (``bias`` may be None) and its
+    batch norm (None for none) and compression."""
+
+    step: GCN2Step
+    weight1: torch.Tensor
+    bias: Optional[torch.Tensor]
+    bn: Optional[BatchNormArgs]
+    config: CompressionConfig
+
+
+def gcnii_layers(st, h0: torch.Tensor, layers: List[GCN2Layer], head_weight: torch.Tensor,
+                 head_bias: Optional[torch.Tensor], head_config: CompressionConfig) -> torch.Tensor:
+    """GCNII's hidden layers (propagation, mix, batch norm, ReLU, dropout each) and the output linear as one
+    op: ``F.linear(h_L, head_weight, head_bias)`` with ``h_l = dropout(relu(BN_l(mix_l(h_{l-1}, h0))))``
+    and ``h_0' = dropout(h0, layers[0].step.input_dropout)``. ``st``: the graph's
+    :class:`~dgl_exact.ops.structure.GraphStructure` (homogeneous, whole graph). Two layer-sized buffers
+    at the forward's and the backward's peak besides ``h0`` and the kept tensors. Double backward raises."""
+    if not layers:
+        raise ValueError("gcnii_layers needs at least one layer")
+    if any(layer.bn is not None and layer.bn.batch_stats and h0.shape[0] < 2 for layer in layers):
+        raise ValueError("Expected more than 1 value per channel when training (batch norm over 1 row)")
+    norm = degree_norm(st, h0.dtype)  # one norm kept for all layers
+    params = []
+    for layer in layers:
+        bn = layer.bn
+        params += [layer.weight1, layer.bias, None if bn is None else bn.weight, None if bn is None else bn.bias]
+    return _GCNIIStack.apply(h0, norm, head_weight, head_bias, st, [layer.step for layer in layers],
+                             [layer.bn for layer in layers], [layer.config for layer in layers], head_config,
+                             *params)

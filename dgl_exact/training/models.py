@@ -23,9 +23,9 @@ import torch.nn.functional as F
 
 from .. import nn as exact_nn
 from .. import ops
-from .._compat import compiling, import_dgl
-from ..nn._base import Handoff, forward_hooks_present
-from ..nn.conv.gcn2conv import gcnii_stack, initial_features_for
+from .._compat import import_dgl
+from ..ops._saving import donate
+from ..nn.conv.gcn2conv import gcnii_stack
 
 dgl = import_dgl()
 
@@ -78,14 +78,6 @@ class _Rows:
         if self.out is None:
             self.out = rows.new_empty((self.num_nodes,) + tuple(rows.shape[1:]))
         self.out[block.dstdata[dgl.NID].to(rows.device).long()] = rows
-
-
-def _hand_over(conv: nn.Module) -> bool:
-    """Whether to pass ``conv`` its input as a :class:`~dgl_exact.nn._base.Handoff`: a training forward that
-    records gradients, not traced by dynamo, and no forward hook that would see the handoff in place of the
-    tensor."""
-    return (getattr(conv, "takes_handoff", False) and conv.training and torch.is_grad_enabled() and not compiling()
-            and not forward_hooks_present(conv))
 
 
 class StackedGNN(nn.Module):
@@ -150,16 +142,15 @@ class StackedGNN(nn.Module):
         weights = edge_weight if isinstance(edge_weight, (list, tuple)) else [edge_weight] * len(self.convs)
         h = self._input(x)
         for i, (conv, g, w) in enumerate(zip(self.convs, blocks, weights)):
-            if _hand_over(conv):
-                # a hidden representation only this loop holds: hand it over, so that it dies inside the
-                # conv once kept (compressed) rather than when the conv returns
-                h = Handoff(h)
-            out = [conv(g, h, edge_weight=w)]
-            # the layer input is dead once the conv has returned (it kept what it needs, compressed): release
-            # it before BN/ReLU allocate, and hand the conv output over in a list so that BN's output
-            # replaces it (a name or a call argument would keep it alive through the whole chain)
-            del h
-            h = self._after_conv(i, out, next_graph=blocks[i + 1] if i + 1 < len(blocks) else None)
+            # a hidden representation nothing else reads: donated to the conv, which may free it once kept
+            h = conv(g, donate(h) if i > 0 and self._lib.impl == "exact" else h, edge_weight=w)
+            nxt = blocks[i + 1] if i + 1 < len(blocks) else None
+            if h.dim() == 3:  # GAT: concatenate hidden heads, average output heads
+                h = h.flatten(1) if i < len(self.convs) - 1 else h.mean(1)
+            if i < len(self.convs) - 1:
+                if self.norms is not None:
+                    h = self.norms[i](h)
+                h = self._lib.relu_dropout(h, self.dropout, self.training, compress_for=self._next_keeps(i, nxt, h))
         return h
 
     def _input(self, x):
@@ -176,20 +167,21 @@ class StackedGNN(nn.Module):
             edge_weight = edge_weight[keep.to(edge_weight.device)]
         return sub, edge_weight
 
+    def _next_keeps(self, i, next_graph, h):
+        """How conv ``i + 1`` keeps its input (``input_compression``), so that ReLU+dropout can compress its
+        output in the same pass; None where unknown."""
+        nxt = self.convs[i + 1]
+        return (nxt.input_compression(next_graph, h)
+                if next_graph is not None and hasattr(nxt, "input_compression") else None)
+
     def _after_conv(self, i, h, next_graph=None):
-        """What follows convolution ``i``: heads merged, BatchNorm, ReLU and dropout (hidden layers).
-        ``h``: the conv output, or a one-element list holding it (taken out, so it dies after BN)."""
-        if isinstance(h, list):
-            h = h.pop()
+        """What follows convolution ``i``: heads merged, BatchNorm, ReLU and dropout (hidden layers)."""
         if h.dim() == 3:  # GAT: concatenate hidden heads, average output heads
             h = h.flatten(1) if i < len(self.convs) - 1 else h.mean(1)
         if i < len(self.convs) - 1:
             if self.norms is not None:
                 h = self.norms[i](h)
-            nxt = self.convs[i + 1]
-            keep = (nxt.input_compression(next_graph, h)
-                    if next_graph is not None and hasattr(nxt, "input_compression") else None)
-            h = self._lib.relu_dropout(h, self.dropout, self.training, compress_for=keep)
+            h = self._lib.relu_dropout(h, self.dropout, self.training, compress_for=self._next_keeps(i, next_graph, h))
         return h
 
     @torch.no_grad()
@@ -256,18 +248,21 @@ class GCNII(nn.Module):
             # the hidden layers as fused in-place ops where they apply (two layer-sized buffers at the
             # step's peak instead of three); else the modules below
             h0 = self._initial(x)
-            h = gcnii_stack(graph, self.convs, self.norms, h0, self.dropout, self.dropout if self.training else 0.0)
-            if h is not None:
-                return self.lin_out(h)
+            out = gcnii_stack(graph, self.convs, self.norms, h0, self.dropout,
+                              self.dropout if self.training else 0.0, self.lin_out)
+            if out is not None:
+                return out
             h = self._lib.dropout(h0, self.dropout, self.training)
         else:
             h, h0 = self._input(x)
-        h0 = initial_features_for(self.convs, h0)  # each layer's h0 gradient without its alpha (one buffer less)
         for i, conv in enumerate(self.convs):
-            out = [conv(graph, h, h0, edge_weight=edge_weight)]
-            if not self.residual:  # release the layer input before BN/ReLU allocate (see StackedGNN.forward)
-                h = None
-            h = self._after_conv(i, out, h)
+            if self.residual:
+                h = self._after_conv(i, conv(graph, h, h0, edge_weight=edge_weight), h)
+                continue
+            h = conv(graph, h, h0, edge_weight=edge_weight)
+            if self.norms is not None:
+                h = self.norms[i](h)
+            h = self._lib.relu_dropout(h, self.dropout, self.training)
         return self.lin_out(h)
 
     def _input(self, x):
@@ -280,10 +275,7 @@ class GCNII(nn.Module):
         return self._lib.relu(self.lin_in(self._lib.dropout(x, self.dropout, self.training)))
 
     def _after_conv(self, i, out, h):
-        """``out``: the conv output, or a one-element list holding it (taken out, so it dies after BN);
-        ``h``: the layer input (used only with ``residual``)."""
-        if isinstance(out, list):
-            out = out.pop()
+        """``out``: the conv output; ``h``: the layer input (used only with ``residual``)."""
         if self.norms is not None:
             out = self.norms[i](out)
         if self.residual:

@@ -4,13 +4,17 @@ from __future__ import annotations
 import warnings
 from typing import Optional
 
+import torch
 import torch.nn as nn
 
 from ..._compat import import_dgl
 from ... import ops
 from ...config import CompressionConfig
-from .._base import (CompressedModuleMixin, Handoff, apply_dropout, apply_linear, check_zero_in_degree,
-                     compressed_activation, into, plain_dropout_p)
+from ..._compat import compiling
+from ...ops._saving import Donated, release, stash_hook_active
+from .. import paths as explain
+from .._base import (CompressedModuleMixin, apply_dropout, apply_linear, check_zero_in_degree,
+                     compressed_activation, hooks_present, into, plain_dropout_p, plain_linear)
 
 dgl = import_dgl()
 
@@ -65,14 +69,35 @@ class GATConv(CompressedModuleMixin, dgl.nn.GATConv):
                          allow_zero_in_degree=allow_zero_in_degree, bias=bias)
         self._init_compression(compression)
 
-    #: ``forward`` accepts a :class:`~dgl_exact.nn._base.Handoff` as ``feat`` (the trainer's models hand
-    #: their hidden representations over, so that the input dies once projected)
-    takes_handoff = True
-
     def forward(self, graph, feat, edge_weight=None, get_attention=False):
+        r"""Compute graph attention network layer.
+
+        Parameters
+        ----------
+        graph : DGLGraph
+            The graph (or a block, or a bipartite graph).
+        feat : torch.Tensor or pair of torch.Tensor
+            :math:`(N, *, D_{in})` input features, or a pair :math:`(N_{src}, *, D_{in_{src}})`,
+            :math:`(N_{dst}, *, D_{in_{dst}})`. A tensor given with :func:`dgl_exact.donate` is released
+            (its memory freed) once projected and kept compressed, where that cannot change what is
+            computed (training with grad, compression on, plain ``fc`` and ``feat_drop``, no residual, no
+            hooks).
+        edge_weight : torch.Tensor, optional
+            :math:`(E, 1)` or :math:`(E,)` per-edge weights multiplied into the attention.
+        get_attention : bool, default False
+            Also return the attention values.
+
+        Returns
+        -------
+        torch.Tensor
+            :math:`(N_{dst}, *, H, D_{out})` output (``H``: heads).
+        torch.Tensor, optional
+            :math:`(E, *, H, 1)` attention values, with ``get_attention``.
+
+        Kept for backward: the projected features (compressed under this module's configuration), the
+        input of ``fc`` (compressed), nothing per edge.
+        """
         global _fallback_warned
-        if isinstance(feat, Handoff):
-            feat = feat.take()
         attn_p = plain_dropout_p(self.attn_drop)
         if attn_p is None or not isinstance(self.leaky_relu, nn.LeakyReLU):
             if not _fallback_warned:
@@ -102,12 +127,14 @@ class GATConv(CompressedModuleMixin, dgl.nn.GATConv):
             st = ops.structure_of(graph, h_src.device)
             check_zero_in_degree(self, st)
             feat_src = feat_dst = fc(self.fc, h_src).view(*src_prefix, heads, out)
+            if self._may_release(feat, h_src, cfg):
+                release(feat)
             if st.is_block:
                 n_dst = st.num_dst
                 feat_dst, h_dst = feat_src[:n_dst], h_dst[:n_dst]
                 dst_prefix = (n_dst,) + tuple(dst_prefix[1:])
         if self.res_fc is None:
-            del h_src, h_dst, feat  # no local name keeps the (dropped-out) input past its product
+            del h_src, h_dst  # no local name keeps the (dropped-out) input past its product
         rst, attention = ops.gat_attention(graph, feat_src, feat_dst, self.attn_l, self.attn_r,
                                            negative_slope=self.leaky_relu.negative_slope, attn_drop=attn_p,
                                            edge_weight=edge_weight, training=self.training, config=cfg)
@@ -123,3 +150,23 @@ class GATConv(CompressedModuleMixin, dgl.nn.GATConv):
         if get_attention:
             return rst, attention
         return rst
+
+    def _may_release(self, feat, h_src, cfg) -> bool:
+        """Whether a donated ``feat`` may be released once projected (rule 5 of :mod:`dgl_exact.ops.keep`):
+        ``fc`` is a plain linear that kept its input compressed (compression on, no planner hook choosing
+        otherwise), nothing else reads ``feat`` later (no residual; feature dropout keeps nothing), training
+        with grad, no hooks, not compiled."""
+        if type(feat) is not Donated:
+            return False
+        reason = None
+        if not (self.training and torch.is_grad_enabled()) or compiling():
+            reason = "not a training forward with grad"
+        elif hooks_present(self):
+            reason = "the module has hooks"
+        elif self.res_fc is not None or not plain_linear(self.fc) or plain_dropout_p(self.feat_drop) is None:
+            reason = "a residual, or fc / feat_drop replaced by other modules"
+        elif not cfg.enabled or stash_hook_active() or feat._base is not None:
+            reason = "the input may be kept by reference (compression off, a planner hook, or a view)"
+        explain.record([self], "donated input released once projected" if reason is None else None,
+                       reason and f"donated input kept: {reason}")
+        return reason is None

@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 
 from ..._compat import compiling, import_dgl
@@ -12,10 +13,11 @@ from ...ops._saving import (DOUBLE_BACKWARD_MESSAGE, autocast_dtype, chunk_rows,
 from ... import ops
 from ...config import CompressionConfig
 from ...ops import captured
-from ...ops.gcn2 import BatchNormArgs, GCN2Step, InitialGradient, degree_norm, gcn2_layer_
-from ..layers import BatchNorm1d
+from ...ops.gcn2 import BatchNormArgs, GCN2Layer, GCN2Step, gcnii_layers
+from ..layers import BatchNorm1d, Linear
+from .. import paths as explain
 from .._base import (CompressedModuleMixin, check_feature_rows, check_zero_in_degree, compressed_activation,
-                     forward_hooks_present, into, kept_by_reference)
+                     hooks_present, into, kept_by_reference)
 
 dgl = import_dgl()
 
@@ -80,16 +82,12 @@ class GCN2Conv(CompressedModuleMixin, dgl.nn.GCN2Conv):
         else:
             edge_weight = ops.normalize_edge_weight(graph, edge_weight, "both")
             h = into(ops.u_mul_e_sum(graph, feat, edge_weight, cfg), "mul", 1 - self.alpha)
-        owed = getattr(feat_0, _ALPHA_OWED, None)  # see initial_features_for
-        if owed is not None and owed != float(self.alpha):
-            raise ValueError(f"feat_0 was prepared by initial_features_for for alpha={owed}, but this layer's "
-                             f"alpha is {self.alpha}")
         if _MixGCN2.applies(self, h, feat_0, cfg):
             return self._activate(_MixGCN2.apply(h, feat_0, self.weight1, self.bias if self._bias else None,
-                                                 float(self.alpha), float(self.beta), cfg, owed is not None), cfg)
+                                                 float(self.alpha), float(self.beta), cfg), cfg)
         # slice only when needed: the backward of a slice allocates a full-size zero-padded gradient
         feat_0 = feat_0 if feat_0.size(0) == h.size(0) else feat_0[: h.size(0)]
-        feat_0 = _ScaleOwed.apply(feat_0, float(self.alpha)) if owed is not None else feat_0 * self.alpha
+        feat_0 = feat_0 * self.alpha
         if self._project_initial_features:
             feat_sum = into(h, "add", feat_0)
             del h, feat_0
@@ -136,12 +134,12 @@ class _MixGCN2(torch.autograd.Function):
                 and needs_saving(h, feat_0, conv.weight1, conv.bias if conv._bias else None))
 
     @staticmethod
-    def forward(ctx, h, feat_0, weight1, bias, alpha, beta, cfg, alpha_owed=False):
+    def forward(ctx, h, feat_0, weight1, bias, alpha, beta, cfg):
         # row chunks: every step is row-local, so only chunk-sized temporaries exist besides h itself
         rows = chunk_rows(h.shape[0], h[0].numel(), h.device)
         for r0 in range(0, h.shape[0], rows):
             h[r0:r0 + rows].add_(feat_0[r0:r0 + rows] * alpha)  # s
-        kept = stash(h, cfg, force=True) if ctx.needs_input_grad[2] else None  # force: h is overwritten below
+        kept = stash(h, cfg, force=True, overwritten=True) if ctx.needs_input_grad[2] else None
         for r0 in range(0, h.shape[0], rows):
             part = h[r0:r0 + rows]
             proj = F.linear(part, weight1.t()).mul_(beta)
@@ -150,7 +148,7 @@ class _MixGCN2(torch.autograd.Function):
                 part.add_(bias)
         del proj
         ctx.mark_dirty(h)
-        ctx.alpha, ctx.beta, ctx.has_bias, ctx.alpha_owed = alpha, beta, bias is not None, alpha_owed
+        ctx.alpha, ctx.beta, ctx.has_bias = alpha, beta, bias is not None
         save(ctx, kept, weight1)
         return h
 
@@ -163,8 +161,7 @@ class _MixGCN2(torch.autograd.Function):
         gh = gf0 = gw = gb = None
         if needs[0] or needs[1]:
             gs = grad.matmul(weight1.t()).mul_(ctx.beta).add_(grad, alpha=1 - ctx.beta)
-            # alpha owed (initial_features_for): the same tensor for both, alpha applied once upstream
-            gf0 = (gs if ctx.alpha_owed else gs * ctx.alpha) if needs[1] else None
+            gf0 = gs * ctx.alpha if needs[1] else None
             gh = gs if needs[0] else None
             del gs
         if needs[2]:
@@ -174,98 +171,84 @@ class _MixGCN2(torch.autograd.Function):
             gw = gw.mul_(ctx.beta)
         if ctx.has_bias and needs[3]:
             gb = grad.sum(0)
-        return gh, gf0, gw, gb, None, None, None, None
+        return gh, gf0, gw, gb, None, None, None
 
 
-_ALPHA_OWED = "_dgl_exact_alpha_owed"
-
-
-class _OweAlpha(torch.autograd.Function):
-    """Identity forward; backward multiplies the gradient summed over all consumers by ``alpha`` once."""
-
-    @staticmethod
-    def forward(ctx, x, alpha):
-        ctx.alpha = alpha
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad * ctx.alpha, None
-
-
-class _ScaleOwed(torch.autograd.Function):
-    """``x * alpha`` whose backward passes the gradient unscaled (the factor is owed to :class:`_OweAlpha`)."""
-
-    @staticmethod
-    def forward(ctx, x, alpha):
-        return x * alpha
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad, None
-
-
-def initial_features_for(convs, feat_0: torch.Tensor) -> torch.Tensor:
-    """``feat_0`` (GCNII's ``h0``) prepared for a stack of dgl_exact ``GCN2Conv`` layers sharing one
-    ``alpha``: the same values, marked so that each layer returns its ``feat_0`` gradient without the factor
-    ``alpha``, which is applied once to their sum. In each layer's backward the ``h0`` gradient is then the
-    layer's own input gradient (one tensor for both) instead of a second layer-sized product: one
-    layer-sized buffer fewer at the backward's peak (the ``h0`` accumulator, the incoming gradient and one
-    product remain). Gradients equal up to rounding (``alpha * sum`` vs ``sum of alpha *``). Anything else
-    (other layers, several alphas, no gradient, double backward, torch.compile): ``feat_0`` unchanged."""
-    alphas = {float(c.alpha) for c in convs if isinstance(c, GCN2Conv)}
-    if (len(alphas) != 1 or not all(isinstance(c, GCN2Conv) for c in convs) or not torch.is_grad_enabled()
-            or not feat_0.requires_grad or compiling()):
-        return feat_0
-    (alpha,) = alphas
-    out = _OweAlpha.apply(feat_0, alpha)
-    setattr(out, _ALPHA_OWED, alpha)
-    return out
-
-
-def gcnii_stack(graph, convs, norms, h0: torch.Tensor, dropout: float, input_dropout: float):
+def gcnii_stack(graph, convs, norms, h0: torch.Tensor, dropout: float, input_dropout: float, head: nn.Module):
     """GCNII's hidden layers ``h_l = dropout(relu(BN_l(conv_l(h_{l-1}, h0))))``, ``h_0' = dropout(h0,
-    input_dropout)``, as fused in-place layers (:func:`dgl_exact.ops.gcn2.gcn2_layer_`: two layer-sized
-    buffers at the step's peak instead of three); returns the last layer's output, or None where the fused
-    layers do not apply (the caller then runs the modules). ``norms``: batch norms or None.
+    input_dropout)``, and the output layer ``head(h_L)`` as one op (:func:`dgl_exact.ops.gcn2.gcnii_layers`:
+    two layer-sized buffers at the step's peak instead of three); returns the logits, or None where that
+    op is not provably equivalent to calling the modules (the caller then calls them). ``norms``: batch
+    norms or None; ``head``: a dgl_exact ``Linear``.
 
-    Applies when training with compression on, with grad enabled, outside torch.compile, capture and
-    autocast, on a homogeneous whole graph without edge weights, for dgl_exact ``GCN2Conv`` layers with
-    ``project_initial_features`` and no activation and dgl_exact ``BatchNorm1d`` norms, none with hooks."""
-    mods = list(convs) + (list(norms) if norms is not None else [])
-    if not convs or not all(isinstance(c, GCN2Conv) and c._project_initial_features and c._activation is None
-                            for c in convs):
-        return None
-    if norms is not None and (len(norms) != len(convs) or not all(type(m) is BatchNorm1d for m in norms)):
-        return None
-    if (not torch.is_grad_enabled() or compiling() or captured.active() or not all(m.training for m in mods)
-            or forward_hooks_present(*mods)
-            or autocast_dtype(h0.device.type) is not None):
-        return None
-    if not 0.0 <= dropout < 1.0 or not 0.0 <= input_dropout < 1.0:
-        return None
-    cfgs = [c._config() for c in convs]
-    if (not all(cfg.enabled for cfg in cfgs) or h0.dim() != 2 or not h0.is_contiguous()
-            or h0.dtype not in (torch.float32, torch.float64)):  # half precision: the modules (fp32 statistics)
-        return None
-    params = [p for m in mods for p in m.parameters()]
-    if not all(p.dtype == h0.dtype for p in params) or not needs_saving(h0, *params):
+    Taken only where it computes what the modules compute, with the same parameters, buffers and hooks
+    seen: training mode and grad enabled; compression on in every module (exactly kept tensors would allow
+    double backward, which the fused op refuses); outside torch.compile, capture and autocast; dgl_exact's
+    own ``GCN2Conv.forward`` (no subclass overriding it) with ``project_initial_features`` and no
+    activation, dgl_exact ``BatchNorm1d`` norms and ``Linear`` head; no forward, forward-pre, backward or
+    backward-pre hook on any of them, nor a global one; more than one row under batch norm; a homogeneous
+    whole graph; fp32/fp64 and one dtype throughout. :func:`dgl_exact.explain` says which condition
+    failed."""
+    reason = _gcnii_stack_refusal(graph, convs, norms, h0, dropout, input_dropout, head)
+    mods = list(convs) + (list(norms) if norms is not None else []) + [head]
+    explain.record(mods, "fused GCNII stack (ops.gcn2.gcnii_layers)" if reason is None else None, reason)
+    if reason is not None:
         return None
     st = ops.structure_of(graph, h0.device)
-    if not isinstance(st, ops.GraphStructure) or st.is_block or st.num_src != st.num_dst:
-        return None
     check_feature_rows(st, h0)
     for conv in convs:
         check_zero_in_degree(conv, st)
-    grads, norm = InitialGradient(len(convs)), degree_norm(st, h0.dtype)  # one norm kept for all layers
-    h = None
-    for i, (conv, cfg) in enumerate(zip(convs, cfgs)):
+    layers = []
+    for i, conv in enumerate(convs):
         bn = None
         if norms is not None:
             m = norms[i]
             mean, var, batch_stats, momentum = m.batch_norm_args()
             bn = BatchNormArgs(m.weight, m.bias, mean, var, batch_stats, momentum, m.eps)
         step = GCN2Step(float(conv.alpha), float(conv.beta), float(dropout), float(input_dropout), i)
-        h = gcn2_layer_(st, h, h0, conv.weight1, conv.bias if conv._bias else None, step, bn, grads, cfg, norm)
-    return h
+        layers.append(GCN2Layer(step, conv.weight1, conv.bias if conv._bias else None, bn, conv._config()))
+    return gcnii_layers(st, h0, layers, head.weight, head.bias, head._config())
 
+
+def _gcnii_stack_refusal(graph, convs, norms, h0, dropout, input_dropout, head) -> Optional[str]:
+    """Why :func:`gcnii_stack` cannot replace the modules here (None: it can)."""
+    if not convs:
+        return "no layers"
+    if not all(isinstance(c, GCN2Conv) for c in convs):
+        return "a layer is not a dgl_exact GCN2Conv"
+    if any(type(c).forward is not GCN2Conv.forward for c in convs):
+        return "a GCN2Conv subclass overrides forward"
+    if not all(c._project_initial_features and c._activation is None for c in convs):
+        return "a layer has separate initial-feature weights or an activation"
+    if norms is not None and (len(norms) != len(convs) or not all(type(m) is BatchNorm1d for m in norms)):
+        return "a norm is not a dgl_exact BatchNorm1d"
+    if type(head) is not Linear:
+        return "the output layer is not a dgl_exact Linear"
+    mods = list(convs) + (list(norms) if norms is not None else []) + [head]
+    if hooks_present(*mods):
+        return "a module has hooks (they must see the modules' own calls)"
+    if not all(m.training for m in mods):
+        return "eval mode"
+    if not torch.is_grad_enabled():
+        return "grad disabled"
+    if compiling() or captured.active():
+        return "torch.compile"
+    if autocast_dtype(h0.device.type) is not None:
+        return "autocast"
+    if not 0.0 <= dropout < 1.0 or not 0.0 <= input_dropout < 1.0:
+        return "dropout outside [0, 1)"
+    if not all(m._config().enabled for m in list(convs) + [head]):
+        return "compression off (exactly kept tensors: the modules keep double backward exact)"
+    if h0.dim() != 2 or not h0.is_contiguous() or h0.dtype not in (torch.float32, torch.float64):
+        return "h0 is not a contiguous fp32/fp64 [N, D] tensor"
+    if norms is not None and h0.shape[0] < 2:
+        return "batch norm over one row (the modules raise)"
+    params = [p for m in mods for p in m.parameters()]
+    if not all(p.dtype == h0.dtype for p in params):
+        return "mixed dtypes"
+    if not needs_saving(h0, *params):
+        return "nothing needs a gradient"
+    st = ops.structure_of(graph, h0.device)
+    if not isinstance(st, ops.GraphStructure) or st.is_block or st.num_src != st.num_dst:
+        return "not a homogeneous whole graph"
+    return None
