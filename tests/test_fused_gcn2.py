@@ -352,3 +352,76 @@ def test_cuda_equals_dgl_on_cpu(chunked, exact_kept, monkeypatch):
     assert len(calls) == 3 and out.is_cuda
     got = (out.cpu(), loss.cpu(), {n: t.cpu() for n, t in grads.items()}, {n: t.cpu() for n, t in bufs.items()})
     _assert_close(got, want, dict(rtol=1e-4, atol=1e-5))
+
+
+@pytest.mark.parametrize("where", ["conv", "norm"])
+@pytest.mark.parametrize("kind", ["full_backward", "full_backward_pre"])
+def test_backward_hooks_fire_as_with_dgl(where, kind):
+    """Full backward (pre-)hooks on a GCN2Conv or a BatchNorm of the GCNII model fire once per backward with
+    compression on, as with DGL's modules and with compression off (the fused stack bypassed the modules:
+    the hooks fired 0 times)."""
+    g = _graph(12)
+    x, y = _data(12)
+    counts = {}
+    for impl, scope in (("dgl", torch.enable_grad()), ("exact", dgl_exact.config(bits=2)),
+                        ("exact-off", dgl_exact.config(enabled=False))):
+        model = _model("dgl" if impl == "dgl" else "exact")
+        mod = model.convs[1] if where == "conv" else model.norms[1]
+        fired = counts.setdefault(impl, [])
+        register = getattr(mod, f"register_{kind}_hook")
+        register(lambda *a: fired.append(1))
+        with scope:
+            F.cross_entropy(model(g, x), y).backward()
+    assert counts == {"dgl": [1], "exact": [1], "exact-off": [1]}
+
+
+def test_a_gcn2conv_subclass_overriding_forward_is_called():
+    """A subclass of GCN2Conv that overrides forward, in the GCNII model: its forward runs (the fused stack
+    skipped it: outputs differed by 2.25 between compression off and on)."""
+
+    class Scaled(dgl_exact.GCN2Conv):
+        def forward(self, graph, feat, feat_0, edge_weight=None):
+            return 2.0 * super().forward(graph, feat, feat_0, edge_weight)
+
+    g = _graph(15)
+    x, _ = _data(15)
+    model = _model("exact", dropout=0.0, batch_norm=False)
+    for conv in model.convs:
+        conv.__class__ = Scaled
+    with dgl_exact.config(enabled=False):
+        torch.manual_seed(0)
+        off = model(g, x)
+    with dgl_exact.config(bits=8):
+        torch.manual_seed(0)
+        on = model(g, x)
+    torch.testing.assert_close(on, off, rtol=1e-5, atol=1e-5)
+
+
+def test_one_row_under_batch_norm_raises_as_dgl():
+    """The fused stack on a one-row graph in training: batch norm raises as torch's and DGL's modules do (it
+    ran and updated running_var)."""
+    g = dgl.graph(([0], [0]), num_nodes=1)
+    x, _ = _data(1)
+    ref = _model("dgl")
+    with pytest.raises(ValueError, match="Expected more than 1 value per channel"):
+        ref(g, x)
+    model = _model("exact")
+    before = {n: b.clone() for n, b in model.named_buffers()}
+    with dgl_exact.config(bits=2), pytest.raises(ValueError, match="Expected more than 1 value per channel"):
+        model(g, x)
+    for n, b in model.named_buffers():
+        if "running" in n:
+            torch.testing.assert_close(b, before[n], msg=n)
+
+
+def test_explain_names_the_reason():
+    g = _graph(10)
+    x, _ = _data(10)
+    model = _model("exact")
+    with dgl_exact.config(bits=2):
+        fused = dgl_exact.explain(model, g, x)
+        model.convs[2].register_full_backward_hook(lambda *a: None)
+        composed = dgl_exact.explain(model, g, x)
+    assert fused.path("convs.0").startswith("fused GCNII stack") and fused.reason("convs.0") == ""
+    assert composed.path("convs.0") == "modules' own calls" and "hooks" in composed.reason("norms.1")
+    assert "why not fused" in str(composed)

@@ -31,7 +31,7 @@ import torch
 
 from ..compression import CompressedTensor
 from ..config import CompressionConfig, resolve_config
-from ._saving import (autocast_dtype, check_double_backward, chunk_elements_for, chunk_rows, create_graph_requested,
+from ._saving import (DOUBLE_BACKWARD_MESSAGE, autocast_dtype, chunk_elements_for, chunk_rows, create_graph_requested,
                       fresh_outputs, load, needs_chunks, row_chunks, save, stash)
 from .graph import _check_nodes
 from .structure import structure_of
@@ -118,7 +118,9 @@ class _SAGEMean(torch.autograd.Function):
     def backward(ctx, grad):
         x_s, s_s, w_self, w_neigh = load(ctx)
         if create_graph_requested():
-            check_double_backward("sage_mean", x_s, s_s)
+            # the aggregations below are not differentiable torch ops (a second-order gradient would miss
+            # their terms silently): refused even where every kept tensor is exact
+            raise RuntimeError(DOUBLE_BACKWARD_MESSAGE.format(op="sage_mean"))
         st = ctx.st
         grad = grad.contiguous()
         n, xd = grad.shape[0], ctx.x_dtype
