@@ -44,7 +44,7 @@ def test_the_next_stash_takes_the_offered_copy_once():
     x = torch.randn(20, 8, requires_grad=True)
     with dgl_exact.config(INT2):
         h = ops.relu_dropout(x, 0.5, True, compress_for=INT2)
-    offered = getattr(h, _saving._OFFERED)[2]
+    offered = _saving.offered(h)
     assert isinstance(offered, CompressedTensor) and offered.bits == 2
     assert torch.allclose(decompress(offered), h.detach(), atol=float(h.detach().abs().max()) / 2)  # INT2 of h
     assert _saving.default_stash(h, INT2) is offered
@@ -69,7 +69,7 @@ def test_no_copy_taken_under_another_config_or_after_an_inplace_change():
 def test_not_fused_where_it_does_not_apply(cfg):
     x = torch.randn(20, 8, requires_grad=True)
     h = ops.relu_dropout(x, 0.5, True, compress_for=cfg)
-    assert getattr(h, _saving._OFFERED, None) is None
+    assert _saving.offered(h) is None
     x.grad = None
     h.sum().backward()
     assert x.grad is not None
@@ -78,7 +78,7 @@ def test_not_fused_where_it_does_not_apply(cfg):
 def test_eval_and_no_grad_ignore_the_hint():
     x = torch.randn(5, 4)
     y = ops.relu_dropout(x, 0.5, False, compress_for=INT2)
-    assert torch.equal(y, torch.relu(x)) and getattr(y, _saving._OFFERED, None) is None
+    assert torch.equal(y, torch.relu(x)) and _saving.offered(y) is None
 
 
 def _sage_model():

@@ -1,4 +1,4 @@
-"""``ops.linear_``: the product written into its input's own buffer in row chunks (issue 12: one layer-sized
+"""``ops.linear_reusing``: the product written into its input's own buffer in row chunks (one layer-sized
 buffer fewer at the forward's peak of GraphConv), the aggregation outputs that make it possible (not views),
 and GraphConv's source normalisation as an edge value (no normalised copy of the input)."""
 import pytest
@@ -32,7 +32,7 @@ def test_linear_inplace_values_buffer_and_gradients(rows, bias, dtype, chunk_ele
     b = torch.randn(16, generator=gen, dtype=dtype).requires_grad_() if bias else None
     h = x * 2.0  # a fresh temporary the caller owns
     ptr, want = h.data_ptr(), torch.nn.functional.linear(h.detach(), w.detach(), None if b is None else b.detach())
-    out = dgl_exact.ops.linear_(h, w, b, _cfg())
+    out = dgl_exact.ops.linear_reusing(h, w, b, _cfg())
     assert out.data_ptr() == ptr  # written into the input's buffer
     # row by row the same product (a chunk's matmul may sum in another order than the whole one's)
     torch.testing.assert_close(out.detach(), want, rtol=1e-6, atol=1e-6)
@@ -56,7 +56,7 @@ def test_linear_inplace_weight_grad_is_unbiased(chunk_elements):
     for seed in range(200):
         torch.manual_seed(seed)
         w = w0.clone().requires_grad_()
-        dgl_exact.ops.linear_(x0.clone().requires_grad_() * 1.0, w, None, _cfg()).backward(g)
+        dgl_exact.ops.linear_reusing(x0.clone().requires_grad_() * 1.0, w, None, _cfg()).backward(g)
         draws.append(w.grad)
     d = torch.stack(draws)
     se = d.std(0) / d.shape[0] ** 0.5
@@ -74,7 +74,7 @@ def test_linear_inplace_falls_back_out_of_place(case, chunk_elements, monkeypatc
     if case == "view":
         h = h[:, :]
     before = h.detach().clone()
-    out = dgl_exact.ops.linear_(h, w, None, cfg)
+    out = dgl_exact.ops.linear_reusing(h, w, None, cfg)
     assert out.data_ptr() != h.data_ptr()
     torch.testing.assert_close(h.detach(), before, rtol=0, atol=0)  # the input is untouched
     torch.testing.assert_close(out, torch.nn.functional.linear(before, w), rtol=1e-6, atol=1e-6)

@@ -756,7 +756,7 @@ def test_linear_under_autocast_keeps_the_original_input(monkeypatch):
     assert y.dtype == torch.bfloat16
     assert len(made) == 1 and made[0].dtype == torch.float32 and made[0].shape == (40, 16)
     # what the backward node keeps: the compressed original input (bf16 metadata) and the bf16 weight
-    layout = y.grad_fn._dgl_exact_layout
+    layout = y.grad_fn.kept_layout
     shell = layout[0][0]
     assert isinstance(shell, CompressedTensor) and shell.dtype == torch.float32 and shell.bits == 8
     assert {t.dtype for t in y.grad_fn.saved_tensors} >= {torch.uint8, torch.bfloat16}

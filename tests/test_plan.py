@@ -200,14 +200,14 @@ def test_budget_plan_hook_applies_the_choice():
 
 
 def test_exact_slots_survive_in_place_ops():
-    """GCN's square layers (``ops.linear_``) overwrite their input after a forced stash when compression is on:
+    """GCN's square layers (``ops.linear_reusing``) overwrite their input after a forced stash when compression is on:
     a slot kept exact under an INT2 scope (the fp32 reference of ``bench budget``, a plan's fp32 slot) must be a
     copy, and its gradient the exact one."""
     from dgl_exact.config import CompressionConfig, config
     from dgl_exact.ops import _saving
     from dgl_exact.planning.accuracy import gradient_variance
 
-    # 9,000 x 128 spans more than one CPU row chunk: linear_ takes its in-place path
+    # 9,000 x 128 spans more than one CPU row chunk: linear_reusing takes its in-place path
     spec = P.PlanSpec(model="gcn", nodes=9000, edges=36000, features=16, classes=3, hidden=128, layers=3,
                       batch_norm=False, dropout=0.0)
     g, feat, y, idx = P._sample_graph(spec, spec.nodes, spec.edges, 1)

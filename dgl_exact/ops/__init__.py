@@ -1,5 +1,5 @@
 """Autograd ops that keep compressed activations (used by :mod:`dgl_exact.nn`)."""
-from .dense import batch_norm, linear, linear_
+from .dense import batch_norm, linear, linear_reusing
 from .elementwise import dropout, elu, leaky_relu, relu, relu_dropout
 from .graph import (copy_u_max, copy_u_mean, copy_u_min, copy_u_sum, edge_softmax, gat_attention, normalize_edge_weight,
                     u_add_v, u_mul_e_sum)
@@ -8,7 +8,8 @@ from . import gcn2
 from .loss import binary_cross_entropy_with_logits, cross_entropy
 from .structure import GraphStructure, structure_of
 
-__all__ = ["linear", "linear_", "batch_norm", "relu", "leaky_relu", "elu", "dropout", "relu_dropout", "copy_u_sum",
+__all__ = ["linear", "linear_reusing", "batch_norm", "relu", "leaky_relu", "elu", "dropout", "relu_dropout",
+           "copy_u_sum",
            "copy_u_mean", "u_mul_e_sum", "copy_u_max", "copy_u_min", "u_add_v", "edge_softmax", "gat_attention",
            "cross_entropy", "binary_cross_entropy_with_logits", "normalize_edge_weight",
            "sage_mean", "gcn2", "GraphStructure", "structure_of"]

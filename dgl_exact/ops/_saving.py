@@ -29,6 +29,7 @@ import math
 from typing import Optional, Union
 
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
 from .._compat import compiling
 from . import captured
@@ -38,23 +39,28 @@ from ..config import CompressionConfig
 Stashed = Union[torch.Tensor, CompressedTensor, None]
 
 
-_FRESH = "_dgl_exact_fresh"
+#: tensors a dgl_exact op produced without autograd (rule 1): nobody else is known to keep them. Weakly keyed
+#: by identity: an entry dies with its tensor.
+_made_here = WeakIdKeyDictionary()
 
 
 def alive_anyway(x: torch.Tensor) -> bool:
     """True for tensors autograd did not create (leaves: data, parameters, constants), unless a dgl_exact
-    op produced them as temporaries (see :func:`fresh_outputs`)."""
+    op produced them as temporaries (see :func:`fresh_outputs`) or they were donated (rule 1)."""
     if compiling():
         return captured_alive(x)
     alive = _alive_ids.get()
     if alive is not None:  # inside a captured op (ops.captured): the decision was taken at trace time
         return id(x) in alive
-    return x.grad_fn is None and not getattr(x, _FRESH, False)
+    return x.grad_fn is None and type(x) is not Donated and x not in _made_here
 
 
 def captured_alive(x: torch.Tensor) -> bool:
-    """:func:`alive_anyway` as dynamo can trace it (``is_leaf`` is ``grad_fn is None``)."""
-    return x.is_leaf and not getattr(x, _FRESH, False)
+    """:func:`alive_anyway` as dynamo can trace it: ``is_leaf`` (``grad_fn is None``). Provenance is not
+    tracked while compiling: a temporary without autograd history is kept by reference there."""
+    if compiling():
+        return x.is_leaf
+    return x.is_leaf and type(x) is not Donated and x not in _made_here
 
 
 _alive_ids: "contextvars.ContextVar[Optional[frozenset]]" = contextvars.ContextVar("dgl_exact_alive_ids", default=None)
@@ -71,19 +77,16 @@ def alive_override(ids):
 
 
 def fresh_outputs(fn):
-    """Decorator for public ops: outputs computed without autograd are temporaries nobody else keeps;
-    mark them so a later op compresses rather than references them. An output sharing storage with an
-    input (an op that returned its input, or a view of it) is not fresh."""
+    """Decorator for public ops: outputs computed without autograd are temporaries nobody else keeps
+    (rule 1); they are recorded so that a later op compresses rather than references them. An output
+    sharing storage with an input (an op that returned its input, or a view of it) is not recorded. Not
+    while compiling (see :func:`captured_alive`)."""
     import functools
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         out = fn(*args, **kwargs)
-        if compiling():  # dynamo sees no storage: an output is fresh unless it is an input itself
-            given = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
-            for t in (out if isinstance(out, tuple) else (out,)):
-                if isinstance(t, torch.Tensor) and not t.requires_grad and not any(t is a for a in given):
-                    setattr(t, _FRESH, True)
+        if compiling():
             return out
         inputs = None
         for t in (out if isinstance(out, tuple) else (out,)):
@@ -92,17 +95,18 @@ def fresh_outputs(fn):
                     inputs = {a.untyped_storage().data_ptr() for a in (*args, *kwargs.values())
                               if isinstance(a, torch.Tensor)}
                 if t.untyped_storage().data_ptr() not in inputs:
-                    setattr(t, _FRESH, True)
+                    _made_here[t] = True
         return out
 
     return wrapper
 
 
 def mark_fresh(t: torch.Tensor) -> torch.Tensor:
-    """Mark a temporary computed without autograd (no ``grad_fn``) as fresh, as :func:`fresh_outputs` does
-    for the public ops: a later op then compresses it instead of keeping it by reference. Returns ``t``."""
-    if not t.requires_grad and (compiling() or t.grad_fn is None):
-        setattr(t, _FRESH, True)
+    """Record a temporary computed without autograd (no ``grad_fn``) as made here, as :func:`fresh_outputs`
+    does for the public ops: a later op then compresses it instead of keeping it by reference. Returns
+    ``t``."""
+    if not compiling() and not t.requires_grad and t.grad_fn is None:
+        _made_here[t] = True
     return t
 
 
@@ -155,25 +159,32 @@ def default_stash(x: torch.Tensor, cfg: CompressionConfig, force: bool = False) 
     return ready if ready is not None else compress(x, cfg)
 
 
-_OFFERED = "_dgl_exact_offered"
+#: compressed copies offered for the next op that keeps a tensor (rule 6), weakly keyed by the tensor
+_offers = WeakIdKeyDictionary()
 
 
 def offer_compressed(x: torch.Tensor, cfg: CompressionConfig, c: CompressedTensor) -> None:
-    """Attach ``c``, the compressed copy of ``x`` under ``cfg`` made by the op that produced ``x`` in the same
-    pass (``ops.relu_dropout(..., compress_for=cfg)``), for the next op that keeps ``x``: its :func:`stash`
-    under an equal config takes it instead of compressing ``x`` again. One taker: a second op keeping ``x``
-    compresses it anew (independent noise, as without the offer). An ``x`` changed in place since is never
-    matched. Unclaimed, the copy dies with ``x``."""
-    setattr(x, _OFFERED, (cfg, x._version, c))
+    """Offer ``c``, the compressed copy of ``x`` under ``cfg`` made by the op that produced ``x`` in the same
+    pass (``ops.relu_dropout(..., compress_for=cfg)``), to the next op that keeps ``x`` (rule 6): its
+    :func:`stash` under an equal config takes it instead of compressing ``x`` again. One taker: a second op
+    keeping ``x`` compresses it anew (independent noise, as without the offer). An ``x`` changed in place
+    since is never matched. Unclaimed, the copy dies with ``x``."""
+    _offers[x] = (cfg, x._version, c)
 
 
 def take_offered(x: torch.Tensor, cfg: CompressionConfig) -> Optional[CompressedTensor]:
-    """The copy :func:`offer_compressed` attached to ``x`` for ``cfg`` (and detaches it), or None."""
-    offered = getattr(x, _OFFERED, None)
+    """The copy :func:`offer_compressed` offered with ``x`` for ``cfg`` (and withdraws it), or None."""
+    offered = _offers.get(x)
     if offered is None or offered[0] != cfg or offered[1] != x._version:
         return None
-    delattr(x, _OFFERED)
+    del _offers[x]
     return offered[2]
+
+
+def offered(x: torch.Tensor) -> Optional[CompressedTensor]:
+    """The compressed copy on offer with ``x`` (not withdrawn), or None."""
+    entry = _offers.get(x)
+    return None if entry is None else entry[2]
 
 
 def unstash(item: Stashed) -> Optional[torch.Tensor]:
@@ -301,14 +312,14 @@ def save(ctx, *items: Stashed) -> None:
         else:
             raise TypeError(f"cannot save {type(item).__name__} for backward")
     ctx.save_for_backward(*tensors)
-    ctx._dgl_exact_layout = layout
+    ctx.kept_layout = layout
 
 
 def load(ctx) -> list:
     """The saved items, compressed ones still compressed (call :func:`unstash` to decode)."""
     tensors = iter(ctx.saved_tensors)
     out = []
-    for entry in ctx._dgl_exact_layout:
+    for entry in ctx.kept_layout:
         if entry is None:
             out.append(None)
         elif entry == 1:

@@ -20,7 +20,7 @@ from ._saving import (alive_anyway, fresh_outputs, autocast_dtype, check_double_
                       chunk_rows, create_graph_requested, load, needs_chunks, needs_saving, recompute_vjp, row_chunks,
                       save, stash, unstash)
 
-__all__ = ["linear", "linear_", "batch_norm"]
+__all__ = ["linear", "linear_reusing", "batch_norm"]
 
 
 class _Linear(torch.autograd.Function):
@@ -83,7 +83,7 @@ class _LinearInPlace(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, cfg: CompressionConfig):
-        kept = stash(x, cfg, force=True) if ctx.needs_input_grad[1] else None
+        kept = stash(x, cfg, force=True, overwritten=True) if ctx.needs_input_grad[1] else None
         rows = chunk_rows(x.shape[0], x.shape[1], x.device)
         for r0 in range(0, x.shape[0], rows):
             part = x[r0:r0 + rows]
@@ -96,17 +96,19 @@ class _LinearInPlace(torch.autograd.Function):
     backward = _Linear.backward
 
 
-def linear_(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
-            config: Optional[CompressionConfig] = None) -> torch.Tensor:
-    """:func:`linear` written into ``x`` when that saves a layer-sized buffer, else :func:`linear`.
+def linear_reusing(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
+                   config: Optional[CompressionConfig] = None) -> torch.Tensor:
+    """:func:`linear` that may write its result into ``x``'s own buffer, where that saves a layer-sized buffer.
 
-    For a caller that owns ``x`` (a fresh temporary nobody else reads afterwards, e.g. an aggregation's
-    output). In place when ``W`` is square, ``x`` is a contiguous ``[N, D]`` tensor that is not a view,
-    compression is on (the exact ``x`` is not needed after its compressed copy is taken), ``x`` is not a leaf
-    (data, a parameter: alive anyway, never overwritten), no autocast or
-    capture is active, and ``x`` spans more than one row chunk on its device (on a GPU today's chunk is
-    larger than a layer, so the GPU keeps the single product). Same values as :func:`linear` row by row,
-    up to the matrix product's summation order; gradients from the same compressed copy."""
+    ``x`` must be a tensor the caller allocated in this forward (an aggregation's output, say) that nothing
+    reads afterwards (:mod:`dgl_exact.ops.keep`, rule 2): the caller states it by calling this function
+    (data, which rule 1 calls alive anyway, is never written: the product then goes out of place). In place
+    when ``W`` is square and ``x`` a contiguous ``[N, D]`` tensor of ``W``'s dtype that is not a view
+    (torch refuses in-place ops on views of a Function's output), compression is on (with it off the exact
+    ``x`` is kept, and a copy would cost what the reuse saves), no autocast or capture is active, and ``x``
+    spans more than one row chunk on its device (on a GPU today's chunk is larger than a layer, so the GPU
+    keeps the single product); otherwise :func:`linear`. Same values as :func:`linear` row by row, up to
+    the matrix product's summation order; gradients from the same compressed copy."""
     cfg = resolve_config(config)
     if (cfg.enabled and x.dim() == 2 and weight.dim() == 2 and weight.shape[0] == weight.shape[1] == x.shape[1]
             and x.is_contiguous() and x._base is None and not alive_anyway(x) and x.dtype == weight.dtype

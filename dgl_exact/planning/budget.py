@@ -160,7 +160,7 @@ def keep(x: torch.Tensor, op_cfg: CompressionConfig, kept: CompressionConfig, fo
     for ``op_cfg``, with an exact copy of ``x`` where the plan keeps it exactly but the op may overwrite it.
 
     An op that compresses a tensor it owns (``force`` under an enabled ``op_cfg``) may then overwrite that
-    tensor in place (``ops.linear_`` in GCN's square layers, GCNII's fused step): it only needs the
+    tensor in place (``ops.linear_reusing`` in GCN's square layers, GCNII's fused step): it only needs the
     compressed copy. Kept by reference, the buffer would be overwritten before backward reads it (autograd
     refuses: "modified by an inplace operation"). The copy has the bytes an exact slot is planned with."""
     stash = stash or _saving.default_stash

@@ -106,7 +106,7 @@ class GraphConv(CompressedModuleMixin, dgl.nn.GraphConv):
         else:
             rst = aggregate(feat_src, left)
             if weight is not None:  # into the aggregation's own buffer where that saves one (square weight)
-                rst = ops.linear_(rst, weight.t(), None, cfg)
+                rst = ops.linear_reusing(rst, weight.t(), None, cfg)
         if self._norm in ("right", "both"):
             rst = into(rst, "mul", node_norm(st.in_degrees(), feat_dst).to(rst.dtype))
         if self.bias is not None:
