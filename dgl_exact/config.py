@@ -18,6 +18,8 @@ import math
 import threading
 from typing import Iterator, Optional
 
+from . import tracing
+
 __all__ = ["CompressionConfig", "get_config", "set_config", "config", "resolve_config", "VALID_BITS",
            "VALID_LEVELS"]
 
@@ -131,10 +133,8 @@ def get_config() -> CompressionConfig:
     """The configuration in force in the current context (innermost scope, else the global default).
     While dynamo traces, the one in force at trace time, baked into the compiled code (dynamo cannot read
     a ContextVar; see :mod:`dgl_exact.ops.captured`)."""
-    from .ops import captured
-
-    if captured.active():
-        return captured.config_at_trace()
+    if tracing.active():
+        return config_at_trace()
     scopes = _scopes.get()
     return scopes[-1] if scopes else _global_config
 
@@ -182,3 +182,20 @@ def resolve_config(explicit: Optional[CompressionConfig] = None) -> CompressionC
     if not isinstance(explicit, CompressionConfig):
         raise TypeError(f"expected a CompressionConfig or None, got {type(explicit).__name__}")
     return explicit
+
+
+#: the fields of a :class:`CompressionConfig`, in order
+CFG_FIELDS = tuple(f.name for f in dataclasses.fields(CompressionConfig))
+
+
+@tracing.assume_constant
+def _config_fields() -> tuple:
+    cfg = get_config()
+    return tuple(getattr(cfg, f) for f in CFG_FIELDS)
+
+
+def config_at_trace() -> CompressionConfig:
+    """:func:`get_config` while compiling: the configuration in force when dynamo traces, a constant of the
+    compiled code (a later ``dgl_exact.config(...)`` scope does not recompile: set a module's
+    ``compression`` or call ``torch._dynamo.reset()``)."""
+    return CompressionConfig(**dict(zip(CFG_FIELDS, _config_fields())))

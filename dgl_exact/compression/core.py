@@ -31,7 +31,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from .. import kernels
+from .. import kernels, tracing
 from ..config import CompressionConfig, resolve_config
 from . import projection
 from .levels import levels_for
@@ -98,12 +98,10 @@ class CompressedTensor:
 
 def draw_seed() -> int:
     """A 63-bit seed from torch's default CPU generator (so ``torch.manual_seed`` makes runs repeatable).
-    While dynamo traces an op: ``ops.captured.RUNTIME_SEED``, which the captured op replaces by a seed it
+    While dynamo traces an op: ``tracing.RUNTIME_SEED``, which the captured op replaces by a seed it
     draws when it runs (a seed drawn at trace time would be baked into the compiled graph)."""
-    from ..ops import captured
-
-    if captured.active():
-        return captured.RUNTIME_SEED
+    if tracing.active():
+        return tracing.RUNTIME_SEED
     return int(torch.randint(0, 2**63 - 1, (), dtype=torch.int64).item())
 
 

@@ -44,48 +44,22 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
-import importlib
 import itertools
 import threading
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from .._compat import compiling, eager_during_trace
-from ..config import CompressionConfig
+from ..config import CFG_FIELDS as _CFG_FIELDS, CompressionConfig, config_at_trace  # noqa: F401
+from ..tracing import RUNTIME_SEED, SUPPORTED, active, assume_constant
 
 __all__ = ["SUPPORTED", "active", "apply", "structure", "RUNTIME_SEED", "CapturedStructure"]
-
-#: torch has what the captured route needs (``torch.library.custom_op`` with autograd, torch >= 2.4)
-SUPPORTED = hasattr(torch.library, "custom_op") and hasattr(torch.library, "register_autograd")
-
-#: the seed a public op passes while compiling: the forward op draws the real one when it runs
-RUNTIME_SEED = -1
 
 _lock = threading.Lock()
 _counter = itertools.count()
 _STRUCTURES: Dict[str, Any] = {}
 _CALLS: Dict[str, "_Call"] = {}
-
-
-def active() -> bool:
-    """Whether the op being called is being traced by dynamo and the captured route is available."""
-    return SUPPORTED and compiling()
-
-
-def _assume_constant(fn):
-    """Dynamo runs ``fn`` for real at trace time and bakes its result into the graph as a constant: what
-    ``torch._dynamo.assume_constant_result`` does, which is to set this marker (importing ``torch._dynamo``
-    here would double the import time of dgl_exact; tests/test_compile.py fails if the marker stops working)."""
-    import functools
-
-    @functools.wraps(fn)
-    def eager(*args):
-        with eager_during_trace():
-            return fn(*args)
-
-    eager._dynamo_marked_constant = True
-    return eager
+_assume_constant = assume_constant
 
 
 # --- graph structure while compiling ---------------------------------------------------------------------
@@ -164,21 +138,6 @@ class CapturedStructure:
         return e.new_zeros((n,) + tuple(e.shape[1:])).index_add_(0, index, e)
 
 
-@_assume_constant
-def _config_fields() -> tuple:
-    from ..config import get_config
-
-    cfg = get_config()
-    return tuple(getattr(cfg, f) for f in _CFG_FIELDS)
-
-
-def config_at_trace() -> CompressionConfig:
-    """:func:`~dgl_exact.config.get_config` while compiling: the configuration in force when dynamo traces,
-    a constant of the compiled code (a later ``dgl_exact.config(...)`` scope does not recompile: set a
-    module's ``compression`` or call ``torch._dynamo.reset()``)."""
-    return _config_of(_config_fields())
-
-
 def structure(g, device) -> CapturedStructure:
     """:func:`~.structure.structure_of` while compiling."""
     return CapturedStructure(_graph_key(g, torch.device(device)))
@@ -225,7 +184,6 @@ def _config_of(fields) -> CompressionConfig:
     return CompressionConfig(**dict(zip(_CFG_FIELDS, fields)))
 
 
-_CFG_FIELDS = tuple(f.name for f in dataclasses.fields(CompressionConfig))
 
 
 def _resolve_args(call: _Call, tensors, seeds: List[int]):
@@ -307,15 +265,23 @@ def _register_call(fn, statics, metas, dups) -> str:
 
 
 _KEYS: Dict[Tuple, str] = {}
-#: the modules whose autograd Functions run through :func:`apply` (their names are unique across them)
-FUNCTION_MODULES = ("dgl_exact.ops.graph", "dgl_exact.ops.elementwise", "dgl_exact.ops.dense",
-                    "dgl_exact.nn.conv.sageconv")
+#: the autograd Functions that run through :func:`apply`, by class name (filled by :func:`capturable`)
+_FUNCTIONS: Dict[str, type] = {}
+
+
+def capturable(cls: type) -> type:
+    """Class decorator: ``cls`` (an autograd Function) may run through :func:`apply` by its name, which must
+    be unique among such Functions."""
+    other = _FUNCTIONS.setdefault(cls.__name__, cls)
+    if other is not cls:
+        raise RuntimeError(f"two capturable Functions named {cls.__name__}: {other.__module__} and {cls.__module__}")
+    return cls
 
 
 @_assume_constant
 def _call_key(name: str, statics, metas, dups) -> str:
     """The key of a traced call site (registered once per distinct site). The Function comes by name
-    (dynamo passes no class to such a function): one of :data:`FUNCTION_MODULES` defines it."""
+    (dynamo passes no class to such a function): :func:`capturable` registered it."""
     fn = function(name)
     ident = (fn, statics, metas, dups)
     with _lock:
@@ -449,15 +415,11 @@ def _static(a) -> Any:
 
 
 def function(name: str) -> type:
-    """The autograd Function ``name`` defined in one of :data:`FUNCTION_MODULES`."""
-    fn = _FUNCTIONS.get(name)
-    if fn is None:
-        fn = next(vars(m)[name] for m in map(importlib.import_module, FUNCTION_MODULES) if name in vars(m))
-        _FUNCTIONS[name] = fn
-    return fn
-
-
-_FUNCTIONS: Dict[str, type] = {}
+    """The autograd Function ``name`` registered with :func:`capturable`."""
+    try:
+        return _FUNCTIONS[name]
+    except KeyError:
+        raise KeyError(f"{name!r} is not a capturable Function (decorate it with ops.captured.capturable)") from None
 
 
 def apply(name: str, *args):

@@ -23,6 +23,7 @@ from ._saving import (alive_anyway, fresh_outputs, autocast_dtype, check_double_
 __all__ = ["linear", "linear_reusing", "batch_norm"]
 
 
+@captured.capturable
 class _Linear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, cfg: CompressionConfig, kept=None):

@@ -44,6 +44,7 @@ def _mask_like(packed, grad):
     return _kernel_for("unpack_mask", grad)(packed, grad.numel()).view(grad.shape)
 
 
+@captured.capturable
 class _ReLUDropout(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, p: float, seed: int, compress_for: Optional[CompressionConfig] = None):
@@ -98,6 +99,7 @@ def relu(x: torch.Tensor) -> torch.Tensor:
     return relu_dropout(x, 0.0)
 
 
+@captured.capturable
 class _LeakyReLU(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, slope: float):
@@ -122,6 +124,7 @@ def leaky_relu(x: torch.Tensor, negative_slope: float = 0.01) -> torch.Tensor:
     return captured.apply("_LeakyReLU", x, float(negative_slope))
 
 
+@captured.capturable
 class _ELU(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, alpha: float, cfg: CompressionConfig):
@@ -150,6 +153,7 @@ def elu(x: torch.Tensor, alpha: float = 1.0, config: Optional[CompressionConfig]
     return captured.apply("_ELU", x, float(alpha), resolve_config(config))
 
 
+@captured.capturable
 class _Dropout(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, p: float, seed: int):

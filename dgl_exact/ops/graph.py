@@ -122,6 +122,7 @@ def _narrow_index(arg: torch.Tensor, n: int) -> torch.Tensor:
 
 
 # --- copy_u sum / mean ------------------------------------------------------------------------------
+@captured.capturable
 class _CopyUReduce(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, st: GraphStructure, mean: bool):
@@ -159,6 +160,7 @@ def copy_u_mean(g, x: torch.Tensor) -> torch.Tensor:
 
 
 # --- u_mul_e sum ------------------------------------------------------------------------------------
+@captured.capturable
 class _UMulESum(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w, st: GraphStructure, cfg: CompressionConfig):
@@ -205,6 +207,7 @@ def u_mul_e_sum(g, x: torch.Tensor, w: torch.Tensor, config: Optional[Compressio
 
 
 # --- copy_u max / min -------------------------------------------------------------------------------
+@captured.capturable
 class _CopyUMinMax(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, st: GraphStructure, reduce: str):
@@ -241,6 +244,7 @@ def copy_u_min(g, x: torch.Tensor) -> torch.Tensor:
 
 
 # --- u_add_v -----------------------------------------------------------------------------------------
+@captured.capturable
 class _UAddV(torch.autograd.Function):
     @staticmethod
     def forward(ctx, a, b, st: GraphStructure):
@@ -270,6 +274,7 @@ def _softmax_backward(st: GraphStructure, s: torch.Tensor, gs: torch.Tensor) -> 
     return s * (gs - st.edge_sum_to(gs * s, "dst")[st.dst])
 
 
+@captured.capturable
 class _EdgeSoftmax(torch.autograd.Function):
     @staticmethod
     def forward(ctx, e, st: GraphStructure, cfg: CompressionConfig):
@@ -360,6 +365,7 @@ def _node_sum(grad: torch.Tensor, item, dtype: torch.dtype, rows: int) -> torch.
     return out
 
 
+@captured.capturable
 class _GATAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, feat_src, feat_dst, attn_l, attn_r, ew, st: GraphStructure, slope: float, p: float,

@@ -27,6 +27,7 @@ def _warn_fallback_once(reason: str) -> None:
         _fallback_warned.add(reason)
 
 
+@captured.capturable
 class _DivideByInDegrees(torch.autograd.Function):
     """``x / max(in_degree, 1)`` per destination row, keeping nothing (the degrees come from the structure
     again in backward; a plain division would keep the degree vector)."""
