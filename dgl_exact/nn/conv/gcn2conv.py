@@ -72,14 +72,14 @@ class GCN2Conv(CompressedModuleMixin, dgl.nn.GCN2Conv):
             norm = st.in_degrees().to(feat).clamp(min=1).pow(-0.5).unsqueeze(1)
             if isinstance(st, ops.GraphStructure):  # the source normalisation as a cached edge value: no
                 # normalised copy of the input
-                h = ops.u_mul_e_sum(graph, feat, st.src_edge_norm("in", "sqrt", feat.dtype), cfg)
+                h = ops.u_mul_e_sum(graph, feat, st.src_edge_norm("in", "sqrt", feat.dtype), config=cfg)
             else:  # captured for torch.compile: the structure is a handle
                 h = ops.copy_u_sum(graph, feat * norm)
             h = into(h, "mul", norm)
             h = into(h, "mul", 1 - self.alpha)
         else:
             edge_weight = ops.normalize_edge_weight(graph, edge_weight, "both")
-            h = into(ops.u_mul_e_sum(graph, feat, edge_weight, cfg), "mul", 1 - self.alpha)
+            h = into(ops.u_mul_e_sum(graph, feat, edge_weight, config=cfg), "mul", 1 - self.alpha)
         owed = getattr(feat_0, _ALPHA_OWED, None)  # see initial_features_for
         if owed is not None and owed != float(self.alpha):
             raise ValueError(f"feat_0 was prepared by initial_features_for for alpha={owed}, but this layer's "
