@@ -243,3 +243,18 @@ def test_config_is_keyword_only(graphs):
         ops.u_mul_e_sum(g, torch.randn(g.num_nodes(), 2), torch.rand(g.num_edges()), OFF)
     with pytest.raises(TypeError):
         ops.u_mul_v(g, torch.randn(g.num_nodes(), 2), torch.randn(g.num_nodes(), 2), OFF)
+
+
+def test_general_path_double_backward(graphs):
+    """Compression off: the general path's backward is differentiable (exact to second order); on, it
+    refuses with the package's message."""
+    g = graphs["homo"]
+    n, m = g.num_nodes(), g.num_edges()
+    a, b = _rand((n, 3), 17), _rand((n, 3), 18)
+    x, e = _rand((n, 2, 3), 19), _rand((m, 3), 20, positive=True)
+    with dgl_exact.config(enabled=False):
+        assert torch.autograd.gradgradcheck(lambda a, b: torch.tanh(ops.u_mul_v(g, a * 1.0, b * 1.0)), (a, b))
+        assert torch.autograd.gradgradcheck(lambda x, e: torch.tanh(ops.u_mul_e_sum(g, x * 1.0, e * 1.0)), (x, e))
+    out = ops.u_mul_v(g, a * 1.0, b * 1.0, config=INT8)
+    with pytest.raises(RuntimeError, match="double backward"):
+        torch.autograd.grad(out.sum(), a, create_graph=True)
