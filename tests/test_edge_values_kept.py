@@ -17,8 +17,9 @@ dgl = pytest.importorskip("dgl")
 def test_edge_values_are_kept_exactly_for_every_rank(w_shape, kernel_path):
     torch.manual_seed(0)
     g = dgl.rand_graph(40, 300)
-    heads = w_shape[0] if w_shape else 1
-    x0 = torch.randn(40, heads, 8) if w_shape else torch.randn(40, 8)
+    # [E, H, 1] against [N, H, D] (the fused kernel); [E, H] against [N, D, H] (DGL's right alignment:
+    # the general path); [E] against [N, D]
+    x0 = {(): torch.randn(40, 8), (2,): torch.randn(40, 8, 2), (2, 1): torch.randn(40, 2, 8)}[w_shape]
     w0 = torch.rand((300,) + w_shape)
     grads = {}
     for name, cfg in (("exact", dgl_exact.CompressionConfig(enabled=False)),

@@ -1,7 +1,8 @@
-"""Autograd ops that keep compressed activations (used by :mod:`dgl_exact.nn`)."""
+"""Autograd ops that keep compressed activations (used by :mod:`dgl_exact.nn`); also every public function of
+``dgl.ops``, with DGL's signatures and results (:mod:`.dgl_ops`)."""
 from .dense import batch_norm, linear, linear_reusing
 from .elementwise import dropout, elu, leaky_relu, relu, relu_dropout
-from .graph import (copy_u_max, copy_u_mean, copy_u_min, copy_u_sum, edge_softmax, gat_attention, normalize_edge_weight,
+from .graph import (copy_u_mean, copy_u_sum, edge_softmax, gat_attention, normalize_edge_weight,
                     u_add_v, u_mul_e_sum)
 from .sage import sage_mean
 from . import gcn2
@@ -13,3 +14,8 @@ __all__ = ["linear", "linear_reusing", "batch_norm", "relu", "leaky_relu", "elu"
            "copy_u_mean", "u_mul_e_sum", "copy_u_max", "copy_u_min", "u_add_v", "edge_softmax", "gat_attention",
            "cross_entropy", "binary_cross_entropy_with_logits", "normalize_edge_weight",
            "sage_mean", "gcn2", "GraphStructure", "structure_of"]
+
+from . import dgl_ops as _dgl_ops  # noqa: E402
+
+globals().update({_name: getattr(_dgl_ops, _name) for _name in _dgl_ops.__all__})
+__all__ += [_name for _name in _dgl_ops.__all__ if _name not in __all__]

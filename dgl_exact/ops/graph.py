@@ -54,18 +54,6 @@ def _as3(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(x.shape[0], x.shape[1], -1)
 
 
-def _edge2(w: torch.Tensor, num_edges: int) -> torch.Tensor:
-    if w.shape[0] != num_edges:
-        raise ValueError(f"edge values have {w.shape[0]} rows but the graph has {num_edges} edges")
-    if w.dim() == 1:
-        return w.unsqueeze(1)
-    if w.dim() == 3 and w.shape[2] == 1:
-        return w.squeeze(2)
-    if w.dim() == 2:
-        return w
-    raise ValueError(f"edge values must be [E], [E, H] or [E, H, 1]; got shape {tuple(w.shape)}")
-
-
 def _node_output(out: torch.Tensor, shape) -> torch.Tensor:
     """``out.view(shape)`` for an op's output, as a tensor of its own rather than a view: autograd refuses
     in-place updates of a view returned by a custom Function, and callers that own an aggregation's output
@@ -107,11 +95,6 @@ def _edge_softmax_ref(st: GraphStructure, e: torch.Tensor) -> torch.Tensor:
             0, idx, e, reduce="amax", include_self=True)
     ex = (e - emax.index_select(0, st.dst)).exp()
     return ex / st.edge_sum_to(ex, "dst").index_select(0, st.dst)
-
-
-def _sum_to_heads(gw: torch.Tensor, heads: int) -> torch.Tensor:
-    """An edge gradient ``[E, H]`` summed over the heads a ``[E, 1]`` edge value was broadcast to."""
-    return gw.sum(1, keepdim=True) if heads == 1 and gw.shape[1] != 1 else gw
 
 
 def _narrow_index(arg: torch.Tensor, n: int) -> torch.Tensor:
@@ -160,24 +143,47 @@ def copy_u_mean(g, x: torch.Tensor) -> torch.Tensor:
 
 
 # --- u_mul_e sum ------------------------------------------------------------------------------------
+def _pad_feature_shapes(xs: tuple, ws: tuple):
+    """DGL's ``reshape_lhs_rhs``: the shorter feature shape padded with leading 1s (numpy's right alignment)."""
+    k = max(len(xs), len(ws))
+    return (1,) * (k - len(xs)) + tuple(xs), (1,) * (k - len(ws)) + tuple(ws)
+
+
+def _mul_layout(xs: tuple, ws: tuple) -> Optional[tuple]:
+    """``(out_shape, heads, dim)`` when ``x * w`` (DGL's broadcasting of feature shapes ``xs`` and ``ws``) is the
+    kernel's ``x [n, heads, dim] * w [E, heads, 1]``: ``w``'s feature shape, right-aligned, is a prefix of
+    ``x``'s followed by 1s, and ``x`` is not broadcast. Else None (the general path, :mod:`.dgl_ops`)."""
+    xp, wp = _pad_feature_shapes(xs, ws)
+    try:
+        out = tuple(torch.broadcast_shapes(xp, wp))
+    except RuntimeError:
+        return None
+    if out != xp:
+        return None
+    j = max((i for i, d in enumerate(wp) if d != 1), default=-1)
+    if wp[: j + 1] != xp[: j + 1]:
+        return None
+    return out, math.prod(xp[: j + 1]), math.prod(xp[j + 1:])
+
+
 @captured.capturable
 class _UMulESum(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, w, st: GraphStructure, cfg: CompressionConfig):
-        x3, w2 = _as3(x), _edge2(w, st.num_edges)
+    def forward(ctx, x, w, st: GraphStructure, out_shape: tuple, heads: int, dim: int, cfg: CompressionConfig):
+        x3, w2 = x.reshape(x.shape[0], heads, dim), w.reshape(w.shape[0], heads)
         out = st.aggregate(x3, w2.to(x3.dtype))
-        ctx.st, ctx.xshape, ctx.wshape, ctx.wheads = st, x.shape, w.shape, w2.shape[1]
+        ctx.st, ctx.xshape, ctx.wshape, ctx.heads, ctx.dim = st, x.shape, w.shape, heads, dim
         # stash x itself, not the view x3: views made inside forward have no grad_fn and would pass for
         # tensors alive anyway (kept uncompressed, by reference). The edge values are kept exactly, by
         # reference (the input itself: double backward differentiates through it).
         save(ctx, stash(x, cfg) if ctx.needs_input_grad[1] else None, w if ctx.needs_input_grad[0] else None)
-        return _node_output(out, (st.num_dst,) + tuple(x.shape[1:]))
+        return _node_output(out, (st.num_dst,) + tuple(out_shape))
 
     @staticmethod
     def backward(ctx, grad):
         x_s, w = load(ctx)
         st = ctx.st
-        g = _as3(grad.contiguous())
+        g = grad.contiguous().reshape(grad.shape[0], ctx.heads, ctx.dim)
         gx = gw = None
         if create_graph_requested():
             check_double_backward("u_mul_e_sum", x_s)
@@ -185,25 +191,35 @@ class _UMulESum(torch.autograd.Function):
         else:
             aggregate, edge_dot = st.aggregate, st.edge_dot
         if ctx.needs_input_grad[0]:
-            w2 = _edge2(w, st.num_edges)
+            w2 = w.reshape(w.shape[0], ctx.heads)
             gx = aggregate(g, w2.to(g.dtype), transpose=True).reshape(ctx.xshape)
         if ctx.needs_input_grad[1]:
-            x3 = _as3(unstash(x_s))
-            gw = _sum_to_heads(edge_dot(x3.to(g.dtype), g), ctx.wheads).reshape(ctx.wshape)
-        return gx, gw, None, None
+            x3 = unstash(x_s).reshape(ctx.xshape[0], ctx.heads, ctx.dim)
+            gw = edge_dot(x3.to(g.dtype), g).reshape(ctx.wshape)
+        return gx, gw, None, None, None, None, None
 
 
 @fresh_outputs
-def u_mul_e_sum(g, x: torch.Tensor, w: torch.Tensor, config: Optional[CompressionConfig] = None) -> torch.Tensor:
-    """``out[v] = sum_{(u, e, v)} w[e] * x[u]`` with learned edge values; keeps compressed ``x`` (for the
-    edge gradient) and the edge values (for the feature gradient)."""
+def u_mul_e_sum(g, x: torch.Tensor, y: torch.Tensor, *, config: Optional[CompressionConfig] = None) -> torch.Tensor:
+    """``out[v] = sum_{(u, e, v)} x[u] * y[e]`` (DGL's ``u_mul_e_sum``, its broadcasting: feature shapes
+    right-aligned as numpy does); keeps compressed ``x`` (for the edge gradient) and the edge values
+    exactly (for the feature gradient). Shapes the fused kernel does not take (``y`` broadcasting against
+    a trailing feature dim, ``x`` broadcast by ``y``) run the general path of :mod:`.dgl_ops`, which keeps
+    the same."""
     st = structure_of(g, x.device)
     _check_nodes(st, x)
-    if not needs_saving(x, w):
-        x3, w2 = _as3(x), _edge2(w, st.num_edges)
-        out = st.aggregate(x3, w2.to(x3.dtype))
-        return _node_output(out, (st.num_dst,) + tuple(x.shape[1:]))
-    return captured.apply("_UMulESum", x, w, st, resolve_config(config))
+    if y.shape[0] != st.num_edges:
+        raise ValueError(f"edge values have {y.shape[0]} rows but the graph has {st.num_edges} edges")
+    layout = _mul_layout(tuple(x.shape[1:]), tuple(y.shape[1:]))
+    if layout is None:
+        from .dgl_ops import gspmm
+
+        return gspmm(g, "mul", "sum", x, y, config=config)
+    out_shape, heads, dim = layout
+    if not needs_saving(x, y):
+        out = st.aggregate(x.reshape(x.shape[0], heads, dim), y.reshape(y.shape[0], heads).to(x.dtype))
+        return _node_output(out, (st.num_dst,) + out_shape)
+    return captured.apply("_UMulESum", x, y, st, out_shape, heads, dim, resolve_config(config))
 
 
 # --- copy_u max / min -------------------------------------------------------------------------------
@@ -260,26 +276,38 @@ class _UAddV(torch.autograd.Function):
 
 
 @fresh_outputs
-def u_add_v(g, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Per-edge ``a[src] + b[dst]``; keeps nothing."""
-    st = structure_of(g, a.device)
-    _check_nodes(st, a, "src")
-    _check_nodes(st, b, "dst")
-    return captured.apply("_UAddV", a, b, st)
+def u_add_v(g, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Per-edge ``x[src] + y[dst]`` (DGL's ``u_add_v``, its broadcasting); keeps nothing."""
+    st = structure_of(g, x.device)
+    _check_nodes(st, x, "src")
+    _check_nodes(st, y, "dst")
+    xp, yp = _pad_feature_shapes(tuple(x.shape[1:]), tuple(y.shape[1:]))
+    if xp != yp:  # broadcast between the operands: DGL's kernel (nothing kept either)
+        from .dgl_ops import gsddmm
+
+        return gsddmm(g, "add", x, y, "u", "v")
+    return captured.apply("_UAddV", x.reshape((x.shape[0],) + xp), y.reshape((y.shape[0],) + yp), st)
 
 
 # --- edge softmax ------------------------------------------------------------------------------------
-def _softmax_backward(st: GraphStructure, s: torch.Tensor, gs: torch.Tensor) -> torch.Tensor:
-    """Gradient of a per-destination softmax with output ``s`` given output gradient ``gs``."""
-    return s * (gs - st.edge_sum_to(gs * s, "dst")[st.dst])
+def _softmax_backward(st: GraphStructure, s: torch.Tensor, gs: torch.Tensor, by: str = "dst") -> torch.Tensor:
+    """Gradient of a per-destination (``by='src'``: per-source) softmax with output ``s`` given output
+    gradient ``gs``."""
+    return s * (gs - st.edge_sum_to(gs * s, by)[st.dst if by == "dst" else st.src])
+
+
+def _softmax_forward(st: GraphStructure, e: torch.Tensor, by: str) -> torch.Tensor:
+    if by == "dst":
+        return edge_softmax_forward(st, e)
+    return kernel_reference.edge_softmax_by_dst(st.src, st.num_src, e)
 
 
 @captured.capturable
 class _EdgeSoftmax(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, e, st: GraphStructure, cfg: CompressionConfig):
-        s = edge_softmax_forward(st, e)
-        ctx.st = st
+    def forward(ctx, e, st: GraphStructure, cfg: CompressionConfig, by: str = "dst"):
+        s = _softmax_forward(st, e, by)
+        ctx.st, ctx.by = st, by
         save(ctx, stash(s, cfg, force=True) if cfg.enabled else s)
         return s
 
@@ -289,7 +317,7 @@ class _EdgeSoftmax(torch.autograd.Function):
         if create_graph_requested():  # differentiable ops below; exact when s is the output itself
             check_double_backward("edge_softmax", s)
         s = unstash(s).to(grad.dtype)
-        return _softmax_backward(ctx.st, s, grad), None, None
+        return _softmax_backward(ctx.st, s, grad, ctx.by), None, None, None
 
 
 def _edge_config(cfg: CompressionConfig, heads: int) -> CompressionConfig:
@@ -297,18 +325,31 @@ def _edge_config(cfg: CompressionConfig, heads: int) -> CompressionConfig:
     return cfg.replace(kept_frac=1.0, block_rows=max(cfg.block_rows, -(-256 // max(heads, 1))))
 
 
+ALL = "__ALL__"  # dgl.base.ALL
+
+
 @fresh_outputs
-def edge_softmax(g, e: torch.Tensor, config: Optional[CompressionConfig] = None) -> torch.Tensor:
-    """Softmax of edge scores over each destination's in-edges (DGL's ``edge_softmax``, norm_by='dst');
-    keeps its output compressed."""
-    st = structure_of(g, e.device)
+def edge_softmax(graph, logits, eids=ALL, norm_by: str = "dst", *,
+                 config: Optional[CompressionConfig] = None):
+    """DGL's ``edge_softmax``: softmax of edge scores over each destination's in-edges (``norm_by='src'``:
+    each source's out-edges); keeps its output compressed. ``eids`` (a subset of edges) and a heterograph's
+    per-type dict of scores run DGL's own op (its output kept exactly)."""
+    if norm_by not in ("dst", "src"):
+        raise ValueError(f"norm_by must be 'dst' or 'src', got {norm_by!r}")
+    if isinstance(logits, dict) or not (isinstance(eids, str) and eids == ALL) \
+            or len(getattr(graph, "canonical_etypes", ())) > 1:
+        import dgl.ops
+
+        return dgl.ops.edge_softmax(graph, logits, eids, norm_by)
+    e = logits
+    st = structure_of(graph, e.device)
     if e.shape[0] != st.num_edges:
         raise ValueError(f"edge scores have {e.shape[0]} rows but the graph has {st.num_edges} edges")
     if not needs_saving(e):
-        return edge_softmax_forward(st, e)
+        return _softmax_forward(st, e, norm_by)
     cfg = resolve_config(config)
     heads = e[0].numel() if e.dim() > 1 else 1
-    return captured.apply("_EdgeSoftmax", e, st, _edge_config(cfg, heads))
+    return captured.apply("_EdgeSoftmax", e, st, _edge_config(cfg, heads), norm_by)
 
 
 # --- fused GAT attention + aggregation --------------------------------------------------------------

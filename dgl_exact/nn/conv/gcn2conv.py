@@ -74,14 +74,14 @@ class GCN2Conv(CompressedModuleMixin, dgl.nn.GCN2Conv):
             norm = st.in_degrees().to(feat).clamp(min=1).pow(-0.5).unsqueeze(1)
             if isinstance(st, ops.GraphStructure):  # the source normalisation as a cached edge value: no
                 # normalised copy of the input
-                h = ops.u_mul_e_sum(graph, feat, st.src_edge_norm("in", "sqrt", feat.dtype), cfg)
+                h = ops.u_mul_e_sum(graph, feat, st.src_edge_norm("in", "sqrt", feat.dtype), config=cfg)
             else:  # captured for torch.compile: the structure is a handle
                 h = ops.copy_u_sum(graph, feat * norm)
             h = into(h, "mul", norm)
             h = into(h, "mul", 1 - self.alpha)
         else:
             edge_weight = ops.normalize_edge_weight(graph, edge_weight, "both")
-            h = into(ops.u_mul_e_sum(graph, feat, edge_weight, cfg), "mul", 1 - self.alpha)
+            h = into(ops.u_mul_e_sum(graph, feat, edge_weight, config=cfg), "mul", 1 - self.alpha)
         if _MixGCN2.applies(self, h, feat_0, cfg):
             return self._activate(_MixGCN2.apply(h, feat_0, self.weight1, self.bias if self._bias else None,
                                                  float(self.alpha), float(self.beta), cfg), cfg)

@@ -78,10 +78,10 @@ class GraphConv(CompressedModuleMixin, dgl.nn.GraphConv):
                 # the source normalisation as an edge value (cached per graph): the same products as
                 # aggregating ``h * norm``, without that layer-sized copy of the input
                 kind = "sqrt" if self._norm == "both" else "inv"
-                return ops.u_mul_e_sum(graph, h, st.src_edge_norm("out", kind, h.dtype), cfg)
+                return ops.u_mul_e_sum(graph, h, st.src_edge_norm("out", kind, h.dtype), config=cfg)
             if edge_weight is None:
                 return ops.copy_u_sum(graph, h * src_norm)
-            return ops.u_mul_e_sum(graph, h * src_norm if src_norm is not None else h, edge_weight, cfg)
+            return ops.u_mul_e_sum(graph, h * src_norm if src_norm is not None else h, edge_weight, config=cfg)
 
         def node_norm(degs, like):
             degs = degs.to(like).clamp(min=1)

@@ -144,7 +144,9 @@ class SAGEConv(CompressedModuleMixin, dgl.nn.SAGEConv):
             return apply_linear(layer, x, cfg)
 
         def aggregate_sum(h):
-            return ops.copy_u_sum(graph, h) if edge_weight is None else ops.u_mul_e_sum(graph, h, edge_weight, cfg)
+            if edge_weight is None:
+                return ops.copy_u_sum(graph, h)
+            return ops.u_mul_e_sum(graph, h, edge_weight, config=cfg)
 
         lin_before_mp = self._in_src_feats > self._out_feats
         if self._fused_mean(cfg, feat, feat_src, st, edge_weight):
@@ -176,7 +178,7 @@ class SAGEConv(CompressedModuleMixin, dgl.nn.SAGEConv):
                 h_neigh = fc(self.fc_neigh, h_neigh)
         elif self._aggre_type == "pool":
             h = ops.relu(fc(self.fc_pool, feat_src))
-            h_neigh = fc(self.fc_neigh, ops.copy_u_max(graph, h))
+            h_neigh = fc(self.fc_neigh, ops.graph.copy_u_max(graph, h))
         else:
             raise KeyError(f"Aggregator type {self._aggre_type} not recognized.")
 
