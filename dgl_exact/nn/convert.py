@@ -88,6 +88,10 @@ def _fuse_relu_dropout(seq: nn.Sequential, prefix: str, report: ConversionReport
     for a, b in zip(keys, keys[1:]):
         first, second = seq._modules[a], seq._modules[b]
         if type(first) is layers.ReLU and type(second) is layers.Dropout:
-            seq._modules[a] = layers.ReLUDropout(second.p)
-            seq._modules[b] = nn.Identity()
+            fused = layers.ReLUDropout(second.p)
+            fused.train(second.training)  # a new module starts in training mode: keep the model's (eval) mode
+            identity = nn.Identity()
+            identity.train(second.training)
+            seq._modules[a] = fused
+            seq._modules[b] = identity
             report.fused.append(f"{prefix}.{a}+{b}" if prefix else f"{a}+{b}")
