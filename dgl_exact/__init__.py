@@ -14,10 +14,11 @@ from .config import CompressionConfig, config, get_config, set_config  # noqa: E
 from .kernels import backend  # noqa: E402
 from . import memory, nn, ops  # noqa: E402
 from .nn import GATConv, GCN2Conv, GraphConv, SAGEConv, compress_model  # noqa: E402
+from .saved_tensors import compress_saved, keep_exact  # noqa: E402
 
 __version__ = "0.1.0"
 
 __all__ = ["CompressionConfig", "config", "get_config", "set_config", "compress", "decompress",
            "CompressedTensor", "backend", "GraphConv", "SAGEConv", "GATConv", "GCN2Conv", "compress_model", "ops", "nn",
-           "memory",
+           "memory", "compress_saved", "keep_exact",
            "__version__"]
