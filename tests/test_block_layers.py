@@ -201,3 +201,120 @@ def test_softmax_gradient_close():
     sum_abs_g = g.abs().sum(1, keepdim=True)
     bound = step * ((g - s).abs() + sum_abs_g * (y + step)) + y * step * sum_abs_g + 1e-6
     assert ((gx - gx_ref).abs() <= bound * 1.001).all()
+
+
+# --- compress_model on a pre-LayerNorm residual block ----------------------------------------------------
+class _PreLNBlock(nn.Module):
+    """``x + FFN(LayerNorm(x))``: the residual add keeps nothing; ``tanh`` is a functional call (fallback)."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.norm = nn.LayerNorm(d)
+        self.ffn = nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(), nn.Dropout(0.1), nn.Linear(2 * d, d),
+                                 nn.Dropout(0.1))
+
+    def forward(self, x):
+        return x + torch.tanh(self.ffn(self.norm(x)))
+
+
+def _block_model(d=64):
+    torch.manual_seed(7)
+    return nn.Sequential(_PreLNBlock(d), _PreLNBlock(d), nn.SiLU(), nn.PReLU(), nn.Linear(d, 8), nn.LogSoftmax(1))
+
+
+def test_compress_model_block_layers_eval_identical_and_report():
+    model = _block_model()
+    original = copy.deepcopy(model)
+    model.eval(), original.eval()
+    _, report = dgl_exact.compress_model(model, CompressionConfig(bits=2), report=True)
+    for name in ("0.norm", "0.ffn.1", "2", "3", "5"):
+        assert name in report.converted, name
+    assert type(model[0].norm) is dgl_exact.nn.LayerNorm and type(model[5]) is dgl_exact.nn.LogSoftmax
+    assert "custom module" in report.fp32["0"] and "not visible" in report.fp32["0"]
+    assert "not converted" in str(report)
+    assert not any(m.training for m in model.modules())
+    x = torch.randn(200, 64)
+    with torch.no_grad():
+        assert torch.equal(model(x), original(x))
+        assert torch.equal(model(x), model(x))
+
+
+class _MyLayerNorm(nn.LayerNorm):
+    pass
+
+
+def test_report_subclass_and_unknown_torch_layer():
+    model = nn.Sequential(_MyLayerNorm(8), nn.Tanh(), nn.Identity())
+    _, report = dgl_exact.compress_model(model, report=True)
+    assert type(model[0]) is _MyLayerNorm
+    assert report.fp32["0"].startswith("subclass of torch.LayerNorm")
+    assert report.fp32["1"].startswith("torch.Tanh has no dgl_exact version")
+    assert "2" not in report.fp32  # keeps nothing
+    _, report = dgl_exact.compress_model(model, report=True, saved_tensors=True)
+    assert "compressed by the saved-tensor hooks" in report.fp32["1"]
+
+
+# --- saved-tensor hooks ----------------------------------------------------------------------------------
+def test_compress_saved_compresses_unknown_ops_once_and_skips_params_small_and_own():
+    torch.manual_seed(8)
+    lin = nn.Linear(256, 256)
+    x = torch.randn(256, 256, requires_grad=True)
+    small = torch.randn(8, 8, requires_grad=True)
+    with dgl_exact.compress_saved(CompressionConfig(bits=8), model=lin) as stats:
+        h = lin(x)  # saves x (a leaf: alive anyway) and the weight: kept as is
+        t = torch.tanh(h)  # saves its output: compressed
+        y = t * t  # saves t twice more: the same storage, compressed once (two saves answered from the cache)
+        z = (small * 1.0).sin()  # small: kept
+        e = dgl_exact.ops.gelu(h * 1.0, config=CompressionConfig(enabled=False))  # dgl_exact keeps it exactly
+    assert stats.compressed == 1, stats
+    assert stats.shared == 2, stats
+    assert stats.bytes_after < stats.bytes_before / 3
+    (y.sum() + z.sum() + e.sum()).backward()
+    # the gradient with exact saves, for comparison
+    x2 = x.detach().clone().requires_grad_(True)
+    t2 = torch.tanh(lin(x2))
+    (t2 * t2).sum().backward()
+    assert torch.allclose(x.grad, x2.grad + torch.autograd.functional.vjp(
+        lambda v: torch.nn.functional.gelu(lin(v)), x.detach(), torch.ones(256, 256))[1], rtol=0.05, atol=0.05)
+
+
+def test_compress_saved_opt_outs():
+    h = torch.randn(256, 256, requires_grad=True) * 1.0
+    for scope in (lambda: dgl_exact.compress_saved(enabled=False),
+                  lambda: dgl_exact.compress_saved(CompressionConfig(enabled=False))):
+        with scope() as stats:
+            torch.tanh(h)
+        assert stats.compressed == 0
+    with dgl_exact.compress_saved(CompressionConfig(bits=2)) as stats:
+        with dgl_exact.keep_exact():
+            torch.tanh(h)
+        torch.sigmoid(h)
+    assert stats.compressed == 1 and stats.kept == 1
+
+
+def test_compress_saved_composes_with_memory_measure():
+    torch.manual_seed(9)
+    model = _block_model(128)
+    x = torch.randn(512, 128)
+    fp32 = dgl_exact.memory.measure(lambda: model(x).sum(), modules=[model]).activation_bytes
+    dgl_exact.compress_model(model, CompressionConfig(bits=2), saved_tensors=True)
+    rep = dgl_exact.memory.measure(lambda: model(x).sum(), modules=[model])
+    rep.result.backward()
+    assert all(p.grad is not None for p in model.parameters())
+    plain = copy.deepcopy(model)
+    plain._dgl_exact_saved_config = CompressionConfig(enabled=False)  # the hooks do nothing then
+    no_fallback = dgl_exact.memory.measure(lambda: plain(x).sum(), modules=[plain]).activation_bytes
+    assert rep.activation_bytes < no_fallback < fp32
+    # eval: no scope, identical outputs with and without the hooks
+    model.eval()
+    with torch.no_grad():
+        assert torch.equal(model(x), model(x))
+
+
+def test_compress_model_saved_tensors_scope_closed_after_error():
+    model = nn.Sequential(nn.Linear(4, 4), nn.Tanh())
+    dgl_exact.compress_model(model, saved_tensors=True)
+    with pytest.raises(RuntimeError):
+        model(torch.randn(3, 5))
+    assert model._dgl_exact_saved_scopes == []
+    assert torch._C._autograd._top_saved_tensors_default_hooks(False) is None
