@@ -83,8 +83,8 @@ def _why_fp32(module: nn.Module, saved_tensors: bool) -> Optional[str]:
     if own in ("torch", "dgl"):
         return f"{_qualname(cls)} has no dgl_exact version" + fallback
     if list(module.children()):
-        return ("custom module: functional calls in its forward (F.relu, torch ops, residual adds) are not "
-                "visible" + fallback)
+        return ("custom module: what the functional calls in its forward save (F.relu, torch ops; a residual "
+                "add saves nothing) is not visible" + fallback)
     return "custom module, forward unknown" + fallback
 
 
