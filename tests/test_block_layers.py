@@ -318,3 +318,14 @@ def test_compress_model_saved_tensors_scope_closed_after_error():
         model(torch.randn(3, 5))
     assert model._dgl_exact_saved_scopes == []
     assert torch._C._autograd._top_saved_tensors_default_hooks(False) is None
+
+
+def test_compress_saved_never_compresses_dgl_exact_saves_twice():
+    """dgl_exact's own ops register what they save (codes, bf16 metadata of 200 KB here, exact tensors):
+    the pack hook passes it through."""
+    lin = dgl_exact.nn.Linear(8, 8)
+    h = torch.randn(100_000, 8, requires_grad=True) * 1.0
+    with dgl_exact.config(bits=2), dgl_exact.compress_saved(model=lin) as stats:
+        lin(h)
+        dgl_exact.ops.gelu(h)
+    assert stats.compressed == 0 and stats.kept > 0, stats
