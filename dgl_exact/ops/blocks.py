@@ -25,7 +25,9 @@ With compression on (stochastic rounding, :mod:`dgl_exact.compression`):
   negligible, at INT2 it is the price of the memory (as for every nonlinear backward in ActNN / GACT).
 
 None of these ops projects (``kept_frac`` is ignored: a projection is only unbiased for a linear use).
-Under autocast they run torch's functions unchanged (keeping what torch keeps). Double backward is exact
+Under autocast and while ``torch.compile`` traces, they run torch's functions unchanged (keeping what torch
+keeps). layer_norm, gelu and silu decode a large compressed input in row chunks in their backward (no
+full-size decoded copy at the step peak); prelu, softmax and log_softmax decode it whole. Double backward is exact
 with compression off (recomputed with torch ops) and raises the documented error with compression on.
 """
 from __future__ import annotations
@@ -37,8 +39,9 @@ import torch.nn.functional as F
 
 from .._compat import compiling
 from ..config import CompressionConfig, resolve_config
+from ..compression import CompressedTensor
 from ._saving import (autocast_dtype, check_double_backward, create_graph_requested, fresh_outputs, load,
-                      needs_saving, recompute_vjp, save, stash, unstash)
+                      needs_chunks, needs_saving, recompute_vjp, row_chunks, save, stash, unstash)
 
 __all__ = ["layer_norm", "gelu", "silu", "prelu", "softmax", "log_softmax"]
 
@@ -50,6 +53,22 @@ def _plain(x: torch.Tensor, *tensors: Optional[torch.Tensor]) -> bool:
 
 def _kept_cfg(cfg: CompressionConfig) -> CompressionConfig:
     return cfg.replace(kept_frac=1.0)
+
+
+def _chunked(item) -> bool:
+    """Whether a backward decodes ``item`` in row chunks (compressed and large): no full-size decoded copy.
+    A tensor kept exactly is used as is (gradients then equal torch's bit for bit)."""
+    return isinstance(item, CompressedTensor) and needs_chunks(item)
+
+
+def _pointwise_backward(fn, grad, x_s):
+    """``fn(grad, x)`` for an elementwise backward, decoding ``x`` chunk by chunk where it is large."""
+    if not _chunked(x_s):
+        return fn(grad, unstash(x_s).to(grad.dtype))
+    out = torch.empty_like(grad)
+    for r0, r1, x in row_chunks(x_s):
+        out[r0:r1] = fn(grad[r0:r1], x.to(grad.dtype))
+    return out
 
 
 def _double_backward(op, items, fn, inputs, needs, grads):
@@ -75,10 +94,25 @@ class _LayerNorm(torch.autograd.Function):
                 "layer_norm", (x_s,), lambda x, w, b: F.layer_norm(x, ctx.shape, w, b, ctx.eps),
                 [x_s, weight, bias], [needs[0], needs[2], needs[3]], [grad])
             return gx, None, gw, gb, None, None
-        x = unstash(x_s).to(grad.dtype)
         mask = [needs[0], weight is not None and needs[2], bias is not None and needs[3]]
-        gx, gw, gb = torch.ops.aten.native_layer_norm_backward(grad, x, list(ctx.shape), mean, rstd, weight, bias,
-                                                               mask)
+        shape = list(ctx.shape)
+        if not _chunked(x_s):
+            x = unstash(x_s).to(grad.dtype)
+            gx, gw, gb = torch.ops.aten.native_layer_norm_backward(grad, x, shape, mean, rstd, weight, bias, mask)
+            return gx, None, gw, gb, None, None
+        # row chunks of the compressed input: no full-size decoded copy; weight and bias gradients summed
+        gx = torch.empty_like(grad) if mask[0] else None
+        gw = torch.zeros_like(weight) if mask[1] else None
+        gb = torch.zeros_like(bias) if mask[2] else None
+        for r0, r1, x in row_chunks(x_s):
+            a, b, c = torch.ops.aten.native_layer_norm_backward(grad[r0:r1], x.to(grad.dtype), shape, mean[r0:r1],
+                                                                rstd[r0:r1], weight, bias, mask)
+            if gx is not None:
+                gx[r0:r1] = a
+            if gw is not None:
+                gw += b
+            if gb is not None:
+                gb += c
         return gx, None, gw, gb, None, None
 
 
@@ -112,8 +146,9 @@ class _GELU(torch.autograd.Function):
             (gx,) = _double_backward("gelu", (x_s,), lambda x: F.gelu(x, approximate=ctx.approximate), [x_s],
                                      [True], [grad])
             return gx, None, None
-        x = unstash(x_s).to(grad.dtype)
-        return torch.ops.aten.gelu_backward(grad, x, approximate=ctx.approximate), None, None
+        approximate = ctx.approximate
+        return _pointwise_backward(lambda g, x: torch.ops.aten.gelu_backward(g, x, approximate=approximate), grad,
+                                   x_s), None, None
 
 
 @fresh_outputs
@@ -137,8 +172,7 @@ class _SiLU(torch.autograd.Function):
         if create_graph_requested():
             (gx,) = _double_backward("silu", (x_s,), F.silu, [x_s], [True], [grad])
             return gx, None
-        x = unstash(x_s).to(grad.dtype)
-        return torch.ops.aten.silu_backward(grad, x), None
+        return _pointwise_backward(torch.ops.aten.silu_backward, grad, x_s), None
 
 
 @fresh_outputs
