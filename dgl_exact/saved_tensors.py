@@ -8,9 +8,9 @@ enters this scope around every training forward of ``model``.
 
 What is kept as is:
 
-* tensors autograd did not create (``grad_fn`` is None: parameters, buffers, input features, constants):
-  alive anyway, a compressed copy would *add* memory; with ``model=``, every storage of the model's
-  parameters and buffers is also recognised (collected once per scope);
+* tensors autograd did not create (``grad_fn`` is None: parameters, buffers, input features, constants)
+  and views of them: alive anyway, a compressed copy would *add* memory; with ``model=``, every storage of
+  the model's parameters and buffers is also recognised (collected once per scope);
 * tensors dgl_exact's own ops save (their compressed codes and metadata, and what they decided to keep
   exactly): :func:`dgl_exact.ops._saving.save` registers them with the scope, so nothing is compressed twice;
 * non-floating tensors (indices, masks), tensors smaller than ``min_bytes`` (default 64 KiB: metadata would
@@ -108,8 +108,8 @@ def compress_saved(config: Optional[CompressionConfig] = None, *, model: Optiona
     def pack(t):
         if (_keep_exact_depth.get() or t.dtype not in _FLOATS or t.layout != torch.strided
                 or t.numel() * t.element_size() < min_bytes or not t.is_contiguous() or t.dim() == 0
-                or _saving.alive_anyway(t)):
-            return passthrough(t)
+                or _saving.alive_anyway(t) or (t._base is not None and _saving.alive_anyway(t._base))):
+            return passthrough(t)  # (a view of a leaf, e.g. a reshaped parameter, shares its storage)
         ptr = _ptr(t)
         if ptr in static or ptr in own:
             return passthrough(t)

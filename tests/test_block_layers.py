@@ -348,3 +348,27 @@ def test_chunked_backward_matches_whole(name, monkeypatch):
     assert torch.equal(whole[0], chunked[0])
     for a, b in zip(whole[1:], chunked[1:]):
         assert torch.allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_residual_add_keeps_nothing():
+    """``x + f(x)`` keeps exactly what ``f(x)`` keeps: an addition's backward reads no tensor."""
+    f = dgl_exact.compress_model(nn.Sequential(nn.LayerNorm(64), nn.Linear(64, 64), nn.GELU()),
+                                 CompressionConfig(bits=2))
+    h = torch.randn(1000, 64, requires_grad=True) * 1.0
+
+    def kept(fn):
+        return dgl_exact.memory.measure(fn, modules=[f], exclude=[h]).activation_bytes
+
+    assert kept(lambda: (h + f(h)).sum()) == kept(lambda: f(h).sum()) > 0
+
+
+def test_compress_saved_keeps_parameter_views_without_model():
+    weight = nn.Parameter(torch.randn(256, 256))
+    h = torch.randn(256, 256, requires_grad=True) * 1.0
+    with dgl_exact.compress_saved(CompressionConfig(bits=2)) as stats:
+        y = h * weight.view(256, 256)  # saves h (compressed) and a view of the parameter (kept)
+    assert stats.compressed == 1 and stats.kept == 1, stats
+    y.sum().backward()  # the weight gradient reads the decoded h: within a quantization step of h
+    h = h.detach()
+    assert ((weight.grad - h).abs() <= _row_step(h, 2) * 1.01 + 1e-6).all()
+    assert not torch.equal(weight.grad, h)
