@@ -372,3 +372,20 @@ def test_compress_saved_keeps_parameter_views_without_model():
     h = h.detach()
     assert ((weight.grad - h).abs() <= _row_step(h, 2) * 1.01 + 1e-6).all()
     assert not torch.equal(weight.grad, h)
+
+
+@pytest.mark.parametrize("act", [nn.GELU(), nn.GELU("tanh"), nn.SiLU(), torch.nn.functional.gelu,
+                                 torch.nn.functional.silu])
+def test_conv_activation_gelu_silu_mapped(act):
+    """A conv's ``activation=GELU/SiLU`` runs as dgl_exact's op keeping its input compressed: the same output."""
+    import dgl
+
+    torch.manual_seed(11)
+    g = dgl.add_self_loop(dgl.rand_graph(50, 200))
+    x = torch.randn(50, 8)
+    ref = dgl.nn.GraphConv(8, 8, activation=act)
+    mine = dgl_exact.GraphConv(8, 8, activation=act, compression=CompressionConfig(bits=2))
+    mine.load_state_dict(ref.state_dict())
+    mapped = dgl_exact.nn._base.compressed_activation(act)
+    assert mapped is not act
+    assert torch.allclose(mine(g, x), ref(g, x), rtol=1e-5, atol=1e-6)
