@@ -25,7 +25,8 @@ backward is linear in the saved tensor (matmul, elementwise multiply, the weight
 layer). An op whose backward is *nonlinear* in what it saves (tanh, sigmoid, exp, division, norms) gets a
 gradient biased by O(quantization step**2): the fallback trades that for memory. It is opt-in; the named
 layers (:mod:`dgl_exact.nn`) document exactly what they keep and are preferred where they exist. Double
-backward through a compressed saved tensor is not supported (the decompressed copy has no history).
+backward through a compressed saved tensor is not supported (the decompressed copy has no history), nor is
+``torch.compile`` of a forward inside the scope (saved-tensor hooks are eager-mode machinery).
 """
 from __future__ import annotations
 
