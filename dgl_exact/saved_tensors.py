@@ -17,8 +17,9 @@ What is kept as is:
   dominate and the saving is negligible), non-contiguous views, and anything saved inside
   :func:`keep_exact`.
 
-The same tensor saved by several ops (the same storage, offset, shape, stride and version) is compressed
-once per scope and shared. With ``enabled=False`` (or ``config.enabled`` False) the scope does nothing.
+The same tensor saved by several ops (the same storage, offset, shape, stride and version, while the
+tensor first saved is alive) is compressed once per scope and shared. With ``enabled=False`` (or
+``config.enabled`` False) the scope does nothing.
 
 **Caveat: bias.** Compression is unbiased (stochastic rounding), so a gradient is unbiased when the op's
 backward is linear in the saved tensor (matmul, elementwise multiply, the weight gradient of a linear
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import weakref
 from typing import Iterator, Optional
 
 import torch
@@ -116,13 +118,15 @@ def compress_saved(config: Optional[CompressionConfig] = None, *, model: Optiona
             return passthrough(t)
         key = (ptr, t.storage_offset(), tuple(t.shape), tuple(t.stride()), t._version, t.dtype)
         hit = cache.get(key)
-        if hit is not None:
+        # the cached tensor must still be alive: once it is freed, a new tensor may get the same address,
+        # shape and version 0 and must not be answered with the old one's codes
+        if hit is not None and hit[0]() is not None:
             stats.shared += 1
-            return hit
+            return hit[1]
         c = compress(t.detach(), cfg)
         shell, parts = c.split()
         packed = _Packed(shell, [outer_pack(p) if outer_pack is not None else p for p in parts])
-        cache[key] = packed
+        cache[key] = (weakref.ref(t), packed)
         stats.compressed += 1
         stats.bytes_before += t.numel() * t.element_size()
         stats.bytes_after += sum(p.numel() * p.element_size() for p in parts)

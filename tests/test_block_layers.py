@@ -389,3 +389,24 @@ def test_conv_activation_gelu_silu_mapped(act):
     mapped = dgl_exact.nn._base.compressed_activation(act)
     assert mapped is not act
     assert torch.allclose(mine(g, x), ref(g, x), rtol=1e-5, atol=1e-6)
+
+
+def test_compress_saved_cache_not_fooled_by_reused_addresses():
+    """A saved temporary freed during the forward leaves its address to the next tensor of the same shape
+    (version 0 again): that tensor must be compressed anew, not answered with the old codes."""
+    torch.manual_seed(12)
+    h = torch.randn(256, 256, requires_grad=True)
+    outs, ptrs = [], []
+    with dgl_exact.compress_saved(CompressionConfig(bits=8)) as stats:
+        for i in range(4):
+            t = h * float(i + 1)  # a fresh temporary, saved by tanh, then freed (only its codes stay)
+            ptrs.append(t.untyped_storage().data_ptr())
+            outs.append(torch.tanh(t).sum())
+            del t
+    assert len(set(ptrs)) < len(ptrs)  # the allocator did reuse an address (else the test shows nothing)
+    assert stats.compressed == 4 and stats.shared == 0, stats
+    sum(outs).backward()
+    expected = sum((1 - torch.tanh(h.detach() * (i + 1)) ** 2) * (i + 1) for i in range(4))
+    # tanh keeps its output y (|y| <= 1, row range <= 2, INT8 step s <= 2 / 255): |y_hat^2 - y^2| <= (2 + s) s
+    s = 2 / 255 * 1.01
+    assert ((h.grad - expected).abs() <= sum(i + 1 for i in range(4)) * (2 + s) * s).all()
