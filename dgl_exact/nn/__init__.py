@@ -1,7 +1,9 @@
 """Modules: drop-in DGL convolutions and torch layers that keep compressed activations."""
 from .conv import GATConv, GCN2Conv, GraphConv, SAGEConv
 from .convert import ConversionReport, compress_model
-from .layers import ELU, BatchNorm1d, Dropout, LeakyReLU, Linear, ReLU, ReLUDropout
+from .layers import (ELU, GELU, BatchNorm1d, Dropout, LayerNorm, LeakyReLU, Linear, LogSoftmax, PReLU, ReLU,
+                     ReLUDropout, SiLU, Softmax)
 
 __all__ = ["GraphConv", "SAGEConv", "GATConv", "GCN2Conv", "Linear", "BatchNorm1d", "ReLU", "LeakyReLU", "ELU",
-           "Dropout", "ReLUDropout", "compress_model", "ConversionReport"]
+           "Dropout", "ReLUDropout", "LayerNorm", "GELU", "SiLU", "PReLU", "Softmax", "LogSoftmax", "compress_model",
+           "ConversionReport"]

@@ -67,6 +67,11 @@ def compressed_activation(act: Optional[Callable], config: Optional[CompressionC
     if act is F.leaky_relu or isinstance(act, nn.LeakyReLU):
         slope = act.negative_slope if isinstance(act, nn.LeakyReLU) else 0.01
         return functools.partial(ops.leaky_relu, negative_slope=slope)
+    if act is F.gelu or type(act) is nn.GELU:  # exact types: a subclass's forward may differ
+        approximate = act.approximate if isinstance(act, nn.GELU) else "none"
+        return functools.partial(ops.gelu, approximate=approximate, config=config)
+    if act is F.silu or type(act) is nn.SiLU:
+        return functools.partial(ops.silu, config=config)
     return act
 
 

@@ -8,12 +8,14 @@ from __future__ import annotations
 from typing import Optional
 
 import torch.nn as nn
+import torch.nn.functional as F
 
 from .. import ops
 from ..config import CompressionConfig
 from ._base import CompressedModuleMixin
 
-__all__ = ["Linear", "BatchNorm1d", "ReLU", "LeakyReLU", "ELU", "Dropout", "ReLUDropout"]
+__all__ = ["Linear", "BatchNorm1d", "ReLU", "LeakyReLU", "ELU", "Dropout", "ReLUDropout", "LayerNorm", "GELU", "SiLU",
+           "PReLU", "Softmax", "LogSoftmax"]
 
 
 class Linear(CompressedModuleMixin, nn.Linear):
@@ -104,3 +106,79 @@ class ReLUDropout(nn.Module):
 
     def extra_repr(self):
         return f"p={self.p}"
+
+
+class LayerNorm(CompressedModuleMixin, nn.LayerNorm):
+    """:class:`torch.nn.LayerNorm` keeping its input compressed plus the per-row mean and 1/std (weight and
+    bias gradients unbiased; the input gradient is nonlinear in the kept input, see :mod:`dgl_exact.ops.blocks`)."""
+
+    def __init__(self, normalized_shape, eps=1e-5, elementwise_affine=True, bias=True, device=None, dtype=None, *,
+                 compression: Optional[CompressionConfig] = None):
+        super().__init__(normalized_shape, eps=eps, elementwise_affine=elementwise_affine, bias=bias, device=device,
+                         dtype=dtype)
+        self._init_compression(compression)
+
+    def forward(self, x):
+        return ops.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps, self._config())
+
+
+class GELU(CompressedModuleMixin, nn.GELU):
+    """:class:`torch.nn.GELU` keeping its input compressed (backward nonlinear in it: O(step**2) bias)."""
+
+    def __init__(self, approximate: str = "none", *, compression: Optional[CompressionConfig] = None):
+        super().__init__(approximate=approximate)
+        self._init_compression(compression)
+
+    def forward(self, x):
+        return ops.gelu(x, self.approximate, self._config())
+
+
+class SiLU(CompressedModuleMixin, nn.SiLU):
+    """:class:`torch.nn.SiLU` keeping its input compressed (backward nonlinear in it: O(step**2) bias).
+    ``inplace`` is accepted for compatibility; the output is a new tensor."""
+
+    def __init__(self, inplace: bool = False, *, compression: Optional[CompressionConfig] = None):
+        super().__init__(inplace=inplace)
+        self._init_compression(compression)
+
+    def forward(self, x):
+        return ops.silu(x, self._config())
+
+
+class PReLU(CompressedModuleMixin, nn.PReLU):
+    """:class:`torch.nn.PReLU` keeping one sign bit per element plus its input compressed (both gradients
+    unbiased)."""
+
+    def __init__(self, num_parameters: int = 1, init: float = 0.25, device=None, dtype=None, *,
+                 compression: Optional[CompressionConfig] = None):
+        super().__init__(num_parameters=num_parameters, init=init, device=device, dtype=dtype)
+        self._init_compression(compression)
+
+    def forward(self, x):
+        return ops.prelu(x, self.weight, self._config())
+
+
+def _softmax_dim(module, x) -> int:
+    return module.dim if module.dim is not None else F._get_softmax_dim(type(module).__name__.lower(), x.dim(), 5)
+
+
+class Softmax(CompressedModuleMixin, nn.Softmax):
+    """:class:`torch.nn.Softmax` keeping its output compressed (backward quadratic in it: O(step**2) bias)."""
+
+    def __init__(self, dim: Optional[int] = None, *, compression: Optional[CompressionConfig] = None):
+        super().__init__(dim=dim)
+        self._init_compression(compression)
+
+    def forward(self, x):
+        return ops.softmax(x, _softmax_dim(self, x), self._config())
+
+
+class LogSoftmax(CompressedModuleMixin, nn.LogSoftmax):
+    """:class:`torch.nn.LogSoftmax` keeping the probabilities compressed (backward linear in them: unbiased)."""
+
+    def __init__(self, dim: Optional[int] = None, *, compression: Optional[CompressionConfig] = None):
+        super().__init__(dim=dim)
+        self._init_compression(compression)
+
+    def forward(self, x):
+        return ops.log_softmax(x, _softmax_dim(self, x), self._config())

@@ -1,6 +1,7 @@
 """Autograd ops that keep compressed activations (used by :mod:`dgl_exact.nn`); also every public function of
 ``dgl.ops``, with DGL's signatures and results (:mod:`.dgl_ops`)."""
 from .dense import batch_norm, linear, linear_reusing
+from .blocks import gelu, layer_norm, log_softmax, prelu, silu, softmax
 from .elementwise import dropout, elu, leaky_relu, relu, relu_dropout
 from .graph import (copy_u_mean, copy_u_sum, edge_softmax, gat_attention, normalize_edge_weight,
                     u_add_v, u_mul_e_sum)
@@ -13,7 +14,8 @@ __all__ = ["linear", "linear_reusing", "batch_norm", "relu", "leaky_relu", "elu"
            "copy_u_sum",
            "copy_u_mean", "u_mul_e_sum", "copy_u_max", "copy_u_min", "u_add_v", "edge_softmax", "gat_attention",
            "cross_entropy", "binary_cross_entropy_with_logits", "normalize_edge_weight",
-           "sage_mean", "gcn2", "GraphStructure", "structure_of"]
+           "sage_mean", "gcn2", "GraphStructure", "structure_of", "layer_norm", "gelu", "silu", "prelu",
+           "softmax", "log_softmax"]
 
 from . import dgl_ops as _dgl_ops  # noqa: E402
 

@@ -297,6 +297,11 @@ def row_chunks(item: Stashed, chunk_elements: Optional[int] = None):
         yield r0, r1, decompress(part)
 
 
+#: inside a ``dgl_exact.compress_saved`` scope: the storages (data pointers) dgl_exact's own ops keep, which
+#: the scope's pack hook passes through unchanged (compressed codes, metadata, tensors kept exactly)
+_own_saved: "contextvars.ContextVar[Optional[set]]" = contextvars.ContextVar("dgl_exact_own_saved", default=None)
+
+
 def save(ctx, *items: Stashed) -> None:
     tensors, layout = [], []
     for item in items:
@@ -311,6 +316,9 @@ def save(ctx, *items: Stashed) -> None:
             tensors.append(item)
         else:
             raise TypeError(f"cannot save {type(item).__name__} for backward")
+    own = _own_saved.get()
+    if own is not None:
+        own.update(t.untyped_storage().data_ptr() for t in tensors)
     ctx.save_for_backward(*tensors)
     ctx.kept_layout = layout
 

@@ -1,0 +1,299 @@
+"""The remaining layers of a GNN block, keeping a compressed tensor for backward.
+
+==============  ====================================================================================
+op              kept for backward (compression on)
+==============  ====================================================================================
+layer_norm      the input compressed + per-row mean and 1/std (fp32, one pair per normalised row)
+gelu, silu      the input compressed
+prelu           1 bit per element (sign) + the input compressed (only the weight gradient reads it)
+softmax         the output compressed
+log_softmax     the probabilities ``exp(output)`` compressed
+==============  ====================================================================================
+
+Forwards are torch's own functions (outputs identical to ``F.layer_norm``, ``F.gelu``, ...). With
+compression off (or in ``eval()``), what is kept is the tensor itself and gradients equal torch's exactly.
+With compression on (stochastic rounding, :mod:`dgl_exact.compression`):
+
+* **unbiased** where the backward is linear in the kept tensor: prelu (both gradients: the input
+  gradient reads only the exact sign bits, the weight gradient is linear in the input), log_softmax
+  (``g - p * sum(g)`` is linear in ``p``), layer_norm's weight gradient (``sum(g * (x - mean) * rstd)``
+  with the exact mean and rstd);
+* **biased, by O(quantization step squared)**, where the backward is nonlinear in the kept tensor:
+  gelu and silu (``g * act'(x)``), softmax (``y * (g - sum(g * y))`` is quadratic in ``y``), layer_norm's
+  input gradient (a product of two terms in the normalised input). The error per element is bounded by
+  the local curvature times the quantization step of the row (``range / (2**bits - 1)``); at INT8 it is
+  negligible, at INT2 it is the price of the memory (as for every nonlinear backward in ActNN / GACT).
+
+None of these ops projects (``kept_frac`` is ignored: a projection is only unbiased for a linear use).
+Under autocast and while ``torch.compile`` traces, they run torch's functions unchanged (keeping what torch
+keeps). layer_norm, gelu and silu decode a large compressed input in row chunks in their backward (no
+full-size decoded copy at the step peak); prelu, softmax and log_softmax decode it whole. Double backward is exact
+with compression off (recomputed with torch ops) and raises the documented error with compression on.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from .._compat import compiling
+from ..config import CompressionConfig, resolve_config
+from ..compression import CompressedTensor
+from ._saving import (autocast_dtype, check_double_backward, create_graph_requested, fresh_outputs, load,
+                      needs_chunks, needs_saving, recompute_vjp, row_chunks, save, stash, unstash)
+
+__all__ = ["layer_norm", "gelu", "silu", "prelu", "softmax", "log_softmax"]
+
+
+def _plain(x: torch.Tensor, *tensors: Optional[torch.Tensor]) -> bool:
+    """Run torch's function unchanged: nothing to keep, or a path these ops do not cover."""
+    return not needs_saving(x, *tensors) or compiling() or autocast_dtype(x.device.type) is not None
+
+
+def _kept_cfg(cfg: CompressionConfig) -> CompressionConfig:
+    return cfg.replace(kept_frac=1.0)
+
+
+def _chunked(item) -> bool:
+    """Whether a backward decodes ``item`` in row chunks (compressed and large): no full-size decoded copy.
+    A tensor kept exactly is used as is (gradients then equal torch's bit for bit)."""
+    return isinstance(item, CompressedTensor) and needs_chunks(item)
+
+
+def _pointwise_backward(fn, grad, x_s):
+    """``fn(grad, x)`` for an elementwise backward, decoding ``x`` chunk by chunk where it is large."""
+    if not _chunked(x_s):
+        return fn(grad, unstash(x_s).to(grad.dtype))
+    out = torch.empty_like(grad)
+    for r0, r1, x in row_chunks(x_s):
+        out[r0:r1] = fn(grad[r0:r1], x.to(grad.dtype))
+    return out
+
+
+def _double_backward(op, items, fn, inputs, needs, grads):
+    check_double_backward(op, *items)
+    return recompute_vjp(fn, inputs, needs, grads)
+
+
+# --- layer norm ------------------------------------------------------------------------------------------
+class _LayerNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, normalized_shape, weight, bias, eps, cfg):
+        y, mean, rstd = torch.ops.aten.native_layer_norm(x, list(normalized_shape), weight, bias, eps)
+        ctx.shape, ctx.eps = tuple(normalized_shape), eps
+        save(ctx, stash(x, _kept_cfg(cfg)), mean, rstd, weight, bias)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        x_s, mean, rstd, weight, bias = load(ctx)
+        needs = ctx.needs_input_grad
+        if create_graph_requested():
+            gx, gw, gb = _double_backward(
+                "layer_norm", (x_s,), lambda x, w, b: F.layer_norm(x, ctx.shape, w, b, ctx.eps),
+                [x_s, weight, bias], [needs[0], needs[2], needs[3]], [grad])
+            return gx, None, gw, gb, None, None
+        mask = [needs[0], weight is not None and needs[2], bias is not None and needs[3]]
+        shape = list(ctx.shape)
+        if not _chunked(x_s):
+            x = unstash(x_s).to(grad.dtype)
+            gx, gw, gb = torch.ops.aten.native_layer_norm_backward(grad, x, shape, mean, rstd, weight, bias, mask)
+            return gx, None, gw, gb, None, None
+        # row chunks of the compressed input: no full-size decoded copy; weight and bias gradients summed
+        gx = torch.empty_like(grad) if mask[0] else None
+        gw = torch.zeros_like(weight) if mask[1] else None
+        gb = torch.zeros_like(bias) if mask[2] else None
+        for r0, r1, x in row_chunks(x_s):
+            a, b, c = torch.ops.aten.native_layer_norm_backward(grad[r0:r1], x.to(grad.dtype), shape, mean[r0:r1],
+                                                                rstd[r0:r1], weight, bias, mask)
+            if gx is not None:
+                gx[r0:r1] = a
+            if gw is not None:
+                gw += b
+            if gb is not None:
+                gb += c
+        return gx, None, gw, gb, None, None
+
+
+@fresh_outputs
+def layer_norm(x: torch.Tensor, normalized_shape: Sequence[int], weight: Optional[torch.Tensor] = None,
+               bias: Optional[torch.Tensor] = None, eps: float = 1e-5,
+               config: Optional[CompressionConfig] = None) -> torch.Tensor:
+    """``F.layer_norm`` keeping its input compressed plus the per-row mean and 1/std (exact).
+
+    The weight and bias gradients are unbiased (linear in the kept input); the input gradient is a
+    nonlinear function of the kept input (biased by O(step**2), see the module doc)."""
+    if isinstance(normalized_shape, int):
+        normalized_shape = (normalized_shape,)
+    if _plain(x, weight, bias):
+        return F.layer_norm(x, tuple(normalized_shape), weight, bias, eps)
+    return _LayerNorm.apply(x, tuple(normalized_shape), weight, bias, float(eps), resolve_config(config))
+
+
+# --- pointwise activations -------------------------------------------------------------------------------
+class _GELU(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, approximate, cfg):
+        ctx.approximate = approximate
+        save(ctx, stash(x, _kept_cfg(cfg)))
+        return F.gelu(x, approximate=approximate)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x_s,) = load(ctx)
+        if create_graph_requested():
+            (gx,) = _double_backward("gelu", (x_s,), lambda x: F.gelu(x, approximate=ctx.approximate), [x_s],
+                                     [True], [grad])
+            return gx, None, None
+        approximate = ctx.approximate
+        return _pointwise_backward(lambda g, x: torch.ops.aten.gelu_backward(g, x, approximate=approximate), grad,
+                                   x_s), None, None
+
+
+@fresh_outputs
+def gelu(x: torch.Tensor, approximate: str = "none", config: Optional[CompressionConfig] = None) -> torch.Tensor:
+    """``F.gelu`` keeping its input compressed (the backward ``g * gelu'(x)`` is nonlinear in the kept
+    input: biased by O(step**2) with compression on, exact with it off)."""
+    if _plain(x):
+        return F.gelu(x, approximate=approximate)
+    return _GELU.apply(x, approximate, resolve_config(config))
+
+
+class _SiLU(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, cfg):
+        save(ctx, stash(x, _kept_cfg(cfg)))
+        return F.silu(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x_s,) = load(ctx)
+        if create_graph_requested():
+            (gx,) = _double_backward("silu", (x_s,), F.silu, [x_s], [True], [grad])
+            return gx, None
+        return _pointwise_backward(torch.ops.aten.silu_backward, grad, x_s), None
+
+
+@fresh_outputs
+def silu(x: torch.Tensor, config: Optional[CompressionConfig] = None) -> torch.Tensor:
+    """``F.silu`` keeping its input compressed (backward nonlinear in it: see :func:`gelu`)."""
+    if _plain(x):
+        return F.silu(x)
+    return _SiLU.apply(x, resolve_config(config))
+
+
+def _prelu_weight_view(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    if weight.numel() == 1 or x.dim() < 2:
+        return weight.reshape(())
+    return weight.reshape((1, -1) + (1,) * (x.dim() - 2))
+
+
+class _PReLU(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, cfg):
+        from .elementwise import _kernel_for
+
+        y = F.prelu(x, weight)
+        pos = x > 0
+        ctx.weight_shape = weight.shape
+        # the weight gradient reads x only where x <= 0; the input gradient only the sign
+        keep_x = stash(x, _kept_cfg(cfg)) if ctx.needs_input_grad[1] else None
+        save(ctx, _kernel_for("pack_mask", x)(pos), keep_x, weight)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        from .elementwise import _mask_like
+
+        packed, x_s, weight = load(ctx)
+        needs = ctx.needs_input_grad
+        if create_graph_requested():
+            gx, gw = _double_backward("prelu", (x_s,), F.prelu, [x_s, weight], [needs[0], needs[1]], [grad])
+            return gx, gw, None
+        pos = _mask_like(packed, grad)
+        w = _prelu_weight_view(weight, grad).to(grad.dtype)
+        gx = torch.where(pos, grad, grad * w) if needs[0] else None
+        gw = None
+        if needs[1]:
+            neg = torch.where(pos, torch.zeros((), dtype=grad.dtype, device=grad.device),
+                              grad * unstash(x_s).to(grad.dtype))
+            if weight.numel() == 1 or grad.dim() < 2:
+                gw = neg.sum().reshape(ctx.weight_shape)
+            else:
+                dims = [d for d in range(grad.dim()) if d != 1]
+                gw = neg.sum(dim=dims).reshape(ctx.weight_shape)
+        return gx, gw, None
+
+
+@fresh_outputs
+def prelu(x: torch.Tensor, weight: torch.Tensor, config: Optional[CompressionConfig] = None) -> torch.Tensor:
+    """``F.prelu`` keeping one sign bit per element plus the input compressed (read only by the weight
+    gradient, linearly: both gradients are unbiased)."""
+    if _plain(x, weight) or (x.dim() < 2 and weight.numel() != 1):
+        return F.prelu(x, weight)
+    return _PReLU.apply(x, weight, resolve_config(config))
+
+
+# --- softmax ---------------------------------------------------------------------------------------------
+class _Softmax(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, dim, cfg):
+        y = F.softmax(x, dim)
+        ctx.dim = dim
+        save(ctx, stash(y, _kept_cfg(cfg), force=True))  # a fresh output: compress it
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        (y_s,) = load(ctx)
+        if create_graph_requested():
+            check_double_backward("softmax", y_s)
+            gy = grad * y_s  # the output itself: differentiable
+            return gy - y_s * gy.sum(dim=ctx.dim, keepdim=True), None, None
+        y = unstash(y_s).to(grad.dtype)
+        return torch.ops.aten._softmax_backward_data(grad, y, ctx.dim, y.dtype), None, None
+
+
+@fresh_outputs
+def softmax(x: torch.Tensor, dim: int, config: Optional[CompressionConfig] = None) -> torch.Tensor:
+    """``F.softmax`` keeping its output compressed (backward quadratic in it: biased by O(step**2) with
+    compression on, exact with it off)."""
+    if _plain(x):
+        return F.softmax(x, dim)
+    return _Softmax.apply(x, int(dim), resolve_config(config))
+
+
+class _LogSoftmax(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, dim, cfg):
+        y = F.log_softmax(x, dim)
+        ctx.dim = dim
+        if cfg.enabled:
+            kept = stash(y.exp(), _kept_cfg(cfg), force=True)  # probabilities: the backward is linear in them
+        else:
+            kept = y
+        ctx.kept_output = not cfg.enabled
+        save(ctx, kept)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        (k_s,) = load(ctx)
+        if create_graph_requested():
+            check_double_backward("log_softmax", k_s)
+            p = k_s.exp()  # the output itself: differentiable
+        elif ctx.kept_output:  # torch's own backward on the output: identical gradients
+            return torch.ops.aten._log_softmax_backward_data(grad, k_s, ctx.dim, k_s.dtype), None, None
+        else:
+            p = unstash(k_s).to(grad.dtype)
+        return grad - p * grad.sum(dim=ctx.dim, keepdim=True), None, None
+
+
+@fresh_outputs
+def log_softmax(x: torch.Tensor, dim: int, config: Optional[CompressionConfig] = None) -> torch.Tensor:
+    """``F.log_softmax`` keeping the probabilities ``exp(output)`` compressed: the backward
+    ``g - p * sum(g)`` is linear in them, so the gradient is unbiased."""
+    if _plain(x):
+        return F.log_softmax(x, dim)
+    return _LogSoftmax.apply(x, int(dim), resolve_config(config))

@@ -1,0 +1,148 @@
+"""Compress what autograd saves for ops dgl_exact does not know (the approach of ActNN and GACT).
+
+``with dgl_exact.compress_saved(config, model=model): loss = model(g, x)`` installs
+:func:`torch.autograd.graph.saved_tensors_hooks` whose pack hook stores each floating tensor autograd saves
+for backward as a :class:`~dgl_exact.compression.CompressedTensor` (``config``'s bits, no projection) and
+whose unpack hook decompresses it when the backward reads it. ``compress_model(model, saved_tensors=True)``
+enters this scope around every training forward of ``model``.
+
+What is kept as is:
+
+* tensors autograd did not create (``grad_fn`` is None: parameters, buffers, input features, constants)
+  and views of them: alive anyway, a compressed copy would *add* memory; with ``model=``, every storage of
+  the model's parameters and buffers is also recognised (collected once per scope);
+* tensors dgl_exact's own ops save (their compressed codes and metadata, and what they decided to keep
+  exactly): :func:`dgl_exact.ops._saving.save` registers them with the scope, so nothing is compressed twice;
+* non-floating tensors (indices, masks), tensors smaller than ``min_bytes`` (default 64 KiB: metadata would
+  dominate and the saving is negligible), non-contiguous views, and anything saved inside
+  :func:`keep_exact`.
+
+The same tensor saved by several ops (the same storage, offset, shape, stride and version, while the
+tensor first saved is alive) is compressed once per scope and shared. With ``enabled=False`` (or
+``config.enabled`` False) the scope does nothing.
+
+**Caveat: bias.** Compression is unbiased (stochastic rounding), so a gradient is unbiased when the op's
+backward is linear in the saved tensor (matmul, elementwise multiply, the weight gradient of a linear
+layer). An op whose backward is *nonlinear* in what it saves (tanh, sigmoid, exp, division, norms) gets a
+gradient biased by O(quantization step**2): the fallback trades that for memory. It is opt-in; the named
+layers (:mod:`dgl_exact.nn`) document exactly what they keep and are preferred where they exist. Double
+backward through a compressed saved tensor is not supported (the decompressed copy has no history), nor is
+``torch.compile`` of a forward inside the scope (saved-tensor hooks are eager-mode machinery).
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import weakref
+from typing import Iterator, Optional
+
+import torch
+
+from .compression import CompressedTensor, compress, decompress
+from .config import CompressionConfig, resolve_config
+from .ops import _saving
+
+__all__ = ["compress_saved", "keep_exact", "SavedTensorsStats"]
+
+_FLOATS = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+_keep_exact_depth: contextvars.ContextVar = contextvars.ContextVar("dgl_exact_keep_exact", default=0)
+
+
+class SavedTensorsStats:
+    """What a :func:`compress_saved` scope did: ``compressed`` (tensors newly compressed), ``shared`` (saves
+    answered from the cache), ``kept`` (saves passed through as is), ``bytes_before`` / ``bytes_after`` (the
+    compressed tensors' sizes before and after compression)."""
+
+    def __init__(self):
+        self.compressed = self.shared = self.kept = 0
+        self.bytes_before = self.bytes_after = 0
+
+    def __repr__(self):
+        return (f"SavedTensorsStats(compressed={self.compressed}, shared={self.shared}, kept={self.kept}, "
+                f"bytes_before={self.bytes_before}, bytes_after={self.bytes_after})")
+
+
+class _Packed:
+    __slots__ = ("shell", "parts")
+
+    def __init__(self, shell, parts):
+        self.shell, self.parts = shell, parts
+
+
+def _ptr(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+@contextlib.contextmanager
+def keep_exact() -> Iterator[None]:
+    """Inside this block, saved-tensor compression (:func:`compress_saved`) keeps everything as is."""
+    token = _keep_exact_depth.set(_keep_exact_depth.get() + 1)
+    try:
+        yield
+    finally:
+        _keep_exact_depth.reset(token)
+
+
+@contextlib.contextmanager
+def compress_saved(config: Optional[CompressionConfig] = None, *, model: Optional[torch.nn.Module] = None,
+                   min_bytes: int = 64 * 1024, enabled: bool = True) -> Iterator[SavedTensorsStats]:
+    """Compress the tensors autograd saves for backward inside this block (see the module doc).
+
+    ``config``: the compression (None: the configuration in force; its ``kept_frac`` is ignored).
+    ``model``: whose parameters and buffers are never compressed. Yields a :class:`SavedTensorsStats`."""
+    stats = SavedTensorsStats()
+    cfg = resolve_config(config)
+    if not enabled or not cfg.enabled:
+        yield stats
+        return
+    cfg = cfg.replace(kept_frac=1.0)
+    static = set()
+    if model is not None:
+        static = {_ptr(t) for t in (*model.parameters(), *model.buffers())}
+    own: set = set()  # storages dgl_exact's own ops keep (see _saving.save)
+    cache: dict = {}
+    outer = torch._C._autograd._top_saved_tensors_default_hooks(False)
+    outer_pack, outer_unpack = outer if outer is not None else (None, None)
+
+    def passthrough(t):
+        stats.kept += 1
+        return outer_pack(t) if outer_pack is not None else t
+
+    def pack(t):
+        if (_keep_exact_depth.get() or t.dtype not in _FLOATS or t.layout != torch.strided
+                or t.numel() * t.element_size() < min_bytes or not t.is_contiguous() or t.dim() == 0
+                or _saving.alive_anyway(t) or (t._base is not None and _saving.alive_anyway(t._base))):
+            return passthrough(t)  # (a view of a leaf, e.g. a reshaped parameter, shares its storage)
+        ptr = _ptr(t)
+        if ptr in static or ptr in own:
+            return passthrough(t)
+        key = (ptr, t.storage_offset(), tuple(t.shape), tuple(t.stride()), t._version, t.dtype)
+        hit = cache.get(key)
+        # the cached tensor must still be alive: once it is freed, a new tensor may get the same address,
+        # shape and version 0 and must not be answered with the old one's codes
+        if hit is not None and hit[0]() is not None:
+            stats.shared += 1
+            return hit[1]
+        c = compress(t.detach(), cfg)
+        shell, parts = c.split()
+        packed = _Packed(shell, [outer_pack(p) if outer_pack is not None else p for p in parts])
+        cache[key] = (weakref.ref(t), packed)
+        stats.compressed += 1
+        stats.bytes_before += t.numel() * t.element_size()
+        stats.bytes_after += sum(p.numel() * p.element_size() for p in parts)
+        return packed
+
+    def unpack(item):
+        if isinstance(item, _Packed):
+            parts = [outer_unpack(p) if outer_unpack is not None else p for p in item.parts]
+            c: CompressedTensor = item.shell.join(parts)
+            return decompress(c)
+        return outer_unpack(item) if outer_unpack is not None else item
+
+    token = _saving._own_saved.set(own)
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+            yield stats
+    finally:
+        _saving._own_saved.reset(token)
+        cache.clear()
