@@ -302,7 +302,7 @@ def test_compress_saved_composes_with_memory_measure():
     rep.result.backward()
     assert all(p.grad is not None for p in model.parameters())
     plain = copy.deepcopy(model)
-    plain._dgl_exact_saved_config = CompressionConfig(enabled=False)  # the hooks do nothing then
+    plain._compress_saved_config = CompressionConfig(enabled=False)  # the hooks do nothing then
     no_fallback = dgl_exact.memory.measure(lambda: plain(x).sum(), modules=[plain]).activation_bytes
     assert rep.activation_bytes < no_fallback < fp32
     # eval: no scope, identical outputs with and without the hooks
@@ -316,7 +316,7 @@ def test_compress_model_saved_tensors_scope_closed_after_error():
     dgl_exact.compress_model(model, saved_tensors=True)
     with pytest.raises(RuntimeError):
         model(torch.randn(3, 5))
-    assert model._dgl_exact_saved_scopes == []
+    assert model._compress_saved_scopes == []
     assert torch._C._autograd._top_saved_tensors_default_hooks(False) is None
 
 

@@ -127,14 +127,14 @@ class GATConv(CompressedModuleMixin, dgl.nn.GATConv):
             st = ops.structure_of(graph, h_src.device)
             check_zero_in_degree(self, st)
             feat_src = feat_dst = fc(self.fc, h_src).view(*src_prefix, heads, out)
-            if self._may_release(feat, h_src, cfg):
-                release(feat)
             if st.is_block:
                 n_dst = st.num_dst
                 feat_dst, h_dst = feat_src[:n_dst], h_dst[:n_dst]
                 dst_prefix = (n_dst,) + tuple(dst_prefix[1:])
         if self.res_fc is None:
             del h_src, h_dst  # no local name keeps the (dropped-out) input past its product
+            if self._may_release(feat, cfg):
+                release(feat)  # donated: its memory goes before the attention op allocates (rule 5)
         rst, attention = ops.gat_attention(graph, feat_src, feat_dst, self.attn_l, self.attn_r,
                                            negative_slope=self.leaky_relu.negative_slope, attn_drop=attn_p,
                                            edge_weight=edge_weight, training=self.training, config=cfg)
@@ -151,7 +151,7 @@ class GATConv(CompressedModuleMixin, dgl.nn.GATConv):
             return rst, attention
         return rst
 
-    def _may_release(self, feat, h_src, cfg) -> bool:
+    def _may_release(self, feat, cfg) -> bool:
         """Whether a donated ``feat`` may be released once projected (rule 5 of :mod:`dgl_exact.ops.keep`):
         ``fc`` is a plain linear that kept its input compressed (compression on, no planner hook choosing
         otherwise), nothing else reads ``feat`` later (no residual; feature dropout keeps nothing), training
