@@ -15,7 +15,7 @@ from .kernels import backend  # noqa: E402
 from . import memory, nn, ops  # noqa: E402
 from .nn import GATConv, GCN2Conv, GraphConv, SAGEConv, compress_model  # noqa: E402
 from .nn.paths import explain  # noqa: E402
-from .ops._saving import donate  # noqa: E402
+from .ops.keep import donate  # noqa: E402
 from .saved_tensors import compress_saved, keep_exact  # noqa: E402
 
 __version__ = "0.1.0"

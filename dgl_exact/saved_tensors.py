@@ -12,7 +12,7 @@ What is kept as is:
   and views of them: alive anyway, a compressed copy would *add* memory; with ``model=``, every storage of
   the model's parameters and buffers is also recognised (collected once per scope);
 * tensors dgl_exact's own ops save (their compressed codes and metadata, and what they decided to keep
-  exactly): :func:`dgl_exact.ops._saving.save` registers them with the scope, so nothing is compressed twice;
+  exactly): :func:`dgl_exact.ops.keep.save_kept` registers them with the scope, so nothing is compressed twice;
 * non-floating tensors (indices, masks), tensors smaller than ``min_bytes`` (default 64 KiB: metadata would
   dominate and the saving is negligible), non-contiguous views, and anything saved inside
   :func:`keep_exact`.
@@ -40,7 +40,7 @@ import torch
 
 from .compression import CompressedTensor, compress, decompress
 from .config import CompressionConfig, resolve_config
-from .ops import _saving
+from .ops import keep as keeping
 
 __all__ = ["compress_saved", "keep_exact", "SavedTensorsStats"]
 
@@ -99,7 +99,7 @@ def compress_saved(config: Optional[CompressionConfig] = None, *, model: Optiona
     static = set()
     if model is not None:
         static = {_ptr(t) for t in (*model.parameters(), *model.buffers())}
-    own: set = set()  # storages dgl_exact's own ops keep (see _saving.save)
+    own: set = set()  # storages dgl_exact's own ops keep (see keeping.save_kept)
     cache: dict = {}
     outer = torch._C._autograd._top_saved_tensors_default_hooks(False)
     outer_pack, outer_unpack = outer if outer is not None else (None, None)
@@ -111,7 +111,7 @@ def compress_saved(config: Optional[CompressionConfig] = None, *, model: Optiona
     def pack(t):
         if (_keep_exact_depth.get() or t.dtype not in _FLOATS or t.layout != torch.strided
                 or t.numel() * t.element_size() < min_bytes or not t.is_contiguous() or t.dim() == 0
-                or _saving.alive_anyway(t) or (t._base is not None and _saving.alive_anyway(t._base))):
+                or keeping.alive_anyway(t) or (t._base is not None and keeping.alive_anyway(t._base))):
             return passthrough(t)  # (a view of a leaf, e.g. a reshaped parameter, shares its storage)
         ptr = _ptr(t)
         if ptr in static or ptr in own:
@@ -139,10 +139,10 @@ def compress_saved(config: Optional[CompressionConfig] = None, *, model: Optiona
             return decompress(c)
         return outer_unpack(item) if outer_unpack is not None else item
 
-    token = _saving._own_saved.set(own)
+    token = keeping._own_saved.set(own)
     try:
         with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
             yield stats
     finally:
-        _saving._own_saved.reset(token)
+        keeping._own_saved.reset(token)
         cache.clear()

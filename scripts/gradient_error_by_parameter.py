@@ -16,7 +16,7 @@ import dgl_exact  # noqa: F401  (before dgl)
 from dgl_exact import ops
 from dgl_exact.config import CompressionConfig
 from dgl_exact.config import config as scope
-from dgl_exact.ops import _saving
+from dgl_exact.ops import keep as keeping
 from dgl_exact.planning import budget as B
 from dgl_exact.training.config import TrainConfig
 from dgl_exact.training.trainer import Trainer
@@ -55,12 +55,12 @@ def main():
                 return B.keep(x, c, B.FP, force)
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(1000 + draw)
-                return _saving.default_stash(x, B.OPTIONS[option], force)
+                return keeping.default_stash(x, B.OPTIONS[option], force)
 
         for p in params:
             p.grad = None
         torch.manual_seed(0)  # the same dropout masks every time
-        with scope(CompressionConfig(bits=2)), _saving.stash_hook(hook):
+        with scope(CompressionConfig(bits=2)), keeping.stash_hook(hook):
             ops.cross_entropy(model(tr.graph, tr.feat), tr.label[idx], idx).backward()
         return [p.grad.clone() for p in params]
 

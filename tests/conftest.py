@@ -77,19 +77,19 @@ def meta_cases() -> tuple:
 
 @pytest.fixture
 def kept_compressed(monkeypatch):
-    """The list of every compressed copy the ops keep from now on (``ops._saving.compress`` spied on), to
+    """The list of every compressed copy the ops keep from now on (``ops.keep.compress`` spied on), to
     rebuild expected gradients from the very same random rounding."""
-    from dgl_exact.ops import _saving
+    from dgl_exact.ops import keep as keeping
 
     kept = []
-    real = _saving.compress
+    real = keeping.compress
 
     def spy(x, cfg, seed=None):
         c = real(x, cfg, seed)
         kept.append(c)
         return c
 
-    monkeypatch.setattr(_saving, "compress", spy)
+    monkeypatch.setattr(keeping, "compress", spy)
     return kept
 
 

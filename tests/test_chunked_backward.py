@@ -6,8 +6,8 @@ import torch
 
 import dgl_exact
 from dgl_exact.compression import compress, decompress
-from dgl_exact.ops import _saving
-from dgl_exact.ops._saving import row_chunks
+from dgl_exact.ops import keep as keeping
+from dgl_exact.ops.keep import row_chunks
 
 
 def _cfg(**kw):
@@ -53,7 +53,7 @@ def test_row_chunks_dtypes_and_3d(dtype):
 @pytest.fixture
 def small_chunks(monkeypatch):
     """Chunks of a few rows, so the sizes below cross many chunk boundaries."""
-    real = _saving.row_chunks
+    real = keeping.row_chunks
     monkeypatch.setattr("dgl_exact.ops.dense.row_chunks", lambda item: real(item, 5 * 16))
 
 

@@ -223,12 +223,12 @@ def test_bilinear_ops_keep_compressed_operands(graphs):
 
 
 def test_u_mul_e_sum_general_path_compresses_features(graphs, monkeypatch):
-    from dgl_exact.ops import _saving
+    from dgl_exact.ops import keep as keeping
 
     g = graphs["homo"]
     made = []
-    real = _saving.compress
-    monkeypatch.setattr(_saving, "compress", lambda x, cfg: made.append(real(x, cfg)) or made[-1])
+    real = keeping.compress
+    monkeypatch.setattr(keeping, "compress", lambda x, cfg: made.append(real(x, cfg)) or made[-1])
     x = torch.randn(g.num_nodes(), 8, 4, requires_grad=True)
     e = torch.rand(g.num_edges(), 4, requires_grad=True)
     out = ops.u_mul_e_sum(g, x * 1.0, e, config=INT2)  # [E, 4] against [N, 8, 4]: the general path

@@ -11,7 +11,7 @@ from dgl_exact import CompressionConfig, ops
 from dgl_exact.compression import compress, decompress
 from dgl_exact.compression.projection import rademacher
 from dgl_exact.memory import measure
-from dgl_exact.ops._saving import stash
+from dgl_exact.ops.keep import stash
 from dgl_exact.training.config import TrainConfig
 from dgl_exact.training.models import build_model
 

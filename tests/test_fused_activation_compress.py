@@ -12,7 +12,7 @@ import torch
 import dgl_exact
 from dgl_exact import CompressionConfig, ops
 from dgl_exact.compression import CompressedTensor, decompress
-from dgl_exact.ops import _saving
+from dgl_exact.ops import keep as keeping
 
 INT2 = CompressionConfig(bits=2)
 
@@ -44,24 +44,24 @@ def test_the_next_stash_takes_the_offered_copy_once():
     x = torch.randn(20, 8, requires_grad=True)
     with dgl_exact.config(INT2):
         h = ops.relu_dropout(x, 0.5, True, compress_for=INT2)
-    offered = _saving.offered(h)
+    offered = keeping.offered(h)
     assert isinstance(offered, CompressedTensor) and offered.bits == 2
     assert torch.allclose(decompress(offered), h.detach(), atol=float(h.detach().abs().max()) / 2)  # INT2 of h
-    assert _saving.default_stash(h, INT2) is offered
-    second = _saving.default_stash(h, INT2)  # a second keeper compresses anew (independent noise)
+    assert keeping.default_stash(h, INT2) is offered
+    second = keeping.default_stash(h, INT2)  # a second keeper compresses anew (independent noise)
     assert isinstance(second, CompressedTensor) and second is not offered
 
 
 def test_no_copy_taken_under_another_config_or_after_an_inplace_change():
     x = torch.randn(20, 8, requires_grad=True)
     h = ops.relu_dropout(x, 0.0, True, compress_for=INT2)
-    assert _saving.take_offered(h, CompressionConfig(bits=4)) is None
-    assert _saving.take_offered(h, INT2.replace(block_rows=4)) is None
+    assert keeping.take_offered(h, CompressionConfig(bits=4)) is None
+    assert keeping.take_offered(h, INT2.replace(block_rows=4)) is None
     h2 = h * 1.0
-    assert _saving.take_offered(h2, INT2) is None  # another tensor
+    assert keeping.take_offered(h2, INT2) is None  # another tensor
     with torch.no_grad():
         h.mul_(2.0)
-    assert _saving.take_offered(h, INT2) is None  # changed in place since the copy was made
+    assert keeping.take_offered(h, INT2) is None  # changed in place since the copy was made
 
 
 @pytest.mark.parametrize("cfg", [CompressionConfig(enabled=False), CompressionConfig(bits=2, kept_frac=0.5),
@@ -69,7 +69,7 @@ def test_no_copy_taken_under_another_config_or_after_an_inplace_change():
 def test_not_fused_where_it_does_not_apply(cfg):
     x = torch.randn(20, 8, requires_grad=True)
     h = ops.relu_dropout(x, 0.5, True, compress_for=cfg)
-    assert _saving.offered(h) is None
+    assert keeping.offered(h) is None
     x.grad = None
     h.sum().backward()
     assert x.grad is not None
@@ -78,7 +78,7 @@ def test_not_fused_where_it_does_not_apply(cfg):
 def test_eval_and_no_grad_ignore_the_hint():
     x = torch.randn(5, 4)
     y = ops.relu_dropout(x, 0.5, False, compress_for=INT2)
-    assert torch.equal(y, torch.relu(x)) and _saving.offered(y) is None
+    assert torch.equal(y, torch.relu(x)) and keeping.offered(y) is None
 
 
 def _sage_model():
@@ -101,7 +101,7 @@ def test_sage_model_takes_every_fused_copy(monkeypatch):
     feat = torch.randn(50, 8)
     model = _sage_model().train()
     calls = {"fused": 0, "taken": 0}
-    fused, take = core.relu_dropout_compress, _saving.take_offered
+    fused, take = core.relu_dropout_compress, keeping.take_offered
 
     def count_fused(*a, **k):
         calls["fused"] += 1
@@ -113,7 +113,7 @@ def test_sage_model_takes_every_fused_copy(monkeypatch):
         return got
 
     monkeypatch.setattr("dgl_exact.ops.elementwise.relu_dropout_compress", count_fused)
-    monkeypatch.setattr(_saving, "take_offered", count_take)
+    monkeypatch.setattr(keeping, "take_offered", count_take)
     with dgl_exact.config(INT2):
         model(g, feat).sum().backward()
     assert calls == {"fused": 2, "taken": 2}  # layers 2 and 3 take their input from the fused op

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import dgl_exact
-from dgl_exact.ops import _saving, gcn2
+from dgl_exact.ops import keep as keeping, gcn2
 from dgl_exact.training import models
 from dgl_exact.training.models import build_model
 
@@ -26,14 +26,14 @@ def _graph(n, seed=0):
 @pytest.fixture
 def small_chunks(monkeypatch):
     """Row chunks of 5 rows of 7 columns and column chunks of 3 (CPU policy): tiny layers cross boundaries."""
-    monkeypatch.setattr(_saving, "CHUNK_ELEMENTS", 5 * 7)
+    monkeypatch.setattr(keeping, "CHUNK_ELEMENTS", 5 * 7)
     monkeypatch.setattr(gcn2, "COLUMN_CHUNK", 3)
 
 
 @pytest.fixture
 def exact_kept():
     """Every kept tensor exact (a copy where the op overwrites it), as a planner's fp32 slot keeps it."""
-    with _saving.stash_hook(lambda x, cfg, force: x.clone() if force else x):
+    with keeping.stash_hook(lambda x, cfg, force: x.clone() if force else x):
         yield
 
 
@@ -180,7 +180,7 @@ def test_int2_forward_exact_and_weight_gradients_unbiased():
     g = _graph(20)
     x, y = _data(20)
     model = _model("exact", 2, batch_norm=False)
-    with _saving.stash_hook(lambda t, cfg, force: t.clone() if force else t):
+    with keeping.stash_hook(lambda t, cfg, force: t.clone() if force else t):
         exact = _step(model, g, x, y)
     samples = {n: [] for n in exact[2]}
     for seed in range(200):
@@ -216,11 +216,11 @@ def test_kept_compressed_and_incoming_gradient_never_written():
     kept = []
 
     def hook(t, cfg, force):
-        item = _saving.default_stash(t, cfg, force)
+        item = keeping.default_stash(t, cfg, force)
         kept.append(item)
         return item
 
-    with _saving.stash_hook(hook):
+    with keeping.stash_hook(hook):
         out = gcn2.gcnii_layers(st, h0 * 1.0, [layer], head, None, layer.config)
     assert len(kept) == 2 and all(isinstance(k, dgl_exact.compression.CompressedTensor) for k in kept)
     gout = torch.randn(30, 3)
@@ -340,7 +340,7 @@ def test_cuda_equals_dgl_on_cpu(chunked, exact_kept, monkeypatch):
     and equals DGL's model on the CPU; ``chunked``: the GPU's chunk policy shrunk so that rows and columns
     are chunked there too."""
     if chunked:
-        monkeypatch.setattr(_saving, "CUDA_CHUNK_ELEMENTS", 5 * 7)
+        monkeypatch.setattr(keeping, "CUDA_CHUNK_ELEMENTS", 5 * 7)
         monkeypatch.setattr(gcn2, "COLUMN_CHUNK", 3)
     calls = _spy(monkeypatch)
     g = _graph(40)

@@ -202,11 +202,11 @@ def test_gcn2_fused_mix(n, bias, with_ew, dtype, monkeypatch):
     the gradients of h, h0 and the bias equal the unfused ones (no activation involved), and the weight
     gradient is beta * s_hat^T g from the kept copy."""
     from dgl_exact.nn.conv import gcn2conv
-    from dgl_exact.ops import _saving
+    from dgl_exact.ops import keep as keeping
 
     kept = []
-    real = _saving.compress
-    monkeypatch.setattr(_saving, "compress", lambda x, cfg, seed=None: kept.append(real(x, cfg, seed)) or kept[-1])
+    real = keeping.compress
+    monkeypatch.setattr(keeping, "compress", lambda x, cfg, seed=None: kept.append(real(x, cfg, seed)) or kept[-1])
     g = _graph(n)
     torch.manual_seed(n)
     conv = dgl_exact.GCN2Conv(6, 2, alpha=0.3, bias=bias).to(dtype)
@@ -230,7 +230,7 @@ def test_gcn2_fused_mix(n, bias, with_ew, dtype, monkeypatch):
     assert torch.equal(outs[0], outs[1])
     for i, (a, b) in enumerate(zip(*grads)):
         if params[i] is conv.weight1:
-            s_hat = _saving.decompress(kept[-1]).to(dtype)
+            s_hat = keeping.decompress(kept[-1]).to(dtype)
             torch.testing.assert_close(a.float(), (conv.beta * s_hat.float().t() @ w.float()),
                                        rtol=2e-2 if dtype != torch.float32 else 1e-5, atol=1e-2 if
                                        dtype != torch.float32 else 1e-5)

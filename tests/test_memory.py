@@ -114,11 +114,11 @@ def test_int1_below_int2(measured):
 ], ids=lambda c: c.describe().replace(" ", "-"))
 @pytest.mark.parametrize("shape", [(300, 48), (257, 33)], ids=["300x48", "257x33"])
 def test_linear_measures_exactly_its_compressed_input(cfg, shape, monkeypatch):
-    from dgl_exact.ops import _saving
+    from dgl_exact.ops import keep as keeping
 
     made = []
-    real = _saving.compress
-    monkeypatch.setattr(_saving, "compress", lambda x, c: made.append(real(x, c)) or made[-1])
+    real = keeping.compress
+    monkeypatch.setattr(keeping, "compress", lambda x, c: made.append(real(x, c)) or made[-1])
     lin = dgl_exact.nn.Linear(shape[1], 16, compression=cfg)
     base = torch.randn(*shape, requires_grad=True)
     h = base * 2.0  # a hidden activation: has a grad_fn, nobody else keeps it

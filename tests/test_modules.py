@@ -726,7 +726,7 @@ AMP_CASES = ["gcn-both-in>out", "gcn-both-in<=out", "gcn-ew-both-in>out", "sage-
 
 @pytest.mark.parametrize("cid", AMP_CASES)
 def test_autocast_bf16(cid, graphs, kernel_path, monkeypatch):
-    from dgl_exact.ops import _saving
+    from dgl_exact.ops import keep as keeping
 
     case = CASE_BY_ID[cid]
     g = graphs["graph"]
@@ -736,14 +736,14 @@ def test_autocast_bf16(cid, graphs, kernel_path, monkeypatch):
     with torch.no_grad():
         ref_out = forward(case, ref, g, inp)
     compressed = []
-    real_compress = _saving.compress
+    real_compress = keeping.compress
 
     def recording_compress(x, cfg):
         c = real_compress(x, cfg)
         compressed.append(c)
         return c
 
-    monkeypatch.setattr(_saving, "compress", recording_compress)
+    monkeypatch.setattr(keeping, "compress", recording_compress)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         outs = forward(case, ex, g, inp, hidden=True)
         loss = loss_of([o.float() for o in outs])
@@ -883,11 +883,11 @@ def test_bad_compression_type(make):
 # configuration resolution and the graph structure cache
 # ---------------------------------------------------------------------------------------------------
 def test_module_follows_config_scope_and_eval_compresses_nothing(graphs, monkeypatch):
-    from dgl_exact.ops import _saving
+    from dgl_exact.ops import keep as keeping
 
     seen = []
-    real = _saving.compress
-    monkeypatch.setattr(_saving, "compress", lambda x, cfg: seen.append(cfg) or real(x, cfg))
+    real = keeping.compress
+    monkeypatch.setattr(keeping, "compress", lambda x, cfg: seen.append(cfg) or real(x, cfg))
     g = graphs["graph"]
     conv = dgl_exact.GraphConv(6, 9, activation=F.elu)  # in <= out: the product keeps a fresh aggregate
     x = torch.randn(g.num_nodes(), 6, requires_grad=True)

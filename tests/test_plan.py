@@ -172,7 +172,7 @@ def test_budget_plan_fits_and_refuses_with_what_would_fit():
 def test_budget_plan_hook_applies_the_choice():
     """Inside ``plan.active()`` each kept activation is compressed with its slot's option."""
     from dgl_exact.compression import CompressedTensor
-    from dgl_exact.ops import _saving
+    from dgl_exact.ops import keep as keeping
 
     spec = P.PlanSpec(model="sage", nodes=400, edges=2000, features=16, classes=3, hidden=16, layers=3)
     plan = B.budget_plan(spec, 10 * 2**30, replicas=1, sample_nodes=200)  # room for everything: every slot exact
@@ -181,19 +181,19 @@ def test_budget_plan_hook_applies_the_choice():
     g, feat, y, idx = P._sample_graph(spec, spec.nodes, spec.edges, 1)
     model = P.build_for(spec)
     kept = []
-    orig = _saving.default_stash
+    orig = keeping.default_stash
 
     def spy(x, cfg, force=False):
         out = orig(x, cfg, force)
         kept.append(out)
         return out
 
-    _saving.default_stash = spy
+    keeping.default_stash = spy
     try:
         with plan.active():
             P.loss_fn("exact")(model(g, feat), y, idx).backward()
     finally:
-        _saving.default_stash = orig
+        keeping.default_stash = orig
     first = kept[plan.slots[0].index]
     assert isinstance(first, CompressedTensor) and first.bits == 1
     assert all(isinstance(kept[s.index], torch.Tensor) for s in plan.slots[1:])
@@ -204,7 +204,7 @@ def test_exact_slots_survive_in_place_ops():
     a slot kept exact under an INT2 scope (the fp32 reference of ``bench budget``, a plan's fp32 slot) must be a
     copy, and its gradient the exact one."""
     from dgl_exact.config import CompressionConfig, config
-    from dgl_exact.ops import _saving
+    from dgl_exact.ops import keep as keeping
     from dgl_exact.planning.accuracy import gradient_variance
 
     # 9,000 x 128 spans more than one CPU row chunk: linear_reusing takes its in-place path
@@ -215,15 +215,15 @@ def test_exact_slots_survive_in_place_ops():
 
     def grads(hook, scope):
         model = P.build_for(spec, seed=3)
-        with _saving.stash_hook(hook), config(scope):
+        with keeping.stash_hook(hook), config(scope):
             P.loss_fn("exact")(model(g, feat), y, idx).backward()
         return torch.cat([p.grad.flatten() for p in model.parameters()])
 
-    exact = grads(lambda x, c, f: _saving.default_stash(x, B.FP, f), B.FP)
+    exact = grads(lambda x, c, f: keeping.default_stash(x, B.FP, f), B.FP)
     kept_exact = grads(lambda x, c, f: B.keep(x, c, B.FP, f), int2)
     assert torch.allclose(kept_exact, exact, rtol=1e-4, atol=1e-6)
     v = gradient_variance(lambda: P.build_for(spec, seed=3), (g, feat, y, idx),
-                          lambda: (lambda x, c, f: _saving.default_stash(x, c, f)), draws=1, scope=int2)
+                          lambda: (lambda x, c, f: keeping.default_stash(x, c, f)), draws=1, scope=int2)
     assert v > 0
 
 
@@ -234,7 +234,7 @@ def test_a_plan_applied_to_another_forward_raises_and_its_scope_matches():
     under ``plan.active()`` (which enters the recorded scope) and in the variance probe under
     ``plan.scope``, every kept activation matches its slot."""
     from dgl_exact.config import config
-    from dgl_exact.ops import _saving
+    from dgl_exact.ops import keep as keeping
     from dgl_exact.planning.accuracy import gradient_variances
 
     spec = P.PlanSpec(model="gat", nodes=400, edges=2400, features=16, classes=3, hidden=8, layers=2, heads=2)
@@ -243,22 +243,22 @@ def test_a_plan_applied_to_another_forward_raises_and_its_scope_matches():
     g, feat, y, idx = P._sample_graph(spec, spec.nodes, spec.edges, 1)
     model = P.build_for(spec)
     shapes = []
-    orig = _saving.default_stash
+    orig = keeping.default_stash
 
     def spy(x, cfg, force=False):
         shapes.append(tuple(x.shape))
         return orig(x, cfg, force)
 
-    _saving.default_stash = spy
+    keeping.default_stash = spy
     try:
         with config(B.FP), plan.active():  # a caller's exact scope outside: the plan's own scope wins
             P.loss_fn("exact")(model(g, feat), y, idx).backward()
     finally:
-        _saving.default_stash = orig
+        keeping.default_stash = orig
     assert len(shapes) == plan.calls
     for s in plan.slots:
         assert shapes[s.index][1:] == s.shape[1:]
-    with config(B.FP), _saving.stash_hook(plan.hook()):  # the plan's hook under the exact scope: one copy fewer
+    with config(B.FP), keeping.stash_hook(plan.hook()):  # the plan's hook under the exact scope: one copy fewer
         with pytest.raises(B.PlanMismatchError, match="recorded under"):
             model(g, feat)
     data = (g, feat, y, idx)

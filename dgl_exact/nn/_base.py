@@ -91,11 +91,13 @@ def plain_linear(layer: nn.Module) -> bool:
 
 
 def into(buf: torch.Tensor, op: str, other) -> torch.Tensor:
-    """``buf <op> other`` (``op``: 'add' or 'mul') written into ``buf`` when the caller owns ``buf`` (a fresh
-    layer-sized temporary no autograd node keeps and no caller sees) and the result has ``buf``'s dtype and
-    shape; else out of place. Same values as the out-of-place op (same operands, same order): an in-place
-    elementwise op saves nothing autograd did not save for the out-of-place one (a scalar or a tensor
-    factor that needs no gradient), so gradients are unchanged too. Cuts one layer-sized buffer per op."""
+    """``buf <op> other`` (``op``: 'add' or 'mul') written into ``buf``, which the caller owns (rule 2 of
+    :mod:`dgl_exact.ops.keep`: the caller's forward allocated it through an op that keeps no reference to
+    its output, and nothing else reads it; the caller states it by calling ``into``), where the result has
+    ``buf``'s dtype and shape; else out of place. Same values as the out-of-place op (same operands, same
+    order): an in-place elementwise op saves nothing autograd did not save for the out-of-place one (a
+    scalar or a tensor factor that needs no gradient), so gradients are unchanged too. Cuts one
+    layer-sized buffer per op."""
     if compiling():  # the compiler plans buffers itself (and dynamo cannot trace torch.result_type)
         return torch.add(buf, other) if op == "add" else torch.mul(buf, other)
     if isinstance(other, torch.Tensor):
@@ -103,15 +105,15 @@ def into(buf: torch.Tensor, op: str, other) -> torch.Tensor:
                 and torch.broadcast_shapes(buf.shape, other.shape) == buf.shape)
     else:
         fits = torch.result_type(buf, other) == buf.dtype
-    if not fits or buf._base is not None:  # views of a custom Function's output refuse in-place ops
+    if not fits or buf._base is not None:  # torch refuses in-place ops on views of a custom Function's output
         return torch.add(buf, other) if op == "add" else torch.mul(buf, other)
     return buf.add_(other) if op == "add" else buf.mul_(other)
 
 
 def kept_by_reference(x: torch.Tensor, config: CompressionConfig) -> bool:
     """Whether an op that keeps ``x`` for backward would keep ``x`` itself (not a compressed or projected
-    copy): then ``x`` must not be overwritten afterwards. Mirrors :func:`dgl_exact.ops._saving.stash`."""
-    from ..ops._saving import alive_anyway
+    copy): then ``x`` must not be overwritten afterwards. Mirrors :func:`dgl_exact.ops.keep.stash`."""
+    from ..ops.keep import alive_anyway
 
     return torch.is_grad_enabled() and ((not config.enabled and config.kept_frac >= 1.0) or alive_anyway(x))
 

@@ -40,8 +40,8 @@ import torch.nn.functional as F
 from .._compat import compiling
 from ..config import CompressionConfig, resolve_config
 from ..compression import CompressedTensor
-from ._saving import (autocast_dtype, check_double_backward, create_graph_requested, fresh_outputs, load,
-                      needs_chunks, needs_saving, recompute_vjp, row_chunks, save, stash, unstash)
+from .keep import (autocast_dtype, check_double_backward, create_graph_requested, fresh_outputs, load_kept,
+                   needs_chunks, needs_saving, recompute_vjp, row_chunks, save_kept, stash, unstash)
 
 __all__ = ["layer_norm", "gelu", "silu", "prelu", "softmax", "log_softmax"]
 
@@ -82,12 +82,12 @@ class _LayerNorm(torch.autograd.Function):
     def forward(ctx, x, normalized_shape, weight, bias, eps, cfg):
         y, mean, rstd = torch.ops.aten.native_layer_norm(x, list(normalized_shape), weight, bias, eps)
         ctx.shape, ctx.eps = tuple(normalized_shape), eps
-        save(ctx, stash(x, _kept_cfg(cfg)), mean, rstd, weight, bias)
+        save_kept(ctx, stash(x, _kept_cfg(cfg)), mean, rstd, weight, bias)
         return y
 
     @staticmethod
     def backward(ctx, grad):
-        x_s, mean, rstd, weight, bias = load(ctx)
+        x_s, mean, rstd, weight, bias = load_kept(ctx)
         needs = ctx.needs_input_grad
         if create_graph_requested():
             gx, gw, gb = _double_backward(
@@ -136,12 +136,12 @@ class _GELU(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, approximate, cfg):
         ctx.approximate = approximate
-        save(ctx, stash(x, _kept_cfg(cfg)))
+        save_kept(ctx, stash(x, _kept_cfg(cfg)))
         return F.gelu(x, approximate=approximate)
 
     @staticmethod
     def backward(ctx, grad):
-        (x_s,) = load(ctx)
+        (x_s,) = load_kept(ctx)
         if create_graph_requested():
             (gx,) = _double_backward("gelu", (x_s,), lambda x: F.gelu(x, approximate=ctx.approximate), [x_s],
                                      [True], [grad])
@@ -163,12 +163,12 @@ def gelu(x: torch.Tensor, approximate: str = "none", config: Optional[Compressio
 class _SiLU(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, cfg):
-        save(ctx, stash(x, _kept_cfg(cfg)))
+        save_kept(ctx, stash(x, _kept_cfg(cfg)))
         return F.silu(x)
 
     @staticmethod
     def backward(ctx, grad):
-        (x_s,) = load(ctx)
+        (x_s,) = load_kept(ctx)
         if create_graph_requested():
             (gx,) = _double_backward("silu", (x_s,), F.silu, [x_s], [True], [grad])
             return gx, None
@@ -199,14 +199,14 @@ class _PReLU(torch.autograd.Function):
         ctx.weight_shape = weight.shape
         # the weight gradient reads x only where x <= 0; the input gradient only the sign
         keep_x = stash(x, _kept_cfg(cfg)) if ctx.needs_input_grad[1] else None
-        save(ctx, _kernel_for("pack_mask", x)(pos), keep_x, weight)
+        save_kept(ctx, _kernel_for("pack_mask", x)(pos), keep_x, weight)
         return y
 
     @staticmethod
     def backward(ctx, grad):
         from .elementwise import _mask_like
 
-        packed, x_s, weight = load(ctx)
+        packed, x_s, weight = load_kept(ctx)
         needs = ctx.needs_input_grad
         if create_graph_requested():
             gx, gw = _double_backward("prelu", (x_s,), F.prelu, [x_s, weight], [needs[0], needs[1]], [grad])
@@ -241,12 +241,12 @@ class _Softmax(torch.autograd.Function):
     def forward(ctx, x, dim, cfg):
         y = F.softmax(x, dim)
         ctx.dim = dim
-        save(ctx, stash(y, _kept_cfg(cfg), force=True))  # a fresh output: compress it
+        save_kept(ctx, stash(y, _kept_cfg(cfg), force=True))  # a fresh output: compress it
         return y
 
     @staticmethod
     def backward(ctx, grad):
-        (y_s,) = load(ctx)
+        (y_s,) = load_kept(ctx)
         if create_graph_requested():
             check_double_backward("softmax", y_s)
             gy = grad * y_s  # the output itself: differentiable
@@ -274,12 +274,12 @@ class _LogSoftmax(torch.autograd.Function):
         else:
             kept = y
         ctx.kept_output = not cfg.enabled
-        save(ctx, kept)
+        save_kept(ctx, kept)
         return y
 
     @staticmethod
     def backward(ctx, grad):
-        (k_s,) = load(ctx)
+        (k_s,) = load_kept(ctx)
         if create_graph_requested():
             check_double_backward("log_softmax", k_s)
             p = k_s.exp()  # the output itself: differentiable

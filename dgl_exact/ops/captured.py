@@ -214,11 +214,11 @@ def _no_autocast():
 
 def _run_forward(call: _Call, tensors, seeds: List[int]):
     """The Function's forward under a stand-in ctx, with the trace-time 'kept by reference' decisions."""
-    from . import _saving
+    from . import keep as keeping
 
     ctx = _Ctx(call.needs)
     alive = {id(t) for t, m in zip(tensors, call.metas) if t is not None and m[4]}
-    with torch.no_grad(), _no_autocast(), _saving.alive_override(alive):
+    with torch.no_grad(), _no_autocast(), keeping.alive_override(alive):
         out = call.fn.forward(ctx, *_resolve_args(call, tensors, seeds))
     return ctx, out
 
@@ -436,7 +436,7 @@ def apply(name: str, *args):
             statics.append(("seed",))
         else:
             statics.append(_static(a))
-    from ._saving import captured_alive
+    from .keep import captured_alive
 
     metas = tuple((tuple(t.shape), t.dtype, t.device, t.requires_grad and torch.is_grad_enabled(),
                    captured_alive(t)) for t in tensors)
@@ -444,7 +444,7 @@ def apply(name: str, *args):
     key = _call_key(name, tuple(statics), metas, dups)
     outs = torch.ops.dgl_exact_capture.forward(key, tensors)
     n_out, single = _outputs(key)
-    # views: dynamo lets a view, not an element of the op's output list, carry the 'fresh' mark (_saving)
+    # views: dynamo lets a view, not an element of the op's output list, carry the 'fresh' mark (keeping)
     outs = [o.view(o.shape) for o in outs[:n_out]]
     return outs[0] if single else tuple(outs)
 

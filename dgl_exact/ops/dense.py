@@ -16,9 +16,9 @@ import torch.nn.functional as F
 from ..config import CompressionConfig, resolve_config
 from ..compression import CompressedTensor
 from . import captured
-from ._saving import (alive_anyway, fresh_outputs, autocast_dtype, check_double_backward, chunk_elements_for,
-                      chunk_rows, create_graph_requested, load, needs_chunks, needs_saving, recompute_vjp, row_chunks,
-                      save, stash, unstash)
+from .keep import (alive_anyway, fresh_outputs, autocast_dtype, check_double_backward, chunk_elements_for, chunk_rows,
+                   create_graph_requested, load_kept, needs_chunks, needs_saving, recompute_vjp, row_chunks, save_kept,
+                   stash, unstash)
 
 __all__ = ["linear", "linear_reusing", "batch_norm"]
 
@@ -30,13 +30,13 @@ class _Linear(torch.autograd.Function):
         # ``kept``: the tensor backward reads x from (``x`` before an autocast cast; backward casts it again)
         out = F.linear(x, weight, bias)
         ctx.has_bias = bias is not None
-        save(ctx, stash(x if kept is None else kept, cfg) if ctx.needs_input_grad[1] else None,
+        save_kept(ctx, stash(x if kept is None else kept, cfg) if ctx.needs_input_grad[1] else None,
              weight if ctx.needs_input_grad[0] else None)
         return out
 
     @staticmethod
     def backward(ctx, grad):
-        x_s, weight = load(ctx)
+        x_s, weight = load_kept(ctx)
         if create_graph_requested():  # the products below are differentiable when x is kept exactly
             check_double_backward("linear", x_s)
         gx = gw = gb = None
@@ -91,7 +91,7 @@ class _LinearInPlace(torch.autograd.Function):
             part.copy_(F.linear(part, weight, bias))
         ctx.mark_dirty(x)
         ctx.has_bias = bias is not None
-        save(ctx, kept, weight if ctx.needs_input_grad[0] else None)
+        save_kept(ctx, kept, weight if ctx.needs_input_grad[0] else None)
         return x
 
     backward = _Linear.backward
@@ -134,12 +134,12 @@ class _BatchNorm(torch.autograd.Function):
                                                             momentum, eps)
         ctx.training, ctx.eps = training, eps
         stats = (save_mean, save_invstd) if training else (running_mean.to(cdt), running_var.to(cdt))
-        save(ctx, stash(x, cfg.replace(kept_frac=1.0)), *stats, weight)
+        save_kept(ctx, stash(x, cfg.replace(kept_frac=1.0)), *stats, weight)
         return y.to(x.dtype)
 
     @staticmethod
     def backward(ctx, grad):
-        x_s, stat_a, stat_b, weight = load(ctx)
+        x_s, stat_a, stat_b, weight = load_kept(ctx)
         cdt = stat_a.dtype
         if create_graph_requested():
             check_double_backward("batch_norm", x_s)

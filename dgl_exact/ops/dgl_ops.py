@@ -34,8 +34,8 @@ from typing import Optional
 import torch
 
 from ..config import CompressionConfig, resolve_config
-from ._saving import (check_double_backward, create_graph_requested, fresh_outputs, load, needs_saving, save, stash,
-                      unstash)
+from .keep import (check_double_backward, create_graph_requested, fresh_outputs, load_kept, needs_saving, save_kept,
+                   stash, unstash)
 from . import graph as _graph
 from .structure import structure_of
 
@@ -65,12 +65,12 @@ class _Bilinear(torch.autograd.Function):
         ctx.fn, ctx.name = fn, name
         ctx.meta = [(t.shape, t.dtype, t.device) for t in (a, b)]
         need_a, need_b = ctx.needs_input_grad[2], ctx.needs_input_grad[3]
-        save(ctx, stash(a, cfg) if need_b else None, (b if exact_b else stash(b, cfg)) if need_a else None)
+        save_kept(ctx, stash(a, cfg) if need_b else None, (b if exact_b else stash(b, cfg)) if need_a else None)
         return out
 
     @staticmethod
     def backward(ctx, grad):
-        kept = load(ctx)
+        kept = load_kept(ctx)
         needs = ctx.needs_input_grad[2:4]
         create = create_graph_requested()
         if create:

@@ -30,8 +30,8 @@ from .._compat import compiling
 from ..compression import draw_seed, fuses_with_activation, relu_dropout_compress
 from ..config import CompressionConfig, resolve_config
 from . import captured
-from ._saving import (check_double_backward, create_graph_requested, fresh_outputs, load, needs_saving,
-                      offer_compressed, save, stash, stash_hook_active, unstash)
+from .keep import (check_double_backward, create_graph_requested, fresh_outputs, load_kept, needs_saving,
+                   offer_compressed, save_kept, stash, stash_hook_active, unstash)
 
 __all__ = ["relu", "leaky_relu", "elu", "dropout", "relu_dropout"]
 
@@ -54,12 +54,12 @@ class _ReLUDropout(torch.autograd.Function):
             y, packed, kept = relu_dropout_compress(x.contiguous(), p, seed, compress_for)
             offer_compressed(y, compress_for, kept)
         ctx.scale = 1.0 / (1.0 - p) if p > 0 else 1.0
-        save(ctx, packed)
+        save_kept(ctx, packed)
         return y
 
     @staticmethod
     def backward(ctx, grad):
-        (packed,) = load(ctx)
+        (packed,) = load_kept(ctx)
         if create_graph_requested():  # differentiable in grad (relu'' = 0)
             return grad * (_mask_like(packed, grad).to(grad.dtype) * ctx.scale), None, None, None
         return _kernel_for("masked_scale", grad)(grad.contiguous(), packed, ctx.scale, 0.0), None, None, None
@@ -77,7 +77,7 @@ def relu_dropout(x: torch.Tensor, p: float = 0.0, training: bool = True, *,
     ``compress_for``: the configuration under which the next op keeps this output for backward (a module's
     ``input_compression(x)``, e.g. SAGEConv's ``fc_self``). Where it quantises without projection, the
     output's compressed copy comes from the same pass over ``x`` (kernel ``relu_dropout_compress``) and the
-    next op's stash takes it instead of reading the output again (``_saving.offer_compressed``): the same
+    next op's stash takes it instead of reading the output again (``keeping.offer_compressed``): the same
     values and the same compression, drawn here instead of there. Ignored while compiling and under a
     planner's stash hook (which chooses the kept compression itself)."""
     _check_p(p)
@@ -105,12 +105,12 @@ class _LeakyReLU(torch.autograd.Function):
     def forward(ctx, x, slope: float):
         mask = x > 0
         ctx.slope = slope
-        save(ctx, _kernel_for("pack_mask", x)(mask))
+        save_kept(ctx, _kernel_for("pack_mask", x)(mask))
         return torch.where(mask, x, x * slope)
 
     @staticmethod
     def backward(ctx, grad):
-        (packed,) = load(ctx)
+        (packed,) = load_kept(ctx)
         if create_graph_requested():
             return torch.where(_mask_like(packed, grad), grad, grad * ctx.slope), None
         return _kernel_for("masked_scale", grad)(grad.contiguous(), packed, 1.0, ctx.slope), None
@@ -132,12 +132,12 @@ class _ELU(torch.autograd.Function):
         mask = x > 0
         ctx.alpha = alpha
         # the output is a fresh tensor nobody else keeps: compress it (no projection: not linear)
-        save(ctx, _kernel_for("pack_mask", x)(mask), stash(y, cfg.replace(kept_frac=1.0), force=True))
+        save_kept(ctx, _kernel_for("pack_mask", x)(mask), stash(y, cfg.replace(kept_frac=1.0), force=True))
         return y
 
     @staticmethod
     def backward(ctx, grad):
-        packed, y_s = load(ctx)
+        packed, y_s = load_kept(ctx)
         if create_graph_requested():  # exact when y is the output itself (kept uncompressed)
             check_double_backward("elu", y_s)
         y = unstash(y_s).to(grad.dtype)

@@ -45,8 +45,8 @@ import torch.nn.functional as F
 from .. import kernels
 from ..compression import draw_seed
 from ..config import CompressionConfig
-from ._saving import (DOUBLE_BACKWARD_MESSAGE, chunk_elements_for, chunk_rows, create_graph_requested, load,
-                      row_chunks, save, stash)
+from .keep import (DOUBLE_BACKWARD_MESSAGE, chunk_elements_for, chunk_rows, create_graph_requested, load_kept,
+                   row_chunks, save_kept, stash)
 
 __all__ = ["BatchNormArgs", "GCN2Layer", "GCN2Step", "degree_norm", "gcnii_layers"]
 
@@ -259,14 +259,14 @@ class _GCNIIStack(torch.autograd.Function):
         kept_head = stash(x, head_cfg, force=True) if needs[2] else None
         del x
         ctx.st, ctx.records, ctx.has_head_bias = st, records, head_b is not None
-        save(ctx, norm, head_w, kept_head, *kept)
+        save_kept(ctx, norm, head_w, kept_head, *kept)
         return logits
 
     @staticmethod
     def backward(ctx, grad):
         if create_graph_requested():
             raise RuntimeError(DOUBLE_BACKWARD_MESSAGE.format(op="the fused GCNII stack"))
-        norm, head_w, kept_head, *kept = load(ctx)
+        norm, head_w, kept_head, *kept = load_kept(ctx)
         needs = ctx.needs_input_grad
         records = ctx.records
         g_head_w = g_head_b = None

@@ -34,8 +34,8 @@ from ..compression import draw_seed
 from ..config import CompressionConfig, resolve_config
 from .. import kernels
 from ..kernels import reference as kernel_reference
-from ._saving import (check_double_backward, create_graph_requested, fresh_outputs, load, needs_saving,
-                      recompute_vjp, row_chunks, save, stash, unstash)
+from .keep import (check_double_backward, create_graph_requested, fresh_outputs, load_kept, needs_saving, recompute_vjp,
+                   row_chunks, save_kept, stash, unstash)
 from .structure import GraphStructure, edge_softmax_forward, structure_of
 from . import captured
 
@@ -176,12 +176,12 @@ class _UMulESum(torch.autograd.Function):
         # stash x itself, not the view x3: views made inside forward have no grad_fn and would pass for
         # tensors alive anyway (kept uncompressed, by reference). The edge values are kept exactly, by
         # reference (the input itself: double backward differentiates through it).
-        save(ctx, stash(x, cfg) if ctx.needs_input_grad[1] else None, w if ctx.needs_input_grad[0] else None)
+        save_kept(ctx, stash(x, cfg) if ctx.needs_input_grad[1] else None, w if ctx.needs_input_grad[0] else None)
         return _node_output(out, (st.num_dst,) + tuple(out_shape))
 
     @staticmethod
     def backward(ctx, grad):
-        x_s, w = load(ctx)
+        x_s, w = load_kept(ctx)
         st = ctx.st
         g = grad.contiguous().reshape(grad.shape[0], ctx.heads, ctx.dim)
         gx = gw = None
@@ -229,12 +229,12 @@ class _CopyUMinMax(torch.autograd.Function):
     def forward(ctx, x, st: GraphStructure, reduce: str):
         out, arg = st.aggregate_minmax(_as3(x), reduce)
         ctx.st, ctx.xshape = st, x.shape
-        save(ctx, _narrow_index(arg, st.num_src))
+        save_kept(ctx, _narrow_index(arg, st.num_src))
         return out.view((st.num_dst,) + tuple(x.shape[1:]))
 
     @staticmethod
     def backward(ctx, grad):
-        (arg,) = load(ctx)
+        (arg,) = load_kept(ctx)
         st = ctx.st
         g = _as3(grad.contiguous())
         arg = arg.long()
@@ -308,12 +308,12 @@ class _EdgeSoftmax(torch.autograd.Function):
     def forward(ctx, e, st: GraphStructure, cfg: CompressionConfig, by: str = "dst"):
         s = _softmax_forward(st, e, by)
         ctx.st, ctx.by = st, by
-        save(ctx, stash(s, cfg, force=True) if cfg.enabled else s)
+        save_kept(ctx, stash(s, cfg, force=True) if cfg.enabled else s)
         return s
 
     @staticmethod
     def backward(ctx, grad):
-        (s,) = load(ctx)
+        (s,) = load_kept(ctx)
         if create_graph_requested():  # differentiable ops below; exact when s is the output itself
             check_double_backward("edge_softmax", s)
         s = unstash(s).to(grad.dtype)
@@ -431,12 +431,12 @@ class _GATAttention(torch.autograd.Function):
         second = cfg.enabled and (ctx.needs_input_grad[2] or (prefix and ctx.needs_input_grad[3]))
         # feat_dst is kept by reference (a view, no memory) when feat_src is exact: double backward needs it
         fd_kept = (feat_dst if isinstance(fs_kept, torch.Tensor) else None) if prefix else stash(feat_dst, cfg)
-        save(ctx, fs_kept, stash(feat_src, cfg) if second else None, fd_kept, el, er, attn_l, attn_r, ew)
+        save_kept(ctx, fs_kept, stash(feat_src, cfg) if second else None, fd_kept, el, er, attn_l, attn_r, ew)
         return out, a
 
     @staticmethod
     def backward(ctx, g_out, g_a):
-        fs_s, fs2_s, fd_s, el, er, attn_l, attn_r, ew = load(ctx)
+        fs_s, fs2_s, fd_s, el, er, attn_l, attn_r, ew = load_kept(ctx)
         st = ctx.st
         if create_graph_requested():
             check_double_backward("gat_attention", fs_s, fs2_s, fd_s)

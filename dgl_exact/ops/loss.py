@@ -13,7 +13,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from ._saving import create_graph_requested, load, needs_saving, recompute_vjp, save
+from .keep import create_graph_requested, load_kept, needs_saving, recompute_vjp, save_kept
 
 __all__ = ["cross_entropy", "binary_cross_entropy_with_logits"]
 
@@ -41,12 +41,12 @@ class _RowLoss(torch.autograd.Function):
     def forward(ctx, logits, target, index, weight, kind):
         z = _rows(logits, index)
         ctx.kind = kind
-        save(ctx, logits, target, index, weight)
+        save_kept(ctx, logits, target, index, weight)
         return _reduce(_row_losses(kind, z, target), weight).to(z.dtype)
 
     @staticmethod
     def backward(ctx, grad):
-        logits, target, index, weight = load(ctx)
+        logits, target, index, weight = load_kept(ctx)
         if create_graph_requested():
             kind = ctx.kind
 

@@ -31,8 +31,8 @@ import torch
 
 from ..compression import CompressedTensor
 from ..config import CompressionConfig, resolve_config
-from ._saving import (DOUBLE_BACKWARD_MESSAGE, autocast_dtype, chunk_elements_for, chunk_rows, create_graph_requested,
-                      fresh_outputs, load, needs_chunks, row_chunks, save, stash)
+from .keep import (DOUBLE_BACKWARD_MESSAGE, autocast_dtype, chunk_elements_for, chunk_rows, create_graph_requested,
+                   fresh_outputs, load_kept, needs_chunks, row_chunks, save_kept, stash)
 from .graph import _check_nodes
 from .structure import structure_of
 
@@ -110,13 +110,13 @@ class _SAGEMean(torch.autograd.Function):
         needs_x = ctx.needs_input_grad[1] or (ctx.lin_first and ctx.needs_input_grad[3])
         kept_x = stash(x, cfg) if needs_x else None
         ctx.st, ctx.has_bias = st, b_self is not None
-        save(ctx, kept_x, kept_s, w_self if ctx.needs_input_grad[0] else None,
+        save_kept(ctx, kept_x, kept_s, w_self if ctx.needs_input_grad[0] else None,
              w_neigh if ctx.needs_input_grad[0] else None)
         return out
 
     @staticmethod
     def backward(ctx, grad):
-        x_s, s_s, w_self, w_neigh = load(ctx)
+        x_s, s_s, w_self, w_neigh = load_kept(ctx)
         if create_graph_requested():
             # the aggregations below are not differentiable torch ops (a second-order gradient would miss
             # their terms silently): refused even where every kept tensor is exact

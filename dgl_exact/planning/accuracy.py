@@ -20,7 +20,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from ..config import CompressionConfig
-from ..ops import _saving
+from ..ops import keep as keeping
 from .budget import FP, BudgetPlan, budget_plan, keep, per_parameter_steps, relative_weights
 from .predict import plan as predict_plan
 from .predict import spec_from_graph
@@ -62,7 +62,7 @@ def gradient_variances(make_model: Callable[[], torch.nn.Module], data, make_hoo
         for p in params:
             p.grad = None
         torch.manual_seed(seed)
-        with _saving.stash_hook(hook), compression_scope(scope):
+        with keeping.stash_hook(hook), compression_scope(scope):
             loss = ops.cross_entropy(model(graph, feat), label, idx)
         loss.backward()
         return [(p.grad if p.grad is not None else torch.zeros_like(p)) for p in params]
@@ -86,7 +86,7 @@ def gradient_variance(make_model: Callable[[], torch.nn.Module], data, make_hook
 
 def _scope_hook():
     """The plain stash: the configuration the op derived from the scope in force."""
-    return lambda x, c, force: _saving.default_stash(x, c, force)
+    return lambda x, c, force: keeping.default_stash(x, c, force)
 
 
 def budget_comparison(dataset, base_config, runs: int = 10, budgets: Sequence[str] = ("INT2", "INT1"),

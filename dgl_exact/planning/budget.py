@@ -1,7 +1,7 @@
 """Spend the bits where they matter: a compression per kept activation that fits a memory budget and adds
 the least gradient variance (GACT's idea, Liu et al., ICML 2022, for full-graph GNNs).
 
-1. **Slots.** Every activation a training forward keeps goes through :func:`dgl_exact.ops._saving.stash`, in
+1. **Slots.** Every activation a training forward keeps goes through :func:`dgl_exact.ops.keep.stash`, in
    the same order every step; slot ``i`` is the ``i``-th call. Its full-size shape comes from the planner's
    sample runs (:mod:`.predict`), so its bytes under every option are exact
    (:func:`~dgl_exact.compression.compressed_nbytes`).
@@ -71,7 +71,7 @@ from .. import memory, ops
 from ..bench.settings import Setting, select
 from ..compression import compress, compressed_nbytes, decompress
 from ..config import CompressionConfig
-from ..ops import _saving
+from ..ops import keep as keeping
 from .predict import (SAMPLE_NODES, PlanRecord, PlanSpec, _extrapolate, build_for, combine, device_bytes,
                       extrapolated_points, samples_for, single_thread)
 
@@ -156,14 +156,14 @@ def _slots_from_runs(r1, r2, s1: float, s2: float) -> List[Slot]:
 
 def keep(x: torch.Tensor, op_cfg: CompressionConfig, kept: CompressionConfig, force: bool,
          stash: Optional[Callable] = None):
-    """``stash(x, kept, force)`` (default :func:`~dgl_exact.ops._saving.default_stash`) for an op that asked
+    """``stash(x, kept, force)`` (default :func:`~dgl_exact.ops.keep.default_stash`) for an op that asked
     for ``op_cfg``, with an exact copy of ``x`` where the plan keeps it exactly but the op may overwrite it.
 
     An op that compresses a tensor it owns (``force`` under an enabled ``op_cfg``) may then overwrite that
     tensor in place (``ops.linear_reusing`` in GCN's square layers, GCNII's fused step): it only needs the
     compressed copy. Kept by reference, the buffer would be overwritten before backward reads it (autograd
     refuses: "modified by an inplace operation"). The copy has the bytes an exact slot is planned with."""
-    stash = stash or _saving.default_stash
+    stash = stash or keeping.default_stash
     if force and op_cfg.enabled and not kept.enabled and kept.kept_frac >= 1.0:
         x = x.detach().clone()
     return stash(x, kept, force)
@@ -214,7 +214,7 @@ def estimate_sensitivity(model: torch.nn.Module, graph, feat, label, idx, slots:
         for p in params:
             p.grad = None
         torch.manual_seed(seed)  # the same dropout masks every time
-        with _saving.stash_hook(hook):
+        with keeping.stash_hook(hook):
             out = loss(model(graph, feat))
         out.backward()
         return [(p.grad if p.grad is not None else torch.zeros_like(p)) for p in params]
@@ -225,7 +225,7 @@ def estimate_sensitivity(model: torch.nn.Module, graph, feat, label, idx, slots:
         def hook(x, cfg, force):
             i = count[0]
             count[0] += 1
-            if i != target or _saving.alive_anyway(x) and not force:
+            if i != target or keeping.alive_anyway(x) and not force:
                 return keep(x, cfg, FP, force)
             slot = wanted[i]
             with torch.random.fork_rng(devices=[]):
@@ -239,7 +239,7 @@ def estimate_sensitivity(model: torch.nn.Module, graph, feat, label, idx, slots:
                             errors[i][name] = float(((decompress(compress(xd, c)).to(xd.dtype) - xd) ** 2).sum())
                         else:
                             errors[i][name] = 0.0
-                return _saving.default_stash(x, OPTIONS[probe], force)
+                return keeping.default_stash(x, OPTIONS[probe], force)
 
         return hook
 
@@ -616,7 +616,7 @@ class BudgetPlan:
                     "cfg.compression = plan.scope)")
             slot = by_index.get(i)
             if slot is None:  # kept by reference when planned (a leaf, or alive anyway)
-                return fallback(x, cfg, force) if fallback else _saving.default_stash(x, cfg, force)
+                return fallback(x, cfg, force) if fallback else keeping.default_stash(x, cfg, force)
             if tuple(x.shape[1:]) != tuple(slot.shape[1:]) or x.dim() != len(slot.shape):
                 count[0] = 0  # the next forward starts afresh
                 raise PlanMismatchError(
@@ -636,7 +636,7 @@ class BudgetPlan:
         compression in force when the slots were recorded)."""
         from ..config import config as compression_scope
 
-        with compression_scope(self.scope), _saving.stash_hook(self.hook()):
+        with compression_scope(self.scope), keeping.stash_hook(self.hook()):
             yield self
 
     def table(self) -> str:

@@ -45,7 +45,7 @@ from .._compat import import_dgl
 from ..bench.settings import STANDARD, Setting
 from ..compression import CompressedTensor
 from ..config import config as compression_scope
-from ..ops import _saving
+from ..ops import keep as keeping
 from ..ops.structure import cached_static_tensors
 
 dgl = import_dgl()
@@ -57,7 +57,7 @@ __all__ = ["PlanSpec", "PlanRecord", "SampleRun", "plan", "predict", "parse_byte
 DEFAULT_SETTINGS = tuple(s.name for s in STANDARD if s.impl == "exact")
 DEFAULT_HIDDEN = {"gcn": 256, "sage": 128, "gat": 128, "gcn2": 256}  # as dgl-exact bench
 SELF_LOOP_MODELS = ("gcn", "gat", "gcn2")
-# a multiple of 16 chunks x 64-row blocks: both samples run the same chunked loops (ops._saving.chunk_rows)
+# a multiple of 16 chunks x 64-row blocks: both samples run the same chunked loops (ops.keep.chunk_rows)
 SAMPLE_NODES = 3072
 
 
@@ -371,7 +371,7 @@ class _Timeline(TorchDispatchMode):
 
 @dataclasses.dataclass
 class StashRecord:
-    """One activation kept through :func:`dgl_exact.ops._saving.stash` during a recorded forward."""
+    """One activation kept through :func:`dgl_exact.ops.keep.stash` during a recorded forward."""
 
     index: int
     shape: tuple
@@ -436,7 +436,7 @@ def _stash_recorder(records: List[StashRecord], timeline: Optional["_Timeline"] 
     from ..config import get_config
 
     def hook(x, cfg, force):
-        kept = _saving.default_stash(x, cfg, force)
+        kept = keeping.default_stash(x, cfg, force)
         scope = get_config()
         if isinstance(kept, CompressedTensor):
             kind = "projected" if kept.raw is not None else "compressed"
@@ -472,12 +472,12 @@ def _track_life(record: StashRecord, kept: CompressedTensor, timeline: "_Timelin
 
 @contextlib.contextmanager
 def _chunking(scale: float, max_chunks: int):
-    tokens = (_saving._chunk_scale.set(scale), _saving._max_chunks.set(max_chunks))
+    tokens = (keeping._chunk_scale.set(scale), keeping._max_chunks.set(max_chunks))
     try:
         yield
     finally:
-        _saving._chunk_scale.reset(tokens[0])
-        _saving._max_chunks.reset(tokens[1])
+        keeping._chunk_scale.reset(tokens[0])
+        keeping._max_chunks.reset(tokens[1])
 
 
 #: chunked backward loops of a sample run: at most this many chunks per tensor (the full graph may run more,
@@ -502,7 +502,7 @@ class SampleGraph:
         if setting.compression:
             stack.enter_context(compression_scope(setting.compression))
         if self.gpu:
-            stack.enter_context(_saving.gpu_chunk_policy())
+            stack.enter_context(keeping.gpu_chunk_policy())
         stack.enter_context(_chunking(self.scale, MAX_SAMPLE_CHUNKS if self.scale < 1.0 else 0))
         return stack
 
@@ -562,7 +562,7 @@ class SampleGraph:
         recorder = _stash_recorder(stashes, timeline)
         with self._context(setting):
             with timeline:
-                with memory._saved_tensors() as saved, _saving.stash_hook(hook(recorder) if hook else recorder):
+                with memory._saved_tensors() as saved, keeping.stash_hook(hook(recorder) if hook else recorder):
                     result = forward()
                 act, _ = memory._activation_bytes(saved, [model], [self.feat, self.label, self.idx], result)
                 result[0].backward()

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from .. import nn as exact_nn
 from .. import ops
 from .._compat import import_dgl
-from ..ops._saving import donate
+from ..ops.keep import donate
 from ..nn.conv.gcn2conv import gcnii_stack
 
 dgl = import_dgl()

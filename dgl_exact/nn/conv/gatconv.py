@@ -11,7 +11,7 @@ from ..._compat import import_dgl
 from ... import ops
 from ...config import CompressionConfig
 from ..._compat import compiling
-from ...ops._saving import Donated, release, stash_hook_active
+from ...ops.keep import Donated, release, stash_hook_active
 from .. import paths as explain
 from .._base import (CompressedModuleMixin, apply_dropout, apply_linear, check_zero_in_degree,
                      compressed_activation, hooks_present, into, plain_dropout_p, plain_linear)

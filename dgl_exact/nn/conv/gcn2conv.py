@@ -8,8 +8,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..._compat import compiling, import_dgl
-from ...ops._saving import (DOUBLE_BACKWARD_MESSAGE, autocast_dtype, chunk_rows, create_graph_requested,
-                            load, needs_saving, row_chunks, save, stash)
+from ...ops.keep import (DOUBLE_BACKWARD_MESSAGE, autocast_dtype, chunk_rows, create_graph_requested, load_kept,
+                         needs_saving, row_chunks, save_kept, stash)
 from ... import ops
 from ...config import CompressionConfig
 from ...ops import captured
@@ -149,12 +149,12 @@ class _MixGCN2(torch.autograd.Function):
         del proj
         ctx.mark_dirty(h)
         ctx.alpha, ctx.beta, ctx.has_bias = alpha, beta, bias is not None
-        save(ctx, kept, weight1)
+        save_kept(ctx, kept, weight1)
         return h
 
     @staticmethod
     def backward(ctx, grad):
-        kept, weight1 = load(ctx)
+        kept, weight1 = load_kept(ctx)
         if create_graph_requested():  # only built with compression on
             raise RuntimeError(DOUBLE_BACKWARD_MESSAGE.format(op="GCN2Conv"))
         needs = ctx.needs_input_grad

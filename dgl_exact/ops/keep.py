@@ -1,17 +1,48 @@
-"""What an autograd function keeps for backward, and how.
+"""What dgl_exact's ops keep for backward, and who may overwrite or free a tensor: the ownership rules.
 
-``stash(x, cfg)`` decides how an activation is kept:
+Every op and module of dgl_exact follows these rules; code that relies on one cites it ("rule 2"). They
+are decided from what a call can see (a tensor's autograd history and class, the op's own allocations,
+the caller's explicit words), never from reference counts or from how a caller holds its variables.
 
-* a tensor without ``grad_fn`` (input features, parameters, constants) is alive anyway: keep it by
-  reference, at no cost; replacing it with a compressed copy would *add* memory. The exception is a
-  tensor one of dgl_exact's ops just produced without autograd (e.g. the neighbour mean of input
-  features that need no gradient): it is marked *fresh*, nobody else keeps it, so it is compressed;
-* with compression disabled, keep the tensor itself (as plain autograd would), unless a random
-  projection is configured: then keep the projected tensor unquantised (EXACT's ``--act_fp --kept_frac``);
-* otherwise keep a :class:`~dgl_exact.compression.CompressedTensor`.
+1. **Keeping.** An op keeps what its backward reads either as the tensor itself (by reference) or as a
+   compressed copy (:func:`stash`). By reference: a tensor without autograd history (``grad_fn`` None:
+   input features, parameters, constants), which is alive anyway, unless a dgl_exact op produced it
+   without autograd (:func:`fresh_outputs`, recorded in a weak registry: nobody else is known to keep it)
+   or it was donated (rule 5); and anything while compression is off (without projection), as plain
+   autograd keeps it. Otherwise a :class:`~dgl_exact.compression.CompressedTensor`.
+2. **Overwriting.** An op may write into a tensor's storage only if it allocated that storage itself
+   within the same autograd region (the same Function's forward, or its backward, or a fused region
+   that runs several layers as one Function: :func:`dgl_exact.ops.gcn2.gcnii_layers`), or the caller
+   handed it over explicitly: by calling an op documented to reuse its input (``ops.linear_reusing``:
+   "I allocated this in my forward and nothing reads it afterwards"), or by donation (rule 5). Data
+   (rule 1's "alive anyway") is never written. An incoming gradient in a Function's backward is never
+   written: autograd may share it (accumulation, hooks, ``retain_graph``); a fused region forms its
+   own buffer from it instead.
+3. **Kept, then overwritten.** An op that writes into a buffer after keeping it says so
+   (``stash(..., overwritten=True)``): where the buffer would be kept exactly (compression off, a
+   planner's fp32 choice), a copy is kept.
+4. **Version counters stay honest.** Writes into a tensor autograd knows go through ``mark_dirty`` or
+   in-place torch ops, so that a reference autograd saved elsewhere raises torch's "modified by an
+   inplace operation" error instead of computing with changed values.
+5. **Donation.** ``h = conv(g, dgl_exact.donate(h))`` gives ``h`` up: nothing reads it after the call, by
+   any name. The callee may then :func:`release` it (its memory goes back, any later use raises) once
+   it has kept what its backward needs compressed, instead of when the call returns. Donation is a
+   permission, never a request: the callee releases only where that cannot change what is computed or
+   seen (rule 7). A donated tensor is compressed where rule 1 would keep data by reference.
+6. **Offers.** An op that produced ``x`` may offer a compressed copy of ``x`` for the next op that keeps
+   ``x`` under the same configuration (:func:`offer_compressed`): matched by identity and version
+   counter, taken once (a weak registry; an unclaimed offer dies with ``x``).
+7. **Fast paths never change what a model computes.** A fused or in-place path runs only where it is
+   provably equivalent to the composed modules: training mode with grad, no forward, forward-pre,
+   backward or backward-pre hook on the modules involved nor a global one
+   (:func:`dgl_exact.nn._base.hooks_present`), no subclass overriding ``forward``, more than one row
+   under batch norm, outside torch.compile and autocast where the path does not cover them. Where double
+   backward would not be exact, the backward raises (:data:`DOUBLE_BACKWARD_MESSAGE`). Otherwise the
+   composed path runs; :func:`dgl_exact.explain` says which ran and why.
 
-``save(ctx, ...)`` / ``load(ctx)`` pass any mix of tensors, compressed tensors and ``None`` through
-``ctx.save_for_backward``, so saved-tensor hooks (memory meters, CPU offloading) see everything kept.
+``save_kept(ctx, ...)`` / ``load_kept(ctx)`` pass any mix of tensors, compressed tensors and ``None``
+through ``ctx.save_for_backward``, so saved-tensor hooks (memory meters, CPU offloading) see everything
+kept.
 
 Double backward (``torch.autograd.grad(..., create_graph=True)`` and then a backward through that
 gradient, e.g. a gradient penalty): inside a ``backward``, ``torch.is_grad_enabled()`` is True exactly
@@ -302,7 +333,7 @@ def row_chunks(item: Stashed, chunk_elements: Optional[int] = None):
 _own_saved: "contextvars.ContextVar[Optional[set]]" = contextvars.ContextVar("dgl_exact_own_saved", default=None)
 
 
-def save(ctx, *items: Stashed) -> None:
+def save_kept(ctx, *items: Stashed) -> None:
     tensors, layout = [], []
     for item in items:
         if item is None:
@@ -323,7 +354,7 @@ def save(ctx, *items: Stashed) -> None:
     ctx.kept_layout = layout
 
 
-def load(ctx) -> list:
+def load_kept(ctx) -> list:
     """The saved items, compressed ones still compressed (call :func:`unstash` to decode)."""
     tensors = iter(ctx.saved_tensors)
     out = []
