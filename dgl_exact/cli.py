@@ -452,7 +452,8 @@ def _bench_options(f):
     opts = [
         click.option("--dataset", default="synthetic-arxiv", show_default=True,
                      help="Graph to measure on (any dataset name; synthetic-arxiv is ogbn-arxiv-sized)."),
-        click.option("--models", default="sage,gcn", show_default=True, help="Comma-separated: gcn,sage,gat,gcn2."),
+        click.option("--models", default="sage,gcn", show_default=True,
+                     help="Comma-separated: gcn,sage,gat,gcn2, or user-sage,user-sage-donate (bench/user_models.py)."),
         click.option("--settings", default="", help="Comma-separated setting names (default: all standard ones)."),
         click.option("--hidden", type=click.IntRange(min=1), default=None,
                      help="Hidden size (default: 256 for GCN/GCNII, 128 otherwise)."),
@@ -494,9 +495,11 @@ def _bench_setup(dataset, models, settings, hidden, layers, device, data_root, b
         dev = resolve_device(device)
         chosen = select(settings, budgets=budgets)
         model_list = [m.strip() for m in models.split(",") if m.strip()]
-        bad = [m for m in model_list if m not in MODELS]
+        from .bench.user_models import USER_MODELS
+
+        bad = [m for m in model_list if m not in MODELS + USER_MODELS]
         if bad:
-            raise ValueError(f"unknown model(s) {', '.join(bad)}; choose from {', '.join(MODELS)}")
+            raise ValueError(f"unknown model(s) {', '.join(bad)}; choose from {', '.join(MODELS + USER_MODELS)}")
         if not settings:
             chosen = chosen + [PYG]
         ds = load_dataset(dataset, data_root)

@@ -20,12 +20,14 @@ from ..compression import compress, decompress
 from ..config import CompressionConfig
 from ..config import config as compression_scope
 from ..training.models import build_model
+from .user_models import USER_MODELS, build_user_model
 from .results import ResultSink
 from .settings import Setting
 
 dgl = import_dgl()
 
-DEFAULT_HIDDEN = {"gcn": 256, "sage": 128, "gat": 128, "gcn2": 256}  # gat: per head (3 heads concatenated)
+DEFAULT_HIDDEN = {"gcn": 256, "sage": 128, "gat": 128, "gcn2": 256, "user-sage": 128,
+                  "user-sage-donate": 128}  # gat: per head (3 heads concatenated)
 
 MEMORY_COLUMNS = ["model", "setting", "activation_MiB", "ratio_vs_baseline", "step_peak_MiB", "peak_ratio_vs_baseline",
                   "device"]
@@ -61,6 +63,9 @@ class Workload:
         if impl == "pyg":
             return _pyg_model(model, self.dataset.num_features, hidden, self.dataset.num_classes, self.layers,
                               self.dropout, self.batch_norm, self.graph_for(model), self.device)
+        if model in USER_MODELS:
+            return build_user_model(model, self.dataset.num_features, hidden, self.dataset.num_classes, self.layers,
+                                    self.dropout, self.batch_norm, impl).to(self.device)
         return build_model(model, self.dataset.num_features, self.dataset.num_classes, hidden=hidden,
                            layers=self.layers, dropout=self.dropout, batch_norm=self.batch_norm, heads=self.heads,
                            impl=impl).to(self.device)
@@ -73,7 +78,7 @@ class Workload:
 
         def step():
             logits = model(g, x)
-            if impl == "exact":
+            if impl == "exact" and model_name not in USER_MODELS:
                 loss = (ops.binary_cross_entropy_with_logits if multilabel else ops.cross_entropy)(logits, y, idx)
             else:
                 z = logits[idx]
