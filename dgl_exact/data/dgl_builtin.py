@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from .._compat import import_dgl
 from .base import DatasetFileError, DatasetNotFoundError, GraphDataset, missing_files, no_prompt
 from .cache import cache_verdict, check_dgl_header, resolve_unrecorded, writable, write_record
+from .pyg_layout import raw_sources
+from .validate import check_dataset
 
 __all__ = ["DGL_SPECS", "DglSpec", "check_dgl_dataset", "load_dgl_dataset", "dgl_raw_folder_name"]
 
@@ -122,13 +124,16 @@ def _download(spec: DglSpec, root: str) -> None:
 
 
 def _diagnose_raw(name: str, folder: str) -> None:
-    """Raise DatasetFileError naming the first unreadable raw file of ``folder``, if there is one."""
+    """Raise DatasetFileError naming the first unreadable or invalid raw file of ``folder``, if there is one
+    (the same validation as PyG's layout: DGL's own readers would coerce what they cannot use, e.g. a
+    ``"tr": null`` in ``role.json`` marks every node for training)."""
     from .pyg_layout import read_graphsaint, read_reddit
 
+    spec = DGL_SPECS[name]
     if name == "reddit":
-        read_reddit(name, folder)
+        read_reddit(name, folder, spec.num_classes)
     else:
-        read_graphsaint(name, folder, DGL_SPECS[name].multilabel)
+        read_graphsaint(name, folder, spec.multilabel, spec.num_classes)
 
 
 def load_dgl_dataset(name: str, root: str | os.PathLike, force_reload: bool = False,
@@ -158,6 +163,8 @@ def load_dgl_dataset(name: str, root: str | os.PathLike, force_reload: bool = Fa
     if verdict == "unchecked":
         check_dgl_header(name, cache, fix_raw)
     building = verdict in ("rebuild", "missing")
+    if building:
+        _diagnose_raw(name, folder)   # validated before DGL reads (and caches) anything
     cls = _offline_class(getattr(dgl.data, spec.dgl_class), spec, folder, dgl_native, instructions)
     with no_prompt(name, folder, instructions):
         try:
@@ -176,8 +183,14 @@ def load_dgl_dataset(name: str, root: str | os.PathLike, force_reload: bool = Fa
     g.ndata["label"] = label.float() if spec.multilabel else label.long()
     for split in ("train", "val", "test"):
         g.ndata[f"{split}_mask"] = g.ndata[f"{split}_mask"].bool()
-    return GraphDataset(name, g, spec.num_classes, multilabel=spec.multilabel,
-                        metric="micro_f1" if spec.multilabel else "acc",
-                        source=f"dgl.data.{spec.dgl_class}",
-                        info={"folder": folder, "dgl_native_layout": dgl_native})
+    ds = GraphDataset(name, g, spec.num_classes, multilabel=spec.multilabel,
+                      metric="micro_f1" if spec.multilabel else "acc",
+                      source=f"dgl.data.{spec.dgl_class}",
+                      info={"folder": folder, "dgl_native_layout": dgl_native})
+    sources = raw_sources(name, folder)
+    if not building:   # read from DGL's cache: name it, the fix is a rebuild
+        sources = {k: cache for k in sources}
+    check_dataset(ds, sources, None if building else "delete it (it is rebuilt from the raw files) or pass "
+                  "force_reload=True (CLI: dgl-exact datasets --force-reload)")
+    return ds
 

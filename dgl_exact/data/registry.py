@@ -7,8 +7,9 @@ from dataclasses import dataclass
 from .base import DatasetNotFoundError, GraphDataset, missing_files, standardize_features
 from .dgl_builtin import DGL_SPECS, check_dgl_dataset, dgl_raw_folder_name, load_dgl_dataset
 from .ogbn import OGB_SPECS, check_ogb, load_ogbn
-from .pyg_layout import GRAPHSAINT_FILES, REDDIT_FILES, read_graphsaint, read_reddit
+from .pyg_layout import GRAPHSAINT_FILES, REDDIT_FILES, raw_sources, read_graphsaint, read_reddit
 from .synthetic import SYNTHETIC_PRESETS, load_synthetic
+from .validate import check_dataset
 
 __all__ = ["DatasetSpec", "DATASETS", "load_dataset", "dataset_status", "default_root", "PYG_FOLDERS"]
 
@@ -175,19 +176,22 @@ def _load_pyg(key: str, folder: str) -> GraphDataset:
 
     dgl = import_dgl()
     multilabel = key == "yelp"
-    a = read_reddit(key, folder) if key == "reddit" else read_graphsaint(key, folder, multilabel)
+    spec = DATASETS[key]
+    a = (read_reddit(key, folder, spec.num_classes) if key == "reddit"
+         else read_graphsaint(key, folder, multilabel, spec.num_classes))
     n = a["num_nodes"]
     g = dgl.graph((torch.from_numpy(a["src"]), torch.from_numpy(a["dst"])), num_nodes=n)
     g.ndata["feat"] = torch.from_numpy(a["feat"])
     g.ndata["label"] = torch.from_numpy(a["label"])
     for split in ("train", "val", "test"):
         g.ndata[f"{split}_mask"] = torch.from_numpy(a[f"{split}_mask"])
-    spec = DATASETS[key]
     pyg_class = {"flickr": "Flickr", "yelp": "Yelp", "reddit": "Reddit", "reddit2": "Reddit2"}[key]
-    return GraphDataset(key, g, spec.num_classes, multilabel=multilabel, metric="micro_f1" if multilabel else "acc",
-                        source=f"PyG layout (raw files read as torch_geometric.datasets.{pyg_class})",
-                        info={"folder": folder, "layout": "pyg"},
-                        key=key if key == "reddit2" else f"{key}-pyg")
+    ds = GraphDataset(key, g, spec.num_classes, multilabel=multilabel, metric="micro_f1" if multilabel else "acc",
+                      source=f"PyG layout (raw files read as torch_geometric.datasets.{pyg_class})",
+                      info={"folder": folder, "layout": "pyg"},
+                      key=key if key == "reddit2" else f"{key}-pyg")
+    check_dataset(ds, raw_sources(key, folder))
+    return ds
 
 
 def load_dataset(name: str, root: str | os.PathLike | None = None, *, seed: int = 0,
