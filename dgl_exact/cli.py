@@ -156,15 +156,26 @@ def _check_outputs(files=None, folders=None) -> None:
         seen[real] = option
 
 
+def parse_size(text, option: str) -> int:
+    """Bytes of a size given on the command line (``2GiB``, ``512MiB``, ``3e9``): one line naming ``option``
+    for anything that is not a representable memory size. Every size option goes through here."""
+    from .planning.predict import parse_bytes
+
+    try:
+        return parse_bytes(text, option)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+
+
 def _check_dataset(name, data_root) -> None:
     """A dataset name that cannot be loaded (unknown, files missing, bad ``synthetic:key=value``) is a
     one-line error before any work; nothing is loaded here."""
     from .data import dataset_status
-    from .data.synthetic import parse_synthetic_name
+    from .data.synthetic import check_fits, parse_synthetic_name
 
     try:
         if name.strip().lower().startswith("synthetic"):
-            parse_synthetic_name(name.strip().lower())
+            check_fits(parse_synthetic_name(name.strip().lower()), name.strip())
         present, message = dataset_status(name, data_root)
     except (TypeError, ValueError) as e:
         raise UserError(str(e)) from None
@@ -209,6 +220,8 @@ def train(ctx, conf, debug_mem, test_speed, json_path, checkpoint, resume, quiet
     """Train a model; with no options, a GCN with INT2 activations on the bundled Cora graph."""
     params["conf"] = conf
     cfg = _config_from(ctx, params)
+    if memory_budget is not None:
+        memory_budget = parse_size(memory_budget, "--memory-budget")
     if (debug_mem or memory_budget is not None) and not str(cfg.device).startswith("cuda"):
         from .memory import prepare_cpu_peak
 
