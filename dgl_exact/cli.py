@@ -198,7 +198,8 @@ def cli():
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write machine-readable results here.")
 @click.option("--checkpoint", type=click.Path(dir_okay=False), help="Save a checkpoint here after every epoch.")
 @click.option("--resume", is_flag=True, help="Continue from --checkpoint where it stopped.")
-@click.option("--quiet", "-q", is_flag=True, help="No progress bars.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bars, and nothing printed by the dataset "
+              "downloaders or ogb's/DGL's processing.")
 @click.option("--nproc", type=int, default=None, metavar="N",
               help="Data-parallel training in N processes on this machine (torch.distributed: NCCL, one GPU "
                    "each, or gloo on CPU); saint and cluster samplers. Under torchrun, leave it out.")
@@ -243,7 +244,7 @@ def train(ctx, conf, debug_mem, test_speed, json_path, checkpoint, resume, quiet
     if download and worker and not distributed.is_launched_child():
         raise UserError(f"--download under torchrun would download once per process; run `dgl-exact datasets "
                         f"--download {cfg.dataset} --data-root {cfg.data_root}` first, then train without it")
-    dataset = _download_dataset(cfg) if download and not worker else None
+    dataset = _download_dataset(cfg, quiet) if download and not worker else None
     _check_dataset(cfg.dataset, cfg.data_root)
     if memory_budget is not None and ((nproc or 1) > 1 or worker):
         raise UserError("--memory-budget plans one-process full-graph training; leave out --nproc")
@@ -335,13 +336,14 @@ def _worker_args(ctx) -> list:
     return args
 
 
-def _download_dataset(cfg):
+def _download_dataset(cfg, quiet: bool = False):
     """``train --download``: the dataset of ``cfg``, downloaded first if its folder is missing (one-line error
     otherwise, before any training)."""
     from .data import DatasetNotFoundError, load_dataset
 
     try:
-        return load_dataset(cfg.dataset, cfg.data_root, download=True, seed=cfg.seed, standardize=cfg.standardize)
+        return load_dataset(cfg.dataset, cfg.data_root, download=True, seed=cfg.seed, standardize=cfg.standardize,
+                            quiet=quiet)
     except DatasetNotFoundError as e:
         raise UserError(str(e)) from None
     except (FileNotFoundError, ValueError, OSError) as e:

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from .._compat import import_dgl
 from .base import DatasetFileError, DatasetNotFoundError, GraphDataset, missing_files, no_prompt
 from .cache import cache_verdict, check_dgl_header, resolve_unrecorded, writable, write_record
+from .download import DownloadError, fetch, quiet_output
 from .pyg_layout import raw_sources
 from .validate import check_dataset
 
@@ -113,14 +114,32 @@ def _offline_class(base, spec: DglSpec, folder: str, dgl_native: bool, instructi
     return type(f"Offline{base.__name__}", (base,), attrs)
 
 
-def _download(spec: DglSpec, root: str) -> None:
+def _download(spec: DglSpec, root: str, quiet: bool = False) -> None:
+    """DGL's class downloads and extracts ``spec``'s zip into ``root``, through dgl_exact's
+    :func:`~dgl_exact.data.download.fetch` (DGL's own retries an HTTP 404 and ends in a RuntimeError)."""
+    from unittest import mock
+
     dgl = import_dgl()
+    from dgl.data import dgl_dataset
+
+    failed = []
+
+    def fetch_to(url, path=None, **kwargs):
+        if failed:   # DGL calls download() again when it failed once (retry_method_with_fix): same answer
+            raise failed[0]
+        try:
+            return fetch(url, path or os.path.join(root, url.rpartition("/")[2]), quiet=quiet)
+        except DownloadError as err:
+            failed.append(err)
+            raise
+
     if not writable(root):
         raise DatasetFileError(spec.name, root, "read-only, cannot download into it", "choose a writable --data-root")
     os.makedirs(root, exist_ok=True)
     folder = os.path.join(root, dgl_raw_folder_name(spec))
-    with no_prompt(spec.name, folder, spec.instructions(root)):
-        getattr(dgl.data, spec.dgl_class)(raw_dir=root, verbose=True)
+    with no_prompt(spec.name, folder, spec.instructions(root)), quiet_output(quiet), \
+            mock.patch.object(dgl_dataset, "download", fetch_to):
+        getattr(dgl.data, spec.dgl_class)(raw_dir=root, verbose=not quiet)
 
 
 def _diagnose_raw(name: str, folder: str) -> None:
@@ -137,7 +156,7 @@ def _diagnose_raw(name: str, folder: str) -> None:
 
 
 def load_dgl_dataset(name: str, root: str | os.PathLike, force_reload: bool = False,
-                     download: bool = False) -> GraphDataset:
+                     download: bool = False, quiet: bool = False) -> GraphDataset:
     """Load ``flickr``, ``reddit`` or ``yelp`` with DGL's class; Yelp labels become float32 multi-hot.
 
     ``force_reload`` rebuilds ``dgl_graph.bin`` from the raw files; ``download`` lets DGL download the
@@ -146,7 +165,7 @@ def load_dgl_dataset(name: str, root: str | os.PathLike, force_reload: bool = Fa
     spec = DGL_SPECS[name]
     root = os.fspath(root)
     if download and not any(os.path.isdir(os.path.join(root, f)) for f in (dgl_raw_folder_name(spec), spec.name)):
-        _download(spec, root)
+        _download(spec, root, quiet)
     folder, dgl_native = check_dgl_dataset(name, root)
     instructions = spec.instructions(root)
     cache = os.path.join(folder, _CACHE_FILE)
@@ -166,7 +185,7 @@ def load_dgl_dataset(name: str, root: str | os.PathLike, force_reload: bool = Fa
     if building:
         _diagnose_raw(name, folder)   # validated before DGL reads (and caches) anything
     cls = _offline_class(getattr(dgl.data, spec.dgl_class), spec, folder, dgl_native, instructions)
-    with no_prompt(name, folder, instructions):
+    with no_prompt(name, folder, instructions), quiet_output(quiet):
         try:
             ds = cls(raw_dir=root, force_reload=verdict == "rebuild", verbose=False)
         except DatasetNotFoundError:

@@ -43,6 +43,7 @@ from unittest import mock
 from .._compat import import_dgl
 from .base import DatasetFileError, DatasetNotFoundError, GraphDataset, index_to_mask, missing_files, no_prompt
 from .cache import cache_verdict, check_dgl_header, resolve_unrecorded, writable, write_record
+from .download import fetch, quiet_output
 from .validate import check_dataset, fail, int_array, numeric_array
 
 __all__ = ["OGB_SPECS", "OgbSpec", "check_ogb", "load_ogbn"]
@@ -126,22 +127,29 @@ def check_ogb(name: str, root: str | os.PathLike) -> str:
 
 
 @contextlib.contextmanager
-def _ogb_guard(name: str, folder: str, instructions: str, download: bool = False) -> Iterator[ModuleType]:
+def _ogb_guard(name: str, folder: str, instructions: str, download: bool = False,
+               quiet: bool = False) -> Iterator[ModuleType]:
     """Import ogb's DGL dataset module; make ``input()`` raise and, unless ``download``, ogb's download
-    functions too. With ``download``, ogb's size prompt is answered yes (nothing else is answered)."""
+    functions too. With ``download``, ogb's size prompt is answered yes (nothing else is answered) and ogb's
+    downloader is dgl_exact's :func:`~dgl_exact.data.download.fetch` (one line on an HTTP error, bounded
+    attempts). With ``quiet``, ogb prints nothing (its processing messages and progress bars)."""
     import_dgl()
     from ogb.nodeproppred import dataset_dgl
+
+    def fetch_into(url, folder, log=True):
+        return fetch(url, os.path.join(folder, url.rpartition("/")[2]), quiet=quiet or not log)
 
     def refuse_download(*args, **kwargs):
         raise DatasetNotFoundError(name, folder, instructions=instructions,
                                    detail="ogb tried to download; pass download=True (CLI: --download) to allow it")
 
     if download:
-        patches = [mock.patch.object(dataset_dgl, "decide_download", lambda url: True)]
+        patches = [mock.patch.object(dataset_dgl, "decide_download", lambda url: True),
+                   mock.patch.object(dataset_dgl, "download_url", fetch_into)]
     else:
         patches = [mock.patch.object(dataset_dgl, "decide_download", refuse_download),
                    mock.patch.object(dataset_dgl, "download_url", refuse_download)]
-    with no_prompt(name, folder, instructions), contextlib.ExitStack() as stack:
+    with no_prompt(name, folder, instructions), contextlib.ExitStack() as stack, quiet_output(quiet):
         for p in patches:
             stack.enter_context(p)
         yield dataset_dgl
@@ -226,7 +234,7 @@ def _split_csv(name: str, folder: str, spec: OgbSpec, n: int) -> dict:
     return split
 
 
-def _download(name: str, root: str) -> None:
+def _download(name: str, root: str, quiet: bool = False) -> None:
     """Let ogb download ``name`` into ``root`` (only when its folder does not exist)."""
     spec = OGB_SPECS[name]
     folder = dataset_folder(spec, root)
@@ -237,7 +245,8 @@ def _download(name: str, root: str) -> None:
     if not writable(root):
         raise DatasetFileError(name, root, "read-only, cannot download into it", "choose a writable --data-root")
     os.makedirs(root, exist_ok=True)
-    with _ogb_guard(name, folder, spec.instructions(root), download=True) as dataset_dgl, warnings.catch_warnings():
+    with _ogb_guard(name, folder, spec.instructions(root), download=True, quiet=quiet) as dataset_dgl, \
+            warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")  # ogb's, harmless
         dataset_dgl.DglNodePropPredDataset(name=name, root=root)
 
@@ -295,7 +304,7 @@ def _split_dict(name: str, folder: str, spec: OgbSpec) -> dict:
 
 
 def load_ogbn(name: str, root: str | os.PathLike, force_reload: bool = False,
-              download: bool = False) -> GraphDataset:
+              download: bool = False, quiet: bool = False) -> GraphDataset:
     """Load ``ogbn-arxiv`` or ``ogbn-products`` with ogb; arxiv gets reverse edges (``dgl.to_bidirected``).
 
     Labels are flattened to 1-D int64; the ogb split becomes ``train_mask``/``val_mask``/``test_mask``.
@@ -308,7 +317,7 @@ def load_ogbn(name: str, root: str | os.PathLike, force_reload: bool = False,
     spec = OGB_SPECS[name]
     root = os.fspath(root)
     if download and not os.path.isdir(dataset_folder(spec, root)):
-        _download(name, root)
+        _download(name, root, quiet)
     folder = check_ogb(name, root)
     building = _prepare_cache(name, folder, force_reload)
     if building:
@@ -318,7 +327,7 @@ def load_ogbn(name: str, root: str | os.PathLike, force_reload: bool = False,
                                    f"{spec.url} (or get the dataset again)")
         _check_ogb_raw(name, folder, spec)   # before ogb reads (and caches) anything
     cache = os.path.join(folder, "processed", "dgl_data_processed")
-    with _ogb_guard(name, folder, spec.instructions(root)) as dataset_dgl, warnings.catch_warnings():
+    with _ogb_guard(name, folder, spec.instructions(root), quiet=quiet) as dataset_dgl, warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")  # ogb's, harmless
         try:
             ds = dataset_dgl.DglNodePropPredDataset(name=name, root=root)

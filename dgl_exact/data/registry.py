@@ -196,7 +196,7 @@ def _load_pyg(key: str, folder: str) -> GraphDataset:
 
 def load_dataset(name: str, root: str | os.PathLike | None = None, *, seed: int = 0,
                  self_loop: bool = False, standardize: bool = False, force_reload: bool = False,
-                 download: bool = False, **kwargs) -> GraphDataset:
+                 download: bool = False, quiet: bool = False, **kwargs) -> GraphDataset:
     """Load dataset ``name`` (see ``DATASETS``) from ``root`` (default :func:`default_root`).
 
     Never reads stdin, and downloads only with ``download=True``: missing files raise
@@ -206,6 +206,7 @@ def load_dataset(name: str, root: str | os.PathLike | None = None, *, seed: int 
     * ``download=True``: a dataset whose folder does not exist is fetched by ogb's or DGL's own
       downloader into ``root`` (ogb's size prompt answered yes; nothing existing is deleted). reddit2 has
       no downloader (PyG fetches it from Google Drive).
+    * ``quiet=True``: ogb's and DGL's messages and progress bars (downloads, processing) are not printed.
     * ``force_reload=True``: rebuild ogb's / DGL's processed file from the raw files. Without it, the
       processed file is rebuilt anyway when the raw files changed or it was truncated (fingerprints in
       ``<processed file>.dgl_exact.json``, see :mod:`~dgl_exact.data.cache`).
@@ -233,7 +234,7 @@ def load_dataset(name: str, root: str | os.PathLike | None = None, *, seed: int 
         ds = load_synthetic(name.strip().lower(), seed=seed, **kwargs)
     elif key in OGB_SPECS:
         _no_kwargs(key, kwargs)
-        ds = load_ogbn(key, _ogb_root(key, root), force_reload=force_reload, download=download)
+        ds = load_ogbn(key, _ogb_root(key, root), force_reload=force_reload, download=download, quiet=quiet)
     elif key == "reddit2":
         _no_kwargs(key, kwargs)
         try:
@@ -253,7 +254,7 @@ def load_dataset(name: str, root: str | os.PathLike | None = None, *, seed: int 
                 raise
             kind, folder = "dgl", ""
         if kind == "dgl":
-            ds = load_dgl_dataset(key, root, force_reload=force_reload, download=download)
+            ds = load_dgl_dataset(key, root, force_reload=force_reload, download=download, quiet=quiet)
         else:
             ds = _load_pyg(key, folder)    # nothing cached for PyG's layout
     else:  # pragma: no cover - DATASETS and the loaders are kept in sync

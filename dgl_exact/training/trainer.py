@@ -153,7 +153,8 @@ class Trainer:
         self.checkpoint_saved = False
         self.progress = (sys.stderr.isatty() if progress is None else progress) and rank == 0
         self.dataset = dataset if dataset is not None else load_dataset(
-            config.dataset, config.data_root, seed=config.seed, standardize=config.standardize)
+            config.dataset, config.data_root, seed=config.seed, standardize=config.standardize,
+            quiet=progress is False)
         self._prepare_graph()
 
     # --- data ---------------------------------------------------------------------------------------
