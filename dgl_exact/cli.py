@@ -280,7 +280,7 @@ def train(ctx, conf, debug_mem, test_speed, json_path, checkpoint, resume, quiet
                        + (f", {trainer.ctx.describe()}" if worker else ""))
         budget_plan = None
         if memory_budget is not None:  # a per-tensor plan (dgl_exact.planning.budget); the step peak is measured
-            from .planning.budget import plan_for_training
+            from .planning.budget import budget_report, plan_for_training
 
             budget_plan, debug_mem = plan_for_training(trainer, memory_budget, log=click.echo), True
         with budget_plan.active() if budget_plan is not None else contextlib.nullcontext():
@@ -291,6 +291,14 @@ def train(ctx, conf, debug_mem, test_speed, json_path, checkpoint, resume, quiet
             measured = [r.peak_bytes for r in results.runs if getattr(r, "peak_bytes", None) is not None]
             click.echo(f"memory budget plan: predicted step peak {format_bytes(budget_plan.record.step_peak_bytes)}, "
                        f"measured {format_bytes(max(measured)) if measured else 'n/a'}")
+            results.memory_budget = budget_report(budget_plan, max(measured) if measured else None)
+            over = results.memory_budget["over_budget_bytes"]
+            if over:
+                static = format_bytes(budget_plan.record.static_bytes)
+                total = format_bytes(results.memory_budget["measured_total_bytes"])
+                click.echo(f"memory budget exceeded: predicted static {static} + measured step peak "
+                           f"{format_bytes(max(measured))} = {total}, "
+                           f"{format_bytes(over)} over the budget of {format_bytes(budget_plan.budget)}")
     except KeyboardInterrupt:
         saved = checkpoint and ((resume and os.path.exists(checkpoint)) or getattr(trainer, "checkpoint_saved", False))
         where = (f"; the last finished epoch is saved in {checkpoint}: rerun with --resume" if saved else

@@ -85,3 +85,43 @@ def test_synthetic_too_large_for_the_machine_is_one_line_before_allocating(capsy
 def test_synthetic_too_large_from_python_is_a_value_error():
     with pytest.raises(ValueError, match="GiB"):
         load_dataset("synthetic:num_nodes=50,avg_degree=1e9")
+
+
+# ---------------------------------------------------------------------------------------------------
+# the budget's minimum is a fixed point; a measured step over the budget is said
+# ---------------------------------------------------------------------------------------------------
+def test_suggested_budget_given_back_is_at_least_the_minimum():
+    from dgl_exact.planning.budget import suggested_budget
+
+    for needed in (18266194, 18_270_000, 2**20, 2**20 + 1, 3 * 2**30 + 7, 1000, 5):
+        text, value = suggested_budget(needed)
+        assert P.parse_bytes(text) == value >= needed, (needed, text)
+
+
+@pytest.mark.slow
+def test_refused_budget_minimum_is_accepted_when_given_back():
+    import re
+
+    import dgl_exact.planning.budget as B
+
+    spec = P.PlanSpec(model="sage", nodes=3000, edges=15000, features=32, classes=4, hidden=32, layers=3)
+    with pytest.raises(B.BudgetError) as err:
+        B.budget_plan(spec, 0, replicas=1, sample_nodes=600)
+    msg = str(err.value)
+    text = re.search(r"--memory-budget (\S+)", msg).group(1)
+    assert "checked" in msg, msg
+    plan = B.budget_plan(spec, P.parse_bytes(text), replicas=1, sample_nodes=600)
+    assert plan.record.fits
+
+
+def test_budget_report_says_by_how_much_a_measured_step_is_over():
+    from types import SimpleNamespace
+
+    from dgl_exact.planning.budget import budget_report
+
+    plan = SimpleNamespace(budget=1000, record=SimpleNamespace(static_bytes=300, step_peak_bytes=650,
+                                                               total_bytes=950))
+    over = budget_report(plan, 800)
+    assert over["measured_total_bytes"] == 1100 and over["over_budget_bytes"] == 100
+    assert budget_report(plan, 600)["over_budget_bytes"] == 0
+    assert budget_report(plan, None)["measured_step_peak_bytes"] is None
