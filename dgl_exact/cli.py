@@ -507,7 +507,7 @@ def _bench_prechecks(out=None, plot=False, files=None, datasets=(), out_option="
         _check_dataset(name, data_root)
 
 
-def _bench_setup(dataset, models, settings, hidden, layers, device, data_root, budgets=False):
+def _bench_setup(dataset, models, settings, hidden, layers, device, data_root, budgets=False, quiet=False):
     from .bench.runner import Workload
     from .bench.settings import PYG, select
     from .data import load_dataset
@@ -522,7 +522,7 @@ def _bench_setup(dataset, models, settings, hidden, layers, device, data_root, b
             raise ValueError(f"unknown model(s) {', '.join(bad)}; choose from {', '.join(MODELS)}")
         if not settings:
             chosen = chosen + [PYG]
-        ds = load_dataset(dataset, data_root)
+        ds = load_dataset(dataset, data_root, quiet=quiet)
     except (ValueError, FileNotFoundError) as e:
         raise UserError(str(e)) from None
     return Workload(ds, dev, hidden=hidden, layers=layers), model_list, chosen
@@ -548,7 +548,8 @@ def bench_memory(dataset, models, settings, hidden, layers, device, data_root, o
     from .bench.runner import MEMORY_COLUMNS, memory_grid, memory_note
 
     _bench_prechecks(out, plot)
-    work, model_list, chosen = _bench_setup(dataset, models, settings, hidden, layers, device, data_root, budgets=True)
+    work, model_list, chosen = _bench_setup(dataset, models, settings, hidden, layers, device, data_root, budgets=True,
+                                            quiet=quiet)
     sink = ResultSink(out, "memory")
     rows = memory_grid(work, model_list, chosen, sink, progress=not quiet)
     click.echo(sink.finish(MEMORY_COLUMNS + ["note"], "Activation memory and step peak",
@@ -568,7 +569,7 @@ def bench_speed(dataset, models, settings, hidden, layers, device, data_root, ou
     from .bench.runner import SPEED_COLUMNS, speed_grid
 
     _bench_prechecks(out, plot)
-    work, model_list, chosen = _bench_setup(dataset, models, settings, hidden, layers, device, data_root)
+    work, model_list, chosen = _bench_setup(dataset, models, settings, hidden, layers, device, data_root, quiet=quiet)
     sink = ResultSink(out, "speed")
     rows = speed_grid(work, model_list, chosen, sink, epochs=epochs, warmup=warmup, progress=not quiet)
     click.echo(sink.finish(SPEED_COLUMNS + ["note"], "Epoch time", _bench_header("speed", work)))
@@ -601,7 +602,7 @@ def bench_profile(dataset, models, settings, hidden, layers, device, data_root, 
     if json_path and not emulate_gpu:
         raise UserError("--json goes with --emulate-gpu (the timed profile writes its rows to --out)")
     _bench_prechecks(out, files={"--json": json_path})
-    work, model_list, chosen = _bench_setup(dataset, models, settings, hidden, layers, device, data_root)
+    work, model_list, chosen = _bench_setup(dataset, models, settings, hidden, layers, device, data_root, quiet=quiet)
     if emulate_gpu:
         from .bench.opcount import COLUMNS, count_grid, records_for_json
 
