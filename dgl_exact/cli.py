@@ -156,15 +156,26 @@ def _check_outputs(files=None, folders=None) -> None:
         seen[real] = option
 
 
+def parse_size(text, option: str) -> int:
+    """Bytes of a size given on the command line (``2GiB``, ``512MiB``, ``3e9``): one line naming ``option``
+    for anything that is not a representable memory size. Every size option goes through here."""
+    from .planning.predict import parse_bytes
+
+    try:
+        return parse_bytes(text, option)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+
+
 def _check_dataset(name, data_root) -> None:
     """A dataset name that cannot be loaded (unknown, files missing, bad ``synthetic:key=value``) is a
     one-line error before any work; nothing is loaded here."""
     from .data import dataset_status
-    from .data.synthetic import parse_synthetic_name
+    from .data.synthetic import check_fits, parse_synthetic_name
 
     try:
         if name.strip().lower().startswith("synthetic"):
-            parse_synthetic_name(name.strip().lower())
+            check_fits(parse_synthetic_name(name.strip().lower()), name.strip())
         present, message = dataset_status(name, data_root)
     except (TypeError, ValueError) as e:
         raise UserError(str(e)) from None
@@ -187,7 +198,8 @@ def cli():
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write machine-readable results here.")
 @click.option("--checkpoint", type=click.Path(dir_okay=False), help="Save a checkpoint here after every epoch.")
 @click.option("--resume", is_flag=True, help="Continue from --checkpoint where it stopped.")
-@click.option("--quiet", "-q", is_flag=True, help="No progress bars.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bars, and nothing printed by the dataset "
+              "downloaders or ogb's/DGL's processing.")
 @click.option("--nproc", type=int, default=None, metavar="N",
               help="Data-parallel training in N processes on this machine (torch.distributed: NCCL, one GPU "
                    "each, or gloo on CPU); saint and cluster samplers. Under torchrun, leave it out.")
@@ -209,6 +221,8 @@ def train(ctx, conf, debug_mem, test_speed, json_path, checkpoint, resume, quiet
     """Train a model; with no options, a GCN with INT2 activations on the bundled Cora graph."""
     params["conf"] = conf
     cfg = _config_from(ctx, params)
+    if memory_budget is not None:
+        memory_budget = parse_size(memory_budget, "--memory-budget")
     if (debug_mem or memory_budget is not None) and not str(cfg.device).startswith("cuda"):
         from .memory import prepare_cpu_peak
 
@@ -230,7 +244,7 @@ def train(ctx, conf, debug_mem, test_speed, json_path, checkpoint, resume, quiet
     if download and worker and not distributed.is_launched_child():
         raise UserError(f"--download under torchrun would download once per process; run `dgl-exact datasets "
                         f"--download {cfg.dataset} --data-root {cfg.data_root}` first, then train without it")
-    dataset = _download_dataset(cfg) if download and not worker else None
+    dataset = _download_dataset(cfg, quiet) if download and not worker else None
     _check_dataset(cfg.dataset, cfg.data_root)
     if memory_budget is not None and ((nproc or 1) > 1 or worker):
         raise UserError("--memory-budget plans one-process full-graph training; leave out --nproc")
@@ -266,7 +280,7 @@ def train(ctx, conf, debug_mem, test_speed, json_path, checkpoint, resume, quiet
                        + (f", {trainer.ctx.describe()}" if worker else ""))
         budget_plan = None
         if memory_budget is not None:  # a per-tensor plan (dgl_exact.planning.budget); the step peak is measured
-            from .planning.budget import plan_for_training
+            from .planning.budget import budget_report, plan_for_training
 
             budget_plan, debug_mem = plan_for_training(trainer, memory_budget, log=click.echo), True
         with budget_plan.active() if budget_plan is not None else contextlib.nullcontext():
@@ -277,6 +291,14 @@ def train(ctx, conf, debug_mem, test_speed, json_path, checkpoint, resume, quiet
             measured = [r.peak_bytes for r in results.runs if getattr(r, "peak_bytes", None) is not None]
             click.echo(f"memory budget plan: predicted step peak {format_bytes(budget_plan.record.step_peak_bytes)}, "
                        f"measured {format_bytes(max(measured)) if measured else 'n/a'}")
+            results.memory_budget = budget_report(budget_plan, max(measured) if measured else None)
+            over = results.memory_budget["over_budget_bytes"]
+            if over:
+                static = format_bytes(budget_plan.record.static_bytes)
+                total = format_bytes(results.memory_budget["measured_total_bytes"])
+                click.echo(f"memory budget exceeded: predicted static {static} + measured step peak "
+                           f"{format_bytes(max(measured))} = {total}, "
+                           f"{format_bytes(over)} over the budget of {format_bytes(budget_plan.budget)}")
     except KeyboardInterrupt:
         saved = checkpoint and ((resume and os.path.exists(checkpoint)) or getattr(trainer, "checkpoint_saved", False))
         where = (f"; the last finished epoch is saved in {checkpoint}: rerun with --resume" if saved else
@@ -322,13 +344,14 @@ def _worker_args(ctx) -> list:
     return args
 
 
-def _download_dataset(cfg):
+def _download_dataset(cfg, quiet: bool = False):
     """``train --download``: the dataset of ``cfg``, downloaded first if its folder is missing (one-line error
     otherwise, before any training)."""
     from .data import DatasetNotFoundError, load_dataset
 
     try:
-        return load_dataset(cfg.dataset, cfg.data_root, download=True, seed=cfg.seed, standardize=cfg.standardize)
+        return load_dataset(cfg.dataset, cfg.data_root, download=True, seed=cfg.seed, standardize=cfg.standardize,
+                            quiet=quiet)
     except DatasetNotFoundError as e:
         raise UserError(str(e)) from None
     except (FileNotFoundError, ValueError, OSError) as e:
@@ -485,7 +508,7 @@ def _bench_prechecks(out=None, plot=False, files=None, datasets=(), out_option="
         _check_dataset(name, data_root)
 
 
-def _bench_setup(dataset, models, settings, hidden, layers, device, data_root, budgets=False):
+def _bench_setup(dataset, models, settings, hidden, layers, device, data_root, budgets=False, quiet=False):
     from .bench.runner import Workload
     from .bench.settings import PYG, select
     from .data import load_dataset
@@ -502,7 +525,7 @@ def _bench_setup(dataset, models, settings, hidden, layers, device, data_root, b
             raise ValueError(f"unknown model(s) {', '.join(bad)}; choose from {', '.join(MODELS + USER_MODELS)}")
         if not settings:
             chosen = chosen + [PYG]
-        ds = load_dataset(dataset, data_root)
+        ds = load_dataset(dataset, data_root, quiet=quiet)
     except (ValueError, FileNotFoundError) as e:
         raise UserError(str(e)) from None
     return Workload(ds, dev, hidden=hidden, layers=layers), model_list, chosen
@@ -528,7 +551,8 @@ def bench_memory(dataset, models, settings, hidden, layers, device, data_root, o
     from .bench.runner import MEMORY_COLUMNS, memory_grid, memory_note
 
     _bench_prechecks(out, plot)
-    work, model_list, chosen = _bench_setup(dataset, models, settings, hidden, layers, device, data_root, budgets=True)
+    work, model_list, chosen = _bench_setup(dataset, models, settings, hidden, layers, device, data_root, budgets=True,
+                                            quiet=quiet)
     sink = ResultSink(out, "memory")
     rows = memory_grid(work, model_list, chosen, sink, progress=not quiet)
     click.echo(sink.finish(MEMORY_COLUMNS + ["note"], "Activation memory and step peak",
@@ -548,7 +572,7 @@ def bench_speed(dataset, models, settings, hidden, layers, device, data_root, ou
     from .bench.runner import SPEED_COLUMNS, speed_grid
 
     _bench_prechecks(out, plot)
-    work, model_list, chosen = _bench_setup(dataset, models, settings, hidden, layers, device, data_root)
+    work, model_list, chosen = _bench_setup(dataset, models, settings, hidden, layers, device, data_root, quiet=quiet)
     sink = ResultSink(out, "speed")
     rows = speed_grid(work, model_list, chosen, sink, epochs=epochs, warmup=warmup, progress=not quiet)
     click.echo(sink.finish(SPEED_COLUMNS + ["note"], "Epoch time", _bench_header("speed", work)))
@@ -581,7 +605,7 @@ def bench_profile(dataset, models, settings, hidden, layers, device, data_root, 
     if json_path and not emulate_gpu:
         raise UserError("--json goes with --emulate-gpu (the timed profile writes its rows to --out)")
     _bench_prechecks(out, files={"--json": json_path})
-    work, model_list, chosen = _bench_setup(dataset, models, settings, hidden, layers, device, data_root)
+    work, model_list, chosen = _bench_setup(dataset, models, settings, hidden, layers, device, data_root, quiet=quiet)
     if emulate_gpu:
         from .bench.opcount import COLUMNS, count_grid, records_for_json
 

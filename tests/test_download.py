@@ -214,3 +214,91 @@ def test_dgl_advice_runs_in_a_fresh_interpreter(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     assert os.path.isfile(folder / "dgl_graph.bin")
     assert "dgl-exact datasets --download flickr" in advice
+
+
+@pytest.fixture
+def failing_server():
+    """A local server answering every GET with the status in its path (``/404/x.zip``: 404); counts requests."""
+    requests = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            requests.append(self.path)
+            self.send_error(int(self.path.split("/")[1]))
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}", requests
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(timeout=5)
+
+
+def test_http_error_status_is_one_line_with_url_and_status(tmp_path, failing_server):
+    from dgl_exact.data.download import DownloadError, fetch
+
+    base, requests = failing_server
+    with pytest.raises(DownloadError) as err:
+        fetch(f"{base}/404/x.zip", str(tmp_path / "x.zip"), quiet=True)
+    msg = str(err.value)
+    assert "\n" not in msg and f"{base}/404/x.zip" in msg and "404" in msg and "attempt 1 of 3" in msg
+    assert len(requests) == 1 and not os.listdir(tmp_path)          # not retried, nothing left behind
+    with pytest.raises(DownloadError) as err:
+        fetch(f"{base}/503/x.zip", str(tmp_path / "x.zip"), quiet=True, wait=0)
+    assert "after 3 attempts" in str(err.value) and "503" in str(err.value) and len(requests) == 4
+
+
+def test_cli_dgl_download_http_error_is_one_line(tmp_path, failing_server, monkeypatch):
+    from click.testing import CliRunner
+
+    from dgl_exact.cli import cli
+
+    base, requests = failing_server
+    monkeypatch.setenv("DGL_REPO", base + "/404/")
+    out = CliRunner().invoke(cli, ["datasets", "--data-root", str(tmp_path / "data"), "--download", "flickr"])
+    assert out.exit_code == 2, out.output
+    assert "Traceback" not in out.output and "404" in out.output and "/404/dataset/flickr.zip" in out.output
+    assert len(requests) == 1
+
+
+def test_cli_ogb_download_http_error_is_one_line(tmp_path, failing_server, ogb_url):
+    from click.testing import CliRunner
+
+    from dgl_exact.cli import cli
+
+    base, requests = failing_server
+    ogb_url["ogbn-arxiv"] = f"{base}/404/arxiv.zip"
+    out = CliRunner().invoke(cli, ["datasets", "--data-root", str(tmp_path / "data"), "--download", "ogbn-arxiv"])
+    assert out.exit_code == 2, out.output
+    assert "Traceback" not in out.output and "HTTP 404" in out.output and "/404/arxiv.zip" in out.output
+
+
+def test_quiet_silences_ogb_download_and_processing(tmp_path, server, ogb_url, capfd):
+    base, www, requests = server
+    folder, *_ = make_ogb(str(tmp_path / "build"), "ogbn-arxiv", n=40, e=90)
+    _zip(folder, str(www / "arxiv.zip"), arc_root="arxiv")
+    ogb_url["ogbn-arxiv"] = f"{base}/arxiv.zip"
+    capfd.readouterr()
+    ds = load_dataset("ogbn-arxiv", tmp_path / "data", download=True, quiet=True)
+    out, err = capfd.readouterr()
+    assert ds.num_nodes == 40 and requests == ["/arxiv.zip"]
+    assert out == "" and err == "", (out, err)
+
+
+def test_cli_train_quiet_prints_no_ogb_processing(tmp_path):
+    from click.testing import CliRunner
+
+    from dgl_exact.cli import cli
+
+    make_ogb(str(tmp_path), "ogbn-arxiv", n=40, e=90, f=4)
+    out = CliRunner().invoke(cli, ["train", "--dataset", "ogbn-arxiv", "--data-root", str(tmp_path), "--epochs", "1",
+                                   "--hidden", "4", "-q", "--device", "cpu"])
+    assert out.exit_code == 0, out.output
+    text = out.output                                             # stdout and stderr
+    assert "Loading necessary files" not in text and "Saving" not in text and "Converting" not in text

@@ -29,7 +29,7 @@ EDGES = [(0, 3), (0, 1), (1, 0), (2, 4), (3, 0), (4, 2)]
 FEATS = np.array([[1, 0], [2, 5], [3, 0], [4, 5], [5, 0]], dtype=np.float64)
 CLASS_MAP = {"0": 2, "1": 0, "2": 1, "4": 6}          # node 3 unlabelled -> PyG's -1
 LABELS = [2, 0, 1, -1, 6]
-ROLE = {"tr": [4, 0], "va": [1], "te": [2, 3]}
+ROLE = {"tr": [4, 0], "va": [1], "te": [2]}    # node 3 (unlabelled) in no split
 
 
 def write_graphsaint(folder, class_map=CLASS_MAP):
@@ -62,7 +62,7 @@ def test_pyg_graphsaint_layout_matches_pyg_semantics(tmp_path, name, folder):
     assert _edges(ds) == EDGES                                    # storage order, row -> col
     assert torch.equal(ds.features, torch.tensor(FEATS, dtype=torch.float32))
     assert ds.labels.tolist() == LABELS and ds.labels.dtype == torch.int64
-    assert _masks(ds) == [[0, 4], [1], [2, 3]]
+    assert _masks(ds) == [[0, 4], [1], [2]]
     assert ds.info["layout"] == "pyg" and ds.num_classes == DATASETS[name].num_classes
     assert sorted(os.listdir(tmp_path / folder / "raw")) == sorted(
         ["adj_full.npz", "feats.npy", "class_map.json", "role.json"])  # nothing written beside them
@@ -83,12 +83,13 @@ def test_pyg_flickr_equals_dgl_flickr_on_the_same_files(tmp_path):
 
 
 def test_pyg_yelp_multilabel(tmp_path):
-    labels = np.array([[1, 0, 1], [0, 0, 0], [0, 1, 0], [1, 1, 1], [0, 0, 1]])
+    labels = np.zeros((5, 100), dtype=int)     # Yelp's 100 labels
+    labels[:, :3] = [[1, 0, 1], [0, 0, 0], [0, 1, 0], [1, 1, 1], [0, 0, 1]]
     write_graphsaint(str(tmp_path / "YELP" / "raw"), {str(i): labels[i].tolist() for i in range(5)})
     ds = load_dataset("yelp", tmp_path)
     assert ds.multilabel and ds.metric == "micro_f1"
     assert ds.labels.dtype == torch.float32 and torch.equal(ds.labels, torch.tensor(labels, dtype=torch.float32))
-    assert _edges(ds) == EDGES and _masks(ds) == [[0, 4], [1], [2, 3]]
+    assert _edges(ds) == EDGES and _masks(ds) == [[0, 4], [1], [2]]
 
 
 def test_pyg_reddit_layout_is_coalesced(tmp_path):

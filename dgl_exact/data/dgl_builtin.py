@@ -29,6 +29,9 @@ from dataclasses import dataclass
 from .._compat import import_dgl
 from .base import DatasetFileError, DatasetNotFoundError, GraphDataset, missing_files, no_prompt
 from .cache import cache_verdict, check_dgl_header, resolve_unrecorded, writable, write_record
+from .download import DownloadError, fetch, quiet_output
+from .pyg_layout import raw_sources
+from .validate import check_dataset
 
 __all__ = ["DGL_SPECS", "DglSpec", "check_dgl_dataset", "load_dgl_dataset", "dgl_raw_folder_name"]
 
@@ -111,28 +114,49 @@ def _offline_class(base, spec: DglSpec, folder: str, dgl_native: bool, instructi
     return type(f"Offline{base.__name__}", (base,), attrs)
 
 
-def _download(spec: DglSpec, root: str) -> None:
+def _download(spec: DglSpec, root: str, quiet: bool = False) -> None:
+    """DGL's class downloads and extracts ``spec``'s zip into ``root``, through dgl_exact's
+    :func:`~dgl_exact.data.download.fetch` (DGL's own retries an HTTP 404 and ends in a RuntimeError)."""
+    from unittest import mock
+
     dgl = import_dgl()
+    from dgl.data import dgl_dataset
+
+    failed = []
+
+    def fetch_to(url, path=None, **kwargs):
+        if failed:   # DGL calls download() again when it failed once (retry_method_with_fix): same answer
+            raise failed[0]
+        try:
+            return fetch(url, path or os.path.join(root, url.rpartition("/")[2]), quiet=quiet)
+        except DownloadError as err:
+            failed.append(err)
+            raise
+
     if not writable(root):
         raise DatasetFileError(spec.name, root, "read-only, cannot download into it", "choose a writable --data-root")
     os.makedirs(root, exist_ok=True)
     folder = os.path.join(root, dgl_raw_folder_name(spec))
-    with no_prompt(spec.name, folder, spec.instructions(root)):
-        getattr(dgl.data, spec.dgl_class)(raw_dir=root, verbose=True)
+    with no_prompt(spec.name, folder, spec.instructions(root)), quiet_output(quiet), \
+            mock.patch.object(dgl_dataset, "download", fetch_to):
+        getattr(dgl.data, spec.dgl_class)(raw_dir=root, verbose=not quiet)
 
 
 def _diagnose_raw(name: str, folder: str) -> None:
-    """Raise DatasetFileError naming the first unreadable raw file of ``folder``, if there is one."""
+    """Raise DatasetFileError naming the first unreadable or invalid raw file of ``folder``, if there is one
+    (the same validation as PyG's layout: DGL's own readers would coerce what they cannot use, e.g. a
+    ``"tr": null`` in ``role.json`` marks every node for training)."""
     from .pyg_layout import read_graphsaint, read_reddit
 
+    spec = DGL_SPECS[name]
     if name == "reddit":
-        read_reddit(name, folder)
+        read_reddit(name, folder, spec.num_classes)
     else:
-        read_graphsaint(name, folder, DGL_SPECS[name].multilabel)
+        read_graphsaint(name, folder, spec.multilabel, spec.num_classes)
 
 
 def load_dgl_dataset(name: str, root: str | os.PathLike, force_reload: bool = False,
-                     download: bool = False) -> GraphDataset:
+                     download: bool = False, quiet: bool = False) -> GraphDataset:
     """Load ``flickr``, ``reddit`` or ``yelp`` with DGL's class; Yelp labels become float32 multi-hot.
 
     ``force_reload`` rebuilds ``dgl_graph.bin`` from the raw files; ``download`` lets DGL download the
@@ -141,7 +165,7 @@ def load_dgl_dataset(name: str, root: str | os.PathLike, force_reload: bool = Fa
     spec = DGL_SPECS[name]
     root = os.fspath(root)
     if download and not any(os.path.isdir(os.path.join(root, f)) for f in (dgl_raw_folder_name(spec), spec.name)):
-        _download(spec, root)
+        _download(spec, root, quiet)
     folder, dgl_native = check_dgl_dataset(name, root)
     instructions = spec.instructions(root)
     cache = os.path.join(folder, _CACHE_FILE)
@@ -158,8 +182,10 @@ def load_dgl_dataset(name: str, root: str | os.PathLike, force_reload: bool = Fa
     if verdict == "unchecked":
         check_dgl_header(name, cache, fix_raw)
     building = verdict in ("rebuild", "missing")
+    if building:
+        _diagnose_raw(name, folder)   # validated before DGL reads (and caches) anything
     cls = _offline_class(getattr(dgl.data, spec.dgl_class), spec, folder, dgl_native, instructions)
-    with no_prompt(name, folder, instructions):
+    with no_prompt(name, folder, instructions), quiet_output(quiet):
         try:
             ds = cls(raw_dir=root, force_reload=verdict == "rebuild", verbose=False)
         except DatasetNotFoundError:
@@ -176,8 +202,14 @@ def load_dgl_dataset(name: str, root: str | os.PathLike, force_reload: bool = Fa
     g.ndata["label"] = label.float() if spec.multilabel else label.long()
     for split in ("train", "val", "test"):
         g.ndata[f"{split}_mask"] = g.ndata[f"{split}_mask"].bool()
-    return GraphDataset(name, g, spec.num_classes, multilabel=spec.multilabel,
-                        metric="micro_f1" if spec.multilabel else "acc",
-                        source=f"dgl.data.{spec.dgl_class}",
-                        info={"folder": folder, "dgl_native_layout": dgl_native})
+    ds = GraphDataset(name, g, spec.num_classes, multilabel=spec.multilabel,
+                      metric="micro_f1" if spec.multilabel else "acc",
+                      source=f"dgl.data.{spec.dgl_class}",
+                      info={"folder": folder, "dgl_native_layout": dgl_native})
+    sources = raw_sources(name, folder)
+    if not building:   # read from DGL's cache: name it, the fix is a rebuild
+        sources = {k: cache for k in sources}
+    check_dataset(ds, sources, None if building else "delete it (it is rebuilt from the raw files) or pass "
+                  "force_reload=True (CLI: dgl-exact datasets --force-reload)")
+    return ds
 

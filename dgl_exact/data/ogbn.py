@@ -43,6 +43,8 @@ from unittest import mock
 from .._compat import import_dgl
 from .base import DatasetFileError, DatasetNotFoundError, GraphDataset, index_to_mask, missing_files, no_prompt
 from .cache import cache_verdict, check_dgl_header, resolve_unrecorded, writable, write_record
+from .download import fetch, quiet_output
+from .validate import check_dataset, fail, int_array, numeric_array
 
 __all__ = ["OGB_SPECS", "OgbSpec", "check_ogb", "load_ogbn"]
 
@@ -125,22 +127,29 @@ def check_ogb(name: str, root: str | os.PathLike) -> str:
 
 
 @contextlib.contextmanager
-def _ogb_guard(name: str, folder: str, instructions: str, download: bool = False) -> Iterator[ModuleType]:
+def _ogb_guard(name: str, folder: str, instructions: str, download: bool = False,
+               quiet: bool = False) -> Iterator[ModuleType]:
     """Import ogb's DGL dataset module; make ``input()`` raise and, unless ``download``, ogb's download
-    functions too. With ``download``, ogb's size prompt is answered yes (nothing else is answered)."""
+    functions too. With ``download``, ogb's size prompt is answered yes (nothing else is answered) and ogb's
+    downloader is dgl_exact's :func:`~dgl_exact.data.download.fetch` (one line on an HTTP error, bounded
+    attempts). With ``quiet``, ogb prints nothing (its processing messages and progress bars)."""
     import_dgl()
     from ogb.nodeproppred import dataset_dgl
+
+    def fetch_into(url, folder, log=True):
+        return fetch(url, os.path.join(folder, url.rpartition("/")[2]), quiet=quiet or not log)
 
     def refuse_download(*args, **kwargs):
         raise DatasetNotFoundError(name, folder, instructions=instructions,
                                    detail="ogb tried to download; pass download=True (CLI: --download) to allow it")
 
     if download:
-        patches = [mock.patch.object(dataset_dgl, "decide_download", lambda url: True)]
+        patches = [mock.patch.object(dataset_dgl, "decide_download", lambda url: True),
+                   mock.patch.object(dataset_dgl, "download_url", fetch_into)]
     else:
         patches = [mock.patch.object(dataset_dgl, "decide_download", refuse_download),
                    mock.patch.object(dataset_dgl, "download_url", refuse_download)]
-    with no_prompt(name, folder, instructions), contextlib.ExitStack() as stack:
+    with no_prompt(name, folder, instructions), contextlib.ExitStack() as stack, quiet_output(quiet):
         for p in patches:
             stack.enter_context(p)
         yield dataset_dgl
@@ -161,7 +170,71 @@ def _bad_gzip(folder: str, files) -> tuple[str, str] | None:
     return None
 
 
-def _download(name: str, root: str) -> None:
+def _read_csv(name: str, folder: str, rel: str, spec: OgbSpec, columns: int | None = None):
+    """``rel`` (a gzipped csv without header, as ogb reads it) as a numpy array, or one DatasetFileError line
+    naming it: unreadable, empty, or not ``columns`` columns."""
+    import pandas as pd
+
+    path = os.path.join(folder, rel)
+    fix = f"replace it with the file from {spec.url} (or get the dataset again)"
+    try:
+        values = pd.read_csv(path, compression="gzip", header=None).values
+    except pd.errors.EmptyDataError:
+        fail(name, path, "empty file; expected one row per entry", fix)
+    except (OSError, EOFError, zlib.error, ValueError, pd.errors.ParserError) as err:
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        fail(name, path, f"unreadable ({type(err).__name__}: {reason})", fix)
+    if values.shape[0] == 0:
+        fail(name, path, "empty file; expected one row per entry", fix)
+    if columns is not None and values.shape[1] != columns:
+        fail(name, path, f"{values.shape[1]} columns; expected {columns}", fix)
+    return values, path, fix
+
+
+def _check_ogb_raw(name: str, folder: str, spec: OgbSpec) -> None:
+    """Validate ``raw/`` before ogb reads it: ogb truncates float ids (``astype(int64)``), and DGL fails with a
+    traceback on edge ids beyond the node count or a feature row count that does not match."""
+    nodes, path, fix = _read_csv(name, folder, "raw/num-node-list.csv.gz", spec, columns=1)
+    if nodes.shape[0] != 1:
+        fail(name, path, f"{nodes.shape[0]} rows; expected 1 (one graph)", fix)
+    n = int(int_array(nodes[:, 0], dataset=name, path=path, field="num nodes", low=1, what="a node count",
+                      fix=fix)[0])
+    edges, path, fix = _read_csv(name, folder, "raw/edge.csv.gz", spec, columns=2)
+    int_array(edges, dataset=name, path=path, field="edge", high=n,
+              what=f"node ids (num-node-list.csv.gz says {n} nodes)", fix=fix)
+    counts, path, fix = _read_csv(name, folder, "raw/num-edge-list.csv.gz", spec, columns=1)
+    m = int_array(counts[:, 0], dataset=name, path=path, field="num edges", what="an edge count", fix=fix)
+    if m.shape[0] != 1 or int(m[0]) != edges.shape[0]:
+        fail(name, path, f"says {m.tolist()} edges; expected [{edges.shape[0]}] (the rows of edge.csv.gz)", fix)
+    feat, path, fix = _read_csv(name, folder, "raw/node-feat.csv.gz", spec)
+    numeric_array(feat, dataset=name, path=path, field="features", fix=fix)
+    if feat.shape[0] != n:
+        fail(name, path, f"{feat.shape[0]} rows; expected {n} (one per node, num-node-list.csv.gz)", fix)
+    label, path, fix = _read_csv(name, folder, "raw/node-label.csv.gz", spec, columns=1)
+    if label.shape[0] != n:
+        fail(name, path, f"{label.shape[0]} rows; expected {n} (one per node, num-node-list.csv.gz)", fix)
+    int_array(label[:, 0], dataset=name, path=path, field="label", high=spec.num_classes, what="classes", fix=fix)
+    for extra in spec.extra_node_files:
+        values, path, fix = _read_csv(name, folder, f"raw/{extra}.csv.gz", spec)
+        numeric_array(values, dataset=name, path=path, field=extra, fix=fix)
+        if values.shape[0] != n:
+            fail(name, path, f"{values.shape[0]} rows; expected {n} (one per node, num-node-list.csv.gz)", fix)
+
+
+def _split_csv(name: str, folder: str, spec: OgbSpec, n: int) -> dict:
+    """The split csv files, read and validated here (ogb would take the first column of anything, and fail
+    with a TypeError on text): one column of node ids in ``[0, n)``."""
+    import torch
+
+    split = {}
+    for part in _SPLITS:
+        values, path, fix = _read_csv(name, folder, f"split/{spec.split}/{part}.csv.gz", spec, columns=1)
+        split[part] = torch.from_numpy(int_array(values[:, 0], dataset=name, path=path, field=f"{part} ids",
+                                                 high=n, fix=fix))
+    return split
+
+
+def _download(name: str, root: str, quiet: bool = False) -> None:
     """Let ogb download ``name`` into ``root`` (only when its folder does not exist)."""
     spec = OGB_SPECS[name]
     folder = dataset_folder(spec, root)
@@ -172,7 +245,8 @@ def _download(name: str, root: str) -> None:
     if not writable(root):
         raise DatasetFileError(name, root, "read-only, cannot download into it", "choose a writable --data-root")
     os.makedirs(root, exist_ok=True)
-    with _ogb_guard(name, folder, spec.instructions(root), download=True) as dataset_dgl, warnings.catch_warnings():
+    with _ogb_guard(name, folder, spec.instructions(root), download=True, quiet=quiet) as dataset_dgl, \
+            warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")  # ogb's, harmless
         dataset_dgl.DglNodePropPredDataset(name=name, root=root)
 
@@ -230,7 +304,7 @@ def _split_dict(name: str, folder: str, spec: OgbSpec) -> dict:
 
 
 def load_ogbn(name: str, root: str | os.PathLike, force_reload: bool = False,
-              download: bool = False) -> GraphDataset:
+              download: bool = False, quiet: bool = False) -> GraphDataset:
     """Load ``ogbn-arxiv`` or ``ogbn-products`` with ogb; arxiv gets reverse edges (``dgl.to_bidirected``).
 
     Labels are flattened to 1-D int64; the ogb split becomes ``train_mask``/``val_mask``/``test_mask``.
@@ -243,11 +317,17 @@ def load_ogbn(name: str, root: str | os.PathLike, force_reload: bool = False,
     spec = OGB_SPECS[name]
     root = os.fspath(root)
     if download and not os.path.isdir(dataset_folder(spec, root)):
-        _download(name, root)
+        _download(name, root, quiet)
     folder = check_ogb(name, root)
     building = _prepare_cache(name, folder, force_reload)
+    if building:
+        bad = _bad_gzip(folder, spec.raw_files)
+        if bad:
+            raise DatasetFileError(name, bad[0], f"unreadable ({bad[1]})", "replace it with the file from "
+                                   f"{spec.url} (or get the dataset again)")
+        _check_ogb_raw(name, folder, spec)   # before ogb reads (and caches) anything
     cache = os.path.join(folder, "processed", "dgl_data_processed")
-    with _ogb_guard(name, folder, spec.instructions(root)) as dataset_dgl, warnings.catch_warnings():
+    with _ogb_guard(name, folder, spec.instructions(root), quiet=quiet) as dataset_dgl, warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")  # ogb's, harmless
         try:
             ds = dataset_dgl.DglNodePropPredDataset(name=name, root=root)
@@ -263,26 +343,21 @@ def load_ogbn(name: str, root: str | os.PathLike, force_reload: bool = False,
             raise DatasetFileError(name, cache, f"ogb cannot read it ({type(err).__name__}: {err})",
                                    "delete it (it is rebuilt from raw/) or pass force_reload=True "
                                    "(CLI: dgl-exact datasets --force-reload)") from None
-        try:
-            split = _split_dict(name, folder, spec) if os.path.isfile(_split_dict_path(folder, spec)) \
-                else ds.get_idx_split()
-        except (DatasetNotFoundError, DatasetFileError):
-            raise
-        except Exception:
-            bad = _bad_gzip(folder, spec.split_files)
-            if bad:
-                raise DatasetFileError(name, bad[0], f"unreadable ({bad[1]})", "replace it with the file from "
-                                       f"{spec.url} (or get the dataset again)") from None
-            raise
     if building:
         write_record(cache, folder, spec.raw_files)
     g, labels = ds[0]
     n = g.num_nodes()
+    split = _split_dict(name, folder, spec) if os.path.isfile(_split_dict_path(folder, spec)) \
+        else _split_csv(name, folder, spec, n)
     directed_edges = g.num_edges()
     if spec.reverse_edges:
         g = dgl.to_bidirected(g, copy_ndata=True)
     g.ndata["feat"] = g.ndata["feat"].float()
-    g.ndata["label"] = labels.reshape(n, -1)[:, 0].long()
+    label_path = os.path.join(folder, "raw", "node-label.csv.gz")
+    if labels.numel() != n:
+        fail(name, cache, f"{labels.numel()} labels for {n} nodes", "delete it (it is rebuilt from raw/) or pass "
+             "force_reload=True (CLI: dgl-exact datasets --force-reload)")
+    g.ndata["label"] = labels.reshape(n)
     for part in _SPLITS:
         idx = torch.as_tensor(split[part])
         if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= n):
@@ -293,7 +368,14 @@ def load_ogbn(name: str, root: str | os.PathLike, force_reload: bool = False,
     g.ndata["train_mask"] = index_to_mask(split["train"], n)
     g.ndata["val_mask"] = index_to_mask(split["valid"], n)
     g.ndata["test_mask"] = index_to_mask(split["test"], n)
-    return GraphDataset(name, g, spec.num_classes, multilabel=False, metric="acc",
-                        source="ogb DglNodePropPredDataset",
-                        info={"folder": folder, "ogb_num_edges": directed_edges,
-                              "reverse_edges_added": spec.reverse_edges})
+    split_path = _split_dict_path(folder, spec)
+    split_files = {s: split_path if os.path.isfile(split_path) else os.path.join(folder, "split", spec.split,
+                                                                                   f"{p}.csv.gz")
+                   for s, p in (("train", "train"), ("val", "valid"), ("test", "test"))}
+    ds = GraphDataset(name, g, spec.num_classes, multilabel=False, metric="acc",
+                      source="ogb DglNodePropPredDataset",
+                      info={"folder": folder, "ogb_num_edges": directed_edges,
+                            "reverse_edges_added": spec.reverse_edges})
+    check_dataset(ds, {"feat": os.path.join(folder, "raw", "node-feat.csv.gz"), "label": label_path, **split_files})
+    g.ndata["label"] = g.ndata["label"].long()
+    return ds

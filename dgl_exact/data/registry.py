@@ -7,8 +7,9 @@ from dataclasses import dataclass
 from .base import DatasetNotFoundError, GraphDataset, missing_files, standardize_features
 from .dgl_builtin import DGL_SPECS, check_dgl_dataset, dgl_raw_folder_name, load_dgl_dataset
 from .ogbn import OGB_SPECS, check_ogb, load_ogbn
-from .pyg_layout import GRAPHSAINT_FILES, REDDIT_FILES, read_graphsaint, read_reddit
+from .pyg_layout import GRAPHSAINT_FILES, REDDIT_FILES, raw_sources, read_graphsaint, read_reddit
 from .synthetic import SYNTHETIC_PRESETS, load_synthetic
+from .validate import check_dataset
 
 __all__ = ["DatasetSpec", "DATASETS", "load_dataset", "dataset_status", "default_root", "PYG_FOLDERS"]
 
@@ -175,24 +176,27 @@ def _load_pyg(key: str, folder: str) -> GraphDataset:
 
     dgl = import_dgl()
     multilabel = key == "yelp"
-    a = read_reddit(key, folder) if key == "reddit" else read_graphsaint(key, folder, multilabel)
+    spec = DATASETS[key]
+    a = (read_reddit(key, folder, spec.num_classes) if key == "reddit"
+         else read_graphsaint(key, folder, multilabel, spec.num_classes))
     n = a["num_nodes"]
     g = dgl.graph((torch.from_numpy(a["src"]), torch.from_numpy(a["dst"])), num_nodes=n)
     g.ndata["feat"] = torch.from_numpy(a["feat"])
     g.ndata["label"] = torch.from_numpy(a["label"])
     for split in ("train", "val", "test"):
         g.ndata[f"{split}_mask"] = torch.from_numpy(a[f"{split}_mask"])
-    spec = DATASETS[key]
     pyg_class = {"flickr": "Flickr", "yelp": "Yelp", "reddit": "Reddit", "reddit2": "Reddit2"}[key]
-    return GraphDataset(key, g, spec.num_classes, multilabel=multilabel, metric="micro_f1" if multilabel else "acc",
-                        source=f"PyG layout (raw files read as torch_geometric.datasets.{pyg_class})",
-                        info={"folder": folder, "layout": "pyg"},
-                        key=key if key == "reddit2" else f"{key}-pyg")
+    ds = GraphDataset(key, g, spec.num_classes, multilabel=multilabel, metric="micro_f1" if multilabel else "acc",
+                      source=f"PyG layout (raw files read as torch_geometric.datasets.{pyg_class})",
+                      info={"folder": folder, "layout": "pyg"},
+                      key=key if key == "reddit2" else f"{key}-pyg")
+    check_dataset(ds, raw_sources(key, folder))
+    return ds
 
 
 def load_dataset(name: str, root: str | os.PathLike | None = None, *, seed: int = 0,
                  self_loop: bool = False, standardize: bool = False, force_reload: bool = False,
-                 download: bool = False, **kwargs) -> GraphDataset:
+                 download: bool = False, quiet: bool = False, **kwargs) -> GraphDataset:
     """Load dataset ``name`` (see ``DATASETS``) from ``root`` (default :func:`default_root`).
 
     Never reads stdin, and downloads only with ``download=True``: missing files raise
@@ -202,6 +206,7 @@ def load_dataset(name: str, root: str | os.PathLike | None = None, *, seed: int 
     * ``download=True``: a dataset whose folder does not exist is fetched by ogb's or DGL's own
       downloader into ``root`` (ogb's size prompt answered yes; nothing existing is deleted). reddit2 has
       no downloader (PyG fetches it from Google Drive).
+    * ``quiet=True``: ogb's and DGL's messages and progress bars (downloads, processing) are not printed.
     * ``force_reload=True``: rebuild ogb's / DGL's processed file from the raw files. Without it, the
       processed file is rebuilt anyway when the raw files changed or it was truncated (fingerprints in
       ``<processed file>.dgl_exact.json``, see :mod:`~dgl_exact.data.cache`).
@@ -229,7 +234,7 @@ def load_dataset(name: str, root: str | os.PathLike | None = None, *, seed: int 
         ds = load_synthetic(name.strip().lower(), seed=seed, **kwargs)
     elif key in OGB_SPECS:
         _no_kwargs(key, kwargs)
-        ds = load_ogbn(key, _ogb_root(key, root), force_reload=force_reload, download=download)
+        ds = load_ogbn(key, _ogb_root(key, root), force_reload=force_reload, download=download, quiet=quiet)
     elif key == "reddit2":
         _no_kwargs(key, kwargs)
         try:
@@ -249,7 +254,7 @@ def load_dataset(name: str, root: str | os.PathLike | None = None, *, seed: int 
                 raise
             kind, folder = "dgl", ""
         if kind == "dgl":
-            ds = load_dgl_dataset(key, root, force_reload=force_reload, download=download)
+            ds = load_dgl_dataset(key, root, force_reload=force_reload, download=download, quiet=quiet)
         else:
             ds = _load_pyg(key, folder)    # nothing cached for PyG's layout
     else:  # pragma: no cover - DATASETS and the loaders are kept in sync

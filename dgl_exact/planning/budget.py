@@ -672,22 +672,96 @@ def _uniform_variance(slots: Sequence[Slot], name: str) -> float:
     return total
 
 
-def _refusal(spec: PlanSpec, budget: int, needed_total: int, uniform: Dict[str, PlanRecord]) -> str:
+def _refusal(spec: PlanSpec, budget: int, needed_total: int, uniform: Dict[str, PlanRecord],
+             suggestion: Optional[str] = None, checked: bool = False) -> str:
     fb = memory.format_bytes
+    if suggestion is None:
+        suggestion = suggested_budget(needed_total)[0]
+    fit = (f"It would fit with --memory-budget {suggestion} (checked: a plan within it was found)" if checked
+           else f"It would fit with --memory-budget {suggestion} or more")
     fits = [f"{n} ({fb(r.total_bytes)})" for n, r in uniform.items() if r.total_bytes <= budget]
     smallest = min(uniform.values(), key=lambda r: r.total_bytes)
     static = ", ".join(f"{k[:-6].replace('_', ' ')} {fb(v)}" for k, v in smallest.breakdown.items() if v >= 2**20)
     return (f"memory budget {fb(budget)} cannot be met for {spec.describe()}: the most aggressive per-tensor plan "
-            f"needs {fb(needed_total)} (static memory alone {fb(smallest.static_bytes)}: {static}). It would fit with "
-            f"--memory-budget {fb(needed_total)} or more"
+            f"needs {fb(needed_total)} (static memory alone {fb(smallest.static_bytes)}: {static}). {fit}"
             + (f"; uniform settings within the budget: {', '.join(fits)}" if fits else "")
             + "; or train on subgraphs (--sampler cluster or saint), or with fewer layers or a smaller hidden size.")
+
+
+def budget_report(plan: "BudgetPlan", measured_step_peak: Optional[int]) -> dict:
+    """What ``train --memory-budget`` writes to its ``--json``: the budget, the plan's prediction and the
+    measured step (total = predicted static memory + measured step peak), and by how much that is over."""
+    r = plan.record
+    measured_total = None if measured_step_peak is None else r.static_bytes + int(measured_step_peak)
+    return {"budget_bytes": int(plan.budget), "predicted_static_bytes": int(r.static_bytes),
+            "predicted_step_peak_bytes": int(r.step_peak_bytes), "predicted_total_bytes": int(r.total_bytes),
+            "measured_step_peak_bytes": measured_step_peak, "measured_total_bytes": measured_total,
+            "over_budget_bytes": max(0, measured_total - int(plan.budget)) if measured_total is not None else 0}
+
+
+def suggested_budget(needed: int) -> tuple:
+    """``(text, bytes)``: ``needed`` rounded up to what :func:`~dgl_exact.memory.format_bytes` shows (two
+    decimals of its unit), written so that giving ``text`` back as a budget is at least ``needed`` bytes."""
+    from .predict import parse_bytes
+
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if needed >= scale:
+            text = f"{-(-needed * 100 // scale) / 100:.2f}{unit}"
+            value = parse_bytes(text)
+            while value < needed:  # float formatting fell a hair short
+                text = f"{float(text[:-3]) + 0.01:.2f}{unit}"
+                value = parse_bytes(text)
+            return text, value
+    return f"{int(needed)}B", int(needed)
 
 
 def budget_plan(spec: PlanSpec, budget: int, data=None, replicas: int = 2, gpu: bool = False,
                 samples: Optional[tuple] = None, probe_nodes: int = 200_000, log: Callable[[str], None] = None,
                 seed: int = 0, sample_nodes: int = SAMPLE_NODES,
-                uniform: Optional[Dict[str, PlanRecord]] = None, relative: bool = True) -> BudgetPlan:
+                uniform: Optional[Dict[str, PlanRecord]] = None, relative: bool = True,
+                tries: int = 4) -> BudgetPlan:
+    """:func:`_budget_plan_once`, and on a refusal the minimum it suggests is checked: the planner is run at the
+    suggested budget (rounded up to what is printed) and, where that is refused too, at the larger minimum it
+    then names, up to ``tries`` times; the refusal names a budget that was accepted, so giving it back works
+    (the minimum is a fixed point). Where no try is accepted, it says so."""
+    kwargs = dict(data=data, replicas=replicas, gpu=gpu, probe_nodes=probe_nodes, seed=seed,
+                  sample_nodes=sample_nodes, uniform=uniform, relative=relative)
+    with single_thread() if data is None else contextlib.nullcontext():
+        samples = samples or samples_for(spec, gpu, sample_nodes)
+    try:
+        return _budget_plan_once(spec, budget, samples=samples, log=log, **kwargs)
+    except BudgetError as err:
+        first = err
+    needed = getattr(first, "needed_total", None)
+    for _ in range(tries if needed is not None else 0):
+        text, candidate = suggested_budget(max(needed, budget + 1))
+        try:
+            _budget_plan_once(spec, candidate, samples=samples, log=None, **kwargs)
+        except BudgetError as again:
+            needed = max(getattr(again, "needed_total", None) or 0, candidate + 1)
+            continue
+        raise BudgetError(first.reason_at(text) if hasattr(first, "reason_at") else str(first)) from None
+    if needed is not None and tries:
+        text, _ = suggested_budget(needed)
+        raise BudgetError(first.reason_at(text, checked=False)) from None
+    raise first
+
+
+class _Refusal(BudgetError):
+    """A refusal whose suggested budget is filled in by :func:`budget_plan` once checked."""
+
+    def __init__(self, spec, budget, needed_total, uniform):
+        self.spec, self.budget, self.needed_total, self.uniform = spec, budget, int(needed_total), uniform
+        super().__init__(_refusal(spec, budget, needed_total, uniform))
+
+    def reason_at(self, text: str, checked: bool = True) -> str:
+        return _refusal(self.spec, self.budget, self.needed_total, self.uniform, text, checked)
+
+
+def _budget_plan_once(spec: PlanSpec, budget: int, data=None, replicas: int = 2, gpu: bool = False,
+                      samples: Optional[tuple] = None, probe_nodes: int = 200_000, log: Callable[[str], None] = None,
+                      seed: int = 0, sample_nodes: int = SAMPLE_NODES,
+                      uniform: Optional[Dict[str, PlanRecord]] = None, relative: bool = True) -> BudgetPlan:
     """Plan a compression per kept activation of ``spec`` so that static memory + step peak stays within
     ``budget`` bytes. ``data``: ``(graph, feat, label_rows, train_idx)`` to estimate sensitivities on (the
     training data; a random subgraph of ``probe_nodes`` nodes when larger); default: the planner's sample
@@ -720,8 +794,7 @@ def budget_plan(spec: PlanSpec, budget: int, data=None, replicas: int = 2, gpu: 
             try:
                 trade_plans(slots, room, uniform)  # a trade plan may fit (if its recorded step confirms it)
             except BudgetError as e2:
-                raise BudgetError(_refusal(spec, budget, ref.static_bytes + min(e.needed, e2.needed),
-                                           uniform)) from None
+                raise _Refusal(spec, budget, ref.static_bytes + min(e.needed, e2.needed), uniform) from None
     if data is None:
         graph, feat, label, idx = g2.graph, g2.feat, g2.label, g2.idx
     else:
@@ -765,7 +838,7 @@ def budget_plan(spec: PlanSpec, budget: int, data=None, replicas: int = 2, gpu: 
         plan.record, plan.allocation = verified
     else:
         if sound is None:  # only trade plans could fit, and none did on its recorded step
-            raise BudgetError(_refusal(spec, budget, min(totals) if totals else least, uniform))
+            raise _Refusal(spec, budget, min(totals) if totals else least, uniform)
         for s, c in zip(slots, sound[2]):
             s.choice = c
         plan.record = _record_plan(plan, g1, g2)

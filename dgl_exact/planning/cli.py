@@ -51,8 +51,15 @@ def plan_command(dataset, nodes, edges, features, classes, train_nodes, model, h
     from .. import memory
     from . import predict as P
 
+    from ..cli import _check_outputs, parse_size
+
     t0 = time.perf_counter()
     hyper = dict(hidden=hidden, layers=layers, dropout=dropout, batch_norm=batch_norm, heads=heads)
+    if budget is not None and budget != "device":
+        budget = parse_size(budget, "--budget")
+    if str(device).strip() != "cpu" and not str(device).strip().startswith("cuda"):
+        parse_size(device, "--device")
+    _check_outputs(files={"--json": json_path})   # before any work, as train's --json
     try:
         if dataset is not None:
             if nodes is not None:
@@ -74,7 +81,7 @@ def plan_command(dataset, nodes, edges, features, classes, train_nodes, model, h
         if budget is not None:
             from .budget import plan_row
 
-            limit = total if budget == "device" else P.parse_bytes(budget)
+            limit = total if budget == "device" else budget
             if limit is None:
                 raise ValueError("--budget device: this device's memory is unknown; give a size")
             records.append(plan_row(spec, limit, device, uniform={r.setting: r for r in records}))
@@ -89,6 +96,7 @@ def plan_command(dataset, nodes, edges, features, classes, train_nodes, model, h
                                               for k, v in records[0].breakdown.items()))
     click.echo(f"predicted from recorded steps on two sample graphs in {time.perf_counter() - t0:.1f} s")
     if json_path:
+        os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)  # as train's --json
         with open(json_path, "w") as f:
             json.dump([r.to_dict() for r in records], f, indent=1)
 

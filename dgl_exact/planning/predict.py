@@ -31,9 +31,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import difflib
+import math
 import re
 import time
 import weakref
+from decimal import Decimal
+from fractions import Fraction
 from typing import Dict, List, Optional, Sequence
 
 import torch
@@ -153,14 +156,36 @@ def _tensors(tree, out=None) -> list:
             _tensors(t, out)
     return out
 
-def parse_bytes(text) -> int:
-    """``"2GiB"``, ``"512 MiB"``, ``"1.5GB"``, ``"3e9"`` or an int: bytes."""
-    if isinstance(text, (int, float)) and not isinstance(text, bool):
-        return int(text)
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*", str(text))
-    if not m or m.group(2).lower() not in _UNITS:
-        raise ValueError(f"cannot read {text!r} as a memory size; examples: 2GiB, 512MiB, 1.5GB, 3e9")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+MAX_BYTES = 2 ** 63 - 1    # what a byte count can hold (torch and the allocators count in int64)
+
+
+def parse_bytes(text, option: str = "size") -> int:
+    """``"2GiB"``, ``"512 MiB"``, ``"1.5GB"``, ``"3e9"`` or an int: bytes. The one parser of every size the CLI
+    takes: anything it cannot represent (``1e400GiB``, ``1e309``, ``inf``, ``nan``, negative, more than
+    ``2**63 - 1`` bytes) is a ValueError naming ``option``, never an OverflowError."""
+    examples = "examples: 2GiB, 512MiB, 1.5GB, 3e9"
+    if isinstance(text, bool):
+        raise ValueError(f"{option}: cannot read {text!r} as a memory size; {examples}")
+    if isinstance(text, int):
+        value = text
+    elif isinstance(text, float):
+        if not math.isfinite(text):
+            raise ValueError(f"{option}: {text!r} is not a finite memory size; {examples}")
+        value = int(text)
+    else:
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*", str(text))
+        if not m or m.group(2).lower() not in _UNITS:
+            raise ValueError(f"{option}: cannot read {text!r} as a memory size; {examples}")
+        number, unit = m.group(1), _UNITS[m.group(2).lower()]
+        digits = Decimal(number)
+        exact = Fraction(digits) if -30 <= digits.adjusted() <= 30 else Fraction(0 if digits.adjusted() < 0 else 2)
+        if exact * unit > MAX_BYTES or digits.adjusted() > 30:
+            raise ValueError(f"{option}: {str(text).strip()} is more than any memory ({MAX_BYTES:,} bytes); "
+                             f"{examples}")
+        value = int(exact * unit)
+    if not 0 <= value <= MAX_BYTES:
+        raise ValueError(f"{option}: {text!r} bytes is not a memory size (0 to {MAX_BYTES:,}); {examples}")
+    return value
 
 
 def device_bytes(device: str) -> tuple:
@@ -182,7 +207,7 @@ def device_bytes(device: str) -> tuple:
             raise ValueError(f"device {d!r}: no CUDA device visible; give its memory size instead, e.g. 80GiB")
         props = torch.cuda.get_device_properties(torch.device(d))
         return props.total_memory, f"{d} ({props.name}, {memory.format_bytes(props.total_memory)})"
-    n = parse_bytes(d)
+    n = parse_bytes(d, "device")
     return n, f"{memory.format_bytes(n)} device"
 
 

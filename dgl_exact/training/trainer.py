@@ -83,6 +83,7 @@ class TrainResults:
     metric: str
     runs: List[RunResult]
     environment: Dict[str, Any]
+    memory_budget: Optional[Dict[str, Any]] = None   # train --memory-budget: the plan against what was measured
 
     def summary(self) -> Dict[str, Any]:
         out = {}
@@ -103,8 +104,11 @@ class TrainResults:
         return out
 
     def to_dict(self) -> Dict[str, Any]:
-        return {"config": self.config, "metric": self.metric, "summary": self.summary(),
-                "runs": [dataclasses.asdict(r) for r in self.runs], "environment": self.environment}
+        out = {"config": self.config, "metric": self.metric, "summary": self.summary(),
+               "runs": [dataclasses.asdict(r) for r in self.runs], "environment": self.environment}
+        if self.memory_budget is not None:
+            out["memory_budget"] = self.memory_budget
+        return out
 
 
 def environment_info(device: torch.device) -> Dict[str, Any]:
@@ -153,7 +157,8 @@ class Trainer:
         self.checkpoint_saved = False
         self.progress = (sys.stderr.isatty() if progress is None else progress) and rank == 0
         self.dataset = dataset if dataset is not None else load_dataset(
-            config.dataset, config.data_root, seed=config.seed, standardize=config.standardize)
+            config.dataset, config.data_root, seed=config.seed, standardize=config.standardize,
+            quiet=progress is False)
         self._prepare_graph()
 
     # --- data ---------------------------------------------------------------------------------------
