@@ -101,13 +101,18 @@ def into(buf: torch.Tensor, op: str, other) -> torch.Tensor:
     if compiling():  # the compiler plans buffers itself (and dynamo cannot trace torch.result_type)
         return torch.add(buf, other) if op == "add" else torch.mul(buf, other)
     if isinstance(other, torch.Tensor):
-        fits = (torch.result_type(buf, other) == buf.dtype
-                and torch.broadcast_shapes(buf.shape, other.shape) == buf.shape)
+        fits = torch.result_type(buf, other) == buf.dtype and _broadcasts_into(other.shape, buf.shape)
     else:
         fits = torch.result_type(buf, other) == buf.dtype
     if not fits or buf._base is not None:  # torch refuses in-place ops on views of a custom Function's output
         return torch.add(buf, other) if op == "add" else torch.mul(buf, other)
     return buf.add_(other) if op == "add" else buf.mul_(other)
+
+
+def _broadcasts_into(shape, target) -> bool:
+    """Whether ``shape`` broadcasts to exactly ``target`` (``torch.broadcast_shapes`` would import sympy
+    through torch._refs on its first call: tens of MiB of resident memory for a shape check)."""
+    return len(shape) <= len(target) and all(s in (1, t) for s, t in zip(reversed(shape), reversed(target)))
 
 
 def kept_by_reference(x: torch.Tensor, config: CompressionConfig) -> bool:
