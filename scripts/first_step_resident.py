@@ -4,7 +4,6 @@ fresh interpreter; prints one JSON line per case.
 
     python scripts/first_step_resident.py            # DGL, dgl_exact (auto backend), dgl_exact with torch kernels
 """
-import json
 import os
 import subprocess
 import sys
