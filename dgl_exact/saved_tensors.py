@@ -83,6 +83,14 @@ def keep_exact() -> Iterator[None]:
         _keep_exact_depth.reset(token)
 
 
+def _outer_hooks():
+    """The saved-tensor hooks in force around this scope (a memory meter's, say), to pack through them in
+    turn; None where there are none, or where torch cannot tell (before 2.2: then the outer hooks do not see
+    what this scope packs, as with any nested ``saved_tensors_hooks``)."""
+    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+    return top(False) if top is not None else None
+
+
 @contextlib.contextmanager
 def compress_saved(config: Optional[CompressionConfig] = None, *, model: Optional[torch.nn.Module] = None,
                    min_bytes: int = 64 * 1024, enabled: bool = True) -> Iterator[SavedTensorsStats]:
@@ -101,7 +109,7 @@ def compress_saved(config: Optional[CompressionConfig] = None, *, model: Optiona
         static = {_ptr(t) for t in (*model.parameters(), *model.buffers())}
     own: set = set()  # storages dgl_exact's own ops keep (see keeping.save_kept)
     cache: dict = {}
-    outer = torch._C._autograd._top_saved_tensors_default_hooks(False)
+    outer = _outer_hooks()
     outer_pack, outer_unpack = outer if outer is not None else (None, None)
 
     def passthrough(t):

@@ -292,6 +292,8 @@ def test_compress_saved_opt_outs():
     assert stats.compressed == 1 and stats.kept == 1
 
 
+@pytest.mark.skipif(not hasattr(torch._C._autograd, "_top_saved_tensors_default_hooks"),
+                    reason="torch < 2.2 cannot tell a scope the saved-tensor hooks around it")
 def test_compress_saved_composes_with_memory_measure():
     torch.manual_seed(9)
     model = _block_model(128)
@@ -317,7 +319,9 @@ def test_compress_model_saved_tensors_scope_closed_after_error():
     with pytest.raises(RuntimeError):
         model(torch.randn(3, 5))
     assert model._compress_saved_scopes == []
-    assert torch._C._autograd._top_saved_tensors_default_hooks(False) is None
+    from dgl_exact.saved_tensors import _outer_hooks
+
+    assert _outer_hooks() is None  # no hooks left in force (torch < 2.2 cannot tell: None as well)
 
 
 def test_compress_saved_never_compresses_dgl_exact_saves_twice():
