@@ -180,3 +180,65 @@ def test_autocast_matches_dgl_under_autocast(d_in, d_out, small_chunks, exact_ke
     for name, grad in want[2].items():
         assert got[2][name].dtype == grad.dtype == torch.float32, name
         torch.testing.assert_close(got[2][name], grad, rtol=3e-2, atol=5e-2, msg=name)
+
+
+def test_fused_after_compress_model_converted_the_submodules(monkeypatch):
+    """``compress_model`` turns DGL's SAGEConv and its ``fc_self``/``fc_neigh`` (``nn.Linear``) into
+    dgl_exact's: a dgl_exact ``Linear`` under the conv's own configuration computes what the fused op does,
+    so the user's converted model runs the same fused op as the project's."""
+    calls = _spy(monkeypatch)
+    ref = torch.nn.ModuleList([dgl.nn.SAGEConv(7, 5, "mean")])
+    mine = dgl_exact.compress_model(torch.nn.ModuleList([dgl.nn.SAGEConv(7, 5, "mean")]), _cfg())
+    mine.load_state_dict(ref.state_dict())
+    assert type(mine[0].fc_self) is dgl_exact.nn.layers.Linear
+    g, x = _graph(12), torch.randn(12, 7)
+    out = mine[0](g, x.clone().requires_grad_())
+    assert len(calls) == 1
+    assert torch.allclose(out, ref[0](g, x), rtol=1e-5, atol=1e-6)
+
+
+def test_not_fused_when_a_converted_linear_keeps_differently(monkeypatch):
+    """A dgl_exact ``Linear`` with its own compression (not the conv's) keeps its input its own way: the
+    conv calls it rather than fusing it under the conv's configuration."""
+    calls = _spy(monkeypatch)
+    conv = dgl_exact.compress_model(torch.nn.ModuleList([dgl.nn.SAGEConv(7, 5, "mean")]), _cfg())[0]
+    conv.fc_self.compression = _cfg(bits=8)
+    seen = []
+    real = type(conv.fc_self).forward
+
+    def counting(self, x):
+        seen.append(self.compression.bits)
+        return real(self, x)
+
+    monkeypatch.setattr(type(conv.fc_self), "forward", counting)
+    conv(_graph(12), torch.randn(12, 7, requires_grad=True)).sum().backward()
+    assert calls == [] and seen == [8]
+
+
+@pytest.mark.parametrize("which", ["fc_self", "fc_neigh", "feat_drop"])
+@pytest.mark.parametrize("convert", [False, True])
+def test_hooks_on_submodules_fire_as_in_dgl(which, convert):
+    """A forward hook on a submodule (here one that doubles its output) sees the submodule's own call and
+    changes the result exactly as under DGL's SAGEConv: the conv then calls the submodule instead of
+    running its op (or the fused op) itself."""
+    torch.manual_seed(3)
+    ref = dgl.nn.SAGEConv(7, 5, "mean", feat_drop=0.0)
+    if convert:
+        mine = dgl_exact.compress_model(torch.nn.ModuleList([dgl.nn.SAGEConv(7, 5, "mean")]), _cfg())[0]
+    else:
+        mine = dgl_exact.SAGEConv(7, 5, "mean", compression=_cfg())
+    mine.load_state_dict(ref.state_dict())
+    fired = []
+
+    def double(module, args, output):
+        fired.append(module)
+        return output * 2
+
+    for conv in (ref, mine):
+        getattr(conv, which).register_forward_hook(double)
+    g, x = _graph(12), torch.randn(12, 7)
+    expected = ref(g, x)
+    out = mine(g, x.clone().requires_grad_())
+    out.sum().backward()
+    assert len(fired) == 2
+    assert torch.allclose(out, expected, rtol=1e-5, atol=1e-6)

@@ -79,15 +79,27 @@ def apply_linear(layer: nn.Module, x: torch.Tensor, config: CompressionConfig) -
     """``layer(x)``: a plain :class:`torch.nn.Linear` (its own ``forward``) runs as :func:`ops.linear`
     keeping its input compressed; any other module a user put in its place (``nn.Sequential``, a LoRA
     wrapper, ``nn.Identity``, ...) is simply called, as DGL would."""
-    if plain_linear(layer):
+    if plain_linear(layer, config):
         return ops.linear(x, layer.weight, layer.bias, config)
     return layer(x)
 
 
-def plain_linear(layer: nn.Module) -> bool:
-    """Whether ``layer`` is a plain :class:`torch.nn.Linear` (its own ``forward``): :func:`apply_linear` then
-    returns a fresh tensor the caller owns."""
-    return isinstance(layer, nn.Linear) and type(layer).forward is nn.Linear.forward
+def plain_linear(layer: nn.Module, config: CompressionConfig) -> bool:
+    """Whether calling ``layer(x)`` computes exactly ``ops.linear(x, layer.weight, layer.bias, config)``
+    (``config``: the calling module's), so that the caller may run that op itself, or fuse it:
+
+    * a :class:`torch.nn.Linear` running its own ``forward`` (it keeps nothing of its own choosing: the
+      calling module's configuration applies, as for DGL's submodules), or dgl_exact's :class:`Linear`
+      (what :func:`dgl_exact.compress_model` makes of one) whose own configuration resolves to ``config``;
+    * with no hook on it, nor a global one: a hook sees the submodule's own call.
+
+    :func:`apply_linear` then returns a fresh tensor the caller owns."""
+    if not isinstance(layer, nn.Linear) or hooks_present(layer):
+        return False
+    forward = type(layer).forward
+    if forward is nn.Linear.forward:
+        return True
+    return forward is _linear_forward() and layer._config() == config
 
 
 def into(buf: torch.Tensor, op: str, other) -> torch.Tensor:
@@ -127,7 +139,7 @@ def apply_dropout(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """``module(x)``: a plain :class:`torch.nn.Dropout` runs as :func:`ops.dropout` (no mask kept; in the
     module's own train/eval mode, as calling it would); any replacement (``nn.Identity()``, another
     regulariser) is simply called, as DGL would."""
-    if isinstance(module, nn.Dropout) and type(module).forward in (nn.Dropout.forward, _dropout_forward()):
+    if _plain_dropout(module):
         return ops.dropout(x, module.p, module.training)
     return module(x)
 
@@ -135,17 +147,30 @@ def apply_dropout(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
 def plain_dropout_p(module: nn.Module) -> Optional[float]:
     """The probability of a plain :class:`torch.nn.Dropout` (0 for ``nn.Identity`` or a dropout in eval
     mode); None for any other module (the caller cannot fuse it and must apply it as is)."""
-    if isinstance(module, nn.Identity):
+    if isinstance(module, nn.Identity) and not hooks_present(module):
         return 0.0
-    if isinstance(module, nn.Dropout) and type(module).forward in (nn.Dropout.forward, _dropout_forward()):
+    if _plain_dropout(module):
         return float(module.p) if module.training else 0.0
     return None
+
+
+def _plain_dropout(module: nn.Module) -> bool:
+    """A :class:`torch.nn.Dropout` (or dgl_exact's) running its own ``forward``, without hooks (a hook sees
+    the submodule's own call, which the caller would otherwise replace by the op)."""
+    return (isinstance(module, nn.Dropout) and type(module).forward in (nn.Dropout.forward, _dropout_forward())
+            and not hooks_present(module))
 
 
 def _dropout_forward():
     from .layers import Dropout
 
     return Dropout.forward
+
+
+def _linear_forward():
+    from .layers import Linear
+
+    return Linear.forward
 
 
 def check_feature_rows(st, feat_src) -> None:

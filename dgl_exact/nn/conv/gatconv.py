@@ -163,7 +163,7 @@ class GATConv(CompressedModuleMixin, dgl.nn.GATConv):
             reason = "not a training forward with grad"
         elif hooks_present(self):
             reason = "the module has hooks"
-        elif self.res_fc is not None or not plain_linear(self.fc) or plain_dropout_p(self.feat_drop) is None:
+        elif self.res_fc is not None or not plain_linear(self.fc, cfg) or plain_dropout_p(self.feat_drop) is None:
             reason = "a residual, or fc / feat_drop replaced by other modules"
         elif not cfg.enabled or stash_hook_active() or feat._base is not None:
             reason = "the input may be kept by reference (compression off, a planner hook, or a view)"

@@ -104,7 +104,7 @@ class SAGEConv(CompressedModuleMixin, dgl.nn.SAGEConv):
         cfg = self._config()
         if (not cfg.enabled or isinstance(feat, tuple) or getattr(graph, "is_block", False)
                 or self._aggre_type not in ("mean", "pool") or plain_dropout_p(self.feat_drop) != 0
-                or not _plain_linear(self.fc_self)):
+                or not _plain_linear(self.fc_self, cfg)):
             return None
         return cfg
 
@@ -114,7 +114,8 @@ class SAGEConv(CompressedModuleMixin, dgl.nn.SAGEConv):
         capture."""
         return (self._aggre_type == "mean" and cfg.enabled and not isinstance(feat, tuple)
                 and not st.is_block and edge_weight is None and x.dim() == 2
-                and _plain_linear(self.fc_self) and _plain_linear(self.fc_neigh) and self.fc_neigh.bias is None
+                and _plain_linear(self.fc_self, cfg) and _plain_linear(self.fc_neigh, cfg)
+                and self.fc_neigh.bias is None
                 and (x.dtype == self.fc_self.weight.dtype == self.fc_neigh.weight.dtype
                      or (autocast_dtype(x.device.type) is not None and x.is_floating_point()))
                 and needs_saving(x, self.fc_self.weight, self.fc_self.bias, self.fc_neigh.weight)
@@ -192,7 +193,7 @@ class SAGEConv(CompressedModuleMixin, dgl.nn.SAGEConv):
             rst = fc(self.fc_self, feat_dst)
             # fc_neigh's output is added into fc_self's (a fresh buffer this module owns when fc_self is a
             # plain Linear): one layer-sized buffer fewer at the forward's peak than ``a + b``
-            rst = into(rst, "add", h_neigh) if _plain_linear(self.fc_self) else rst + h_neigh
+            rst = into(rst, "add", h_neigh) if _plain_linear(self.fc_self, cfg) else rst + h_neigh
         del h_neigh
         if self.activation is not None:
             rst = compressed_activation(self.activation, cfg)(rst)
