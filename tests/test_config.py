@@ -530,7 +530,7 @@ def test_train_config_holds_a_compression_config(tmp_path):
 
 def test_accuracy_grid_trains_the_whole_compression_setting(monkeypatch):
     from dgl_exact.bench import runner
-    from dgl_exact.bench.settings import Setting
+    from dgl_exact.planning.settings import Setting
     from dgl_exact.training import trainer as trainer_module
 
     seen = []

@@ -73,7 +73,7 @@ def main(argv=None):
     from ..data import load_dataset
     from ..config import config as compression_scope
     from .runner import Workload
-    from .settings import select
+    from ..planning.settings import select
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dataset", default="synthetic-arxiv")

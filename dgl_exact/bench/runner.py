@@ -22,7 +22,7 @@ from ..config import config as compression_scope
 from ..training.models import build_model
 from .user_models import USER_MODELS, build_user_model
 from .results import ResultSink
-from .settings import Setting
+from ..planning.settings import Setting
 
 dgl = import_dgl()
 

@@ -15,6 +15,14 @@ from ..config import CompressionConfig, resolve_config
 _DISABLED = CompressionConfig(enabled=False)
 
 
+class Dropout(nn.Dropout):
+    """Dropout keeping nothing: backward regenerates the mask from its seed. (Public as
+    :class:`dgl_exact.nn.Dropout`; defined here because :func:`apply_dropout` recognises it.)"""
+
+    def forward(self, x):
+        return ops.dropout(x, self.p, self.training)
+
+
 class CompressedModuleMixin:
     """``compression``: a :class:`CompressionConfig` for this module, or None to follow the configuration
     in force (``dgl_exact.config(...)`` scopes, then ``dgl_exact.set_config``). Modules in ``eval()``
@@ -127,7 +135,7 @@ def apply_dropout(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """``module(x)``: a plain :class:`torch.nn.Dropout` runs as :func:`ops.dropout` (no mask kept; in the
     module's own train/eval mode, as calling it would); any replacement (``nn.Identity()``, another
     regulariser) is simply called, as DGL would."""
-    if isinstance(module, nn.Dropout) and type(module).forward in (nn.Dropout.forward, _dropout_forward()):
+    if isinstance(module, nn.Dropout) and type(module).forward in (nn.Dropout.forward, Dropout.forward):
         return ops.dropout(x, module.p, module.training)
     return module(x)
 
@@ -137,15 +145,9 @@ def plain_dropout_p(module: nn.Module) -> Optional[float]:
     mode); None for any other module (the caller cannot fuse it and must apply it as is)."""
     if isinstance(module, nn.Identity):
         return 0.0
-    if isinstance(module, nn.Dropout) and type(module).forward in (nn.Dropout.forward, _dropout_forward()):
+    if isinstance(module, nn.Dropout) and type(module).forward in (nn.Dropout.forward, Dropout.forward):
         return float(module.p) if module.training else 0.0
     return None
-
-
-def _dropout_forward():
-    from .layers import Dropout
-
-    return Dropout.forward
 
 
 def check_feature_rows(st, feat_src) -> None:

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from .. import ops
 from ..config import CompressionConfig
-from ._base import CompressedModuleMixin
+from ._base import CompressedModuleMixin, Dropout
 
 __all__ = ["Linear", "BatchNorm1d", "ReLU", "LeakyReLU", "ELU", "Dropout", "ReLUDropout", "LayerNorm", "GELU", "SiLU",
            "PReLU", "Softmax", "LogSoftmax"]
@@ -83,13 +83,6 @@ class ELU(CompressedModuleMixin, nn.ELU):
 
     def forward(self, x):
         return ops.elu(x, self.alpha, self._config())
-
-
-class Dropout(nn.Dropout):
-    """Dropout keeping nothing: backward regenerates the mask from its seed."""
-
-    def forward(self, x):
-        return ops.dropout(x, self.p, self.training)
 
 
 class ReLUDropout(nn.Module):

@@ -68,10 +68,10 @@ from typing import Callable, Dict, List, Optional, Sequence
 import torch
 
 from .. import memory, ops
-from ..bench.settings import Setting, select
 from ..compression import compress, compressed_nbytes, decompress
 from ..config import CompressionConfig
 from ..ops import keep as keeping
+from .settings import OPTIONS, Setting, select
 from .predict import (SAMPLE_NODES, PlanRecord, PlanSpec, _extrapolate, build_for, combine, device_bytes,
                       extrapolated_points, samples_for, single_thread)
 
@@ -79,19 +79,8 @@ __all__ = ["OPTIONS", "Slot", "BudgetPlan", "BudgetError", "budget_plan", "plan_
            "allocate", "allocate_for_peak", "trade_plans", "allocate_with_trades", "PeakModel", "keep",
            "relative_weights", "per_parameter_steps"]
 
-FP = CompressionConfig(enabled=False)
-#: what a slot may get, by name. Projection only where the op allows it (not batch norm, not ReLU outputs).
-OPTIONS: Dict[str, CompressionConfig] = {
-    "fp32": FP,
-    "INT8": CompressionConfig(bits=8),
-    "INT4": CompressionConfig(bits=4),
-    "INT2": CompressionConfig(bits=2),
-    "INT1": CompressionConfig(bits=1),
-    "INT2 + blocks(64) + optimal": CompressionConfig(bits=2, block_rows=64, levels="optimal"),
-    "INT2 + RP(0.125)": CompressionConfig(bits=2, kept_frac=0.125),
-    "INT2 + RP(0.125) + blocks(64) + optimal": CompressionConfig(bits=2, kept_frac=0.125, block_rows=64,
-                                                                levels="optimal"),
-}
+#: what a slot may get, by name (the presets of :mod:`.settings`)
+FP = OPTIONS["fp32"]
 PROBE = "INT2"
 #: the probe of the options with random projection: their error is shared by all rows (one projection
 #: matrix), so it adds up across rows in a weight gradient and does not scale like quantisation noise
