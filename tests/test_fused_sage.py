@@ -1,5 +1,5 @@
-"""``ops.sage_mean``: GraphSAGE-mean as one fused op (issue 12: two layer-sized buffers at the forward's and
-the backward's peak instead of three). Values and input gradients equal DGL's SAGEConv; the weight gradients
+"""``ops.sage_mean``: GraphSAGE-mean as one fused op (two layer-sized buffers alive at the forward's
+and the backward's peak instead of three). Values and input gradients equal DGL's SAGEConv; the weight gradients
 equal DGL's when the kept tensors are exact, and average to them under INT2; row chunks (in-place
 ``fc_neigh``) and column chunks (the transposed aggregation) at awkward sizes."""
 import pytest
