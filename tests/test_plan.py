@@ -23,7 +23,7 @@ def _measured_activation(spec, setting, seed=5):
     model = P.build_for(spec, setting.impl)
     model.train()
     loss_of = P.loss_fn(setting.impl)
-    from dgl_exact.config import config
+    from dgl_exact.compression_config import config
 
     with config(setting.compression):
         loss_of(model(g, feat), y, idx).backward()  # warm-up step, as dgl-exact bench memory (structure caches)
@@ -203,7 +203,7 @@ def test_exact_slots_survive_in_place_ops():
     """GCN's square layers (``ops.linear_reusing``) overwrite their input after a forced stash when compression is on:
     a slot kept exact under an INT2 scope (the fp32 reference of ``bench budget``, a plan's fp32 slot) must be a
     copy, and its gradient the exact one."""
-    from dgl_exact.config import CompressionConfig, config
+    from dgl_exact.compression_config import CompressionConfig, config
     from dgl_exact.ops import keep as keeping
     from dgl_exact.bench.plan_accuracy import gradient_variance
 
@@ -233,7 +233,7 @@ def test_a_plan_applied_to_another_forward_raises_and_its_scope_matches():
     raise (it was a warning once, and the plan's measured gradient variance came from misplaced choices);
     under ``plan.active()`` (which enters the recorded scope) and in the variance probe under
     ``plan.scope``, every kept activation matches its slot."""
-    from dgl_exact.config import config
+    from dgl_exact.compression_config import config
     from dgl_exact.ops import keep as keeping
     from dgl_exact.bench.plan_accuracy import gradient_variances
 
@@ -550,7 +550,7 @@ def test_memory_budget_trains_under_the_scope_it_planned_with():
     option; training runs under the recorded scope instead, and every kept activation matches its slot."""
     import warnings
 
-    from dgl_exact.config import CompressionConfig
+    from dgl_exact.compression_config import CompressionConfig
     from dgl_exact.planning.budget import plan_for_training
     from dgl_exact.training.config import TrainConfig
     from dgl_exact.training.trainer import Trainer

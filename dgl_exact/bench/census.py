@@ -71,7 +71,7 @@ class Census(TorchDispatchMode):
 
 def main(argv=None):
     from ..data import load_dataset
-    from ..config import config as compression_scope
+    from ..compression_config import config as compression_scope
     from .runner import Workload
     from ..planning.settings import select
 

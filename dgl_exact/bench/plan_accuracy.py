@@ -19,7 +19,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from ..config import CompressionConfig
+from ..compression_config import CompressionConfig
 from ..ops import keep as keeping
 from ..planning.budget import FP, BudgetPlan, budget_plan, keep, per_parameter_steps, relative_weights
 from ..planning.predict import plan as predict_plan
@@ -51,7 +51,7 @@ def gradient_variances(make_model: Callable[[], torch.nn.Module], data, make_hoo
     (:func:`~.budget.relative_weights`, what the plan minimises). ``make_hook()`` gives the stash hook of the
     setting measured, run under the compression ``scope``."""
     from .. import ops
-    from ..config import config as compression_scope
+    from ..compression_config import config as compression_scope
 
     graph, feat, label, idx = data
     model = make_model()

@@ -103,7 +103,7 @@ def measure_spec(spec: PlanSpec, setting: Setting, seed: int = 5) -> Dict:
     import torch
 
     from .. import memory
-    from ..config import config as compression_scope
+    from ..compression_config import config as compression_scope
     from ..planning.predict import _sample_graph, build_for, loss_fn
 
     memory.prepare_cpu_peak()

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from .. import ops
 from .._compat import compiling
-from ..config import CompressionConfig, resolve_config
+from ..compression_config import CompressionConfig, resolve_config
 
 _DISABLED = CompressionConfig(enabled=False)
 

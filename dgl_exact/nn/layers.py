@@ -11,7 +11,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .. import ops
-from ..config import CompressionConfig
+from ..compression_config import CompressionConfig
 from ._base import CompressedModuleMixin, Dropout
 
 __all__ = ["Linear", "BatchNorm1d", "ReLU", "LeakyReLU", "ELU", "Dropout", "ReLUDropout", "LayerNorm", "GELU", "SiLU",

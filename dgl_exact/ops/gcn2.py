@@ -44,7 +44,7 @@ import torch.nn.functional as F
 
 from .. import kernels
 from ..compression import draw_seed
-from ..config import CompressionConfig
+from ..compression_config import CompressionConfig
 from .keep import (DOUBLE_BACKWARD_MESSAGE, chunk_elements_for, chunk_rows, create_graph_requested, load_kept,
                    row_chunks, save_kept, stash)
 

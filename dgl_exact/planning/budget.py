@@ -69,7 +69,7 @@ import torch
 
 from .. import memory, ops
 from ..compression import compress, compressed_nbytes, decompress
-from ..config import CompressionConfig
+from ..compression_config import CompressionConfig
 from ..ops import keep as keeping
 from .settings import OPTIONS, Setting, select
 from .predict import (SAMPLE_NODES, PlanRecord, PlanSpec, _extrapolate, build_for, combine, device_bytes,
@@ -623,7 +623,7 @@ class BudgetPlan:
     def active(self):
         """Within this scope, training forwards keep their activations as planned (under :attr:`scope`, the
         compression in force when the slots were recorded)."""
-        from ..config import config as compression_scope
+        from ..compression_config import config as compression_scope
 
         with compression_scope(self.scope), keeping.stash_hook(self.hook()):
             yield self

@@ -47,7 +47,7 @@ from .. import memory, ops
 from .._compat import import_dgl
 from .settings import STANDARD, Setting
 from ..compression import CompressedTensor
-from ..config import config as compression_scope
+from ..compression_config import config as compression_scope
 from ..ops import keep as keeping
 from ..ops.structure import cached_static_tensors
 
@@ -458,7 +458,7 @@ def loss_fn(impl: str):
 
 
 def _stash_recorder(records: List[StashRecord], timeline: Optional["_Timeline"] = None):
-    from ..config import get_config
+    from ..compression_config import get_config
 
     def hook(x, cfg, force):
         kept = keeping.default_stash(x, cfg, force)

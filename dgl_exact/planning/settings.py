@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Dict, List, Optional
 
-from ..config import CompressionConfig
+from ..compression_config import CompressionConfig
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,7 +11,7 @@ from ..._compat import compiling, import_dgl
 from ...ops.keep import (DOUBLE_BACKWARD_MESSAGE, autocast_dtype, chunk_rows, create_graph_requested, load_kept,
                          needs_saving, row_chunks, save_kept, stash)
 from ... import ops
-from ...config import CompressionConfig
+from ...compression_config import CompressionConfig
 from ...ops import captured
 from ...ops.gcn2 import BatchNormArgs, GCN2Layer, GCN2Step, gcnii_layers
 from ..layers import BatchNorm1d, Linear

@@ -7,7 +7,7 @@ import torch
 
 from ..._compat import import_dgl
 from ... import ops
-from ...config import CompressionConfig
+from ...compression_config import CompressionConfig
 from .._base import CompressedModuleMixin, check_feature_rows, check_zero_in_degree, compressed_activation, into
 
 dgl = import_dgl()

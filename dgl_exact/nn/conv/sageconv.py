@@ -11,7 +11,7 @@ from ... import ops
 from ..._compat import compiling
 from ...ops import captured
 from ...ops.keep import autocast_dtype, mark_fresh, needs_saving
-from ...config import CompressionConfig
+from ...compression_config import CompressionConfig
 from .._base import (CompressedModuleMixin, apply_dropout, apply_linear, compressed_activation, into,
                      plain_dropout_p, plain_linear as _plain_linear)
 
