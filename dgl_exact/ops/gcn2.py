@@ -56,7 +56,7 @@ COLUMN_CHUNK = 16
 
 @dataclasses.dataclass(frozen=True)
 class BatchNormArgs:
-    """What batch norm reads in :func:`gcn2_layer_` (as :meth:`dgl_exact.nn.BatchNorm1d.batch_norm_args`
+    """What batch norm reads in :func:`gcnii_layers` (as :meth:`dgl_exact.nn.BatchNorm1d.batch_norm_args`
     gives it): ``weight``/``bias`` may be None; running statistics are updated in place when given and
     ``batch_stats``."""
 

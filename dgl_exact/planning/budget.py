@@ -55,7 +55,8 @@ the least gradient variance (GACT's idea, Liu et al., ICML 2022, for full-graph 
    ``BudgetPlan.allocation`` and the record's ``note`` say which was used.
 
 :class:`BudgetPlan.active` installs the plan (a stash hook) for a training run; when a training forward does
-not match the recorded slots (another model) the hook keeps the configuration in force and warns once.
+not match the recorded slots (another model, a kept activation of another shape, another compression scope)
+the hook raises :class:`PlanMismatchError` rather than apply a choice to the wrong tensor.
 """
 from __future__ import annotations
 
