@@ -20,6 +20,20 @@ class Dropout(nn.Dropout):
     :class:`dgl_exact.nn.Dropout`; defined here because :func:`apply_dropout` recognises it.)"""
 
     def forward(self, x):
+        r"""Zero each element with probability ``p`` and scale the rest by :math:`1 / (1 - p)` (training mode only).
+
+        Parameters
+        ----------
+        x : torch.Tensor
+            Input of any shape.
+
+        Returns
+        -------
+        torch.Tensor
+            Output of the shape of ``x``.
+
+        Kept for backward: nothing: the backward regenerates the mask from its seed.
+        """
         return ops.dropout(x, self.p, self.training)
 
 
