@@ -10,7 +10,7 @@ from ._compat import import_dgl as _import_dgl
 _import_dgl()  # makes ``import dgl`` work on torch versions DGL 2.1.0 ships no graphbolt for
 
 from .compression import CompressedTensor, compress, decompress  # noqa: E402
-from .config import CompressionConfig, config, get_config, set_config  # noqa: E402
+from .compression_config import CompressionConfig, config, get_config, set_config  # noqa: E402
 from .kernels import backend  # noqa: E402
 from . import memory, nn, ops  # noqa: E402
 from .nn import GATConv, GCN2Conv, GraphConv, SAGEConv, compress_model  # noqa: E402

@@ -39,7 +39,7 @@ from typing import Iterator, Optional
 import torch
 
 from .compression import CompressedTensor, compress, decompress
-from .config import CompressionConfig, resolve_config
+from .compression_config import CompressionConfig, resolve_config
 from .ops import keep as keeping
 
 __all__ = ["compress_saved", "keep_exact", "SavedTensorsStats"]

@@ -1,6 +1,6 @@
 """Whether dynamo is tracing a dgl_exact op, and the constants traced code shares (a leaf: torch only).
 
-:mod:`dgl_exact.config` reads the configuration in force through :func:`active`, and
+:mod:`dgl_exact.compression_config` reads the configuration in force through :func:`active`, and
 :mod:`dgl_exact.compression` draws its seeds through :data:`RUNTIME_SEED`, without importing the ops layer
 (:mod:`dgl_exact.ops.captured` holds the captured custom ops themselves).
 """

@@ -14,8 +14,8 @@ import torch
 
 import dgl_exact  # noqa: F401  (before dgl)
 from dgl_exact import ops
-from dgl_exact.config import CompressionConfig
-from dgl_exact.config import config as scope
+from dgl_exact.compression_config import CompressionConfig
+from dgl_exact.compression_config import config as scope
 from dgl_exact.ops import keep as keeping
 from dgl_exact.planning import budget as B
 from dgl_exact.training.config import TrainConfig

@@ -133,7 +133,7 @@ def test_memory_grid_in_process_deep_gcnii(tmp_path):
     """The grid in one process (isolate=False): 16 GCNII layers, step peak and activations per row."""
     from dgl_exact.bench.results import ResultSink
     from dgl_exact.bench.runner import Workload, memory_grid
-    from dgl_exact.bench.settings import select
+    from dgl_exact.planning.settings import select
     from dgl_exact.data import load_dataset
 
     # 4,000 nodes x 16: layer tensors of 250 KiB, above the 128 KiB mmap threshold, so the in-process

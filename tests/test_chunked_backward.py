@@ -1,5 +1,5 @@
-"""Backward of linear and batch norm from the compressed input in row chunks (issue 12: no full-size
-decompressed copy at the backward's peak). Chunks must decode exactly as the whole tensor does, at awkward
+"""Backward of linear and batch norm from the compressed input in row chunks (so that no full-size
+decompressed copy is alive at the backward's peak). Chunks must decode exactly as the whole tensor does, at awkward
 sizes (one row, chunk and block boundaries, a last chunk shorter than a block, projection, fp16/bf16)."""
 import pytest
 import torch

@@ -11,10 +11,10 @@ import torch
 
 import dgl_exact
 
-# ``dgl_exact.config`` is the context-manager function (it shadows the submodule of the same name)
-config_mod = importlib.import_module("dgl_exact.config")
-from dgl_exact.config import (VALID_BITS, VALID_LEVELS, CompressionConfig, config, get_config,  # noqa: E402
-                              resolve_config, set_config)
+# the module holding the configuration (``dgl_exact.config`` is its context-manager function)
+config_mod = importlib.import_module("dgl_exact.compression_config")
+from dgl_exact.compression_config import (VALID_BITS, VALID_LEVELS, CompressionConfig, config, get_config,  # noqa: E402
+                                          resolve_config, set_config)
 
 
 @pytest.fixture(autouse=True)
@@ -530,7 +530,7 @@ def test_train_config_holds_a_compression_config(tmp_path):
 
 def test_accuracy_grid_trains_the_whole_compression_setting(monkeypatch):
     from dgl_exact.bench import runner
-    from dgl_exact.bench.settings import Setting
+    from dgl_exact.planning.settings import Setting
     from dgl_exact.training import trainer as trainer_module
 
     seen = []

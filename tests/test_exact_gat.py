@@ -138,7 +138,7 @@ def test_donated_hidden_inputs_are_released_inside_gatconv_and_the_step_is_uncha
 
     from dgl_exact import config as compression_scope
     from dgl_exact import ops
-    from dgl_exact.config import CompressionConfig
+    from dgl_exact.compression_config import CompressionConfig
     from dgl_exact.ops import keep as keeping
     from dgl_exact.training import models
 

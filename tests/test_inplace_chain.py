@@ -1,4 +1,4 @@
-"""The modules' in-place elementwise chains (issue 12: fewer layer-sized temporaries at a step's peak).
+"""The modules' in-place elementwise chains (so that fewer layer-sized temporaries are alive at a step's peak).
 
 ``into`` writes an elementwise op into a buffer the module owns, and falls back to out of place for views
 (a custom Function's output view refuses in-place ops), dtype promotion and broadcasting that grows the

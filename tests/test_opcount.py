@@ -80,7 +80,7 @@ def test_training_step_on_gpu_path_has_no_sync(model_name, tmp_path):
     """Every setting, every model: one training step dispatches no host synchronisation on the CUDA path."""
     from dgl_exact.bench.opcount import count_grid
     from dgl_exact.bench.runner import Workload
-    from dgl_exact.bench.settings import select
+    from dgl_exact.planning.settings import select
     from dgl_exact.data import load_dataset
 
     ds = load_dataset("synthetic:num_nodes=300,avg_degree=6,num_features=16,num_classes=3", str(tmp_path))

@@ -9,7 +9,7 @@ import torch
 from click.testing import CliRunner
 
 from dgl_exact import memory
-from dgl_exact.bench.settings import select
+from dgl_exact.planning.settings import select
 from dgl_exact.cli import cli
 from dgl_exact.planning import budget as B
 from dgl_exact.planning import predict as P
@@ -23,7 +23,7 @@ def _measured_activation(spec, setting, seed=5):
     model = P.build_for(spec, setting.impl)
     model.train()
     loss_of = P.loss_fn(setting.impl)
-    from dgl_exact.config import config
+    from dgl_exact.compression_config import config
 
     with config(setting.compression):
         loss_of(model(g, feat), y, idx).backward()  # warm-up step, as dgl-exact bench memory (structure caches)
@@ -103,7 +103,7 @@ def test_step_peak_prediction_tracks_timeline():
 def test_step_peak_prediction_against_measurement(model):
     """Predicted against measured (fresh process, resident high-water mark) on a 60k-node random graph."""
     from dgl_exact.bench.runner import _in_fresh_process
-    from dgl_exact.planning.validate import measure_spec
+    from dgl_exact.bench.plan_validation import measure_spec
 
     if memory.vmhwm_available():
         pytest.skip(memory.vmhwm_available())
@@ -203,9 +203,9 @@ def test_exact_slots_survive_in_place_ops():
     """GCN's square layers (``ops.linear_reusing``) overwrite their input after a forced stash when compression is on:
     a slot kept exact under an INT2 scope (the fp32 reference of ``bench budget``, a plan's fp32 slot) must be a
     copy, and its gradient the exact one."""
-    from dgl_exact.config import CompressionConfig, config
+    from dgl_exact.compression_config import CompressionConfig, config
     from dgl_exact.ops import keep as keeping
-    from dgl_exact.planning.accuracy import gradient_variance
+    from dgl_exact.bench.plan_accuracy import gradient_variance
 
     # 9,000 x 128 spans more than one CPU row chunk: linear_reusing takes its in-place path
     spec = P.PlanSpec(model="gcn", nodes=9000, edges=36000, features=16, classes=3, hidden=128, layers=3,
@@ -233,9 +233,9 @@ def test_a_plan_applied_to_another_forward_raises_and_its_scope_matches():
     raise (it was a warning once, and the plan's measured gradient variance came from misplaced choices);
     under ``plan.active()`` (which enters the recorded scope) and in the variance probe under
     ``plan.scope``, every kept activation matches its slot."""
-    from dgl_exact.config import config
+    from dgl_exact.compression_config import config
     from dgl_exact.ops import keep as keeping
-    from dgl_exact.planning.accuracy import gradient_variances
+    from dgl_exact.bench.plan_accuracy import gradient_variances
 
     spec = P.PlanSpec(model="gat", nodes=400, edges=2400, features=16, classes=3, hidden=8, layers=2, heads=2)
     plan = B.budget_plan(spec, 10 * 2**30, replicas=1, sample_nodes=200)
@@ -279,7 +279,7 @@ def _gcn_case(nodes=3000):
 def test_sensitivity_of_projected_options_is_measured_not_scaled():
     """Random projection's error is shared by all rows, so its gradient variance does not scale like
     quantisation noise: the estimate for an RP option must match a direct measurement (it was 10-1000x low)."""
-    from dgl_exact.planning.accuracy import gradient_variance
+    from dgl_exact.bench.plan_accuracy import gradient_variance
 
     spec, data = _gcn_case()
     uniform = {r.setting: r for r in P.plan(spec, "cpu", ["INT2"], sample_nodes=600)}
@@ -496,7 +496,7 @@ def test_sensitivity_of_batch_norm_inputs_matches_measurement(option, relative):
     """Batch norm's input noise lands on the small gradient of its scale; the estimate (scaled from the INT2
     probe; relative for Adam, plain for SGD) must match a direct measurement on every slot, batch norm's
     inputs included."""
-    from dgl_exact.planning.accuracy import gradient_variances
+    from dgl_exact.bench.plan_accuracy import gradient_variances
 
     spec = P.PlanSpec(model="gcn", nodes=2000, edges=16000, features=32, classes=4, hidden=32, layers=3,
                       batch_norm=True, dropout=0.0)
@@ -550,7 +550,7 @@ def test_memory_budget_trains_under_the_scope_it_planned_with():
     option; training runs under the recorded scope instead, and every kept activation matches its slot."""
     import warnings
 
-    from dgl_exact.config import CompressionConfig
+    from dgl_exact.compression_config import CompressionConfig
     from dgl_exact.planning.budget import plan_for_training
     from dgl_exact.training.config import TrainConfig
     from dgl_exact.training.trainer import Trainer
@@ -620,7 +620,7 @@ def test_plan_no_worse_than_uniform_on_either_measure():
 
 
 def test_bench_budget_takes_sizes_or_setting_names():
-    from dgl_exact.planning.accuracy import _size
+    from dgl_exact.bench.plan_accuracy import _size
 
     assert _size("80MiB") == 80 * 2**20 and _size("1.5GB") == 1_500_000_000
     assert _size("INT2") is None and _size("INT2 + RP(0.125) + blocks(64) + optimal") is None

@@ -71,9 +71,9 @@ class Census(TorchDispatchMode):
 
 def main(argv=None):
     from ..data import load_dataset
-    from ..config import config as compression_scope
+    from ..compression_config import config as compression_scope
     from .runner import Workload
-    from .settings import select
+    from ..planning.settings import select
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dataset", default="synthetic-arxiv")

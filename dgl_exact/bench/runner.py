@@ -17,12 +17,12 @@ from .. import kernels, memory, ops
 from .._compat import dgl_supports_device, import_dgl
 from .._progress import progress_bar
 from ..compression import compress, decompress
-from ..config import CompressionConfig
-from ..config import config as compression_scope
+from ..compression_config import CompressionConfig
+from ..compression_config import config as compression_scope
 from ..training.models import build_model
 from .user_models import USER_MODELS, build_user_model
 from .results import ResultSink
-from .settings import Setting
+from ..planning.settings import Setting
 
 dgl = import_dgl()
 

@@ -32,7 +32,7 @@ from typing import Optional, Tuple
 import torch
 
 from .. import kernels, tracing
-from ..config import CompressionConfig, resolve_config
+from ..compression_config import CompressionConfig, resolve_config
 from . import projection
 from .levels import levels_for
 

@@ -10,9 +10,31 @@ import torch.nn.functional as F
 
 from .. import ops
 from .._compat import compiling
-from ..config import CompressionConfig, resolve_config
+from ..compression_config import CompressionConfig, resolve_config
 
 _DISABLED = CompressionConfig(enabled=False)
+
+
+class Dropout(nn.Dropout):
+    """Dropout keeping nothing: backward regenerates the mask from its seed. (Public as
+    :class:`dgl_exact.nn.Dropout`; defined here because :func:`apply_dropout` recognises it.)"""
+
+    def forward(self, x):
+        r"""Zero each element with probability ``p`` and scale the rest by :math:`1 / (1 - p)` (training mode only).
+
+        Parameters
+        ----------
+        x : torch.Tensor
+            Input of any shape.
+
+        Returns
+        -------
+        torch.Tensor
+            Output of the shape of ``x``.
+
+        Kept for backward: nothing: the backward regenerates the mask from its seed.
+        """
+        return ops.dropout(x, self.p, self.training)
 
 
 class CompressedModuleMixin:
@@ -99,7 +121,19 @@ def plain_linear(layer: nn.Module, config: CompressionConfig) -> bool:
     forward = type(layer).forward
     if forward is nn.Linear.forward:
         return True
-    return forward is _linear_forward() and layer._config() == config
+    return forward in _LINEAR_OP_FORWARDS and layer._config() == config
+
+
+# forwards that compute ``ops.linear(x, self.weight, self.bias, self._config())`` and nothing else: dgl_exact's
+# Linear registers its own (nn/layers.py sits above this module)
+_LINEAR_OP_FORWARDS: set = set()
+
+
+def register_linear_forward(forward: Callable) -> Callable:
+    """Declare that a module class's ``forward`` computes exactly ``ops.linear(x, self.weight, self.bias,
+    self._config())`` (see :func:`plain_linear`). Returns ``forward``."""
+    _LINEAR_OP_FORWARDS.add(forward)
+    return forward
 
 
 def into(buf: torch.Tensor, op: str, other) -> torch.Tensor:
@@ -157,20 +191,8 @@ def plain_dropout_p(module: nn.Module) -> Optional[float]:
 def _plain_dropout(module: nn.Module) -> bool:
     """A :class:`torch.nn.Dropout` (or dgl_exact's) running its own ``forward``, without hooks (a hook sees
     the submodule's own call, which the caller would otherwise replace by the op)."""
-    return (isinstance(module, nn.Dropout) and type(module).forward in (nn.Dropout.forward, _dropout_forward())
+    return (isinstance(module, nn.Dropout) and type(module).forward in (nn.Dropout.forward, Dropout.forward)
             and not hooks_present(module))
-
-
-def _dropout_forward():
-    from .layers import Dropout
-
-    return Dropout.forward
-
-
-def _linear_forward():
-    from .layers import Linear
-
-    return Linear.forward
 
 
 def check_feature_rows(st, feat_src) -> None:

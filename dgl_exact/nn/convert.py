@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 
 from .._compat import import_dgl
-from ..config import CompressionConfig
+from ..compression_config import CompressionConfig
 from . import layers
 from .conv import GATConv, GCN2Conv, GraphConv, SAGEConv
 

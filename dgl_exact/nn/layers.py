@@ -11,8 +11,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .. import ops
-from ..config import CompressionConfig
-from ._base import CompressedModuleMixin
+from ..compression_config import CompressionConfig
+from ._base import CompressedModuleMixin, Dropout, register_linear_forward
 
 __all__ = ["Linear", "BatchNorm1d", "ReLU", "LeakyReLU", "ELU", "Dropout", "ReLUDropout", "LayerNorm", "GELU", "SiLU",
            "PReLU", "Softmax", "LogSoftmax"]
@@ -27,7 +27,25 @@ class Linear(CompressedModuleMixin, nn.Linear):
         self._init_compression(compression)
 
     def forward(self, x):
+        r"""Apply the linear map :math:`y = x W^T + b`.
+
+        Parameters
+        ----------
+        x : torch.Tensor
+            :math:`(N, *, \text{in_features})` input.
+
+        Returns
+        -------
+        torch.Tensor
+            :math:`(N, *, \text{out_features})` output.
+
+        Kept for backward: ``x``, compressed under this module's configuration (only the weight gradient
+        needs it); an ``x`` alive anyway (a leaf such as the input data) is kept by reference.
+        """
         return ops.linear(x, self.weight, self.bias, self._config())
+
+
+register_linear_forward(Linear.forward)  # a converted fc_self/fc_neigh may then be fused by its conv
 
 
 class BatchNorm1d(CompressedModuleMixin, nn.BatchNorm1d):
@@ -40,6 +58,20 @@ class BatchNorm1d(CompressedModuleMixin, nn.BatchNorm1d):
         self._init_compression(compression)
 
     def forward(self, x):
+        r"""Normalise each channel over the batch (training) or with the running statistics (eval).
+
+        Parameters
+        ----------
+        x : torch.Tensor
+            :math:`(N, C)` input; any other shape runs :class:`torch.nn.BatchNorm1d` unchanged.
+
+        Returns
+        -------
+        torch.Tensor
+            :math:`(N, C)` output, the shape of ``x``.
+
+        Kept for backward: ``x`` compressed (never projected) and the per-channel mean and 1/std.
+        """
         if x.dim() != 2:
             return super().forward(x)
         self._check_input_dim(x)
@@ -64,6 +96,20 @@ class ReLU(nn.ReLU):
     """ReLU keeping one bit per element."""
 
     def forward(self, x):
+        r"""Apply :math:`\max(x, 0)`.
+
+        Parameters
+        ----------
+        x : torch.Tensor
+            Input of any shape.
+
+        Returns
+        -------
+        torch.Tensor
+            Output of the shape of ``x``.
+
+        Kept for backward: one bit per element (the sign of ``x``).
+        """
         return ops.relu(x)
 
 
@@ -71,6 +117,20 @@ class LeakyReLU(nn.LeakyReLU):
     """LeakyReLU keeping one bit per element."""
 
     def forward(self, x):
+        r"""Apply :math:`\max(x, 0) + \text{negative_slope} \min(x, 0)`.
+
+        Parameters
+        ----------
+        x : torch.Tensor
+            Input of any shape.
+
+        Returns
+        -------
+        torch.Tensor
+            Output of the shape of ``x``.
+
+        Kept for backward: one bit per element (the sign of ``x``).
+        """
         return ops.leaky_relu(x, self.negative_slope)
 
 
@@ -82,14 +142,21 @@ class ELU(CompressedModuleMixin, nn.ELU):
         self._init_compression(compression)
 
     def forward(self, x):
+        r"""Apply :math:`x` for :math:`x > 0`, else :math:`\alpha (e^x - 1)`.
+
+        Parameters
+        ----------
+        x : torch.Tensor
+            Input of any shape.
+
+        Returns
+        -------
+        torch.Tensor
+            Output of the shape of ``x``.
+
+        Kept for backward: one bit per element (the sign of ``x``) and the output, compressed.
+        """
         return ops.elu(x, self.alpha, self._config())
-
-
-class Dropout(nn.Dropout):
-    """Dropout keeping nothing: backward regenerates the mask from its seed."""
-
-    def forward(self, x):
-        return ops.dropout(x, self.p, self.training)
 
 
 class ReLUDropout(nn.Module):
@@ -102,6 +169,20 @@ class ReLUDropout(nn.Module):
         self.p = p
 
     def forward(self, x):
+        r"""Apply ``Dropout(p)(ReLU()(x))`` as one op (dropout only in training mode).
+
+        Parameters
+        ----------
+        x : torch.Tensor
+            Input of any shape.
+
+        Returns
+        -------
+        torch.Tensor
+            Output of the shape of ``x``.
+
+        Kept for backward: one bit per element for the ReLU and the dropout together.
+        """
         return ops.relu_dropout(x, self.p, self.training)
 
     def extra_repr(self):
@@ -119,6 +200,20 @@ class LayerNorm(CompressedModuleMixin, nn.LayerNorm):
         self._init_compression(compression)
 
     def forward(self, x):
+        r"""Normalise over the last ``len(normalized_shape)`` dimensions.
+
+        Parameters
+        ----------
+        x : torch.Tensor
+            :math:`(N, *, \text{normalized_shape})` input.
+
+        Returns
+        -------
+        torch.Tensor
+            Output of the shape of ``x``.
+
+        Kept for backward: ``x`` compressed, plus the per-row mean and 1/std.
+        """
         return ops.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps, self._config())
 
 
@@ -130,6 +225,20 @@ class GELU(CompressedModuleMixin, nn.GELU):
         self._init_compression(compression)
 
     def forward(self, x):
+        r"""Apply the Gaussian error linear unit.
+
+        Parameters
+        ----------
+        x : torch.Tensor
+            Input of any shape.
+
+        Returns
+        -------
+        torch.Tensor
+            Output of the shape of ``x``.
+
+        Kept for backward: ``x`` compressed.
+        """
         return ops.gelu(x, self.approximate, self._config())
 
 
@@ -142,6 +251,20 @@ class SiLU(CompressedModuleMixin, nn.SiLU):
         self._init_compression(compression)
 
     def forward(self, x):
+        r"""Apply :math:`x \sigma(x)`.
+
+        Parameters
+        ----------
+        x : torch.Tensor
+            Input of any shape.
+
+        Returns
+        -------
+        torch.Tensor
+            Output of the shape of ``x`` (a new tensor).
+
+        Kept for backward: ``x`` compressed.
+        """
         return ops.silu(x, self._config())
 
 
@@ -155,6 +278,20 @@ class PReLU(CompressedModuleMixin, nn.PReLU):
         self._init_compression(compression)
 
     def forward(self, x):
+        r"""Apply :math:`\max(x, 0) + a \min(x, 0)` with the learned slope :math:`a` (one, or one per channel).
+
+        Parameters
+        ----------
+        x : torch.Tensor
+            :math:`(N, C, *)` input (or any shape with one slope).
+
+        Returns
+        -------
+        torch.Tensor
+            Output of the shape of ``x``.
+
+        Kept for backward: one sign bit per element and ``x`` compressed.
+        """
         return ops.prelu(x, self.weight, self._config())
 
 
@@ -170,6 +307,20 @@ class Softmax(CompressedModuleMixin, nn.Softmax):
         self._init_compression(compression)
 
     def forward(self, x):
+        r"""Apply softmax along ``dim``.
+
+        Parameters
+        ----------
+        x : torch.Tensor
+            Input of any shape.
+
+        Returns
+        -------
+        torch.Tensor
+            Output of the shape of ``x``.
+
+        Kept for backward: the output compressed.
+        """
         return ops.softmax(x, _softmax_dim(self, x), self._config())
 
 
@@ -181,4 +332,18 @@ class LogSoftmax(CompressedModuleMixin, nn.LogSoftmax):
         self._init_compression(compression)
 
     def forward(self, x):
+        r"""Apply log-softmax along ``dim``.
+
+        Parameters
+        ----------
+        x : torch.Tensor
+            Input of any shape.
+
+        Returns
+        -------
+        torch.Tensor
+            Output of the shape of ``x``.
+
+        Kept for backward: the probabilities (the exponentiated output) compressed.
+        """
         return ops.log_softmax(x, _softmax_dim(self, x), self._config())

@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from .._compat import compiling
-from ..config import CompressionConfig, resolve_config
+from ..compression_config import CompressionConfig, resolve_config
 from ..compression import CompressedTensor
 from .keep import (autocast_dtype, check_double_backward, create_graph_requested, fresh_outputs, load_kept,
                    needs_chunks, needs_saving, recompute_vjp, row_chunks, save_kept, stash, unstash)

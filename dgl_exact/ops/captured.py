@@ -22,8 +22,8 @@ A DGL graph never enters the traced code: :func:`structure` (what :func:`~.struc
 returns while compiling) is a plain object whose counts dynamo reads as constants and whose degree and
 endpoint tensors come from a third custom op (``graph_tensor``); dynamo guards on the graph object's
 identity, so another graph recompiles (mutating a graph in place after compiling is not seen). The
-configuration in force (``dgl_exact.config`` scopes, :func:`~dgl_exact.config.set_config`) is read once at
-trace time (:func:`config_at_trace`); a module's own ``compression`` is guarded as usual.
+configuration in force (``dgl_exact.config`` scopes, :func:`dgl_exact.set_config`) is read once at trace time
+(:func:`config_at_trace`); a module's own ``compression`` is guarded as usual.
 
 Eager semantics are kept: the Functions are the eager ones, tensors are kept by reference or compressed
 by the same rule (decided at trace time: ``is_leaf`` for ``grad_fn is None``, fresh temporaries marked
@@ -50,7 +50,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from ..config import CFG_FIELDS as _CFG_FIELDS, CompressionConfig, config_at_trace  # noqa: F401
+from ..compression_config import CFG_FIELDS as _CFG_FIELDS, CompressionConfig, config_at_trace  # noqa: F401
 from ..tracing import RUNTIME_SEED, SUPPORTED, active, assume_constant
 
 __all__ = ["SUPPORTED", "active", "apply", "structure", "RUNTIME_SEED", "CapturedStructure"]

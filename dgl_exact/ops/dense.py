@@ -13,7 +13,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from ..config import CompressionConfig, resolve_config
+from ..compression_config import CompressionConfig, resolve_config
 from ..compression import CompressedTensor
 from . import captured
 from .keep import (alive_anyway, fresh_outputs, autocast_dtype, check_double_backward, chunk_elements_for, chunk_rows,

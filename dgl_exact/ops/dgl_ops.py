@@ -3,7 +3,7 @@
 ``from dgl_exact import ops`` is a drop-in for ``import dgl.ops as ops``: each of DGL's 64 callables
 (``gspmm``/``gsddmm`` and the named ops generated from them, ``copy_*``, ``edge_softmax``, the segment
 ops and ``gather_mm``) takes the same positional arguments and returns the same values; dgl_exact's own
-option, ``config`` (a :class:`~dgl_exact.config.CompressionConfig`), is keyword-only.
+option, ``config`` (a :class:`~dgl_exact.compression_config.CompressionConfig`), is keyword-only.
 
 What each op keeps for backward:
 
@@ -33,7 +33,7 @@ from typing import Optional
 
 import torch
 
-from ..config import CompressionConfig, resolve_config
+from ..compression_config import CompressionConfig, resolve_config
 from .keep import (check_double_backward, create_graph_requested, fresh_outputs, load_kept, needs_saving, save_kept,
                    stash, unstash)
 from . import graph as _graph

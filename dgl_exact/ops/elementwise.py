@@ -28,7 +28,7 @@ from .. import kernels
 from ..kernels import reference as kernel_reference
 from .._compat import compiling
 from ..compression import draw_seed, fuses_with_activation, relu_dropout_compress
-from ..config import CompressionConfig, resolve_config
+from ..compression_config import CompressionConfig, resolve_config
 from . import captured
 from .keep import (check_double_backward, create_graph_requested, fresh_outputs, load_kept, needs_saving,
                    offer_compressed, save_kept, stash, stash_hook_active, unstash)

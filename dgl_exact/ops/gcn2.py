@@ -44,7 +44,7 @@ import torch.nn.functional as F
 
 from .. import kernels
 from ..compression import draw_seed
-from ..config import CompressionConfig
+from ..compression_config import CompressionConfig
 from .keep import (DOUBLE_BACKWARD_MESSAGE, chunk_elements_for, chunk_rows, create_graph_requested, load_kept,
                    row_chunks, save_kept, stash)
 
@@ -56,7 +56,7 @@ COLUMN_CHUNK = 16
 
 @dataclasses.dataclass(frozen=True)
 class BatchNormArgs:
-    """What batch norm reads in :func:`gcn2_layer_` (as :meth:`dgl_exact.nn.BatchNorm1d.batch_norm_args`
+    """What batch norm reads in :func:`gcnii_layers` (as :meth:`dgl_exact.nn.BatchNorm1d.batch_norm_args`
     gives it): ``weight``/``bias`` may be None; running statistics are updated in place when given and
     ``batch_stats``."""
 

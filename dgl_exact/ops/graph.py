@@ -31,7 +31,7 @@ import torch
 
 from .._compat import compiling
 from ..compression import draw_seed
-from ..config import CompressionConfig, resolve_config
+from ..compression_config import CompressionConfig, resolve_config
 from .. import kernels
 from ..kernels import reference as kernel_reference
 from .keep import (check_double_backward, create_graph_requested, fresh_outputs, load_kept, needs_saving, recompute_vjp,

@@ -65,7 +65,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from .._compat import compiling
 from . import captured
 from ..compression import CompressedTensor, compress, decompress
-from ..config import CompressionConfig
+from ..compression_config import CompressionConfig
 
 Stashed = Union[torch.Tensor, CompressedTensor, None]
 

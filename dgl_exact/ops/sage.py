@@ -30,7 +30,7 @@ from typing import Optional
 import torch
 
 from ..compression import CompressedTensor
-from ..config import CompressionConfig, resolve_config
+from ..compression_config import CompressionConfig, resolve_config
 from .keep import (DOUBLE_BACKWARD_MESSAGE, autocast_dtype, chunk_elements_for, chunk_rows, create_graph_requested,
                    fresh_outputs, load_kept, needs_chunks, row_chunks, save_kept, stash)
 from .graph import _check_nodes

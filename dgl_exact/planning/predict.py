@@ -45,9 +45,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from .. import memory, ops
 from .._compat import import_dgl
-from ..bench.settings import STANDARD, Setting
+from .settings import STANDARD, Setting
 from ..compression import CompressedTensor
-from ..config import config as compression_scope
+from ..compression_config import config as compression_scope
 from ..ops import keep as keeping
 from ..ops.structure import cached_static_tensors
 
@@ -458,7 +458,7 @@ def loss_fn(impl: str):
 
 
 def _stash_recorder(records: List[StashRecord], timeline: Optional["_Timeline"] = None):
-    from ..config import get_config
+    from ..compression_config import get_config
 
     def hook(x, cfg, force):
         kept = keeping.default_stash(x, cfg, force)
@@ -689,7 +689,7 @@ def plan(spec: PlanSpec, device: str = "cpu", settings: Optional[Sequence[str]] 
          sample_nodes: int = SAMPLE_NODES) -> List[PlanRecord]:
     """Predicted memory of ``spec`` on ``device`` (``cpu``, ``cuda`` or a size such as ``"80GiB"``) for each
     setting (names as ``dgl-exact bench``; default :data:`DEFAULT_SETTINGS`)."""
-    from ..bench.settings import select
+    from .settings import select
 
     total, _ = device_bytes(device)
     gpu = str(device).startswith("cuda")

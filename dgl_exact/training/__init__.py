@@ -3,7 +3,7 @@
 Where things are:
 
 * :mod:`.config` -- :class:`~.config.TrainConfig`, every option of a run (with its
-  :class:`~dgl_exact.config.CompressionConfig`), validated; ``--conf`` YAML files.
+  :class:`~dgl_exact.compression_config.CompressionConfig`), validated; ``--conf`` YAML files.
 * :mod:`.models` -- the GCN / SAGE / GAT / GCNII models, on dgl_exact's layers or DGL's.
 * :mod:`.samplers` -- GraphSAINT and ClusterGCN mini-batches, a pure function of ``(seed, epoch)``.
 * :mod:`.trainer` -- :class:`~.trainer.Trainer`, the one training loop: :meth:`~.trainer.Trainer.fit`

@@ -19,7 +19,7 @@ from typing import Any, Dict, Optional, Tuple
 
 import yaml
 
-from ..config import VALID_BITS, VALID_LEVELS, CompressionConfig
+from ..compression_config import VALID_BITS, VALID_LEVELS, CompressionConfig
 from .models import MODELS
 
 SAMPLERS = ("full", "saint", "cluster")
@@ -206,7 +206,7 @@ def check_field(name: str, value: Any) -> Any:
 class TrainConfig:
     """A training run. Field names match the ``dgl-exact train`` options (``--kept-frac`` -> ``kept_frac``).
 
-    The activation compression is one :class:`~dgl_exact.config.CompressionConfig`, ``compression``
+    The activation compression is one :class:`~dgl_exact.compression_config.CompressionConfig`, ``compression``
     (default: INT2). As options (command line, YAML, :meth:`to_dict`, checkpoints) its fields are flat:
     ``bits``, ``kept_frac``, ``block_rows``, ``levels``, ``stochastic``, ``nonfinite`` and ``act_fp``
     (``not compression.enabled``). The constructor and :meth:`replace` take them too, applied on top of

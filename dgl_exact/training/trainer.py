@@ -19,7 +19,7 @@ import torch
 from .. import memory, ops
 from .._compat import import_dgl
 from .._progress import progress_bar
-from ..config import config as compression_scope
+from ..compression_config import config as compression_scope
 from ..data import GraphDataset, load_dataset
 from .checkpoint import RunState, remove_stale_temporaries
 from .config import TrainConfig

@@ -9,7 +9,7 @@ import torch.nn as nn
 
 from ..._compat import import_dgl
 from ... import ops
-from ...config import CompressionConfig
+from ...compression_config import CompressionConfig
 from ..._compat import compiling
 from ...ops.keep import Donated, release, stash_hook_active
 from .. import paths as explain

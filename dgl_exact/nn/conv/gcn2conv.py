@@ -11,7 +11,7 @@ from ..._compat import compiling, import_dgl
 from ...ops.keep import (DOUBLE_BACKWARD_MESSAGE, autocast_dtype, chunk_rows, create_graph_requested, load_kept,
                          needs_saving, row_chunks, save_kept, stash)
 from ... import ops
-from ...config import CompressionConfig
+from ...compression_config import CompressionConfig
 from ...ops import captured
 from ...ops.gcn2 import BatchNormArgs, GCN2Layer, GCN2Step, gcnii_layers
 from ..layers import BatchNorm1d, Linear
@@ -64,6 +64,36 @@ class GCN2Conv(CompressedModuleMixin, dgl.nn.GCN2Conv):
         self._init_compression(compression)
 
     def forward(self, graph, feat, feat_0, edge_weight=None):
+        r"""Compute one GCNII layer.
+
+        Parameters
+        ----------
+        graph : DGLGraph
+            The graph.
+        feat : torch.Tensor
+            :math:`(N, D)` features of the previous layer, :math:`N` the number of nodes, :math:`D` =
+            ``in_feats``.
+        feat_0 : torch.Tensor
+            :math:`(N, D)` initial features :math:`h^{(0)}` (on a block, its first :math:`N_{dst}` rows).
+        edge_weight : torch.Tensor, optional
+            :math:`(E,)` or :math:`(E, 1)` per-edge weights; the propagation then uses them symmetrically
+            normalised (as :class:`dgl.nn.EdgeWeightNorm` with ``norm='both'``).
+
+        Returns
+        -------
+        torch.Tensor
+            :math:`(N_{dst}, D)` output features.
+
+        Raises
+        ------
+        DGLError
+            If the graph has 0-in-degree nodes and ``allow_zero_in_degree`` is False.
+
+        Kept for backward: the mixed features :math:`(1-\alpha)\tilde{P} h + \alpha h^{(0)}` (and, without
+        ``project_initial_features``, the two inputs of the products), compressed under this module's
+        configuration; one bit per element for a ReLU-like ``activation``. The propagation keeps the edge
+        values it multiplies by (and ``feat`` compressed only when ``edge_weight`` needs a gradient).
+        """
         st = ops.structure_of(graph, feat.device)
         check_feature_rows(st, feat)
         check_zero_in_degree(self, st)

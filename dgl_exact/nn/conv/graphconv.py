@@ -7,7 +7,7 @@ import torch
 
 from ..._compat import import_dgl
 from ... import ops
-from ...config import CompressionConfig
+from ...compression_config import CompressionConfig
 from .._base import CompressedModuleMixin, check_feature_rows, check_zero_in_degree, compressed_activation, into
 
 dgl = import_dgl()
@@ -58,6 +58,38 @@ class GraphConv(CompressedModuleMixin, dgl.nn.GraphConv):
         self._init_compression(compression)
 
     def forward(self, graph, feat, weight=None, edge_weight=None):
+        r"""Compute graph convolution.
+
+        Parameters
+        ----------
+        graph : DGLGraph
+            The graph (or a block, or a bipartite graph).
+        feat : torch.Tensor or pair of torch.Tensor
+            :math:`(N, *, D_{in})` input features, :math:`N` the number of nodes; or, for a bipartite graph
+            or a block, a pair :math:`(N_{src}, *, D_{in})`, :math:`(N_{dst}, *, D_{in})`.
+        weight : torch.Tensor, optional
+            :math:`(D_{in}, D_{out})` external weight, for a module created with ``weight=False``.
+        edge_weight : torch.Tensor, optional
+            :math:`(E,)` or :math:`(E, 1)` per-edge weights multiplied into the messages (e.g. from
+            :class:`dgl.nn.EdgeWeightNorm`).
+
+        Returns
+        -------
+        torch.Tensor
+            :math:`(N_{dst}, *, D_{out})` output features.
+
+        Raises
+        ------
+        DGLError
+            If the graph has 0-in-degree nodes and ``allow_zero_in_degree`` is False, or if an external
+            ``weight`` is given to a module that has its own.
+
+        Kept for backward: the input of the dense product, compressed under this module's configuration
+        (the layer's input features themselves when they are alive anyway); with ``edge_weight``, the edge
+        weights exactly (and the aggregated features compressed when the edge weights need a gradient); one
+        bit per element for a ReLU-like ``activation``. The normalisation and the plain aggregation keep
+        nothing.
+        """
         # expand_as_pair from the graph's cached structure (DGL's own calls cannot be traced by torch.compile)
         st = ops.structure_of(graph, (feat[0] if isinstance(feat, tuple) else feat).device)
         feat_src, feat_dst = feat if isinstance(feat, tuple) else (feat, feat[: st.num_dst] if st.is_block else feat)

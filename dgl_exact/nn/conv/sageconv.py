@@ -11,7 +11,7 @@ from ... import ops
 from ..._compat import compiling
 from ...ops import captured
 from ...ops.keep import autocast_dtype, mark_fresh, needs_saving
-from ...config import CompressionConfig
+from ...compression_config import CompressionConfig
 from .._base import (CompressedModuleMixin, apply_dropout, apply_linear, compressed_activation, into,
                      plain_dropout_p, plain_linear as _plain_linear)
 
@@ -122,6 +122,30 @@ class SAGEConv(CompressedModuleMixin, dgl.nn.SAGEConv):
                 and not captured.active() and not compiling())
 
     def forward(self, graph, feat, edge_weight=None):
+        r"""Compute GraphSAGE layer.
+
+        Parameters
+        ----------
+        graph : DGLGraph
+            The graph (or a block, or a bipartite graph).
+        feat : torch.Tensor or pair of torch.Tensor
+            :math:`(N, D_{in})` input features, :math:`N` the number of nodes; or, for a bipartite graph or a
+            block, a pair :math:`(N_{src}, D_{in_{src}})`, :math:`(N_{dst}, D_{in_{dst}})`.
+        edge_weight : torch.Tensor, optional
+            :math:`(E,)` or :math:`(E, 1)` per-edge weights multiplied into the messages.
+
+        Returns
+        -------
+        torch.Tensor
+            :math:`(N_{dst}, D_{out})` output features.
+
+        Kept for backward: the inputs of ``fc_self`` and ``fc_neigh`` (and ``fc_pool``), compressed under
+        this module's configuration (the input features themselves when they are alive anyway); nothing
+        for the 'mean'/'gcn' aggregation (with ``edge_weight``: the edge weights exactly, and the
+        aggregated features compressed when the edge weights need a gradient); for 'pool', one bit per
+        element for its ReLU and the arg-max indices; nothing for ``feat_drop`` (its mask is regenerated
+        from a seed). 'lstm', and 'pool' with ``edge_weight``, run DGL's uncompressed implementation.
+        """
         if self._aggre_type == "lstm":
             _warn_fallback_once("the 'lstm' aggregator")
             return super().forward(graph, feat, edge_weight)

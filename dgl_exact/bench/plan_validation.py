@@ -10,8 +10,8 @@ from __future__ import annotations
 import time
 from typing import Dict, List, Sequence
 
-from ..bench.settings import Setting
-from .predict import PlanSpec, predict, samples_for, single_thread, spec_from_graph
+from ..planning.settings import Setting
+from ..planning.predict import PlanSpec, predict, samples_for, single_thread, spec_from_graph
 
 COLUMNS = ["model", "setting", "act_pred_MiB", "act_meas_MiB", "act_err_pct", "peak_pred_MiB", "peak_meas_MiB",
            "peak_err_pct", "predict_s"]
@@ -36,7 +36,7 @@ def validation_grid(work, models: Sequence[str], settings: Sequence[Setting], si
     earlier = {(r["model"], r["setting"]): r for r in measured if r.get("peak_meas_bytes") is not None}
     from tqdm.auto import tqdm
 
-    from ..bench.runner import _in_fresh_process, _memory_row
+    from .runner import _in_fresh_process, _memory_row
 
     rows = []
     gpu = work.device.type == "cuda"
@@ -103,8 +103,8 @@ def measure_spec(spec: PlanSpec, setting: Setting, seed: int = 5) -> Dict:
     import torch
 
     from .. import memory
-    from ..config import config as compression_scope
-    from .predict import _sample_graph, build_for, loss_fn
+    from ..compression_config import config as compression_scope
+    from ..planning.predict import _sample_graph, build_for, loss_fn
 
     memory.prepare_cpu_peak()
     g, feat, y, idx = _sample_graph(spec, spec.nodes, spec.edges, seed)

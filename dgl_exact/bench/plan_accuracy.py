@@ -19,11 +19,11 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from ..config import CompressionConfig
+from ..compression_config import CompressionConfig
 from ..ops import keep as keeping
-from .budget import FP, BudgetPlan, budget_plan, keep, per_parameter_steps, relative_weights
-from .predict import plan as predict_plan
-from .predict import spec_from_graph
+from ..planning.budget import FP, BudgetPlan, budget_plan, keep, per_parameter_steps, relative_weights
+from ..planning.predict import plan as predict_plan
+from ..planning.predict import spec_from_graph
 
 COLUMNS = ["dataset", "model", "setting", "runs", "test_mean", "test_std", "delta_vs_fp32", "peak_pred_MiB",
            "peak_meas_MiB", "grad_rel_variance", "grad_variance"]
@@ -51,7 +51,7 @@ def gradient_variances(make_model: Callable[[], torch.nn.Module], data, make_hoo
     (:func:`~.budget.relative_weights`, what the plan minimises). ``make_hook()`` gives the stash hook of the
     setting measured, run under the compression ``scope``."""
     from .. import ops
-    from ..config import config as compression_scope
+    from ..compression_config import config as compression_scope
 
     graph, feat, label, idx = data
     model = make_model()
@@ -98,7 +98,7 @@ def budget_comparison(dataset, base_config, runs: int = 10, budgets: Sequence[st
     passed to ``on_run`` (``setting``, ``run``, ``seed``, ``test``, ``val``, ``best_epoch``, ``peak_MiB``), and
     each setting's row to ``on_row`` (without ``delta_vs_fp32``, known only at the end): an interrupted
     comparison keeps what it measured."""
-    from ..bench.settings import select
+    from ..planning.settings import select
     from ..training.models import build_model
     from ..training.trainer import Trainer
 
@@ -178,7 +178,7 @@ def budget_comparison(dataset, base_config, runs: int = 10, budgets: Sequence[st
 
 def _size(budget: str):
     """Bytes of a budget given as a size, None for a uniform setting's name."""
-    from .predict import parse_bytes
+    from ..planning.predict import parse_bytes
 
     try:
         return parse_bytes(budget)
@@ -213,7 +213,7 @@ def format_rows(rows: Sequence[Dict]) -> str:
 def plot_budget(rows: Sequence[Dict], path: str) -> str:
     """Test accuracy (mean and std over seeds) against the step peak (measured where available, else
     predicted) for uniform settings and budgeted plans."""
-    from ..bench.plot import _plt
+    from .plot import _plt
 
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6.5, 4.5))

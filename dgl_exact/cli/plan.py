@@ -1,4 +1,5 @@
-"""``dgl-exact plan`` and ``dgl-exact bench plan`` (registered by :mod:`dgl_exact.cli`)."""
+"""``dgl-exact plan`` (predicted memory per setting), and the planner's experiments ``dgl-exact bench plan``
+(predicted against measured) and ``dgl-exact bench budget`` (budgeted plans against uniform settings)."""
 from __future__ import annotations
 
 import json
@@ -8,12 +9,7 @@ import time
 import click
 
 from ..training.models import MODELS
-
-
-def _user_error(message: str):
-    from ..cli import UserError
-
-    return UserError(message)
+from ._common import UserError, _check_outputs, parse_size
 
 
 @click.command("plan")
@@ -49,9 +45,9 @@ def plan_command(dataset, nodes, edges, features, classes, train_nodes, model, h
     """Predict, before training, the memory of one full-graph training step per compression setting and
     whether it fits the device."""
     from .. import memory
-    from . import predict as P
+    from ..planning import predict as P
 
-    from ..cli import _check_outputs, parse_size
+
 
     t0 = time.perf_counter()
     hyper = dict(hidden=hidden, layers=layers, dropout=dropout, batch_norm=batch_norm, heads=heads)
@@ -79,14 +75,14 @@ def plan_command(dataset, nodes, edges, features, classes, train_nodes, model, h
         names = [s.strip() for s in settings.split(",") if s.strip()] or None
         records = P.plan(spec, device, names)
         if budget is not None:
-            from .budget import plan_row
+            from ..planning.budget import plan_row
 
             limit = total if budget == "device" else budget
             if limit is None:
                 raise ValueError("--budget device: this device's memory is unknown; give a size")
             records.append(plan_row(spec, limit, device, uniform={r.setting: r for r in records}))
     except (ValueError, FileNotFoundError) as e:
-        raise _user_error(str(e).splitlines()[0]) from None
+        raise UserError(str(e).splitlines()[0]) from None
     click.echo(f"{spec.describe()}; device {what}")
     click.echo(P.format_table(records))
     for r in records:
@@ -120,11 +116,11 @@ def bench_plan_command(dataset, models, settings, hidden, layers, device, data_r
     from ..bench.report import machine_line
     from ..bench.results import ResultSink
     from ..bench.runner import Workload
-    from ..bench.settings import select
+    from ..planning.settings import select
     from ..data import load_dataset
     from ..training.trainer import resolve_device
-    from .predict import DEFAULT_SETTINGS
-    from .validate import format_rows, validation_grid
+    from ..planning.predict import DEFAULT_SETTINGS
+    from ..bench.plan_validation import format_rows, validation_grid
 
     try:
         dev = resolve_device(device)
@@ -135,7 +131,7 @@ def bench_plan_command(dataset, models, settings, hidden, layers, device, data_r
             raise ValueError(f"unknown model(s) {', '.join(bad)}; choose from {', '.join(MODELS)}")
         work = Workload(load_dataset(dataset, data_root), dev, hidden=hidden, layers=layers)
     except (ValueError, FileNotFoundError) as e:
-        raise _user_error(str(e).splitlines()[0]) from None
+        raise UserError(str(e).splitlines()[0]) from None
     os.makedirs(out, exist_ok=True)
     sink = ResultSink(out, "plan")
     earlier = []
@@ -172,7 +168,7 @@ def bench_budget_command(dataset, model, conf, hidden, layers, batch_norm, epoch
     from ..data import load_dataset
     from ..training.config import TrainConfig, load_conf
     from .. import memory
-    from .accuracy import budget_comparison, format_rows
+    from ..bench.plan_accuracy import budget_comparison, format_rows
 
     memory.prepare_cpu_peak()  # before the dataset grows the heap: every row's step peak is measured here
     try:
@@ -183,7 +179,7 @@ def bench_budget_command(dataset, model, conf, hidden, layers, batch_norm, epoch
         base = TrainConfig(**values)
         ds = load_dataset(dataset, data_root)
     except (ValueError, FileNotFoundError) as e:
-        raise _user_error(str(e).splitlines()[0]) from None
+        raise UserError(str(e).splitlines()[0]) from None
     os.makedirs(out, exist_ok=True)
     # written as they finish (an interrupted comparison keeps them): each seed's result, each setting's row
     sink, per_run = ResultSink(out, "budget"), ResultSink(out, "budget-runs")
@@ -195,6 +191,6 @@ def bench_budget_command(dataset, model, conf, hidden, layers, batch_norm, epoch
                f"{runs} seeds, {epochs} epochs")
     click.echo(format_rows(rows))
     if plot:
-        from .accuracy import plot_budget
+        from ..bench.plan_accuracy import plot_budget
 
         click.echo(f"figure: {plot_budget(rows, os.path.join(out, 'budget.png'))}")

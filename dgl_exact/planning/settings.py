@@ -1,14 +1,18 @@
-"""The settings every benchmark compares, side by side, in one process."""
+"""The compression presets, defined once: the per-tensor options the budget planner chooses from
+(:data:`OPTIONS`) and the settings every benchmark and prediction compares side by side (:data:`STANDARD`,
+:func:`select`)."""
 from __future__ import annotations
 
 import dataclasses
-from typing import List, Optional
+from typing import Dict, List, Optional
 
-from ..config import CompressionConfig
+from ..compression_config import CompressionConfig
 
 
 @dataclasses.dataclass(frozen=True)
 class Setting:
+    """A named configuration a benchmark runs: the implementation and the compression in force."""
+
     name: str
     impl: str                              # "dgl" (dgl.nn + torch layers), "exact" (dgl_exact) or "pyg"
     compression: Optional[CompressionConfig]  # None for the baselines' plain autograd
@@ -25,16 +29,30 @@ class Setting:
 # its (min, step) 4 more; blocks of 64 rows cut that metadata 64x.
 BLOCK_ROWS = 64
 
+#: every compression preset by name, in the order the budget planner tries them per kept activation.
+#: Projection only where the op allows it (not batch norm, not ReLU outputs).
+OPTIONS: Dict[str, CompressionConfig] = {
+    "fp32": CompressionConfig(enabled=False),
+    "INT8": CompressionConfig(bits=8),
+    "INT4": CompressionConfig(bits=4),
+    "INT2": CompressionConfig(bits=2),
+    "INT1": CompressionConfig(bits=1),
+    "INT2 + blocks(64) + optimal": CompressionConfig(bits=2, block_rows=BLOCK_ROWS, levels="optimal"),
+    "INT2 + RP(0.125)": CompressionConfig(bits=2, kept_frac=0.125),
+    "INT2 + RP(0.125) + blocks(64) + optimal": CompressionConfig(bits=2, kept_frac=0.125, block_rows=BLOCK_ROWS,
+                                                                levels="optimal"),
+}
+
+#: the uniform settings compared side by side (one preset for every kept activation), baseline first
 STANDARD: List[Setting] = [
     Setting("DGL fp32", "dgl", None),
-    Setting("dgl_exact fp32", "exact", CompressionConfig(enabled=False)),
-    Setting("INT8", "exact", CompressionConfig(bits=8)),
-    Setting("INT4", "exact", CompressionConfig(bits=4)),
-    Setting("INT2", "exact", CompressionConfig(bits=2)),
-    Setting("INT2 + RP(0.125)", "exact", CompressionConfig(bits=2, kept_frac=0.125)),
-    Setting("INT2 + RP(0.125) + blocks(64) + optimal", "exact",
-            CompressionConfig(bits=2, kept_frac=0.125, block_rows=BLOCK_ROWS, levels="optimal")),
-    Setting("INT1", "exact", CompressionConfig(bits=1)),
+    Setting("dgl_exact fp32", "exact", OPTIONS["fp32"]),
+    Setting("INT8", "exact", OPTIONS["INT8"]),
+    Setting("INT4", "exact", OPTIONS["INT4"]),
+    Setting("INT2", "exact", OPTIONS["INT2"]),
+    Setting("INT2 + RP(0.125)", "exact", OPTIONS["INT2 + RP(0.125)"]),
+    Setting("INT2 + RP(0.125) + blocks(64) + optimal", "exact", OPTIONS["INT2 + RP(0.125) + blocks(64) + optimal"]),
+    Setting("INT1", "exact", OPTIONS["INT1"]),
 ]
 PYG = Setting("PyG fp32", "pyg", None)
 

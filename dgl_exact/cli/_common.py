@@ -1,0 +1,81 @@
+"""What every ``dgl-exact`` command shares: the one-line user error and the checks of outputs, sizes and
+datasets made before any work starts."""
+from __future__ import annotations
+
+import os
+
+from ..errors import UserError
+
+__all__ = ["UserError", "parse_size"]
+
+
+def _int_choice(ctx, param, value):
+    """A ``click.Choice`` of numbers as the int it names (None stays None)."""
+    return None if value is None else int(value)
+
+
+def _check_outputs(files=None, folders=None) -> None:
+    """Refuse, before any work is done, output paths that could not be written when the results are:
+    ``files`` and ``folders`` map an option name to the path it was given (None: not given).
+
+    A file path must not be a folder and a folder path not a file; the folders to be created must not
+    pass through a file; the nearest existing folder must take a new file (tried: a temporary file is
+    created there and removed; ``os.access`` says yes to root on a read-only mount); an existing file
+    must be writable; and no two options may name the same file (compared as resolved real paths)."""
+    import tempfile
+
+    given = [(option, path, False) for option, path in (files or {}).items() if path is not None]
+    given += [(option, path, True) for option, path in (folders or {}).items() if path is not None]
+    seen = {}
+    for option, path, is_folder in given:
+        full = os.path.abspath(path)
+        if not is_folder and os.path.isdir(full):
+            raise UserError(f"{option} {path}: is a folder; give a file path")
+        if is_folder and os.path.lexists(full) and not os.path.isdir(full):
+            raise UserError(f"{option} {path}: is a file; give a folder")
+        folder = full if is_folder else os.path.dirname(full)
+        existing = folder
+        while not os.path.lexists(existing):
+            existing = os.path.dirname(existing)
+        if not os.path.isdir(existing):
+            raise UserError(f"{option} {path}: cannot create the folder {folder}: {existing} is not a folder")
+        try:
+            fd, probe = tempfile.mkstemp(prefix=".dgl-exact-write-test-", dir=existing)
+            os.close(fd)
+            os.remove(probe)
+        except OSError as e:
+            raise UserError(f"{option} {path}: cannot write in {existing} ({e.strerror or e}); "
+                            "give a path in a writable folder") from None
+        if not is_folder and os.path.isfile(full) and not os.access(full, os.W_OK):
+            raise UserError(f"{option} {path}: the file exists and is not writable")
+        real = os.path.realpath(full)
+        if not is_folder and real in seen:
+            raise UserError(f"{seen[real]} and {option} name the same file ({path}): give two different paths")
+        seen[real] = option
+
+
+def parse_size(text, option: str) -> int:
+    """Bytes of a size given on the command line (``2GiB``, ``512MiB``, ``3e9``): one line naming ``option``
+    for anything that is not a representable memory size. Every size option goes through here."""
+    from ..planning.predict import parse_bytes
+
+    try:
+        return parse_bytes(text, option)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+
+
+def _check_dataset(name, data_root) -> None:
+    """A dataset name that cannot be loaded (unknown, files missing, bad ``synthetic:key=value``) is a
+    one-line error before any work; nothing is loaded here."""
+    from ..data import dataset_status
+    from ..data.synthetic import check_fits, parse_synthetic_name
+
+    try:
+        if name.strip().lower().startswith("synthetic"):
+            check_fits(parse_synthetic_name(name.strip().lower()), name.strip())
+        present, message = dataset_status(name, data_root)
+    except (TypeError, ValueError) as e:
+        raise UserError(str(e)) from None
+    if not present:
+        raise UserError(message)

@@ -1,0 +1,299 @@
+"""``dgl-exact bench``: memory, speed, profile, kernels, accuracy and the full report (``bench all``); the
+planner's own experiments (``bench plan``, ``bench budget``) are in :mod:`.plan`."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import click
+
+from ..training.config import TrainConfig, load_conf
+from ..training.models import MODELS
+from ._common import UserError, _check_dataset, _check_outputs
+
+
+def _bench_options(f):
+    opts = [
+        click.option("--dataset", default="synthetic-arxiv", show_default=True,
+                     help="Graph to measure on (any dataset name; synthetic-arxiv is ogbn-arxiv-sized)."),
+        click.option("--models", default="sage,gcn", show_default=True,
+                     help="Comma-separated: gcn,sage,gat,gcn2, or user-sage,user-sage-donate (bench/user_models.py)."),
+        click.option("--settings", default="", help="Comma-separated setting names (default: all standard ones)."),
+        click.option("--hidden", type=click.IntRange(min=1), default=None,
+                     help="Hidden size (default: 256 for GCN/GCNII, 128 otherwise)."),
+        click.option("--layers", type=click.IntRange(min=1), default=3, show_default=True),
+        click.option("--device", default="auto", show_default=True),
+        click.option("--data-root", default=lambda: os.environ.get("DGL_EXACT_DATA", "data"), show_default="data"),
+        click.option("--out", default="bench-results", show_default=True, type=click.Path(file_okay=False),
+                     help="Folder for JSONL/CSV/Markdown results and figures."),
+        click.option("--plot", is_flag=True, help="Also write PNG figures (needs matplotlib)."),
+        click.option("--quiet", "-q", is_flag=True, help="No progress bars."),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
+def _bench_prechecks(out=None, plot=False, files=None, datasets=(), out_option="--out") -> None:
+    """Before a benchmark does any work: its output folder ``out`` and ``files`` can be written,
+    matplotlib is there if figures are asked for, and each of ``datasets`` (name, data root) can be loaded."""
+    _check_outputs(files=files, folders={out_option: out})
+    if plot:
+        from ..bench import plot as plots
+
+        try:
+            plots._plt()
+        except ImportError as e:
+            raise UserError(f"--plot: {e}") from None
+    for name, data_root in datasets:
+        _check_dataset(name, data_root)
+
+
+def _bench_setup(dataset, models, settings, hidden, layers, device, data_root, budgets=False, quiet=False):
+    from ..bench.runner import Workload
+    from ..planning.settings import PYG, select
+    from ..data import load_dataset
+    from ..training.trainer import resolve_device
+
+    try:
+        dev = resolve_device(device)
+        chosen = select(settings, budgets=budgets)
+        model_list = [m.strip() for m in models.split(",") if m.strip()]
+        from ..bench.user_models import USER_MODELS
+
+        bad = [m for m in model_list if m not in MODELS + USER_MODELS]
+        if bad:
+            raise ValueError(f"unknown model(s) {', '.join(bad)}; choose from {', '.join(MODELS + USER_MODELS)}")
+        if not settings:
+            chosen = chosen + [PYG]
+        ds = load_dataset(dataset, data_root, quiet=quiet)
+    except (ValueError, FileNotFoundError) as e:
+        raise UserError(str(e)) from None
+    return Workload(ds, dev, hidden=hidden, layers=layers), model_list, chosen
+
+
+def _bench_header(kind, work, extra=""):
+    from ..bench.report import machine_line
+
+    return f"{kind} on {work.dataset.summary()}; {machine_line(work.device)}{extra}"
+
+
+@click.group()
+def bench():
+    """Benchmarks: memory, speed, kernels, accuracy (side by side in one process)."""
+
+
+@bench.command("memory")
+@_bench_options
+def bench_memory(dataset, models, settings, hidden, layers, device, data_root, out, plot, quiet):
+    """Activation memory and step peak (forward + backward + optimizer step) per setting and model."""
+    from ..bench import plot as plots
+    from ..bench.results import ResultSink
+    from ..bench.runner import MEMORY_COLUMNS, memory_grid, memory_note
+
+    _bench_prechecks(out, plot)
+    work, model_list, chosen = _bench_setup(dataset, models, settings, hidden, layers, device, data_root, budgets=True,
+                                            quiet=quiet)
+    sink = ResultSink(out, "memory")
+    rows = memory_grid(work, model_list, chosen, sink, progress=not quiet)
+    click.echo(sink.finish(MEMORY_COLUMNS + ["note"], "Activation memory and step peak",
+                           _bench_header("memory", work, memory_note(rows))))
+    if plot:
+        click.echo("figure: " + plots.plot_memory(rows, os.path.join(out, "memory.png")))
+
+
+@bench.command("speed")
+@_bench_options
+@click.option("--epochs", type=click.IntRange(min=1), default=5, show_default=True, help="Timed epochs per setting.")
+@click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True, help="Untimed warm-up epochs.")
+def bench_speed(dataset, models, settings, hidden, layers, device, data_root, out, plot, quiet, epochs, warmup):
+    """Epoch time per setting and its ratio to the DGL fp32 baseline."""
+    from ..bench import plot as plots
+    from ..bench.results import ResultSink
+    from ..bench.runner import SPEED_COLUMNS, speed_grid
+
+    _bench_prechecks(out, plot)
+    work, model_list, chosen = _bench_setup(dataset, models, settings, hidden, layers, device, data_root, quiet=quiet)
+    sink = ResultSink(out, "speed")
+    rows = speed_grid(work, model_list, chosen, sink, epochs=epochs, warmup=warmup, progress=not quiet)
+    click.echo(sink.finish(SPEED_COLUMNS + ["note"], "Epoch time", _bench_header("speed", work)))
+    if plot:
+        click.echo("figure: " + plots.plot_speed(rows, os.path.join(out, "speed.png")))
+
+
+@bench.command("profile")
+@_bench_options
+@click.option("--steps", type=int, default=3, show_default=True, help="Profiled training steps per setting.")
+@click.option("--warmup", type=int, default=2, show_default=True, help="Unprofiled warm-up steps.")
+@click.option("--emulate-gpu", is_flag=True,
+              help="Count (not time) what one step asks of a GPU: operator calls, host syncs and bytes along the "
+                   "CUDA code path, on the CPU.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False),
+              help="With --emulate-gpu: write one record per setting (setting, ops, syncs, bytes, ...) here.")
+def bench_profile(dataset, models, settings, hidden, layers, device, data_root, out, plot, quiet, steps, warmup,
+                  emulate_gpu, json_path):
+    """Where a training step's time goes: wall vs GPU kernel time, launches, syncs, top ops per setting.
+
+    With --emulate-gpu: operator calls, host synchronisations and bytes read + written by one training step
+    on the GPU code path, counted on the CPU (counts, not times; see dgl_exact.bench.opcount)."""
+    from ..bench.results import ResultSink
+    from ..bench.runner import PROFILE_COLUMNS, profile_grid
+
+    if steps < 1 or warmup < 0:
+        raise UserError("--steps must be >= 1 and --warmup >= 0")
+    if plot:
+        raise UserError("bench profile writes tables, not figures: leave out --plot")
+    if json_path and not emulate_gpu:
+        raise UserError("--json goes with --emulate-gpu (the timed profile writes its rows to --out)")
+    _bench_prechecks(out, files={"--json": json_path})
+    work, model_list, chosen = _bench_setup(dataset, models, settings, hidden, layers, device, data_root, quiet=quiet)
+    if emulate_gpu:
+        from ..bench.opcount import COLUMNS, count_grid, records_for_json
+
+        if work.device.type != "cpu":
+            raise UserError("--emulate-gpu counts on the CPU: add --device cpu (on a GPU, leave it out)")
+        sink = ResultSink(out, "opcount")
+        rows = count_grid(work, model_list, chosen, sink, out, warmup=max(warmup, 1), progress=not quiet)
+        click.echo(sink.finish(COLUMNS, "Per-step counts on the GPU code path (counts, not times)",
+                               _bench_header("profile --emulate-gpu", work)))
+        click.echo(f"per-op tables: {os.path.join(out, 'opcount_*.txt')}")
+        if json_path:
+            os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)
+            with open(json_path, "w") as f:
+                json.dump(records_for_json(rows), f, indent=1)
+            click.echo(f"records: {json_path}")
+        return
+    sink = ResultSink(out, "profile")
+    profile_grid(work, model_list, chosen, sink, out, steps=steps, warmup=warmup, progress=not quiet)
+    click.echo(sink.finish(PROFILE_COLUMNS + ["note"], "Step profile", _bench_header("profile", work)))
+    click.echo(f"per-op tables: {os.path.join(out, 'profile_*.txt')}")
+
+
+@bench.command("kernels")
+@click.option("--rows", type=click.IntRange(min=1), default=169343, show_default=True)
+@click.option("--cols", type=click.IntRange(min=1), default=128, show_default=True)
+@click.option("--repeats", type=click.IntRange(min=1), default=5, show_default=True)
+@click.option("--device", default="auto", show_default=True)
+@click.option("--out", default="bench-results", show_default=True, type=click.Path(file_okay=False))
+@click.option("--quiet", "-q", is_flag=True)
+def bench_kernels(rows, cols, repeats, device, out, quiet):
+    """compress/decompress throughput (GB/s of fp32 input) per available backend."""
+    from ..bench.report import machine_line
+    from ..bench.results import ResultSink
+    from ..bench.runner import KERNEL_COLUMNS, kernel_grid
+    from ..training.trainer import resolve_device
+
+    _bench_prechecks(out)
+    try:
+        dev = resolve_device(device)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    sink = ResultSink(out, "kernels")
+    kernel_grid(sink, dev, rows=rows, cols=cols, repeats=repeats, progress=not quiet)
+    click.echo(sink.finish(KERNEL_COLUMNS, "Kernel throughput", f"best of {repeats}; {machine_line(dev)}"))
+
+
+@bench.command("accuracy")
+@click.option("--dataset", default="cora", show_default=True)
+@click.option("--models", default="gcn,sage", show_default=True)
+@click.option("--settings", default="dgl_exact fp32,INT8,INT2,INT2 + RP(0.125),INT2 + RP(0.125) + blocks(64) + optimal",
+              show_default=True)
+@click.option("--runs", type=click.IntRange(min=1), default=10, show_default=True, help="Seeds per setting.")
+@click.option("--epochs", type=click.IntRange(min=1), default=200, show_default=True)
+@click.option("--conf", default=None, help="YAML of training defaults (as for `train`).")
+@click.option("--device", default="auto", show_default=True)
+@click.option("--data-root", default=lambda: os.environ.get("DGL_EXACT_DATA", "data"), show_default="data")
+@click.option("--out", default="bench-results", show_default=True, type=click.Path(file_okay=False))
+@click.option("--plot", is_flag=True, help="Accuracy vs memory figure (uses memory.jsonl in --out if present).")
+@click.option("--quiet", "-q", is_flag=True)
+def bench_accuracy(dataset, models, settings, runs, epochs, conf, device, data_root, out, plot, quiet):
+    """Test metric over several seeds per setting, and its difference to fp32."""
+    from ..bench import plot as plots
+    from ..bench.report import machine_line
+    from ..bench.results import ResultSink, read_rows
+    from ..bench.runner import ACCURACY_COLUMNS, accuracy_grid
+    from ..planning.settings import select
+    from ..data import load_dataset
+
+    _bench_prechecks(out, plot)
+    try:
+        chosen = select(settings)
+        base = load_conf(conf) if conf else {}
+        ds = load_dataset(dataset, data_root)
+    except (ValueError, FileNotFoundError) as e:
+        raise UserError(str(e)) from None
+    sink = ResultSink(out, "accuracy")
+    rows = []
+    for model in [m.strip() for m in models.split(",") if m.strip()]:
+        try:
+            cfg = TrainConfig(**{**base, "dataset": dataset, "model": model, "epochs": epochs, "device": device,
+                                 "data_root": data_root})
+        except ValueError as e:
+            raise UserError(str(e)) from None
+        rows += accuracy_grid(ds, cfg, chosen, runs, sink, progress=not quiet)
+    click.echo(sink.finish(ACCURACY_COLUMNS, "Accuracy", f"{ds.summary()}; {runs} seeds per setting; "
+                                                           f"{machine_line(cfg.device)}"))
+    mem_path = os.path.join(out, "memory.jsonl")
+    if plot and os.path.exists(mem_path):
+        click.echo("figure: " + plots.plot_tradeoff(rows, read_rows(mem_path), os.path.join(out, "tradeoff.png")))
+
+
+@bench.command("all")
+@click.option("--label", default="cpu", show_default=True, help="Machine label: results go to benchmarks/LABEL/.")
+@click.option("--dataset", default="synthetic-arxiv", show_default=True, help="Graph for memory and speed.")
+@click.option("--models", default="sage,gcn", show_default=True)
+@click.option("--accuracy-dataset", default="cora", show_default=True)
+@click.option("--runs", type=click.IntRange(min=1), default=10, show_default=True, help="Seeds per accuracy setting.")
+@click.option("--speed-epochs", type=click.IntRange(min=1), default=3, show_default=True)
+@click.option("--device", default="auto", show_default=True)
+@click.option("--data-root", default=lambda: os.environ.get("DGL_EXACT_DATA", "data"), show_default="data")
+@click.option("--root", default="benchmarks", show_default=True, type=click.Path(file_okay=False))
+@click.option("--benchmarks-md", default="BENCHMARKS.md", show_default=True, type=click.Path(dir_okay=False))
+@click.option("--quiet", "-q", is_flag=True)
+def bench_all(label, dataset, models, accuracy_dataset, runs, speed_epochs, device, data_root, root, benchmarks_md,
+              quiet):
+    """Run every benchmark, write benchmarks/LABEL/REPORT.md with figures, and rebuild BENCHMARKS.md."""
+    from ..bench import plot as plots
+    from ..bench.report import assemble, write_report
+    from ..bench.results import ResultSink
+    from ..bench.runner import (ACCURACY_COLUMNS, KERNEL_COLUMNS, MEMORY_COLUMNS, SPEED_COLUMNS, accuracy_grid,
+                               kernel_grid, memory_grid, memory_note, speed_grid)
+    from ..planning.settings import select
+    from ..data import load_dataset
+
+    out = os.path.join(root, label)
+    _bench_prechecks(out, files={"--benchmarks-md": benchmarks_md}, datasets=[(accuracy_dataset, data_root)],
+                     out_option="--root/--label")
+    work, model_list, chosen = _bench_setup(dataset, models, "", None, 3, device, data_root)
+    progress = not quiet
+    sections = []
+    mem_sink = ResultSink(out, "memory")
+    mem = memory_grid(work, model_list, chosen, mem_sink, progress=progress)
+    sections.append(mem_sink.finish(MEMORY_COLUMNS + ["note"], "Activation memory and step peak",
+                                    _bench_header("memory", work, memory_note(mem))))
+    spd_sink = ResultSink(out, "speed")
+    spd = speed_grid(work, model_list, chosen, spd_sink, epochs=speed_epochs, warmup=1, progress=progress)
+    sections.append(spd_sink.finish(SPEED_COLUMNS + ["note"], "Epoch time",
+                                    _bench_header("speed", work, f"; {speed_epochs} timed epochs after 1 warm-up")))
+    k_sink = ResultSink(out, "kernels")
+    kernel_grid(k_sink, work.device, progress=progress)
+    sections.append(k_sink.finish(KERNEL_COLUMNS, "Kernel throughput", "best of 5, 169343 x 128 fp32"))
+    acc_ds = load_dataset(accuracy_dataset, data_root)
+    a_sink = ResultSink(out, "accuracy")
+    acc = []
+    acc_settings = select("dgl_exact fp32,INT8,INT2,INT2 + RP(0.125),INT2 + RP(0.125) + blocks(64) + optimal,INT1")
+    for model in model_list:
+        cfg = TrainConfig(dataset=accuracy_dataset, model=model, device=device, data_root=data_root)
+        acc += accuracy_grid(acc_ds, cfg, acc_settings, runs, a_sink, progress=progress)
+    sections.append(a_sink.finish(ACCURACY_COLUMNS, "Accuracy", f"{acc_ds.summary()}; {runs} seeds per setting, "
+                                                                  "default `dgl-exact train` hyperparameters"))
+    figures = []
+    try:
+        figures = plots.save_all(out, memory_rows=mem, speed_rows=spd, accuracy_rows=acc)
+    except ImportError as e:
+        click.echo(f"no figures: {e}", err=True)
+    command = "dgl-exact bench all " + " ".join(a for a in sys.argv[3:] if a not in ("-q", "--quiet"))
+    report = write_report(out, label, command.strip(), sections, figures, device=str(work.device))
+    click.echo(f"report: {report}")
+    click.echo(f"rebuilt {assemble(root, benchmarks_md)}")

@@ -1,0 +1,324 @@
+"""``dgl-exact train``: the training options (``--conf`` YAML, then the command line), the ``--nproc``
+launcher's worker command line, and the printed and JSON results.
+
+With no options it trains a 2-layer GCN with INT2 activations on the bundled Cora graph. Options override
+a ``--conf`` YAML file, which overrides the defaults.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sys
+
+import click
+from click.core import ParameterSource
+
+from ..training.config import SAINT_MODES, SAMPLERS, TrainConfig, bundled_configs, load_conf
+from ..training.models import MODELS
+from ._common import UserError, _check_dataset, _check_outputs, _int_choice, parse_size
+
+
+def _train_options(f):
+    opts = [
+        click.option("--dataset", help="cora (bundled), ogbn-arxiv, ogbn-products, flickr, reddit, reddit2, yelp, "
+                                       "synthetic[-small|-arxiv|-products]. See `dgl-exact datasets`."),
+        click.option("--model", type=click.Choice(MODELS), help="Architecture."),
+        click.option("--sampler", type=click.Choice(SAMPLERS), help="full graph, GraphSAINT or ClusterGCN."),
+        click.option("--bits", type=click.Choice(["1", "2", "4", "8"]), callback=_int_choice,
+                     help="Bits per saved activation value."),
+        click.option("--kept-frac", type=float, help="Random projection: fraction of columns kept, (0, 1]."),
+        click.option("--block-rows", type=int, help="Rows sharing one min/scale (1 = per row; i-EXACT uses blocks)."),
+        click.option("--levels", type=click.Choice(["uniform", "optimal"]), help="Quantization levels."),
+        click.option("--act-fp", is_flag=True, default=None, help="No compression: the exact fp baseline."),
+        click.option("--amp", is_flag=True, default=None, help="Mixed precision (fp16 on CUDA, bf16 on CPU)."),
+        click.option("--grad-norm", type=float, help="Clip the gradient norm to this value."),
+        click.option("--loss", type=click.Choice(["ce", "exact_log"]),
+                     help="Training objective: cross-entropy, or EXACT's arxiv log(eps + CE) - log(eps)."),
+        click.option("--epochs", type=int), click.option("--lr", type=float),
+        click.option("--lr-warmup", type=int, metavar="N",
+                     help="Linear learning-rate warm-up over the first N epochs (EXACT's adjust_lr: 50)."),
+        click.option("--weight-decay", type=float),
+        click.option("--optimizer", type=click.Choice(["adam", "rmsprop", "sgd"])),
+        click.option("--hidden", type=int), click.option("--layers", type=int), click.option("--dropout", type=float),
+        click.option("--batch-norm/--no-batch-norm", default=None, help="BatchNorm between layers."),
+        click.option("--dropout2/--no-dropout2", default=None,
+                     help="EXACT's --dropout2: non-inverted dropout (kept values unscaled in training, x (1 - p) "
+                          "in evaluation)."),
+        click.option("--heads", type=int, help="GAT attention heads."),
+        click.option("--edge-drop", type=float,
+                     help="Fraction of edges dropped in each training forward (EXACT's arxiv GAT: 0.7)."),
+        click.option("--use-attn-dst/--no-use-attn-dst", default=None,
+                     help="GAT: separate attention vector for the destination (without: one vector, as EXACT)."),
+        click.option("--use-labels/--no-use-labels", default=None,
+                     help="Training labels as input features (EXACT's arxiv GAT; full-graph, single-label)."),
+        click.option("--mask-rate", type=float,
+                     help="--use-labels: fraction of training nodes showing their label each epoch (0.5)."),
+        click.option("--shared-weights/--no-shared-weights", default=None,
+                     help="GCNII: one weight for the propagated and the initial representation (EXACT: no)."),
+        click.option("--residual/--no-residual", default=None,
+                     help="GCNII: add each layer's input to its output; GAT: add a linear map of it (EXACT)."),
+        click.option("--identity-mapping/--no-identity-mapping", default=None,
+                     help="GCNII: beta_l = log(lambda / l + 1); without it beta = 1 (EXACT's arxiv GCNII)."),
+        click.option("--saint-mode", type=click.Choice(SAINT_MODES), help="GraphSAINT sampler."),
+        click.option("--saint-budget", type=int, help="GraphSAINT nodes/edges/walk roots per subgraph."),
+        click.option("--walk-length", type=int), click.option("--num-parts", type=int, help="ClusterGCN partitions."),
+        click.option("--parts-per-batch", type=int, help="ClusterGCN partitions per batch."),
+        click.option("--saint-steps", type=int,
+                     help="GraphSAINT subgraphs per epoch (EXACT: int(num_nodes / roots / walk length))."),
+        click.option("--sample-coverage", type=int,
+                     help="GraphSAINT pre-sampling for loss normalisation, x num_nodes (0: none, as EXACT)."),
+        click.option("--standardize/--no-standardize", default=None,
+                     help="(x - mean) / std of the features over all nodes (EXACT's recipe for yelp and reddit2)."),
+        click.option("--inductive/--no-inductive", default=None,
+                     help="Train on the subgraph induced by the training nodes; evaluate on the full graph (EXACT's "
+                          "--inductive; GraphSAINT steps then come from --saint-steps as given)."),
+        click.option("--eval-every", type=int, help="Evaluate every N epochs."),
+        click.option("--eval-batch-size", type=int, metavar="N",
+                     help="Evaluate layer by layer in batches of N destination nodes (full in-neighbourhood: the "
+                          "same result as full-graph evaluation, less memory; EXACT's products scripts)."),
+        click.option("--runs", type=int, help="Independent runs (seeds seed, seed+1, ...)."),
+        click.option("--seed", type=int), click.option("--device", help="auto, cpu, cuda or cuda:N."),
+        click.option("--data-root", type=click.Path(file_okay=False), help="Folder holding the datasets."),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
+def _config_from(ctx, params) -> TrainConfig:
+    values = {}
+    if params.get("conf"):
+        try:
+            values.update(load_conf(params["conf"]))
+        except (FileNotFoundError, ValueError) as e:
+            raise UserError(str(e)) from None
+    for name in TrainConfig.fields():
+        if name in params and params[name] is not None:
+            source = ctx.get_parameter_source(name)
+            if source in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT) or name not in values:
+                values[name] = params[name]
+    if values.get("data_root") is None:
+        values["data_root"] = os.environ.get("DGL_EXACT_DATA", "data")
+    try:
+        return TrainConfig(**values)
+    except (TypeError, ValueError) as e:
+        raise UserError(str(e)) from None
+
+
+@click.command()
+@_train_options
+@click.option("--conf", help=f"YAML file of defaults, or a bundled config: {', '.join(bundled_configs())}.")
+@click.option("--debug-mem", is_flag=True, help="Measure activation memory (EXACT protocol) and peak memory.")
+@click.option("--test-speed", type=int, default=None, metavar="N",
+              help="Time N training epochs after 3 warm-up epochs (no evaluation) and report epochs/s.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write machine-readable results here.")
+@click.option("--checkpoint", type=click.Path(dir_okay=False), help="Save a checkpoint here after every epoch.")
+@click.option("--resume", is_flag=True, help="Continue from --checkpoint where it stopped.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bars, and nothing printed by the dataset "
+              "downloaders or ogb's/DGL's processing.")
+@click.option("--nproc", type=int, default=None, metavar="N",
+              help="Data-parallel training in N processes on this machine (torch.distributed: NCCL, one GPU "
+                   "each, or gloo on CPU); saint and cluster samplers. Under torchrun, leave it out.")
+@click.option("--dist-timeout", type=float, default=None, metavar="SECONDS", envvar="DGL_EXACT_DIST_TIMEOUT",
+              help="Multi-process runs: give up when another process is silent this long (default 60).")
+@click.option("--download", is_flag=True,
+              help="Download the dataset into --data-root with ogb's or DGL's own downloader if its folder is "
+                   "missing (as `dgl-exact datasets --download`). Nothing is downloaded without it.")
+@click.option("--memory-budget", default=None, metavar="SIZE",
+              help="Choose a compression per kept activation so that the training step fits SIZE (e.g. 2GiB) with "
+                   "the least added gradient variance (see `dgl-exact plan`); full-graph training only.")
+@click.option("--compile", "compile_mode", is_flag=False, flag_value="default", default=None,
+              type=click.Choice(["default", "reduce-overhead", "max-autotune"]),
+              help="Run the model under torch.compile (dgl_exact's ops as captured custom ops); optionally the "
+                   "mode, e.g. --compile=reduce-overhead (CUDA graphs). Full-graph training only.")
+@click.pass_context
+def train(ctx, conf, debug_mem, test_speed, json_path, checkpoint, resume, quiet, nproc, dist_timeout, download,
+          memory_budget, compile_mode, **params):
+    """Train a model; with no options, a GCN with INT2 activations on the bundled Cora graph."""
+    params["conf"] = conf
+    cfg = _config_from(ctx, params)
+    if memory_budget is not None:
+        memory_budget = parse_size(memory_budget, "--memory-budget")
+    if (debug_mem or memory_budget is not None) and not str(cfg.device).startswith("cuda"):
+        from ..memory import prepare_cpu_peak
+
+        prepare_cpu_peak()  # before the dataset and the plan grow the heap (see dgl_exact.memory)
+    from ..data import DatasetNotFoundError
+    from ..training import distributed
+    from ..training.trainer import Trainer
+
+    if resume and not checkpoint:
+        raise UserError("--resume needs --checkpoint PATH")
+    if test_speed is not None and test_speed < 1:
+        raise UserError("--test-speed needs a number of epochs >= 1")
+    if nproc is not None and nproc < 1:
+        raise UserError(f"--nproc must be >= 1, got {nproc}")
+    if dist_timeout is not None and not 0 < dist_timeout < float("inf"):
+        raise UserError(f"--dist-timeout must be a finite number of seconds > 0, got {dist_timeout}")
+    _check_outputs(files={"--json": json_path, "--checkpoint": checkpoint})
+    worker = distributed.in_distributed_env()
+    if download and worker and not distributed.is_launched_child():
+        raise UserError(f"--download under torchrun would download once per process; run `dgl-exact datasets "
+                        f"--download {cfg.dataset} --data-root {cfg.data_root}` first, then train without it")
+    dataset = _download_dataset(cfg, quiet) if download and not worker else None
+    _check_dataset(cfg.dataset, cfg.data_root)
+    if memory_budget is not None and ((nproc or 1) > 1 or worker):
+        raise UserError("--memory-budget plans one-process full-graph training; leave out --nproc")
+    if compile_mode is not None and (cfg.sampler != "full" or (nproc or 1) > 1 or worker or memory_budget is not None):
+        raise UserError("--compile is for one-process full-graph training (static shapes): use --sampler full and "
+                        "leave out --nproc and --memory-budget")
+    if ((nproc or 1) > 1 or worker) and cfg.sampler == "full":
+        raise UserError(distributed.FULL_GRAPH_ERROR)
+    if worker and (nproc or 1) > 1 and not distributed.is_launched_child():
+        raise UserError("--nproc starts the processes itself; under torchrun (WORLD_SIZE set) leave it out")
+    # Ctrl-C and kill both stop at once, keeping the last finished epoch's checkpoint. SIGINT is installed
+    # explicitly: a shell starting us in the background (``cmd &``) leaves it ignored.
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    signal.signal(signal.SIGINT, _raise_interrupt)
+    if not worker and (nproc or 1) > 1:
+        try:
+            code = distributed.launch(nproc, cfg, _worker_args(ctx), log=lambda m: click.echo(m, err=True))
+        except ValueError as e:
+            raise UserError(str(e)) from None
+        sys.exit(code)
+    trainer = None
+    try:
+        if worker:
+            trainer = distributed.DistributedTrainer(cfg, progress=False if quiet else None, log=click.echo,
+                                                     timeout=dist_timeout)
+        else:
+            trainer = Trainer(cfg, dataset=dataset, progress=False if quiet else None, log=click.echo)
+            trainer.compile_mode = compile_mode
+        if trainer.rank == 0:
+            click.echo(f"{trainer.dataset.summary()}")
+            click.echo(f"model {cfg.model}, {cfg.layers} layers x {cfg.hidden}, sampler {cfg.sampler}, "
+                       f"activations {cfg.compression.describe()}, device {trainer.device}"
+                       + (f", {trainer.ctx.describe()}" if worker else ""))
+        budget_plan = None
+        if memory_budget is not None:  # a per-tensor plan (dgl_exact.planning.budget); the step peak is measured
+            from ..planning.budget import budget_report, plan_for_training
+
+            budget_plan, debug_mem = plan_for_training(trainer, memory_budget, log=click.echo), True
+        with budget_plan.active() if budget_plan is not None else contextlib.nullcontext():
+            results = trainer.fit(checkpoint=checkpoint, resume=resume, debug_mem=debug_mem, test_speed=test_speed)
+        if budget_plan is not None:
+            from ..memory import format_bytes
+
+            measured = [r.peak_bytes for r in results.runs if getattr(r, "peak_bytes", None) is not None]
+            click.echo(f"memory budget plan: predicted step peak {format_bytes(budget_plan.record.step_peak_bytes)}, "
+                       f"measured {format_bytes(max(measured)) if measured else 'n/a'}")
+            results.memory_budget = budget_report(budget_plan, max(measured) if measured else None)
+            over = results.memory_budget["over_budget_bytes"]
+            if over:
+                static = format_bytes(budget_plan.record.static_bytes)
+                total = format_bytes(results.memory_budget["measured_total_bytes"])
+                click.echo(f"memory budget exceeded: predicted static {static} + measured step peak "
+                           f"{format_bytes(max(measured))} = {total}, "
+                           f"{format_bytes(over)} over the budget of {format_bytes(budget_plan.budget)}")
+    except KeyboardInterrupt:
+        saved = checkpoint and ((resume and os.path.exists(checkpoint)) or getattr(trainer, "checkpoint_saved", False))
+        where = (f"; the last finished epoch is saved in {checkpoint}: rerun with --resume" if saved else
+                 f" before the first epoch finished: no checkpoint was written to {checkpoint}" if checkpoint else "")
+        if not distributed.is_launched_child():  # a --nproc worker stops silently: its launcher says it once
+            click.echo(f"interrupted{where}", err=True)
+        _exit(130, worker)
+    except distributed.DistributedError as e:
+        click.echo(f"error: {e}", err=True)
+        _exit(1, worker)
+    except (DatasetNotFoundError, FileNotFoundError, ValueError, FloatingPointError) as e:
+        raise UserError(str(e).splitlines()[0] if not isinstance(e, DatasetNotFoundError) else str(e)) from None
+    if not worker:
+        _report(results, json_path)
+        return
+    code = 1
+    try:
+        if trainer.rank == 0:
+            _report(results, json_path)
+        code = 0
+    finally:
+        distributed.exit_worker(code)
+
+
+# `train` options that only the --nproc launcher acts on (--download: it downloads before starting them).
+_LAUNCHER_OPTIONS = ("conf", "nproc", "download")
+
+
+def _worker_args(ctx) -> list:
+    """The command line of the workers of ``train --nproc``: every option given to ``train`` except the
+    training config (the workers read it from the YAML file :func:`~dgl_exact.training.distributed.launch`
+    writes) and the launcher's own (:data:`_LAUNCHER_OPTIONS`). A new ``train`` option reaches the workers
+    without being listed here."""
+    config_options = set(TrainConfig.fields())
+    args = []
+    for param in ctx.command.params:
+        if not isinstance(param, click.Option) or param.name in config_options or param.name in _LAUNCHER_OPTIONS:
+            continue
+        value = ctx.params.get(param.name)
+        if value is None or value is False:
+            continue
+        args += [param.opts[0]] if param.is_flag else [param.opts[0], str(value)]
+    return args
+
+
+def _download_dataset(cfg, quiet: bool = False):
+    """``train --download``: the dataset of ``cfg``, downloaded first if its folder is missing (one-line error
+    otherwise, before any training)."""
+    from ..data import DatasetNotFoundError, load_dataset
+
+    try:
+        return load_dataset(cfg.dataset, cfg.data_root, download=True, seed=cfg.seed, standardize=cfg.standardize,
+                            quiet=quiet)
+    except DatasetNotFoundError as e:
+        raise UserError(str(e)) from None
+    except (FileNotFoundError, ValueError, OSError) as e:
+        raise UserError(str(e).splitlines()[0] if str(e) else type(e).__name__) from None
+
+
+def _exit(code: int, worker: bool) -> None:
+    if worker:
+        from ..training import distributed
+
+        distributed.exit_worker(code)
+    sys.exit(code)
+
+
+def _report(results, json_path) -> None:
+    """The summary table, and the JSON results file if asked for."""
+    from ..memory import format_bytes
+
+    _print_summary(results, format_bytes)
+    if json_path:
+        folder = os.path.dirname(os.path.abspath(json_path))
+        os.makedirs(folder, exist_ok=True)
+        with open(json_path, "w") as f:
+            json.dump(results.to_dict(), f, indent=2, default=str)
+        click.echo(f"results written to {json_path}")
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def _print_summary(results, format_bytes):
+    metric = results.metric
+    rows = [("run", "best epoch", f"train {metric}", f"val {metric}", f"test {metric}", "ms/epoch")]
+    for r in results.runs:
+        rows.append((str(r.run + 1), str(r.best_epoch), f"{r.train:.4f}", f"{r.val:.4f}", f"{r.test:.4f}",
+                     f"{r.epoch_time * 1000:.1f}"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    click.echo("")
+    for i, row in enumerate(rows):
+        click.echo("  ".join(cell.rjust(w) for cell, w in zip(row, widths)))
+        if i == 0:
+            click.echo("  ".join("-" * w for w in widths))
+    s = results.summary()
+    click.echo(f"test {metric}: {s['test']['mean']:.4f} ± {s['test']['std']:.4f} over {len(results.runs)} run(s); "
+               f"val {s['val']['mean']:.4f} ± {s['val']['std']:.4f}; {s['epoch_time']['mean'] * 1000:.1f} ms/epoch")
+    if "activation_bytes" in s:
+        peak = f", step peak incl. backward {format_bytes(s['peak_bytes'])}" if "peak_bytes" in s else ""
+        click.echo(f"activation memory: {format_bytes(s['activation_bytes'])}{peak}")
+    if "epochs_per_second" in s:
+        e = s["epochs_per_second"]
+        click.echo(f"speed: {e['mean']:.3f} ± {e['std']:.3f} epochs/s")
