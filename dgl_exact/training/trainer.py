@@ -1,5 +1,5 @@
-"""Training loops for full-graph, GraphSAINT and ClusterGCN training, with evaluation, activation-memory
-measurement, speed tests and bit-for-bit resumable checkpoints.
+"""Training loops for full-graph, GraphSAINT, ClusterGCN and neighbour-sampled training, with evaluation,
+activation-memory measurement, speed tests and bit-for-bit resumable checkpoints.
 
 The trainer is the only training loop of the package: the CLI (``dgl-exact train``), the examples and
 the benchmarks all call :func:`train` / :class:`Trainer`.
@@ -24,6 +24,7 @@ from ..data import GraphDataset, load_dataset
 from .checkpoint import RunState, remove_stale_temporaries
 from .config import TrainConfig
 from .models import build_model, exact_log_loss, layerwise_inference
+from .neighbor import DEFAULT_BATCH_SIZE, DEFAULT_EVAL_BATCH_SIZE, NeighborSampler
 from .samplers import ClusterGCNSampler, SAINTSampler
 
 dgl = import_dgl()
@@ -208,6 +209,10 @@ class Trainer:
         common = dict(seed=cfg.seed, rank=self.rank, world_size=self.world_size, even=self.world_size > 1)
         if cfg.sampler == "full":
             return None
+        if cfg.sampler == "neighbor":  # seeds: the training nodes (the whole training graph with --inductive)
+            seeds = self.train_index.cpu() if cfg.inductive else self.split["train"].cpu()
+            return NeighborSampler(self.train_graph, cfg.neighbor_fanouts(), cfg.batch_size or DEFAULT_BATCH_SIZE,
+                                   train_nodes=seeds, **common)
         cache_dir = os.path.join(cfg.data_root, "cache")
         graph, suffix = self.train_graph, "-inductive" if cfg.inductive else ""  # caches per graph sampled
         if cfg.sampler == "saint":
@@ -342,16 +347,17 @@ class Trainer:
         model_bytes = memory.tensor_bytes(t for t in model_tensors if t.device.type == self.device.type)
         data_tensors = [self.feat, self.label, self.train_label, *self.split.values()]
         data_tensors += [t for t in inputs if isinstance(t, torch.Tensor)] + memory.cached_static_tensors()
-        graphs = [self.graph] + ([inputs[0]] if inputs[0] is not self.graph else [])
+        batch_graphs = inputs[0] if isinstance(inputs[0], (list, tuple)) else [inputs[0]]  # blocks: a list
+        graphs = [self.graph] + [g for g in batch_graphs if g is not self.graph]
         structure = 0
         for g in graphs:
             if g.device.type != self.device.type:
                 continue
             data_tensors += [t for t in (*g.ndata.values(), *g.edata.values()) if isinstance(t, torch.Tensor)]
             item = 4 if g.idtype == torch.int32 else 8
+            nodes = g.num_dst_nodes() if g.is_block else g.num_nodes()  # a block's CSC rows: destinations
             for fmt in g.formats()["created"]:  # COO: src, dst; CSR/CSC: indptr, indices, edge ids
-                structure += item * (2 * g.num_edges() if fmt == "coo" else
-                                     (g.num_nodes() + 1 + 2 * g.num_edges()))
+                structure += item * (2 * g.num_edges() if fmt == "coo" else (nodes + 1 + 2 * g.num_edges()))
         data_bytes = structure + memory.tensor_bytes(t for t in data_tensors if t.device.type == self.device.type)
         peak = report.peak_bytes
         return {"model_bytes": model_bytes, "data_bytes": data_bytes, "peak_method": report.peak_method,
@@ -360,20 +366,24 @@ class Trainer:
     # --- evaluation ---------------------------------------------------------------------------------
     @torch.no_grad()
     def evaluate(self, model) -> Dict[str, float]:
-        """Train/val/test metrics of ``model`` on the full graph; with ``eval_batch_size``, computed layer by
-        layer in batches of destination nodes (:func:`~dgl_exact.training.models.layerwise_inference`: the
-        same logits up to float rounding, one layer's activations alive at a time)."""
+        """Train/val/test metrics of ``model`` on the full graph; with ``eval_batch_size`` (the neighbour
+        sampler: by default 4096, as DGL's GraphSAGE example), computed layer by layer in batches of destination
+        nodes (:func:`~dgl_exact.training.models.layerwise_inference`: the same logits up to float rounding, one
+        layer's activations alive at a time)."""
         from ..data.base import compute_metric
 
         model.eval()
         feat = self.feat  # with use_labels, every training node shows its label (EXACT's test())
         if self.cfg.use_labels:
             feat = self._with_labels(feat, self.split["train"], self.train_label)
+        eval_batch_size = self.cfg.eval_batch_size
+        if eval_batch_size is None and self.cfg.sampler == "neighbor":  # large graphs: one layer at a time
+            eval_batch_size = DEFAULT_EVAL_BATCH_SIZE
         with self._autocast():
-            if self.cfg.eval_batch_size is None:
+            if eval_batch_size is None:
                 logits = model(self.graph, feat).float()
             else:
-                logits = layerwise_inference(model, self.graph, feat, self.cfg.eval_batch_size,
+                logits = layerwise_inference(model, self.graph, feat, eval_batch_size,
                                              progress=self.progress).float()
         model.train()
         return {s: compute_metric(self.dataset.metric, logits[idx], self.label[idx]) for s, idx in self.split.items()}
