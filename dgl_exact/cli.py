@@ -34,7 +34,8 @@ def _train_options(f):
         click.option("--dataset", help="cora (bundled), ogbn-arxiv, ogbn-products, flickr, reddit, reddit2, yelp, "
                                        "synthetic[-small|-arxiv|-products]. See `dgl-exact datasets`."),
         click.option("--model", type=click.Choice(MODELS), help="Architecture."),
-        click.option("--sampler", type=click.Choice(SAMPLERS), help="full graph, GraphSAINT or ClusterGCN."),
+        click.option("--sampler", type=click.Choice(SAMPLERS),
+                     help="full graph, GraphSAINT, ClusterGCN, or neighbour-sampled blocks (DGL's NeighborSampler)."),
         click.option("--bits", type=click.Choice(["1", "2", "4", "8"]), callback=_int_choice,
                      help="Bits per saved activation value."),
         click.option("--kept-frac", type=float, help="Random projection: fraction of columns kept, (0, 1]."),
@@ -74,6 +75,10 @@ def _train_options(f):
         click.option("--saint-budget", type=int, help="GraphSAINT nodes/edges/walk roots per subgraph."),
         click.option("--walk-length", type=int), click.option("--num-parts", type=int, help="ClusterGCN partitions."),
         click.option("--parts-per-batch", type=int, help="ClusterGCN partitions per batch."),
+        click.option("--fanouts", metavar="F1,F2,...",
+                     help="--sampler neighbor: sampled in-edges per node, one per layer, first layer first, e.g. "
+                          "15,10,5 (-1: all; default 10 per layer)."),
+        click.option("--batch-size", type=int, help="--sampler neighbor: seed (training) nodes per batch (1024)."),
         click.option("--saint-steps", type=int,
                      help="GraphSAINT subgraphs per epoch (EXACT: int(num_nodes / roots / walk length))."),
         click.option("--sample-coverage", type=int,
@@ -202,7 +207,7 @@ def cli():
               "downloaders or ogb's/DGL's processing.")
 @click.option("--nproc", type=int, default=None, metavar="N",
               help="Data-parallel training in N processes on this machine (torch.distributed: NCCL, one GPU "
-                   "each, or gloo on CPU); saint and cluster samplers. Under torchrun, leave it out.")
+                   "each, or gloo on CPU); saint, cluster and neighbor samplers. Under torchrun, leave it out.")
 @click.option("--dist-timeout", type=float, default=None, metavar="SECONDS", envvar="DGL_EXACT_DIST_TIMEOUT",
               help="Multi-process runs: give up when another process is silent this long (default 60).")
 @click.option("--download", is_flag=True,

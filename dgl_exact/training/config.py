@@ -295,8 +295,10 @@ class TrainConfig:
         if self.sampler != "neighbor":
             given = [name for name in ("fanouts", "batch_size") if getattr(self, name) is not None]
             if given:
-                raise ValueError(f"{' and '.join(option_label(n) for n in given)} set the neighbour sampler: add "
-                                 f"--sampler neighbor (now {self.sampler}) or leave them out")
+                names = " and ".join("--" + option_label(n) for n in given)
+                raise ValueError(f"{names} {'are options' if len(given) > 1 else 'is an option'} of the neighbour "
+                                 f"sampler: add --sampler neighbor (now {self.sampler}) or leave "
+                                 f"{'them' if len(given) > 1 else 'it'} out")
             return
         from .neighbor import format_fanouts, parse_fanouts
 
