@@ -203,6 +203,9 @@ def cli():
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write machine-readable results here.")
 @click.option("--checkpoint", type=click.Path(dir_okay=False), help="Save a checkpoint here after every epoch.")
 @click.option("--resume", is_flag=True, help="Continue from --checkpoint where it stopped.")
+@click.option("--checkpoint-batches", type=int, default=None, metavar="N",
+              help="Also save --checkpoint every N batches inside an epoch (mini-batch samplers, one process): "
+                   "--resume continues at the next batch, with the batches an uninterrupted run would see.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars, and nothing printed by the dataset "
               "downloaders or ogb's/DGL's processing.")
 @click.option("--nproc", type=int, default=None, metavar="N",
@@ -221,8 +224,8 @@ def cli():
               help="Run the model under torch.compile (dgl_exact's ops as captured custom ops); optionally the "
                    "mode, e.g. --compile=reduce-overhead (CUDA graphs). Full-graph training only.")
 @click.pass_context
-def train(ctx, conf, debug_mem, test_speed, json_path, checkpoint, resume, quiet, nproc, dist_timeout, download,
-          memory_budget, compile_mode, **params):
+def train(ctx, conf, debug_mem, test_speed, json_path, checkpoint, resume, checkpoint_batches, quiet, nproc,
+          dist_timeout, download, memory_budget, compile_mode, **params):
     """Train a model; with no options, a GCN with INT2 activations on the bundled Cora graph."""
     params["conf"] = conf
     cfg = _config_from(ctx, params)
@@ -238,6 +241,9 @@ def train(ctx, conf, debug_mem, test_speed, json_path, checkpoint, resume, quiet
 
     if resume and not checkpoint:
         raise UserError("--resume needs --checkpoint PATH")
+    if checkpoint_batches is not None and (checkpoint_batches < 1 or not checkpoint or cfg.sampler == "full"):
+        raise UserError("--checkpoint-batches needs N >= 1, --checkpoint PATH and a mini-batch sampler "
+                        "(--sampler saint, cluster or neighbor)")
     if test_speed is not None and test_speed < 1:
         raise UserError("--test-speed needs a number of epochs >= 1")
     if nproc is not None and nproc < 1:
@@ -256,6 +262,9 @@ def train(ctx, conf, debug_mem, test_speed, json_path, checkpoint, resume, quiet
     if compile_mode is not None and (cfg.sampler != "full" or (nproc or 1) > 1 or worker or memory_budget is not None):
         raise UserError("--compile is for one-process full-graph training (static shapes): use --sampler full and "
                         "leave out --nproc and --memory-budget")
+    if checkpoint_batches is not None and ((nproc or 1) > 1 or worker):
+        raise UserError("--checkpoint-batches is for one-process training; with --nproc, checkpoints are saved "
+                        "after every epoch (leave it out)")
     if ((nproc or 1) > 1 or worker) and cfg.sampler == "full":
         raise UserError(distributed.FULL_GRAPH_ERROR)
     if worker and (nproc or 1) > 1 and not distributed.is_launched_child():
@@ -278,6 +287,7 @@ def train(ctx, conf, debug_mem, test_speed, json_path, checkpoint, resume, quiet
         else:
             trainer = Trainer(cfg, dataset=dataset, progress=False if quiet else None, log=click.echo)
             trainer.compile_mode = compile_mode
+            trainer.checkpoint_batches = checkpoint_batches
         if trainer.rank == 0:
             click.echo(f"{trainer.dataset.summary()}")
             click.echo(f"model {cfg.model}, {cfg.layers} layers x {cfg.hidden}, sampler {cfg.sampler}, "

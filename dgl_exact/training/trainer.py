@@ -146,6 +146,9 @@ class Trainer:
 
     #: ``torch.compile`` mode of the model (``dgl-exact train --compile``; :mod:`.compiled`); None: eager
     compile_mode: Optional[str] = None
+    #: with a checkpoint, also save it every this many batches inside an epoch (``--checkpoint-batches``);
+    #: a resumed run continues at the next batch of that epoch with the same batches. None: after epochs only
+    checkpoint_batches: Optional[int] = None
 
     def __init__(self, config: TrainConfig, dataset: Optional[GraphDataset] = None, progress: Optional[bool] = None,
                  log: Callable[[str], None] = print, rank: int = 0, world_size: int = 1):
@@ -156,6 +159,8 @@ class Trainer:
         self.run_seed = config.seed
         self.model = None
         self.checkpoint_saved = False
+        self._partial = None          # (epoch, batches done, their losses) a resumed run continues inside
+        self._batch_done = None       # called after each batch of an epoch (mid-epoch checkpoints)
         self.progress = (sys.stderr.isatty() if progress is None else progress) and rank == 0
         self.dataset = dataset if dataset is not None else load_dataset(
             config.dataset, config.data_root, seed=config.seed, standardize=config.standardize,
@@ -459,6 +464,15 @@ class Trainer:
         model, optimizer, scaler, state = self.restore(run, resume, completed)
         mem_detail = {}
         start_epoch = state.epoch + 1
+        self._partial = (start_epoch, state.batch, list(state.batch_losses)) if state.batch else None
+        self._batch_done = None
+        if checkpoint and self.checkpoint_batches and self.sampler is not None:
+            def batch_done(epoch, done, losses):  # inside the epoch: where it stands, to resume at the next batch
+                if done % self.checkpoint_batches == 0 and done < len(self.sampler):
+                    state.batch, state.batch_losses = done, list(losses)
+                    self.save(checkpoint, state, model, optimizer, scaler)
+
+            self._batch_done = batch_done
         warmup = SPEED_WARMUP if test_speed is not None else 0
         epochs = cfg.epochs if test_speed is None else warmup + test_speed
         train_time, t_run = 0.0, time.perf_counter()
@@ -489,7 +503,7 @@ class Trainer:
                                       "test": metrics["test"]}
                     bar.set_postfix(loss=f"{loss:.4f}", val=f"{metrics['val']:.4f}", test=f"{state.best['test']:.4f}")
                 state.history.append(record)
-                state.epoch = epoch
+                state.epoch, state.batch, state.batch_losses = epoch, 0, []
                 if checkpoint and epoch < epochs - 1:  # the last epoch's is written with the run's result, below
                     self.save(checkpoint, state, model, optimizer, scaler)
         bar.close()
@@ -519,13 +533,18 @@ class Trainer:
         if self.sampler is None:
             return self._step(model, optimizer, scaler, self._batch_inputs(None), measure=measure)
         report = None
-        losses = []
-        batches = self.sampler.iter_epoch(epoch)
+        start, losses = 0, []
+        if self._partial is not None and self._partial[0] == epoch:  # resumed inside this epoch
+            _, start, losses = self._partial
+            self._partial = None
+        batches = self.sampler.iter_epoch(epoch, start=start)
         for i, batch in enumerate(progress_bar(batches, self.progress, total=len(self.sampler), desc=f"epoch {epoch}",
-                                               unit="batch", leave=False)):
-            loss, r = self._step(model, optimizer, scaler, self._batch_inputs(batch), measure=measure and i == 0)
+                                               unit="batch", leave=False, initial=start), start):
+            loss, r = self._step(model, optimizer, scaler, self._batch_inputs(batch), measure=measure and i == start)
             report = report or r
             losses.append(loss)
+            if self._batch_done is not None:
+                self._batch_done(epoch, i + 1, losses)
         return (statistics.fmean(losses) if losses else float("nan")), report
 
     # --- all runs -----------------------------------------------------------------------------------
@@ -610,6 +629,9 @@ def _resume_plan(state: RunState, path: str, epochs: int, runs: int):
         raise ValueError(f"checkpoint {path} is damaged (its finished runs cannot be read: {e}); delete it or pass "
                          "another --checkpoint path to start over (without --resume)") from None
     run, done = state.run, state.epoch + 1
+    if state.batch and done >= epochs:
+        raise ValueError(f"checkpoint {path} is inside epoch {done + 1} of run {run + 1} but --epochs is {epochs}; "
+                         f"resume with --epochs {done + 1} or more, or start a new checkpoint (another path)")
     if done > epochs:
         raise ValueError(f"checkpoint {path} is at epoch {done} of run {run + 1} but --epochs is {epochs}; resume "
                          f"with --epochs {done} or more, or start a new checkpoint (another path)")
