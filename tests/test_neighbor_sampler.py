@@ -130,6 +130,15 @@ def test_trains_every_block_model(model):
     assert len(trainer.sampler) == -(-trainer.split["train"].numel() // 32)
 
 
+def test_global_batch_emulator_takes_the_neighbor_sampler():
+    """What a two-process DDP run is compared against: two ranks' batches per optimiser step."""
+    from dgl_exact.training.distributed import GlobalBatchTrainer
+
+    trainer = GlobalBatchTrainer(tiny_config(batch_size=16, epochs=1), global_batch=2, progress=False, log=None)
+    assert len(trainer.sampler) == trainer.sampler.num_global_batches // 2
+    assert trainer.fit().runs[0].final_loss > 0
+
+
 def test_no_cached_structure_growth():
     """Blocks are not kept: the structure cache holds no more graphs after five epochs than after one."""
     trainer = Trainer(tiny_config(epochs=1, act_fp=False), progress=False, log=None)
