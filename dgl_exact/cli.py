@@ -316,7 +316,8 @@ def train(ctx, conf, debug_mem, test_speed, json_path, checkpoint, resume, check
                            f"{format_bytes(over)} over the budget of {format_bytes(budget_plan.budget)}")
     except KeyboardInterrupt:
         saved = checkpoint and ((resume and os.path.exists(checkpoint)) or getattr(trainer, "checkpoint_saved", False))
-        where = (f"; the last finished epoch is saved in {checkpoint}: rerun with --resume" if saved else
+        last = "epoch or batch" if checkpoint_batches else "epoch"
+        where = (f"; the last finished {last} is saved in {checkpoint}: rerun with --resume" if saved else
                  f" before the first epoch finished: no checkpoint was written to {checkpoint}" if checkpoint else "")
         if not distributed.is_launched_child():  # a --nproc worker stops silently: its launcher says it once
             click.echo(f"interrupted{where}", err=True)
