@@ -328,6 +328,22 @@ def test_two_processes_saint(tmp_path):
     print(f"2-process saint run: {seconds:.1f} s")
 
 
+@pytest.mark.slow
+def test_two_processes_neighbor(tmp_path):
+    """`--nproc 2` with neighbour-sampled blocks: replicas agree and the loss curve is the emulation's."""
+    out = tmp_path / "neighbor"
+    args = ["--sampler", "neighbor", "--model", "sage", "--fanouts", "5,5", "--batch-size", "16", "--hidden", "16",
+            "--epochs", "2", "--device", "cpu"]
+    proc, seconds = dgl_exact_cli(["train", "--nproc", "2", *args, "--act-fp", "-q", "--data-root", str(tmp_path),
+                                   "--json", str(out / "result.json"), "--checkpoint", str(out / "ckpt.pt")],
+                                  cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    results = json.loads((out / "result.json").read_text())
+    check_run(out, results)
+    assert_matches_emulation(out, results)
+    print(f"2-process neighbor run: {seconds:.1f} s")
+
+
 @pytest.fixture(scope="module")
 def cluster_run(tmp_path_factory):
     """An uninterrupted 2-process ClusterGCN run through `launch` (what --nproc calls), compression on."""

@@ -25,7 +25,8 @@ def _train_options(f):
         click.option("--dataset", help="cora (bundled), ogbn-arxiv, ogbn-products, flickr, reddit, reddit2, yelp, "
                                        "synthetic[-small|-arxiv|-products]. See `dgl-exact datasets`."),
         click.option("--model", type=click.Choice(MODELS), help="Architecture."),
-        click.option("--sampler", type=click.Choice(SAMPLERS), help="full graph, GraphSAINT or ClusterGCN."),
+        click.option("--sampler", type=click.Choice(SAMPLERS),
+                     help="full graph, GraphSAINT, ClusterGCN, or neighbour-sampled blocks (DGL's NeighborSampler)."),
         click.option("--bits", type=click.Choice(["1", "2", "4", "8"]), callback=_int_choice,
                      help="Bits per saved activation value."),
         click.option("--kept-frac", type=float, help="Random projection: fraction of columns kept, (0, 1]."),
@@ -65,6 +66,10 @@ def _train_options(f):
         click.option("--saint-budget", type=int, help="GraphSAINT nodes/edges/walk roots per subgraph."),
         click.option("--walk-length", type=int), click.option("--num-parts", type=int, help="ClusterGCN partitions."),
         click.option("--parts-per-batch", type=int, help="ClusterGCN partitions per batch."),
+        click.option("--fanouts", metavar="F1,F2,...",
+                     help="--sampler neighbor: sampled in-edges per node, one per layer, first layer first, e.g. "
+                          "15,10,5 (-1: all; default 10 per layer)."),
+        click.option("--batch-size", type=int, help="--sampler neighbor: seed (training) nodes per batch (1024)."),
         click.option("--saint-steps", type=int,
                      help="GraphSAINT subgraphs per epoch (EXACT: int(num_nodes / roots / walk length))."),
         click.option("--sample-coverage", type=int,
@@ -116,11 +121,14 @@ def _config_from(ctx, params) -> TrainConfig:
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write machine-readable results here.")
 @click.option("--checkpoint", type=click.Path(dir_okay=False), help="Save a checkpoint here after every epoch.")
 @click.option("--resume", is_flag=True, help="Continue from --checkpoint where it stopped.")
+@click.option("--checkpoint-batches", type=int, default=None, metavar="N",
+              help="Also save --checkpoint every N batches inside an epoch (mini-batch samplers, one process): "
+                   "--resume continues at the next batch, with the batches an uninterrupted run would see.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars, and nothing printed by the dataset "
               "downloaders or ogb's/DGL's processing.")
 @click.option("--nproc", type=int, default=None, metavar="N",
               help="Data-parallel training in N processes on this machine (torch.distributed: NCCL, one GPU "
-                   "each, or gloo on CPU); saint and cluster samplers. Under torchrun, leave it out.")
+                   "each, or gloo on CPU); saint, cluster and neighbor samplers. Under torchrun, leave it out.")
 @click.option("--dist-timeout", type=float, default=None, metavar="SECONDS", envvar="DGL_EXACT_DIST_TIMEOUT",
               help="Multi-process runs: give up when another process is silent this long (default 60).")
 @click.option("--download", is_flag=True,
@@ -134,8 +142,8 @@ def _config_from(ctx, params) -> TrainConfig:
               help="Run the model under torch.compile (dgl_exact's ops as captured custom ops); optionally the "
                    "mode, e.g. --compile=reduce-overhead (CUDA graphs). Full-graph training only.")
 @click.pass_context
-def train(ctx, conf, debug_mem, test_speed, json_path, checkpoint, resume, quiet, nproc, dist_timeout, download,
-          memory_budget, compile_mode, **params):
+def train(ctx, conf, debug_mem, test_speed, json_path, checkpoint, resume, checkpoint_batches, quiet, nproc,
+          dist_timeout, download, memory_budget, compile_mode, **params):
     """Train a model; with no options, a GCN with INT2 activations on the bundled Cora graph."""
     params["conf"] = conf
     cfg = _config_from(ctx, params)
@@ -151,6 +159,9 @@ def train(ctx, conf, debug_mem, test_speed, json_path, checkpoint, resume, quiet
 
     if resume and not checkpoint:
         raise UserError("--resume needs --checkpoint PATH")
+    if checkpoint_batches is not None and (checkpoint_batches < 1 or not checkpoint or cfg.sampler == "full"):
+        raise UserError("--checkpoint-batches needs N >= 1, --checkpoint PATH and a mini-batch sampler "
+                        "(--sampler saint, cluster or neighbor)")
     if test_speed is not None and test_speed < 1:
         raise UserError("--test-speed needs a number of epochs >= 1")
     if nproc is not None and nproc < 1:
@@ -169,6 +180,9 @@ def train(ctx, conf, debug_mem, test_speed, json_path, checkpoint, resume, quiet
     if compile_mode is not None and (cfg.sampler != "full" or (nproc or 1) > 1 or worker or memory_budget is not None):
         raise UserError("--compile is for one-process full-graph training (static shapes): use --sampler full and "
                         "leave out --nproc and --memory-budget")
+    if checkpoint_batches is not None and ((nproc or 1) > 1 or worker):
+        raise UserError("--checkpoint-batches is for one-process training; with --nproc, checkpoints are saved "
+                        "after every epoch (leave it out)")
     if ((nproc or 1) > 1 or worker) and cfg.sampler == "full":
         raise UserError(distributed.FULL_GRAPH_ERROR)
     if worker and (nproc or 1) > 1 and not distributed.is_launched_child():
@@ -191,6 +205,7 @@ def train(ctx, conf, debug_mem, test_speed, json_path, checkpoint, resume, quiet
         else:
             trainer = Trainer(cfg, dataset=dataset, progress=False if quiet else None, log=click.echo)
             trainer.compile_mode = compile_mode
+            trainer.checkpoint_batches = checkpoint_batches
         if trainer.rank == 0:
             click.echo(f"{trainer.dataset.summary()}")
             click.echo(f"model {cfg.model}, {cfg.layers} layers x {cfg.hidden}, sampler {cfg.sampler}, "
@@ -219,7 +234,8 @@ def train(ctx, conf, debug_mem, test_speed, json_path, checkpoint, resume, quiet
                            f"{format_bytes(over)} over the budget of {format_bytes(budget_plan.budget)}")
     except KeyboardInterrupt:
         saved = checkpoint and ((resume and os.path.exists(checkpoint)) or getattr(trainer, "checkpoint_saved", False))
-        where = (f"; the last finished epoch is saved in {checkpoint}: rerun with --resume" if saved else
+        last = "epoch or batch" if checkpoint_batches else "epoch"
+        where = (f"; the last finished {last} is saved in {checkpoint}: rerun with --resume" if saved else
                  f" before the first epoch finished: no checkpoint was written to {checkpoint}" if checkpoint else "")
         if not distributed.is_launched_child():  # a --nproc worker stops silently: its launcher says it once
             click.echo(f"interrupted{where}", err=True)

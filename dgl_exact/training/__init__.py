@@ -6,6 +6,7 @@ Where things are:
   :class:`~dgl_exact.compression_config.CompressionConfig`), validated; ``--conf`` YAML files.
 * :mod:`.models` -- the GCN / SAGE / GAT / GCNII models, on dgl_exact's layers or DGL's.
 * :mod:`.samplers` -- GraphSAINT and ClusterGCN mini-batches, a pure function of ``(seed, epoch)``.
+* :mod:`.neighbor` -- neighbour-sampled blocks through DGL's ``NeighborSampler``, on the same interface.
 * :mod:`.trainer` -- :class:`~.trainer.Trainer`, the one training loop: :meth:`~.trainer.Trainer.fit`
   runs :meth:`~.trainer.Trainer.run` per seed, which restores, trains, evaluates and saves each epoch.
 * :mod:`.checkpoint` -- :class:`~.checkpoint.RunState`, what a checkpoint holds, written atomically and

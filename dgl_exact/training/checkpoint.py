@@ -165,7 +165,10 @@ class RunState:
     finished epoch; ``completed`` the results of the runs finished before this one (``RunResult`` as
     dicts, this run's own added when it ends). ``model``, ``optimizer`` and ``scaler`` are state dicts
     and ``rng_cpu`` / ``rng_cuda`` torch's random state, all taken at the end of ``epoch``;
-    ``activation_bytes`` / ``peak_bytes``: the ``--debug-mem`` measurement, once made.
+    ``activation_bytes`` / ``peak_bytes``: the ``--debug-mem`` measurement, once made. ``batch``: saved
+    inside epoch ``epoch + 1`` (``--checkpoint-batches``), the number of its batches already trained, with
+    their losses in ``batch_losses`` (0 and empty at an epoch's end); the weights and random state are then
+    those after that batch.
     """
 
     config: Dict[str, Any]
@@ -181,6 +184,8 @@ class RunState:
     rng_cuda: Optional[torch.Tensor] = None
     activation_bytes: Optional[int] = None
     peak_bytes: Optional[int] = None
+    batch: int = 0
+    batch_losses: List[float] = dataclasses.field(default_factory=list)
 
     def to_checkpoint(self) -> Dict[str, Any]:
         """The checkpoint's dict (what :func:`save_checkpoint` writes)."""

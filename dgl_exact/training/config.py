@@ -22,7 +22,7 @@ import yaml
 from ..compression_config import VALID_BITS, VALID_LEVELS, CompressionConfig
 from .models import MODELS
 
-SAMPLERS = ("full", "saint", "cluster")
+SAMPLERS = ("full", "saint", "cluster", "neighbor")
 SAINT_MODES = ("node", "edge", "walk")
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
 
@@ -168,6 +168,8 @@ FIELD_RULES: Dict[str, Rule] = {
     "sample_coverage": Rule("int", 0, note="0 skips GraphSAINT's normalisation pre-sampling"),
     "saint_steps": Rule("int", 1, optional=True, note="GraphSAINT subgraphs per epoch; null: from the budget"),
     "num_parts": Rule("int", 1), "parts_per_batch": Rule("int", 1),
+    "fanouts": Rule("str", optional=True, note="neighbor sampler: one fan-out per layer such as 15,10,5; -1: all"),
+    "batch_size": Rule("int", 1, optional=True, note="neighbor sampler: seed nodes per batch; null: 1024"),
     "device": Rule("str"), "data_root": Rule("str"),
 }
 
@@ -263,6 +265,10 @@ class TrainConfig:
     saint_steps: Optional[int] = None   # GraphSAINT subgraphs per epoch; None: ceil(num_nodes / nominal size)
     num_parts: int = 1000
     parts_per_batch: int = 20
+    # neighbour sampling (DGL's NeighborSampler): fan-out per layer, first layer first, as "15,10,5" (-1: all
+    # in-neighbours; None: 10 per layer), and seed nodes per batch (None: 1024)
+    fanouts: Optional[str] = None
+    batch_size: Optional[int] = None
     # EXACT's --inductive: train on the subgraph induced by the training nodes, evaluate on the full graph
     inductive: bool = False
     # where
@@ -278,9 +284,45 @@ class TrainConfig:
         for f in dataclasses.fields(self):
             if f.name != "compression":
                 setattr(self, f.name, check_field(f.name, getattr(self, f.name)))
+        self._check_neighbor_options()
         if self.seed + self.runs - 1 > MAX_SEED:
             raise ValueError(f"seed + runs - 1 must be <= 2**64 - 1 (run r uses seed + r), got seed {self.seed} "
                              f"with {self.runs} runs")
+
+    def _check_neighbor_options(self) -> None:
+        """The neighbour sampler's options go with ``sampler: neighbor`` only; its fan-outs are one per layer
+        (stored canonically, ``15,10,5``); models without a block form are refused with it."""
+        if self.sampler != "neighbor":
+            given = [name for name in ("fanouts", "batch_size") if getattr(self, name) is not None]
+            if given:
+                names = " and ".join("--" + option_label(n) for n in given)
+                raise ValueError(f"{names} {'are options' if len(given) > 1 else 'is an option'} of the neighbour "
+                                 f"sampler: add --sampler neighbor (now {self.sampler}) or leave "
+                                 f"{'them' if len(given) > 1 else 'it'} out")
+            return
+        from .neighbor import format_fanouts, parse_fanouts
+
+        if self.fanouts is not None:
+            fanouts = parse_fanouts(self.fanouts)
+            if len(fanouts) != self.layers:
+                example = ",".join(["10"] * self.layers)
+                raise ValueError(f"fanouts {self.fanouts!r} gives {len(fanouts)} fan-out(s) for {self.layers} "
+                                 f"layer(s): give one per layer (e.g. --fanouts {example}), or --layers "
+                                 f"{len(fanouts)}")
+            self.fanouts = format_fanouts(fanouts)
+        if self.model == "gcn2":
+            raise ValueError("gcn2 (GCNII) runs on whole (sub)graphs: every layer mixes in the initial "
+                             "representation of the same nodes, which a block's shrinking node sets do not hold; "
+                             "use --sampler full, saint or cluster, or another model with --sampler neighbor")
+        if self.edge_drop:
+            raise ValueError("edge-drop needs whole (sub)graphs, not neighbour-sampled blocks; leave it at 0 "
+                             "with --sampler neighbor")
+
+    def neighbor_fanouts(self):
+        """The neighbour sampler's fan-outs as ints, one per layer (default 10 each)."""
+        from .neighbor import DEFAULT_FANOUT, parse_fanouts
+
+        return parse_fanouts(self.fanouts) if self.fanouts is not None else [DEFAULT_FANOUT] * self.layers
 
     def to_dict(self) -> Dict[str, Any]:
         """The options of this run, flat (``compression`` as its options: ``bits``, ``act_fp``, ...), in the

@@ -1,5 +1,5 @@
-"""Training loops for full-graph, GraphSAINT and ClusterGCN training, with evaluation, activation-memory
-measurement, speed tests and bit-for-bit resumable checkpoints.
+"""Training loops for full-graph, GraphSAINT, ClusterGCN and neighbour-sampled training, with evaluation,
+activation-memory measurement, speed tests and bit-for-bit resumable checkpoints.
 
 The trainer is the only training loop of the package: the CLI (``dgl-exact train``), the examples and
 the benchmarks all call :func:`train` / :class:`Trainer`.
@@ -24,6 +24,7 @@ from ..data import GraphDataset, load_dataset
 from .checkpoint import RunState, remove_stale_temporaries
 from .config import TrainConfig
 from .models import build_model, exact_log_loss, layerwise_inference
+from .neighbor import DEFAULT_BATCH_SIZE, DEFAULT_EVAL_BATCH_SIZE, NeighborSampler
 from .samplers import ClusterGCNSampler, SAINTSampler
 
 dgl = import_dgl()
@@ -145,6 +146,9 @@ class Trainer:
 
     #: ``torch.compile`` mode of the model (``dgl-exact train --compile``; :mod:`.compiled`); None: eager
     compile_mode: Optional[str] = None
+    #: with a checkpoint, also save it every this many batches inside an epoch (``--checkpoint-batches``);
+    #: a resumed run continues at the next batch of that epoch with the same batches. None: after epochs only
+    checkpoint_batches: Optional[int] = None
 
     def __init__(self, config: TrainConfig, dataset: Optional[GraphDataset] = None, progress: Optional[bool] = None,
                  log: Callable[[str], None] = print, rank: int = 0, world_size: int = 1):
@@ -155,6 +159,8 @@ class Trainer:
         self.run_seed = config.seed
         self.model = None
         self.checkpoint_saved = False
+        self._partial = None          # (epoch, batches done, their losses) a resumed run continues inside
+        self._batch_done = None       # called after each batch of an epoch (mid-epoch checkpoints)
         self.progress = (sys.stderr.isatty() if progress is None else progress) and rank == 0
         self.dataset = dataset if dataset is not None else load_dataset(
             config.dataset, config.data_root, seed=config.seed, standardize=config.standardize,
@@ -208,6 +214,10 @@ class Trainer:
         common = dict(seed=cfg.seed, rank=self.rank, world_size=self.world_size, even=self.world_size > 1)
         if cfg.sampler == "full":
             return None
+        if cfg.sampler == "neighbor":  # seeds: the training nodes (the whole training graph with --inductive)
+            seeds = self.train_index.cpu() if cfg.inductive else self.split["train"].cpu()
+            return NeighborSampler(self.train_graph, cfg.neighbor_fanouts(), cfg.batch_size or DEFAULT_BATCH_SIZE,
+                                   train_nodes=seeds, **common)
         cache_dir = os.path.join(cfg.data_root, "cache")
         graph, suffix = self.train_graph, "-inductive" if cfg.inductive else ""  # caches per graph sampled
         if cfg.sampler == "saint":
@@ -342,16 +352,17 @@ class Trainer:
         model_bytes = memory.tensor_bytes(t for t in model_tensors if t.device.type == self.device.type)
         data_tensors = [self.feat, self.label, self.train_label, *self.split.values()]
         data_tensors += [t for t in inputs if isinstance(t, torch.Tensor)] + memory.cached_static_tensors()
-        graphs = [self.graph] + ([inputs[0]] if inputs[0] is not self.graph else [])
+        batch_graphs = inputs[0] if isinstance(inputs[0], (list, tuple)) else [inputs[0]]  # blocks: a list
+        graphs = [self.graph] + [g for g in batch_graphs if g is not self.graph]
         structure = 0
         for g in graphs:
             if g.device.type != self.device.type:
                 continue
             data_tensors += [t for t in (*g.ndata.values(), *g.edata.values()) if isinstance(t, torch.Tensor)]
             item = 4 if g.idtype == torch.int32 else 8
+            nodes = g.num_dst_nodes() if g.is_block else g.num_nodes()  # a block's CSC rows: destinations
             for fmt in g.formats()["created"]:  # COO: src, dst; CSR/CSC: indptr, indices, edge ids
-                structure += item * (2 * g.num_edges() if fmt == "coo" else
-                                     (g.num_nodes() + 1 + 2 * g.num_edges()))
+                structure += item * (2 * g.num_edges() if fmt == "coo" else (nodes + 1 + 2 * g.num_edges()))
         data_bytes = structure + memory.tensor_bytes(t for t in data_tensors if t.device.type == self.device.type)
         peak = report.peak_bytes
         return {"model_bytes": model_bytes, "data_bytes": data_bytes, "peak_method": report.peak_method,
@@ -360,20 +371,24 @@ class Trainer:
     # --- evaluation ---------------------------------------------------------------------------------
     @torch.no_grad()
     def evaluate(self, model) -> Dict[str, float]:
-        """Train/val/test metrics of ``model`` on the full graph; with ``eval_batch_size``, computed layer by
-        layer in batches of destination nodes (:func:`~dgl_exact.training.models.layerwise_inference`: the
-        same logits up to float rounding, one layer's activations alive at a time)."""
+        """Train/val/test metrics of ``model`` on the full graph; with ``eval_batch_size`` (the neighbour
+        sampler: by default 4096, as DGL's GraphSAGE example), computed layer by layer in batches of destination
+        nodes (:func:`~dgl_exact.training.models.layerwise_inference`: the same logits up to float rounding, one
+        layer's activations alive at a time)."""
         from ..data.base import compute_metric
 
         model.eval()
         feat = self.feat  # with use_labels, every training node shows its label (EXACT's test())
         if self.cfg.use_labels:
             feat = self._with_labels(feat, self.split["train"], self.train_label)
+        eval_batch_size = self.cfg.eval_batch_size
+        if eval_batch_size is None and self.cfg.sampler == "neighbor":  # large graphs: one layer at a time
+            eval_batch_size = DEFAULT_EVAL_BATCH_SIZE
         with self._autocast():
-            if self.cfg.eval_batch_size is None:
+            if eval_batch_size is None:
                 logits = model(self.graph, feat).float()
             else:
-                logits = layerwise_inference(model, self.graph, feat, self.cfg.eval_batch_size,
+                logits = layerwise_inference(model, self.graph, feat, eval_batch_size,
                                              progress=self.progress).float()
         model.train()
         return {s: compute_metric(self.dataset.metric, logits[idx], self.label[idx]) for s, idx in self.split.items()}
@@ -449,6 +464,15 @@ class Trainer:
         model, optimizer, scaler, state = self.restore(run, resume, completed)
         mem_detail = {}
         start_epoch = state.epoch + 1
+        self._partial = (start_epoch, state.batch, list(state.batch_losses)) if state.batch else None
+        self._batch_done = None
+        if checkpoint and self.checkpoint_batches and self.sampler is not None:
+            def batch_done(epoch, done, losses):  # inside the epoch: where it stands, to resume at the next batch
+                if done % self.checkpoint_batches == 0 and done < len(self.sampler):
+                    state.batch, state.batch_losses = done, list(losses)
+                    self.save(checkpoint, state, model, optimizer, scaler)
+
+            self._batch_done = batch_done
         warmup = SPEED_WARMUP if test_speed is not None else 0
         epochs = cfg.epochs if test_speed is None else warmup + test_speed
         train_time, t_run = 0.0, time.perf_counter()
@@ -479,7 +503,7 @@ class Trainer:
                                       "test": metrics["test"]}
                     bar.set_postfix(loss=f"{loss:.4f}", val=f"{metrics['val']:.4f}", test=f"{state.best['test']:.4f}")
                 state.history.append(record)
-                state.epoch = epoch
+                state.epoch, state.batch, state.batch_losses = epoch, 0, []
                 if checkpoint and epoch < epochs - 1:  # the last epoch's is written with the run's result, below
                     self.save(checkpoint, state, model, optimizer, scaler)
         bar.close()
@@ -509,13 +533,18 @@ class Trainer:
         if self.sampler is None:
             return self._step(model, optimizer, scaler, self._batch_inputs(None), measure=measure)
         report = None
-        losses = []
-        batches = self.sampler.iter_epoch(epoch)
+        start, losses = 0, []
+        if self._partial is not None and self._partial[0] == epoch:  # resumed inside this epoch
+            _, start, losses = self._partial
+            self._partial = None
+        batches = self.sampler.iter_epoch(epoch, start=start)
         for i, batch in enumerate(progress_bar(batches, self.progress, total=len(self.sampler), desc=f"epoch {epoch}",
-                                               unit="batch", leave=False)):
-            loss, r = self._step(model, optimizer, scaler, self._batch_inputs(batch), measure=measure and i == 0)
+                                               unit="batch", leave=False, initial=start), start):
+            loss, r = self._step(model, optimizer, scaler, self._batch_inputs(batch), measure=measure and i == start)
             report = report or r
             losses.append(loss)
+            if self._batch_done is not None:
+                self._batch_done(epoch, i + 1, losses)
         return (statistics.fmean(losses) if losses else float("nan")), report
 
     # --- all runs -----------------------------------------------------------------------------------
@@ -600,6 +629,9 @@ def _resume_plan(state: RunState, path: str, epochs: int, runs: int):
         raise ValueError(f"checkpoint {path} is damaged (its finished runs cannot be read: {e}); delete it or pass "
                          "another --checkpoint path to start over (without --resume)") from None
     run, done = state.run, state.epoch + 1
+    if state.batch and done >= epochs:
+        raise ValueError(f"checkpoint {path} is inside epoch {done + 1} of run {run + 1} but --epochs is {epochs}; "
+                         f"resume with --epochs {done + 1} or more, or start a new checkpoint (another path)")
     if done > epochs:
         raise ValueError(f"checkpoint {path} is at epoch {done} of run {run + 1} but --epochs is {epochs}; resume "
                          f"with --epochs {done} or more, or start a new checkpoint (another path)")

@@ -25,7 +25,7 @@ DEFAULT_SETUP_TIMEOUT = 1800.0   # s: waits for rank-0-only work (caches, METIS,
 TIMEOUT_ENV = "DGL_EXACT_DIST_TIMEOUT"
 SETUP_TIMEOUT_ENV = "DGL_EXACT_DIST_SETUP_TIMEOUT"
 CHILD_ENV = "DGL_EXACT_NPROC_CHILD"      # set by `launch` in its workers
-FULL_GRAPH_ERROR = ("multi-process training needs a mini-batch sampler (--sampler saint or cluster); "
+FULL_GRAPH_ERROR = ("multi-process training needs a mini-batch sampler (--sampler saint, cluster or neighbor); "
                     "full-graph training runs in one process")
 _RNG_STREAM = 0x5EED  # keeps rank_seed's streams apart from the samplers'
 _DistError = getattr(dist, "DistError", RuntimeError)  # torch >= 2.1; plain RuntimeError before

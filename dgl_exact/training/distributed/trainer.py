@@ -104,12 +104,14 @@ class DistributedTrainer(Trainer):
             if self.rank != 0:
                 sampler = super().make_sampler(assignment=assignment)
         else:  # GraphSAINT pre-sampling is a pure function of the seed: rank 0 writes the cache, others read it
+            # (neighbour sampling prepares nothing: every rank builds the same sampler)
             sampler = self._staged(super().make_sampler, first=self.rank == 0,
-                                   what="preparing the GraphSAINT normalisation")
+                                   what="preparing the GraphSAINT normalisation" if cfg.sampler == "saint"
+                                   else "preparing the sampler")
         if len(sampler) < 1:
             raise ValueError(f"{sampler.num_global_batches} batch(es) per epoch cannot feed {self.world_size} "
                              "processes: use fewer processes or smaller batches (--saint-budget, --num-parts, "
-                             "--parts-per-batch)")
+                             "--parts-per-batch, --batch-size)")
         return sampler
 
     def wrap_model(self, model):
