@@ -85,7 +85,7 @@ def main():
     rows["int2-convert+hooks"] = measure(dgl_exact.compress_model(copy.deepcopy(base), cfg, saved_tensors=True))
     exact = copy.deepcopy(base)
     for block in exact.blocks:
-        block.agg = lambda g, x, w: dgl_exact.ops.u_mul_e_sum(g, x, w, cfg)
+        block.agg = lambda g, x, w: dgl_exact.ops.u_mul_e_sum(g, x, w, config=cfg)
     rows["int2-convert+dgl_exact-agg"] = measure(dgl_exact.compress_model(exact, cfg))
     print(report)
     fp32 = rows["dgl-fp32"]
