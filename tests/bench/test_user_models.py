@@ -79,3 +79,14 @@ def test_workload_defaults_for_block_models():
     assert (work.hidden_for("user-block-gcn"), work.layers_for("user-block-gcn")) == (16, 2)
     model = work.build("user-block-gcn", "exact")
     assert len(model.blocks) == 2 and model.inp.out_features == 16
+
+
+def test_bench_command_accepts_block_models(tmp_path):
+    from dgl_exact.cli._common import UserError
+    from dgl_exact.cli.bench import _bench_setup
+
+    work, models, _ = _bench_setup("synthetic-small:num_nodes=50,num_features=8,num_classes=3", ",".join(BLOCK_MODELS),
+                                   "DGL fp32,INT2", None, None, "cpu", str(tmp_path), quiet=True)
+    assert models == list(BLOCK_MODELS) and work.layers_for(models[0]) == 5 and work.layers_for("gcn") == 3
+    with pytest.raises(UserError, match="user-block-gcn"):
+        _bench_setup("synthetic-small:num_nodes=50", "user-block-mlp", "INT2", None, None, "cpu", str(tmp_path))
