@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """Activation memory of a pre-LayerNorm residual GCN: DGL fp32 against ``compress_model`` at INT2.
 
-The model: an input ``Linear(128, 512)``, then ``layers`` blocks ``x + FFN(aggregate(LayerNorm(x)))`` with
+The model (``user-block-gcn`` of ``dgl-exact bench memory``, :class:`dgl_exact.bench.user_models.PreNormNet`):
+an input ``Linear(128, 512)``, then ``layers`` blocks ``x + FFN(aggregate(LayerNorm(x)))`` with
 FFN ``Linear -> GELU -> Dropout -> Linear -> Dropout`` (hidden 512) and a GCN aggregation
 ``sum_{u -> v} w_uv x_u`` with the symmetric degree norm ``w_uv = 1 / sqrt(d_u d_v)``, then
 ``Linear(512, 40)`` and cross-entropy. Random graph: 10,000 nodes, average in-degree 8; random features.
@@ -35,38 +36,9 @@ import dgl_exact
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from dgl_exact.bench.user_models import PreNormNet, gcn_aggregate
 
 import dgl  # noqa: E402  (after dgl_exact)
-
-
-class Block(nn.Module):
-    def __init__(self, hidden, agg, p=0.1):
-        super().__init__()
-        self.norm = nn.LayerNorm(hidden)
-        self.ffn = nn.Sequential(nn.Linear(hidden, hidden), nn.GELU(), nn.Dropout(p), nn.Linear(hidden, hidden),
-                                 nn.Dropout(p))
-        self.agg = agg
-
-    def forward(self, g, w, x):
-        return x + self.ffn(self.agg(g, self.norm(x), w))
-
-
-class Net(nn.Module):
-    def __init__(self, in_dim, hidden, classes, layers, agg):
-        super().__init__()
-        self.inp = nn.Linear(in_dim, hidden)
-        self.blocks = nn.ModuleList(Block(hidden, agg) for _ in range(layers))
-        self.out = nn.Linear(hidden, classes)
-
-    def forward(self, g, w, x):
-        h = self.inp(x)
-        for block in self.blocks:
-            h = block(g, w, h)
-        return self.out(h)
-
-
-def dgl_agg(g, x, w):
-    return dgl.ops.u_mul_e_sum(g, x, w)
 
 
 def main():
@@ -98,11 +70,11 @@ def main():
     x = torch.randn(n, args.features)
     y = torch.randint(0, args.classes, (n,))
     cfg = dgl_exact.CompressionConfig(bits=args.bits)
-    base = Net(args.features, args.hidden, args.classes, args.layers, dgl_agg)
+    base = PreNormNet(args.features, args.hidden, args.classes, args.layers, lambda: gcn_aggregate)
 
     def measure(model):
         model.train()
-        rep = dgl_exact.memory.measure(lambda: F.cross_entropy(model(g, w, x), y), modules=[model], exclude=[w, x])
+        rep = dgl_exact.memory.measure(lambda: F.cross_entropy(model(g, x, w), y), modules=[model], exclude=[w, x])
         rep.result.backward()
         w.grad = None
         return rep.activation_bytes
@@ -113,7 +85,7 @@ def main():
     rows["int2-convert+hooks"] = measure(dgl_exact.compress_model(copy.deepcopy(base), cfg, saved_tensors=True))
     exact = copy.deepcopy(base)
     for block in exact.blocks:
-        block.agg = lambda g, x, w: dgl_exact.ops.u_mul_e_sum(g, x, w, cfg)
+        block.agg = lambda g, x, w: dgl_exact.ops.u_mul_e_sum(g, x, w, config=cfg)
     rows["int2-convert+dgl_exact-agg"] = measure(dgl_exact.compress_model(exact, cfg))
     print(report)
     fp32 = rows["dgl-fp32"]

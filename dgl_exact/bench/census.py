@@ -78,8 +78,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dataset", default="synthetic-arxiv")
     ap.add_argument("--data-root", default="data")
-    ap.add_argument("--model", default="sage")
-    ap.add_argument("--layers", type=int, default=3)
+    ap.add_argument("--model", default="sage", help="a project model or one of bench/user_models.py's")
+    ap.add_argument("--layers", type=int, default=None, help="default: the model's own (3; user-block: 5)")
     ap.add_argument("--hidden", type=int, default=None)
     ap.add_argument("--setting", default="INT2")
     ap.add_argument("--top", type=int, default=20)
@@ -108,7 +108,7 @@ def main(argv=None):
     census = Census()
     run(census)
     for phase, (op, seq, live) in census.snapshot.items():
-        print(f"{a.model} {a.layers} layers x {work.hidden_for(a.model)}, {setting.name}: {phase} peak "
+        print(f"{a.model} {work.layers_for(a.model)} layers x {work.hidden_for(a.model)}, {setting.name}: {phase} peak "
               f"{census.best[phase] / MIB:.1f} MiB, at operator #{seq} ({op})")
         groups = collections.Counter()
         for e in live:

@@ -20,14 +20,15 @@ from ..compression import compress, decompress
 from ..compression_config import CompressionConfig
 from ..compression_config import config as compression_scope
 from ..training.models import build_model
-from .user_models import USER_MODELS, build_user_model
+from .user_models import BLOCK_HIDDEN, BLOCK_LAYERS, BLOCK_MODELS, USER_MODELS, build_user_model
 from .results import ResultSink
 from ..planning.settings import Setting
 
 dgl = import_dgl()
 
-DEFAULT_HIDDEN = {"gcn": 256, "sage": 128, "gat": 128, "gcn2": 256, "user-sage": 128,
-                  "user-sage-donate": 128}  # gat: per head (3 heads concatenated)
+DEFAULT_HIDDEN = {"gcn": 256, "sage": 128, "gat": 128, "gcn2": 256, "user-sage": 128,  # gat: per head (3 heads)
+                  "user-sage-donate": 128, **{m: BLOCK_HIDDEN for m in BLOCK_MODELS}}
+DEFAULT_LAYERS = {m: BLOCK_LAYERS for m in BLOCK_MODELS}  # others: 3
 
 MEMORY_COLUMNS = ["model", "setting", "activation_MiB", "ratio_vs_baseline", "step_peak_MiB", "peak_ratio_vs_baseline",
                   "device"]
@@ -38,10 +39,13 @@ ACCURACY_COLUMNS = ["dataset", "model", "setting", "runs", "test_mean", "test_st
 
 
 class Workload:
-    """A graph, its features/labels on a device, and the model hyperparameters to benchmark."""
+    """A graph, its features/labels on a device, and the model hyperparameters to benchmark (``hidden``,
+    ``layers``: None for each model's default, :data:`DEFAULT_HIDDEN` and :data:`DEFAULT_LAYERS`)."""
 
-    def __init__(self, dataset, device, hidden=None, layers=3, dropout=0.5, batch_norm=True, heads=3):
+    def __init__(self, dataset, device, hidden=None, layers=None, dropout=0.5, batch_norm=True, heads=3):
         self.dataset, self.device = dataset, torch.device(device)
+        self.layers_given = layers
+        layers = 3 if layers is None else layers
         self.hidden, self.layers, self.dropout, self.batch_norm, self.heads = hidden, layers, dropout, batch_norm, heads
         g = dataset.graph
         self.graph_sl = dgl.add_self_loop(dgl.remove_self_loop(g))
@@ -51,11 +55,15 @@ class Workload:
         self.train_label = g.ndata["label"].to(self.device)[self.train_idx]
 
     def graph_for(self, model: str):
-        return self.graph_sl if model in ("gcn", "gat", "gcn2") else self.graph_raw
+        return self.graph_sl if model in ("gcn", "gat", "gcn2", "user-block-gcn", "user-block-gat") else self.graph_raw
 
     def hidden_for(self, model: str) -> int:
         """The hidden size benchmarked: ``hidden`` if given, else the EXACT benchmark's per model."""
         return self.hidden or DEFAULT_HIDDEN[model]
+
+    def layers_for(self, model: str) -> int:
+        """The number of layers (blocks) benchmarked: ``layers`` if given, else the model's default."""
+        return self.layers_given or DEFAULT_LAYERS.get(model, self.layers)
 
     def build(self, model: str, impl: str, seed: int = 0):
         torch.manual_seed(seed)
@@ -64,7 +72,8 @@ class Workload:
             return _pyg_model(model, self.dataset.num_features, hidden, self.dataset.num_classes, self.layers,
                               self.dropout, self.batch_norm, self.graph_for(model), self.device)
         if model in USER_MODELS:
-            return build_user_model(model, self.dataset.num_features, hidden, self.dataset.num_classes, self.layers,
+            return build_user_model(model, self.dataset.num_features, hidden, self.dataset.num_classes,
+                                    self.layers_for(model),
                                     self.dropout, self.batch_norm, impl).to(self.device)
         return build_model(model, self.dataset.num_features, self.dataset.num_classes, hidden=hidden,
                            layers=self.layers, dropout=self.dropout, batch_norm=self.batch_norm, heads=self.heads,
@@ -166,7 +175,7 @@ def memory_grid(work: Workload, models: Sequence[str], settings: Sequence[Settin
         why = work.runnable(setting.impl, model_name)
         if why:
             row = {"kind": "memory", "model": model_name, "setting": setting.name, "device": str(work.device),
-                   "layers": work.layers, "hidden": work.hidden_for(model_name), "note": why}
+                   "layers": work.layers_for(model_name), "hidden": work.hidden_for(model_name), "note": why}
         elif isolate:
             row = _in_fresh_process(_memory_row, work, model_name, setting, cpu_method)
         else:
@@ -181,7 +190,7 @@ def memory_grid(work: Workload, models: Sequence[str], settings: Sequence[Settin
 
 def _memory_row(work: Workload, model_name: str, setting: Setting, cpu_method: str = "auto") -> Dict:
     row = {"kind": "memory", "model": model_name, "setting": setting.name, "device": str(work.device),
-           "layers": work.layers, "hidden": work.hidden_for(model_name)}
+           "layers": work.layers_for(model_name), "hidden": work.hidden_for(model_name)}
     plan_scope = contextlib.nullcontext()
     if setting.budget_of:  # planned before the CPU high-water mark is reset: planning is not the step
         plan = _budget_plan(work, model_name, setting.budget_of)

@@ -6,9 +6,21 @@ user-sage,user-sage-donate``): the memory figures the README quotes must be reac
 with :func:`dgl_exact.compress_model` for dgl_exact's settings and left as written for DGL's.
 ``user-sage-donate``: the same model with the one word per layer the README documents,
 ``h = conv(g, dgl_exact.donate(h))``.
+
+``user-block-gcn``, ``user-block-sage``, ``user-block-gat``: a pre-LayerNorm residual GNN
+(:class:`PreNormNet`): an input ``nn.Linear(in, hidden)``, ``layers`` blocks
+``x = x + FFN(aggregate(LayerNorm(x)))`` with FFN ``Linear -> GELU -> Dropout -> Linear -> Dropout``, then
+``nn.Linear(hidden, classes)``. Its own defaults: hidden 512, 5 blocks, FFN dropout 0.1 (the benchmark's
+``--hidden``/``--layers`` override the first two). Aggregations: ``gcn``, ``dgl.ops.u_mul_e_sum`` with the
+symmetric degree norm ``1 / sqrt(d_u d_v)`` (no weight of its own); ``sage``, ``dgl.nn.SAGEConv(hidden,
+hidden, 'mean')``; ``gat``, ``dgl.nn.GATConv`` with :data:`BLOCK_GAT_HEADS` heads of ``hidden / heads``
+concatenated back to ``hidden``.
 """
 from __future__ import annotations
 
+from typing import Callable, Optional
+
+import torch
 import torch.nn as nn
 
 from .._compat import import_dgl
@@ -17,10 +29,14 @@ from ..ops.keep import donate
 
 dgl = import_dgl()
 
-USER_MODELS = ("user-sage", "user-sage-donate")
+BLOCK_MODELS = ("user-block-gcn", "user-block-sage", "user-block-gat")
+USER_MODELS = ("user-sage", "user-sage-donate") + BLOCK_MODELS
+BLOCK_HIDDEN, BLOCK_LAYERS, BLOCK_DROPOUT, BLOCK_GAT_HEADS = 512, 5, 0.1, 4
 
 
 class UserSAGE(nn.Module):
+    """``layers`` DGL ``SAGEConv(..., 'mean')`` with BatchNorm, ReLU and Dropout between them."""
+
     def __init__(self, in_feats: int, hidden: int, classes: int, layers: int = 3, dropout: float = 0.5,
                  batch_norm: bool = True, donate_inputs: bool = False):
         super().__init__()
@@ -32,6 +48,7 @@ class UserSAGE(nn.Module):
         self.donate_inputs = donate_inputs
 
     def forward(self, g, x):
+        """Logits of every node of ``g`` from features ``x``."""
         h = x
         for i, conv in enumerate(self.convs):
             h = conv(g, donate(h) if self.donate_inputs and i > 0 else h)
@@ -40,11 +57,91 @@ class UserSAGE(nn.Module):
         return h
 
 
+class PreNormBlock(nn.Module):
+    """``x + FFN(agg(g, LayerNorm(x), *agg_args))``, FFN ``Linear -> GELU -> Dropout -> Linear -> Dropout``."""
+
+    def __init__(self, hidden: int, agg, p: float = BLOCK_DROPOUT):
+        super().__init__()
+        self.norm = nn.LayerNorm(hidden)
+        self.ffn = nn.Sequential(nn.Linear(hidden, hidden), nn.GELU(), nn.Dropout(p), nn.Linear(hidden, hidden),
+                                 nn.Dropout(p))
+        self.agg = agg
+
+    def forward(self, g, x, *agg_args):
+        """The block's output: ``x`` plus the FFN of the aggregated, normalised ``x``."""
+        return x + self.ffn(self.agg(g, self.norm(x), *agg_args))
+
+
+class PreNormNet(nn.Module):
+    """Input ``Linear(in_dim, hidden)``, ``layers`` :class:`PreNormBlock` (``make_agg()`` gives each block its
+    aggregation, called ``agg(g, x, *agg_args)``), output ``Linear(hidden, classes)``. ``edge_weight(g)``,
+    if given, supplies the aggregation's extra argument when ``forward`` gets none."""
+
+    def __init__(self, in_dim: int, hidden: int, classes: int, layers: int, make_agg: Callable,
+                 edge_weight: Optional[Callable] = None, p: float = BLOCK_DROPOUT):
+        super().__init__()
+        self.inp = nn.Linear(in_dim, hidden)
+        self.blocks = nn.ModuleList(PreNormBlock(hidden, make_agg(), p) for _ in range(layers))
+        self.out = nn.Linear(hidden, classes)
+        self.edge_weight = edge_weight
+
+    def forward(self, g, x, *agg_args):
+        """Logits of every node of ``g`` from features ``x`` (``agg_args``: passed to every aggregation)."""
+        if not agg_args and self.edge_weight is not None:
+            agg_args = (self.edge_weight(g),)
+        h = self.inp(x)
+        for block in self.blocks:
+            h = block(g, h, *agg_args)
+        return self.out(h)
+
+
+def gcn_aggregate(g, x, w):
+    """``sum_{u -> v} w_uv x_u`` with DGL's ``u_mul_e_sum``."""
+    return dgl.ops.u_mul_e_sum(g, x, w)
+
+
+def symmetric_norm(g) -> torch.Tensor:
+    """GCN's edge weights ``1 / sqrt(d_out(u) d_in(v))`` (degrees clamped to at least 1), no gradient."""
+    with torch.no_grad():
+        src, dst = g.edges()
+        d_out, d_in = g.out_degrees().clamp(min=1).float(), g.in_degrees().clamp(min=1).float()
+        return (d_out[src] * d_in[dst]).rsqrt()
+
+
+class HeadsConcat(nn.Module):
+    """A ``dgl.nn.GATConv`` whose ``(N, heads, out)`` output is flattened to ``(N, heads * out)``."""
+
+    def __init__(self, hidden: int, heads: int = BLOCK_GAT_HEADS):
+        super().__init__()
+        if hidden % heads:
+            raise ValueError(f"GAT block: hidden {hidden} is not a multiple of {heads} heads")
+        self.conv = dgl.nn.GATConv(hidden, hidden // heads, heads)
+
+    def forward(self, g, x):
+        """The heads' outputs concatenated."""
+        return self.conv(g, x).flatten(1)
+
+
+def build_block_model(kind: str, in_feats: int, hidden: int, classes: int, layers: int) -> PreNormNet:
+    """The pre-LayerNorm residual model with aggregation ``kind`` (``gcn``, ``sage`` or ``gat``)."""
+    if kind == "gcn":
+        return PreNormNet(in_feats, hidden, classes, layers, lambda: gcn_aggregate, edge_weight=symmetric_norm)
+    if kind == "sage":
+        return PreNormNet(in_feats, hidden, classes, layers, lambda: dgl.nn.SAGEConv(hidden, hidden, "mean"))
+    if kind == "gat":
+        return PreNormNet(in_feats, hidden, classes, layers, lambda: HeadsConcat(hidden))
+    raise ValueError(f"unknown block aggregation {kind!r}; expected gcn, sage or gat")
+
+
 def build_user_model(name: str, in_feats: int, hidden: int, classes: int, layers: int, dropout: float,
                      batch_norm: bool, impl: str) -> nn.Module:
     """``name`` (one of :data:`USER_MODELS`) built from DGL's and torch's layers; for ``impl='exact'``
     converted in place by :func:`dgl_exact.compress_model` (its configuration: the one in force)."""
     if name not in USER_MODELS:
         raise ValueError(f"unknown user model {name!r}; expected one of {USER_MODELS}")
-    model = UserSAGE(in_feats, hidden, classes, layers, dropout, batch_norm, donate_inputs=name.endswith("donate"))
+    if name in BLOCK_MODELS:  # its own dropout; no batch norm
+        model = build_block_model(name.rsplit("-", 1)[1], in_feats, hidden, classes, layers)
+    else:
+        model = UserSAGE(in_feats, hidden, classes, layers, dropout, batch_norm,
+                         donate_inputs=name.endswith("donate"))
     return compress_model(model) if impl == "exact" else model

@@ -18,11 +18,14 @@ def _bench_options(f):
         click.option("--dataset", default="synthetic-arxiv", show_default=True,
                      help="Graph to measure on (any dataset name; synthetic-arxiv is ogbn-arxiv-sized)."),
         click.option("--models", default="sage,gcn", show_default=True,
-                     help="Comma-separated: gcn,sage,gat,gcn2, or user-sage,user-sage-donate (bench/user_models.py)."),
+                     help="Comma-separated: gcn,sage,gat,gcn2, or user-sage,user-sage-donate,user-block-gcn,"
+                          "user-block-sage,user-block-gat (bench/user_models.py)."),
         click.option("--settings", default="", help="Comma-separated setting names (default: all standard ones)."),
         click.option("--hidden", type=click.IntRange(min=1), default=None,
-                     help="Hidden size (default: 256 for GCN/GCNII, 128 otherwise)."),
-        click.option("--layers", type=click.IntRange(min=1), default=3, show_default=True),
+                     help="Hidden size (default: 256 for GCN/GCNII, 512 for the user-block models, 128 otherwise)."),
+        click.option("--layers", type=click.IntRange(min=1), default=None,
+                     help="Layers; for the user-block models, residual blocks (default: 5 blocks for the "
+                          "user-block models, 3 layers otherwise)."),
         click.option("--device", default="auto", show_default=True),
         click.option("--data-root", default=lambda: os.environ.get("DGL_EXACT_DATA", "data"), show_default="data"),
         click.option("--out", default="bench-results", show_default=True, type=click.Path(file_okay=False),
