@@ -28,8 +28,8 @@ __all__ = ["DEFAULT_EDGE_CHUNK", "edge_chunk_budget", "edge_chunks", "chunk_boun
            "csr_chunks"]
 
 #: Default most edges per chunk: about seven ``[chunk, heads]`` fp32 tensors are alive at once while a chunk
-#: is processed (26 MiB at 3 heads), and per-chunk overheads stay small beside the kernels' work.
-DEFAULT_EDGE_CHUNK = 1 << 18
+#: is processed (13 MiB at 3 heads), and per-chunk overheads stay small beside the kernels' work.
+DEFAULT_EDGE_CHUNK = 1 << 17
 
 _budget: contextvars.ContextVar = contextvars.ContextVar("dgl_exact_edge_chunk", default=DEFAULT_EDGE_CHUNK)
 
@@ -93,9 +93,10 @@ class ChunkCSR:
             if self._gidx is None:
                 from dgl import heterograph_index
 
+                # explicit edge ids (chunk order): DGL's libxsmm SpMM refuses a CSR without them
                 self._gidx = heterograph_index.create_unitgraph_from_csr(
                     2, self.num_cols, self.num_rows, self.indptr, self.indices,
-                    torch.empty(0, dtype=self.indices.dtype), ["coo", "csr", "csc"], True)
+                    torch.arange(self.num_edges, dtype=self.indices.dtype), ["coo", "csr", "csc"], True)
             return fn, (self._gidx,)
         return fn, (self.indptr, self.indices, None)
 
