@@ -488,10 +488,148 @@ class _GATAttention(torch.autograd.Function):
         return grad_fs, grad_fd, grad_attn_l, grad_attn_r, grad_ew, None, None, None, None, None
 
 
+# --- GAT attention in edge chunks ----------------------------------------------------------------------
+def _chunk_softmax(rows: torch.Tensor, n: int, e: torch.Tensor):
+    """Softmax of ``e [edges, H]`` over the edges sharing a row (all of a row's edges are in ``e``), and its
+    per-row max and denominator (``[n, H]``): the ops of :func:`~dgl_exact.kernels.reference.edge_softmax_by_dst`,
+    so that ``exp(e - max) / den`` recomputed elsewhere is the same value bit for bit."""
+    idx = rows.view(-1, 1).expand_as(e)
+    emax = e.new_full((n, e.shape[1]), float("-inf")).scatter_reduce_(0, idx, e, reduce="amax", include_self=True)
+    ex = (e - emax[rows]).exp()
+    den = e.new_zeros((n, e.shape[1])).index_add_(0, rows, ex)
+    return ex / den[rows], emax, den
+
+
+def _dst_chunk_attention(ch, el, er, slope, ew):
+    """Attention of one destination chunk: (pre-activation scores, softmax, its max and denominator, weights)."""
+    raw = el[ch.indices] + er[ch.r0:ch.r1][ch.rows]
+    s, emax, den = _chunk_softmax(ch.rows, ch.num_rows, torch.nn.functional.leaky_relu(raw, slope))
+    a = s if ew is None else s * ew[ch.eids]
+    return raw, s, emax, den, a
+
+
+def _gat_chunked_forward(st, feat_src, el, er, slope, ew, budget: int, need_attention: bool):
+    """``out [N_dst, H, D]`` (and the attention ``[E, H]`` in edge-id order when asked for) computed one
+    destination chunk at a time: no per-edge tensor larger than a chunk but the returned attention."""
+    from .edge_chunks import csc_chunks
+
+    out = feat_src.new_empty((st.num_dst,) + tuple(feat_src.shape[1:]))
+    att = el.new_empty((st.num_edges, el.shape[1])) if need_attention else None
+    for ch in csc_chunks(st, budget):
+        _, _, _, _, a = _dst_chunk_attention(ch, el, er, slope, ew)
+        out[ch.r0:ch.r1] = ch.aggregate(feat_src, a.to(feat_src.dtype))
+        if att is not None:
+            att[ch.eids] = a
+    return out, att
+
+
+class _GATAttentionChunked(torch.autograd.Function):
+    """:class:`_GATAttention` without attention dropout, its per-edge tensors formed one edge chunk at a time
+    (:mod:`.edge_chunks`) in forward and backward. Keeps exactly what :class:`_GATAttention` keeps."""
+
+    @staticmethod
+    def forward(ctx, feat_src, feat_dst, attn_l, attn_r, ew, st: GraphStructure, slope: float,
+                cfg: CompressionConfig, budget: int, need_attention: bool):
+        el = (feat_src * attn_l).sum(dim=-1)
+        er = (feat_dst * attn_r).sum(dim=-1)
+        out, att = _gat_chunked_forward(st, feat_src, el, er, slope, ew, budget, need_attention)
+        prefix = _is_prefix_view(feat_dst, feat_src)
+        ctx.st, ctx.slope, ctx.prefix, ctx.n_dst, ctx.budget = st, slope, prefix, feat_dst.shape[0], budget
+        ctx.same = feat_dst is feat_src
+        fs_kept = stash(feat_src, cfg)
+        # the same stash calls as _GATAttention (see there: a second, independent copy for the attention
+        # vectors' gradients; feat_dst by reference when it is a prefix of an exactly kept feat_src)
+        second = cfg.enabled and (ctx.needs_input_grad[2] or (prefix and ctx.needs_input_grad[3]))
+        fd_kept = (feat_dst if isinstance(fs_kept, torch.Tensor) else None) if prefix else stash(feat_dst, cfg)
+        save_kept(ctx, fs_kept, stash(feat_src, cfg) if second else None, fd_kept, el, er, attn_l, attn_r, ew)
+        if att is None:
+            return out
+        return out, att
+
+    @staticmethod
+    def backward(ctx, g_out, g_a=None):
+        from .edge_chunks import csc_chunks, csr_chunks
+
+        fs_s, fs2_s, fd_s, el, er, attn_l, attn_r, ew = load_kept(ctx)
+        st, slope = ctx.st, ctx.slope
+        if create_graph_requested():
+            check_double_backward("gat_attention", fs_s, fs2_s, fd_s)
+            grads = recompute_vjp(lambda *t: _gat_reference(st, *t, slope, 0.0, 0),
+                                  [fs_s, fd_s, attn_l, attn_r, ew], ctx.needs_input_grad[:5], [g_out, g_a])
+            return (*grads, None, None, None, None, None)
+        dtype = g_out.dtype
+        g_out = g_out.contiguous()
+        heads = el.shape[1]
+        ct = torch.promote_types(el.dtype, dtype)
+        grad_el = torch.zeros((st.num_src, heads), dtype=ct, device=el.device)
+        grad_er = torch.zeros((st.num_dst, heads), dtype=ct, device=el.device)
+        emax_all = el.new_empty((st.num_dst, heads))
+        den_all = el.new_empty((st.num_dst, heads))
+        grad_ew = torch.zeros_like(ew) if ew is not None and ctx.needs_input_grad[4] else None
+        # pass 1, destination chunks: the score gradients (a destination's softmax needs all its edges)
+        fs = unstash(fs_s).to(dtype)  # whole (edges read any source row), dropped before the feature gradient
+        for ch in csc_chunks(st, ctx.budget):
+            raw, s, emax, den, _ = _dst_chunk_attention(ch, el, er, slope, None)
+            emax_all[ch.r0:ch.r1], den_all[ch.r0:ch.r1] = emax, den
+            grad_a = ch.edge_dot(fs, g_out[ch.r0:ch.r1])
+            if g_a is not None:
+                grad_a = grad_a + g_a[ch.eids]
+            if ew is not None:
+                if grad_ew is not None:
+                    grad_ew[ch.eids] = (grad_a * s).sum(dim=1, keepdim=True) if ew.shape[-1] == 1 else grad_a * s
+                grad_a = grad_a * ew[ch.eids]
+            gs = grad_a * s
+            grad_e = s * (grad_a - grad_a.new_zeros((ch.num_rows, heads)).index_add_(0, ch.rows, gs)[ch.rows])
+            del gs, grad_a, s
+            grad_raw = torch.where(raw > 0, grad_e, grad_e * slope)
+            del raw, grad_e
+            grad_el.index_add_(0, ch.indices, grad_raw.to(ct))
+            grad_er[ch.r0:ch.r1].index_add_(0, ch.rows, grad_raw.to(ct))
+            del grad_raw
+        del fs
+        # pass 2, source chunks: the feature gradient of the aggregation, each chunk's rows written once
+        grad_fs = g_out.new_empty((st.num_src,) + tuple(g_out.shape[1:]))
+        for ch in csr_chunks(st, ctx.budget):
+            dst = ch.indices
+            e = torch.nn.functional.leaky_relu(el[ch.r0:ch.r1][ch.rows] + er[dst], slope)
+            a = (e - emax_all[dst]).exp() / den_all[dst]
+            del e
+            if ew is not None:
+                a = a * ew[ch.eids]
+            grad_fs[ch.r0:ch.r1] = ch.aggregate(g_out, a.to(dtype))
+            del a
+        del emax_all, den_all
+        second = fs_s if fs2_s is None else fs2_s
+        grad_attn_l = _node_sum(grad_el, second, ct, grad_el.shape[0]).view(attn_l.shape) \
+            if ctx.needs_input_grad[2] else None
+        grad_attn_r = _node_sum(grad_er, second if fd_s is None else fd_s, ct, ctx.n_dst).view(attn_r.shape) \
+            if ctx.needs_input_grad[3] else None
+        grad_fs = _add_product(grad_fs, grad_el.unsqueeze(-1), attn_l)
+        grad_fd = None
+        if ctx.same:
+            grad_fs = _add_product(grad_fs, grad_er.unsqueeze(-1), attn_r)
+        elif ctx.needs_input_grad[1]:
+            grad_fd = grad_er.unsqueeze(-1) * attn_r
+        if grad_ew is not None:
+            grad_ew = grad_ew.view(ew.shape)
+        return grad_fs, grad_fd, grad_attn_l, grad_attn_r, grad_ew, None, None, None, None, None
+
+
+def _chunk_budget(st: GraphStructure, p: float) -> Optional[int]:
+    """The edge budget of a chunked attention, or None where it runs over all edges at once: no more edges
+    than one chunk, attention dropout (its mask is drawn over all edges), or under capture/compilation."""
+    from .edge_chunks import edge_chunk_budget
+
+    budget = edge_chunk_budget()
+    if budget is None or st.num_edges <= budget or p > 0 or captured.active() or compiling():
+        return None
+    return budget
+
+
 @fresh_outputs
 def gat_attention(g, feat_src: torch.Tensor, feat_dst: torch.Tensor, attn_l: torch.Tensor, attn_r: torch.Tensor,
                   negative_slope: float = 0.2, attn_drop: float = 0.0, edge_weight: Optional[torch.Tensor] = None,
-                  training: bool = True, config: Optional[CompressionConfig] = None):
+                  training: bool = True, config: Optional[CompressionConfig] = None, need_attention: bool = True):
     """GAT's attention and aggregation in one op: ``el = <feat_src, attn_l>``, ``er = <feat_dst, attn_r>``,
     ``a = dropout(edge_softmax(leaky_relu(el[u] + er[v])))`` (times ``edge_weight``), and
     ``out[v] = sum_u a[uv] * feat_src[u]``. ``feat_* [N, H, D]``, ``attn_* [1, H, D]``. Returns
@@ -500,19 +638,35 @@ def gat_attention(g, feat_src: torch.Tensor, feat_dst: torch.Tensor, attn_l: tor
     Nothing per-edge is kept for backward: the attention is recomputed from ``el`` and ``er`` (``[N, H]``)
     and the dropout mask from its seed; only ``feat_src`` is kept, compressed (EXACT keeps every per-edge
     tensor in fp32), twice with independent noise when the attention vectors need gradients: their
-    gradient is a product of two functions of the features, unbiased only with independent copies."""
+    gradient is a product of two functions of the features, unbiased only with independent copies.
+
+    Without attention dropout, on a graph with more edges than the edge chunk budget
+    (:func:`dgl_exact.ops.edge_chunks.edge_chunks`), the per-edge tensors of forward and backward are formed
+    one chunk of destination (or source) nodes at a time; ``need_attention=False`` then also spares the
+    returned ``[E, H]`` attention (``None`` is returned in its place)."""
     st = structure_of(g, feat_src.device)
     _check_nodes(st, feat_src, "src")
     _check_nodes(st, feat_dst, "dst")
     if feat_src.dim() > 3:
         return _gat_attention_folded(g, feat_src, feat_dst, attn_l, attn_r, negative_slope, attn_drop, edge_weight,
-                                     training, config)
+                                     training, config, need_attention)
     p = float(attn_drop) if training else 0.0
     ew = None
     if edge_weight is not None:
         if edge_weight.shape[0] != st.num_edges:
             raise ValueError(f"edge_weight has {edge_weight.shape[0]} rows but the graph has {st.num_edges} edges")
         ew = edge_weight.reshape(st.num_edges, -1)
+    budget = _chunk_budget(st, p)
+    if budget is not None:
+        if not needs_saving(feat_src, feat_dst, attn_l, attn_r, ew):
+            el = (feat_src * attn_l).sum(dim=-1)
+            er = (feat_dst * attn_r).sum(dim=-1)
+            out, att = _gat_chunked_forward(st, feat_src, el, er, float(negative_slope), ew, budget, need_attention)
+        else:
+            res = _GATAttentionChunked.apply(feat_src, feat_dst, attn_l, attn_r, ew, st, float(negative_slope),
+                                             resolve_config(config), budget, need_attention)
+            out, att = res if need_attention else (res, None)
+        return out, (None if att is None else att.unsqueeze(-1))
     if not needs_saving(feat_src, feat_dst, attn_l, attn_r, ew):
         el = (feat_src * attn_l).sum(dim=-1)
         er = (feat_dst * attn_r).sum(dim=-1)
@@ -525,7 +679,7 @@ def gat_attention(g, feat_src: torch.Tensor, feat_dst: torch.Tensor, attn_l: tor
 
 
 def _gat_attention_folded(g, feat_src, feat_dst, attn_l, attn_r, negative_slope, attn_drop, edge_weight, training,
-                          config):
+                          config, need_attention=True):
     """Features ``[N, *extra, H, D]`` (DGL accepts them): the extra dims are folded into the heads (the
     kernels take ``[N, H, D]``), the attention vectors repeated over them, and the results unfolded."""
     extra, (heads, dim) = feat_src.shape[1:-2], feat_src.shape[-2:]
@@ -544,8 +698,8 @@ def _gat_attention_folded(g, feat_src, feat_dst, attn_l, attn_r, negative_slope,
         n = edge_weight.shape[0]
         edge_weight = edge_weight.reshape(n, 1, heads).expand(n, folds, heads).reshape(n, folds * heads)
     out, a = gat_attention(g, fold(feat_src), fold(feat_dst), fold_attn(attn_l), fold_attn(attn_r), negative_slope,
-                           attn_drop, edge_weight, training, config)
-    return out.view(out.shape[0], *extra, heads, dim), a.view(a.shape[0], *extra, heads, 1)
+                           attn_drop, edge_weight, training, config, need_attention)
+    return out.view(out.shape[0], *extra, heads, dim), None if a is None else a.view(a.shape[0], *extra, heads, 1)
 
 
 def normalize_edge_weight(g, edge_weight: torch.Tensor, norm: str = "both", eps: float = 0.0) -> torch.Tensor:

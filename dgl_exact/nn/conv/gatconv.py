@@ -137,7 +137,8 @@ class GATConv(CompressedModuleMixin, dgl.nn.GATConv):
                 release(feat)  # donated: its memory goes before the attention op allocates (rule 5)
         rst, attention = ops.gat_attention(graph, feat_src, feat_dst, self.attn_l, self.attn_r,
                                            negative_slope=self.leaky_relu.negative_slope, attn_drop=attn_p,
-                                           edge_weight=edge_weight, training=self.training, config=cfg)
+                                           edge_weight=edge_weight, training=self.training, config=cfg,
+                                           need_attention=get_attention)
         # the attention op kept what its backward needs: the projected features die here, not after the
         # bias and the activation; the residual and the bias are added into the op's own output
         del feat_src, feat_dst

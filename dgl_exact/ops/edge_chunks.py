@@ -1,0 +1,134 @@
+"""Edge chunks for GAT's attention: destination-node ranges of the in-edge CSR (CSC) and source-node ranges of
+the out-edge CSR, each bounded by an edge budget, so that per-edge tensors are formed one chunk at a time.
+
+A destination chunk holds every in-edge of its destinations (a destination whose in-degree exceeds the budget
+gets a chunk of its own), so a per-destination softmax computed on a chunk is the whole graph's. A source
+chunk holds every out-edge of its sources, so a per-source sum formed on it (the feature gradient of the
+aggregation) is complete and is written straight into its rows of the result.
+
+The chunks are sub-CSRs (``indptr`` rebased to 0, a slice of the graph's index array) run by the registry's
+graph kernels (:mod:`dgl_exact.kernels`): DGL's C kernels on CPU tensors (on a graph index made from the
+chunk's arrays, without copying them), dgl_exact's kernels on the CSR triple elsewhere.
+
+:func:`edge_chunk_budget` reads the budget in force (``None``: no chunking); :func:`edge_chunks` sets it
+within a scope (tests, planners).
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from typing import Iterator, List, Optional, Tuple
+
+import torch
+
+from .. import kernels
+from ..kernels import reference as kernel_reference
+
+__all__ = ["DEFAULT_EDGE_CHUNK", "edge_chunk_budget", "edge_chunks", "chunk_bounds", "ChunkCSR", "csc_chunks",
+           "csr_chunks"]
+
+#: Default most edges per chunk: about seven ``[chunk, heads]`` fp32 tensors are alive at once while a chunk
+#: is processed (13 MiB at 3 heads), and per-chunk overheads stay small beside the kernels' work.
+DEFAULT_EDGE_CHUNK = 1 << 17
+
+_budget: contextvars.ContextVar = contextvars.ContextVar("dgl_exact_edge_chunk", default=DEFAULT_EDGE_CHUNK)
+
+
+def edge_chunk_budget() -> Optional[int]:
+    """The most edges per chunk in force (``None``: attention runs over all edges at once)."""
+    return _budget.get()
+
+
+@contextlib.contextmanager
+def edge_chunks(max_edges: Optional[int]):
+    """Within this scope GAT's attention runs in chunks of at most ``max_edges`` edges (a destination with
+    more in-edges gets a chunk of its own); ``None`` runs it over all edges at once."""
+    if max_edges is not None and int(max_edges) < 1:
+        raise ValueError(f"max_edges must be positive or None, got {max_edges}")
+    token = _budget.set(None if max_edges is None else int(max_edges))
+    try:
+        yield
+    finally:
+        _budget.reset(token)
+
+
+def chunk_bounds(indptr: torch.Tensor, budget: int) -> List[Tuple[int, int]]:
+    """Contiguous node ranges ``[(n0, n1), ...]`` covering every row of ``indptr`` (a CSR's row pointer), each
+    with at most ``budget`` edges, or a single row whose degree exceeds it."""
+    ptr = indptr.detach().cpu().long()
+    n = ptr.numel() - 1
+    bounds = []
+    n0 = 0
+    while n0 < n:
+        # the last row end within the budget: indptr[n1] <= indptr[n0] + budget
+        n1 = int(torch.searchsorted(ptr, ptr[n0] + budget, right=True)) - 1
+        n1 = min(max(n1, n0 + 1), n)
+        bounds.append((n0, n1))
+        n0 = n1
+    return bounds
+
+
+class ChunkCSR:
+    """One chunk: rows ``[r0, r1)`` of a CSR whose columns number ``num_cols``; its rebased ``indptr``, its
+    column indices (a view of the graph's), the position of its edges in the graph's edge ids (``eids``: a
+    slice where the CSR stores edges in edge-id order, else an index tensor), and each edge's row within the
+    chunk (``rows``, int64)."""
+
+    __slots__ = ("r0", "r1", "num_rows", "num_cols", "num_edges", "indptr", "indices", "eids", "rows", "_gidx")
+
+    def __init__(self, indptr: torch.Tensor, indices: torch.Tensor, eids: Optional[torch.Tensor], num_cols: int,
+                 r0: int, r1: int, e0: int, e1: int):
+        self.r0, self.r1, self.num_rows, self.num_cols, self.num_edges = r0, r1, r1 - r0, num_cols, e1 - e0
+        self.indptr = indptr[r0:r1 + 1] - indptr[r0]
+        self.indices = indices[e0:e1]
+        self.eids = slice(e0, e1) if eids is None else eids[e0:e1].long()
+        self.rows = kernel_reference.csr_rows(self.indptr, self.num_edges).long()
+        self._gidx = None
+
+    def _graph(self, op: str, device):
+        """``(kernel, graph arguments)`` for ``op``: DGL's graph index of the chunk (columns as sources, rows
+        as destinations) for the ``dgl`` backend, else the CSR triple."""
+        fn = kernels.get(op, device)
+        if kernels.chosen(op, device) == "dgl":
+            if self._gidx is None:
+                from dgl import heterograph_index
+
+                # explicit edge ids (chunk order): DGL's libxsmm SpMM refuses a CSR without them
+                self._gidx = heterograph_index.create_unitgraph_from_csr(
+                    2, self.num_cols, self.num_rows, self.indptr, self.indices,
+                    torch.arange(self.num_edges, dtype=self.indices.dtype), ["coo", "csr", "csc"], True)
+            return fn, (self._gidx,)
+        return fn, (self.indptr, self.indices, None)
+
+    def aggregate(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """``out[r] = sum_{e in row r} w[e] * x[col(e)]``: ``x [num_cols, H, D]``, ``w [edges, H]`` in chunk
+        order; returns ``[num_rows, H, D]``."""
+        fn, graph = self._graph("spmm_sum", x.device)
+        with torch.autocast(x.device.type, enabled=False):
+            return fn(*graph, x, w, self.num_rows)
+
+    def edge_dot(self, cols: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """``out[e] = <cols[col(e)], rows[row(e)]>`` over the last dim (``rows`` holds the chunk's rows only):
+        ``[edges, H]`` in chunk order."""
+        fn, graph = self._graph("sddmm_dot", cols.device)
+        return fn(*graph, cols, rows)
+
+
+def _chunks(st, kind: str, budget: int) -> Iterator[ChunkCSR]:
+    """One chunk at a time (a chunk's per-edge row index dies with it)."""
+    indptr, indices, eids = st.csc if kind == "csc" else st.csr
+    num_cols = st.num_src if kind == "csc" else st.num_dst
+    ptr = indptr.detach().cpu().long()
+    for r0, r1 in chunk_bounds(ptr, budget):
+        yield ChunkCSR(indptr, indices, eids, num_cols, r0, r1, int(ptr[r0]), int(ptr[r1]))
+
+
+def csc_chunks(st, budget: int) -> Iterator[ChunkCSR]:
+    """Destination chunks of ``st`` (a :class:`~dgl_exact.ops.structure.GraphStructure`), one at a time: rows
+    are destinations, columns sources."""
+    return _chunks(st, "csc", budget)
+
+
+def csr_chunks(st, budget: int) -> Iterator[ChunkCSR]:
+    """Source chunks of ``st``, one at a time: rows are sources, columns destinations."""
+    return _chunks(st, "csr", budget)
