@@ -7,7 +7,7 @@ import torch
 import dgl_exact  # noqa: F401  (before dgl)
 import dgl
 from dgl_exact import ops
-from dgl_exact.config import CompressionConfig
+from dgl_exact.compression_config import CompressionConfig
 from dgl_exact.ops.edge_chunks import chunk_bounds, edge_chunk_budget, edge_chunks
 from dgl_exact.ops.structure import device_kernels_only
 
@@ -175,3 +175,20 @@ def test_attention_dropout_runs_over_all_edges():
     with pytest.raises(ValueError):
         with edge_chunks(0):
             pass
+
+
+def test_default_chunks_only_where_edge_tensors_dominate():
+    """Outside any ``edge_chunks`` scope the default budget applies only where the per-edge tensors outweigh
+    the node-sized ones (more than ``EDGE_DOMINANCE * N_src * D`` edges): a dense graph is chunked, an
+    ogbn-arxiv-like one (14 edges per node, 128-wide heads) is not; an explicit scope always decides."""
+    from dgl_exact.ops.edge_chunks import DEFAULT_EDGE_CHUNK, EDGE_DOMINANCE, chunk_budget_for
+
+    dense = (20000 * 400, 20000, 128)
+    arxiv = (2_484_941, 169_343, 128)
+    assert dense[0] > EDGE_DOMINANCE * dense[1] * dense[2] and chunk_budget_for(*dense) == DEFAULT_EDGE_CHUNK
+    assert chunk_budget_for(*arxiv) is None
+    assert chunk_budget_for(DEFAULT_EDGE_CHUNK, 10, 1) is None  # one chunk would hold every edge
+    with edge_chunks(1000):
+        assert chunk_budget_for(*arxiv) == 1000 and chunk_budget_for(999, 10, 1) is None
+    with edge_chunks(None):
+        assert chunk_budget_for(*dense) is None

@@ -10,7 +10,8 @@ The chunks are sub-CSRs (``indptr`` rebased to 0, a slice of the graph's index a
 graph kernels (:mod:`dgl_exact.kernels`): DGL's C kernels on CPU tensors (on a graph index made from the
 chunk's arrays, without copying them), dgl_exact's kernels on the CSR triple elsewhere.
 
-:func:`edge_chunk_budget` reads the budget in force (``None``: no chunking); :func:`edge_chunks` sets it
+:func:`chunk_budget_for` decides per graph (the budget set by :func:`edge_chunks`, else the default where
+the per-edge tensors dominate); :func:`edge_chunks` sets it
 within a scope (tests, planners).
 """
 from __future__ import annotations
@@ -24,25 +25,50 @@ import torch
 from .. import kernels
 from ..kernels import reference as kernel_reference
 
-__all__ = ["DEFAULT_EDGE_CHUNK", "edge_chunk_budget", "edge_chunks", "chunk_bounds", "ChunkCSR", "csc_chunks",
+__all__ = ["DEFAULT_EDGE_CHUNK", "EDGE_DOMINANCE", "edge_chunk_budget", "chunk_budget_for", "edge_chunks",
+           "chunk_bounds", "ChunkCSR", "csc_chunks",
            "csr_chunks"]
 
 #: Default most edges per chunk: about seven ``[chunk, heads]`` fp32 tensors are alive at once while a chunk
 #: is processed (13 MiB at 3 heads), and per-chunk overheads stay small beside the kernels' work.
 DEFAULT_EDGE_CHUNK = 1 << 17
 
-_budget: contextvars.ContextVar = contextvars.ContextVar("dgl_exact_edge_chunk", default=DEFAULT_EDGE_CHUNK)
+#: Without an explicit budget, chunks are used only where the per-edge tensors outweigh the node-sized ones:
+#: more than ``EDGE_DOMINANCE`` edges per feature column of a source row (``E > N_src * D / 4``: then the
+#: seven-odd ``[E, H]`` fp32 tensors of an unchunked attention are about two of the layer's ``[N, H, D]``
+#: tensors or more). Chunked attention costs time on the CPU (per-chunk softmax by scatter instead of DGL's
+#: one kernel, the weights recomputed in a second backward pass: about 1.5x a GAT layer's forward + backward),
+#: so where edges are few (ogbn-arxiv: 14 per node, 128-wide heads) it would cost time and save little.
+EDGE_DOMINANCE = 0.25
+
+_AUTO = "auto"
+_budget: contextvars.ContextVar = contextvars.ContextVar("dgl_exact_edge_chunk", default=_AUTO)
 
 
 def edge_chunk_budget() -> Optional[int]:
-    """The most edges per chunk in force (``None``: attention runs over all edges at once)."""
-    return _budget.get()
+    """The most edges per chunk set by :func:`edge_chunks` (``None``: attention runs over all edges at once),
+    or :data:`DEFAULT_EDGE_CHUNK` where nothing was set (then :func:`chunk_budget_for` decides per graph)."""
+    value = _budget.get()
+    return DEFAULT_EDGE_CHUNK if value == _AUTO else value
+
+
+def chunk_budget_for(num_edges: int, num_src: int, width: int) -> Optional[int]:
+    """The edge budget for a graph of ``num_edges`` edges whose source features are ``[num_src, H, width]``:
+    the one set by :func:`edge_chunks` (chunks wherever the graph has more edges than it), else the default
+    where the per-edge tensors dominate (:data:`EDGE_DOMINANCE`); None: no chunks."""
+    value = _budget.get()
+    if value != _AUTO:
+        return value if value is not None and num_edges > value else None
+    if num_edges > DEFAULT_EDGE_CHUNK and num_edges > EDGE_DOMINANCE * num_src * width:
+        return DEFAULT_EDGE_CHUNK
+    return None
 
 
 @contextlib.contextmanager
 def edge_chunks(max_edges: Optional[int]):
     """Within this scope GAT's attention runs in chunks of at most ``max_edges`` edges (a destination with
-    more in-edges gets a chunk of its own); ``None`` runs it over all edges at once."""
+    more in-edges gets a chunk of its own) on every graph with more edges than that; ``None`` runs it over
+    all edges at once. Outside any scope the default budget applies where the per-edge tensors dominate."""
     if max_edges is not None and int(max_edges) < 1:
         raise ValueError(f"max_edges must be positive or None, got {max_edges}")
     token = _budget.set(None if max_edges is None else int(max_edges))

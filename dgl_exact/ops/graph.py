@@ -615,15 +615,16 @@ class _GATAttentionChunked(torch.autograd.Function):
         return grad_fs, grad_fd, grad_attn_l, grad_attn_r, grad_ew, None, None, None, None, None
 
 
-def _chunk_budget(st: GraphStructure, p: float) -> Optional[int]:
-    """The edge budget of a chunked attention, or None where it runs over all edges at once: no more edges
-    than one chunk, attention dropout (its mask is drawn over all edges), or under capture/compilation."""
-    from .edge_chunks import edge_chunk_budget
+def _chunk_budget(st: GraphStructure, p: float, feat_src: Optional[torch.Tensor] = None) -> Optional[int]:
+    """The edge budget of a chunked attention, or None where it runs over all edges at once: no chunk budget
+    for this graph (:func:`dgl_exact.ops.edge_chunks.chunk_budget_for`), attention dropout (its mask is drawn
+    over all edges), or under capture/compilation."""
+    from .edge_chunks import chunk_budget_for
 
-    budget = edge_chunk_budget()
-    if budget is None or st.num_edges <= budget or p > 0 or captured.active() or compiling():
+    if p > 0 or captured.active() or compiling():
         return None
-    return budget
+    width = 1 if feat_src is None else feat_src.shape[-1]
+    return chunk_budget_for(st.num_edges, st.num_src, width)
 
 
 @fresh_outputs
@@ -656,7 +657,7 @@ def gat_attention(g, feat_src: torch.Tensor, feat_dst: torch.Tensor, attn_l: tor
         if edge_weight.shape[0] != st.num_edges:
             raise ValueError(f"edge_weight has {edge_weight.shape[0]} rows but the graph has {st.num_edges} edges")
         ew = edge_weight.reshape(st.num_edges, -1)
-    budget = _chunk_budget(st, p)
+    budget = _chunk_budget(st, p, feat_src)
     if budget is not None:
         if not needs_saving(feat_src, feat_dst, attn_l, attn_r, ew):
             el = (feat_src * attn_l).sum(dim=-1)
