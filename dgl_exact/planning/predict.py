@@ -20,7 +20,8 @@ How (no per-model formula, so any model built from dgl_exact's ops or torch ops 
    point. Nothing is ever allocated at full size.
 
 Static memory (alive before and after a step) is counted from what the sample shows: DGL's sparse formats
-the step created (COO ``2E``, CSR / CSC ``N + 1 + 2E`` int64 each), dgl_exact's cached structure tensors
+the step created (COO ``2E``, CSR / CSC ``N + 1 + 2E`` ids each; int32 below ``2**31`` nodes and edges,
+else int64; the trainer keeps CSC and CSR only), dgl_exact's cached structure tensors
 (extrapolated), features (fp32), labels and training indices (int64), parameters and the optimizer's state.
 Gradients are part of the step peak (the trainer frees them between steps). Only operator-created storages
 are seen: memory a C++ library allocates behind torch's back is not (``dgl-exact bench plan`` compares the
@@ -48,6 +49,7 @@ from .._compat import import_dgl
 from ..bench.settings import STANDARD, Setting
 from ..compression import CompressedTensor
 from ..config import config as compression_scope
+from ..data.compact import TRAINING_FORMATS, compact_graph, index_dtype
 from ..ops import keep as keeping
 from ..ops.structure import cached_static_tensors
 
@@ -436,6 +438,7 @@ def _sample_graph(spec: PlanSpec, n: int, e: int, seed: int = 0):
     g = dgl.graph((src, dst), num_nodes=n)
     if spec.self_loops:
         g = dgl.add_self_loop(g)
+    g = compact_graph(g, TRAINING_FORMATS)  # as the trainer prepares a full graph
     feat = torch.randn(n, spec.features, generator=gen)
     label = torch.randint(0, spec.classes, (n,), generator=gen)
     n_train = max(1, min(n, int(round(spec.train_count * n / spec.nodes))))
@@ -637,9 +640,11 @@ def extrapolated_peak(r1: SampleRun, r2: SampleRun, s1: float, s2: float) -> int
 
 
 def _format_bytes(formats: Sequence[str], nodes: int, edges: int) -> int:
+    """Bytes of a graph's sparse ``formats`` at full size, in the id type the trainer gives it."""
+    item = torch.iinfo(index_dtype(nodes, edges)).bits // 8
     total = 0
     for f in formats:
-        total += 2 * edges * 8 if f == "coo" else (nodes + 1 + 2 * edges) * 8
+        total += 2 * edges * item if f == "coo" else (nodes + 1 + 2 * edges) * item
     return total
 
 
