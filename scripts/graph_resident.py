@@ -46,8 +46,10 @@ print(json.dumps(out))
 def main():
     dataset = sys.argv[1] if len(sys.argv) > 1 else "synthetic:num_nodes=200000,avg_degree=20"
     model = sys.argv[2] if len(sys.argv) > 2 else "gcn"
+    # run from this folder: ``python -c`` puts the current folder first on sys.path, which would shadow
+    # PYTHONPATH's dgl_exact with a checkout's when run from its root
     run = subprocess.run([sys.executable, "-c", CHILD, dataset, model], env={**os.environ, "OMP_NUM_THREADS": "2"},
-                         capture_output=True, text=True)
+                         capture_output=True, text=True, cwd=os.path.dirname(os.path.abspath(__file__)))
     if run.returncode:
         sys.exit(run.stderr)
     print(run.stdout.strip().splitlines()[-1])
