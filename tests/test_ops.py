@@ -19,6 +19,7 @@ import torch.nn.functional as F
 import dgl_exact
 from dgl_exact import CompressedTensor, CompressionConfig, ops
 from dgl_exact.ops import graph as graph_ops
+from dgl_exact.data.compact import TRAINING_FORMATS, compact_graph
 
 import dgl  # noqa: E402  (after dgl_exact)
 
@@ -39,10 +40,19 @@ def graphs():
     zero = dgl.graph((torch.tensor([3, 1, 2, 3, 4, 5, 6, 1, 6]), torch.tensor([4, 2, 3, 4, 5, 6, 1, 2, 2])),
                      num_nodes=10)
     _, _, blocks = dgl.dataloading.MultiLayerFullNeighborSampler(1).sample_blocks(g, torch.tensor([1, 5, 9, 13]))
-    return {"graph": g, "zero_in": zero, "block": blocks[0]}
+    # the same graphs as the trainer prepares them: int32 ids, CSC and CSR only (no COO)
+    return {"graph": g, "zero_in": zero, "block": blocks[0],
+            "graph-int32": compact_graph(g, TRAINING_FORMATS), "zero_in-int32": compact_graph(zero, TRAINING_FORMATS),
+            "block-int32": blocks[0].int()}
 
 
-KINDS = ["graph", "zero_in", "block"]
+KINDS = ["graph", "zero_in", "block", "graph-int32", "zero_in-int32", "block-int32"]
+
+
+def _dgl_graph(graphs, kind):
+    """The graph DGL's reference ops run on: the int64 original of an ``-int32`` kind (the same edge ids;
+    DGL's own SDDMM backward cannot read a graph restricted to CSC and CSR)."""
+    return graphs[kind.removesuffix("-int32")]
 
 
 @contextlib.contextmanager
@@ -123,7 +133,7 @@ def test_graph_op_matches_dgl(op, kind, shape, graphs, kernel_path):
     x = _feat(g.num_src_nodes(), xshape)
     w = _edge_values(g, wshape) if weighted else None
     out = ours(g, x, w)
-    ref = theirs(g, x, w)  # max/min: -inf/+inf for destinations without in-edges, as DGL's
+    ref = theirs(_dgl_graph(graphs, kind), x, w)  # max/min: -inf/+inf for destinations without in-edges, as DGL's
     close(out, ref, f"{op} forward")
     assert out.shape == ref.shape and out.dtype == torch.float64
     gen = torch.Generator().manual_seed(9)
@@ -142,7 +152,7 @@ def test_u_add_v_and_edge_softmax_match_dgl(graphs, kernel_path):
         g = graphs[kind]
         a = _feat(g.num_src_nodes(), (3,), 1)
         b = _feat(g.num_dst_nodes(), (3,), 2)
-        out, ref = ops.u_add_v(g, a, b), dgl.ops.u_add_v(g, a, b)
+        out, ref = ops.u_add_v(g, a, b), dgl.ops.u_add_v(_dgl_graph(graphs, kind), a, b)
         close(out, ref, f"u_add_v {kind}")
         r = torch.randn(out.shape, dtype=torch.float64)
         for x, y in zip(torch.autograd.grad((out * r).sum(), [a, b]), torch.autograd.grad((ref * r).sum(), [a, b])):
@@ -150,7 +160,7 @@ def test_u_add_v_and_edge_softmax_match_dgl(graphs, kernel_path):
         for eshape in ((), (3,), (3, 1)):
             e = _edge_values(g, eshape, 3)
             out = ops.edge_softmax(g, e, config=OFF)
-            ref = dgl.ops.edge_softmax(g, e)
+            ref = dgl.ops.edge_softmax(_dgl_graph(graphs, kind), e)
             close(out, ref, f"edge_softmax {kind} {eshape}")
             r = torch.randn(out.shape, dtype=torch.float64)
             close(torch.autograd.grad((out * r).sum(), e)[0], torch.autograd.grad((ref * r).sum(), e)[0],
@@ -304,7 +314,7 @@ def _gat_reference(g, fs, fd, al, ar, slope, ew):
     return dgl.ops.u_mul_e_sum(g, fs, a), a
 
 
-@pytest.mark.parametrize("kind", ["graph", "zero_in", "block"])
+@pytest.mark.parametrize("kind", ["graph", "zero_in", "block", "graph-int32", "zero_in-int32"])
 @pytest.mark.parametrize("with_ew", [False, True], ids=["plain", "edge_weight"])
 def test_gat_attention_matches_dgl_ops(kind, with_ew, graphs, kernel_path):
     g = graphs[kind]
@@ -315,7 +325,7 @@ def test_gat_attention_matches_dgl_ops(kind, with_ew, graphs, kernel_path):
     al, ar = _feat(1, (heads, d), 3), _feat(1, (heads, d), 4)
     ew = _edge_values(g, (), 5) if with_ew else None
     out, a = ops.gat_attention(g, fs, fd, al, ar, 0.2, 0.0, ew, True, OFF)
-    ref_out, ref_a = _gat_reference(g, fs, fd, al, ar, 0.2, ew)
+    ref_out, ref_a = _gat_reference(_dgl_graph(graphs, kind), fs, fd, al, ar, 0.2, ew)
     close(out, ref_out, "gat out")
     close(a, ref_a, "gat attention")
     r1, r2 = torch.randn(out.shape, dtype=torch.float64), torch.randn(a.shape, dtype=torch.float64)

@@ -138,7 +138,7 @@ def test_bundled_configs_are_valid():
 
 
 @pytest.mark.parametrize("bad", [dict(bits=3), dict(kept_frac=0.0), dict(kept_frac=1.5), dict(model="mlp"),
-                                 dict(sampler="neighbor"), dict(layers=0), dict(dropout=1.0), dict(lr=0)])
+                                 dict(sampler="random-walk"), dict(layers=0), dict(dropout=1.0), dict(lr=0)])
 def test_config_validation(bad):
     with pytest.raises(ValueError):
         TrainConfig(**bad)
@@ -154,7 +154,7 @@ def cli(*args, timeout=300, **kw):
 @pytest.mark.parametrize("args,needle", [
     (["train", "--dataset", "nope"], "unknown dataset"),
     (["train", "--model", "mlp"], "--model"),
-    (["train", "--sampler", "neighbor"], "--sampler"),
+    (["train", "--sampler", "random-walk"], "--sampler"),
     (["train", "--bits", "3"], "--bits"),
     (["train", "--kept-frac", "0"], "kept-frac"),
     (["train", "--kept-frac", "1.5"], "kept-frac"),

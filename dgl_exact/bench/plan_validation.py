@@ -107,7 +107,7 @@ def measure_spec(spec: PlanSpec, setting: Setting, seed: int = 5) -> Dict:
     from ..planning.predict import _sample_graph, build_for, loss_fn
 
     memory.prepare_cpu_peak()
-    g, feat, y, idx = _sample_graph(spec, spec.nodes, spec.edges, seed)
+    g, feat, y, idx = _sample_graph(spec, spec.nodes, spec.edges, seed, setting.impl)
     model = build_for(spec, setting.impl)
     model.train()
     opt = torch.optim.Adam(model.parameters(), lr=0.01)

@@ -209,7 +209,8 @@ def train(ctx, conf, debug_mem, test_speed, json_path, checkpoint, resume, check
         if trainer.rank == 0:
             click.echo(f"{trainer.dataset.summary()}")
             click.echo(f"model {cfg.model}, {cfg.layers} layers x {cfg.hidden}, sampler {cfg.sampler}, "
-                       f"activations {cfg.compression.describe()}, device {trainer.device}"
+                       f"activations {cfg.compression.describe()}, device {trainer.device}, "
+                       f"graph {trainer.structure_note}"
                        + (f", {trainer.ctx.describe()}" if worker else ""))
         budget_plan = None
         if memory_budget is not None:  # a per-tensor plan (dgl_exact.planning.budget); the step peak is measured

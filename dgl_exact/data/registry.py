@@ -5,6 +5,7 @@ import os
 from dataclasses import dataclass
 
 from .base import DatasetNotFoundError, GraphDataset, missing_files, standardize_features
+from .compact import compact_graph
 from .dgl_builtin import DGL_SPECS, check_dgl_dataset, dgl_raw_folder_name, load_dgl_dataset
 from .ogbn import OGB_SPECS, check_ogb, load_ogbn
 from .pyg_layout import GRAPHSAINT_FILES, REDDIT_FILES, raw_sources, read_graphsaint, read_reddit
@@ -223,6 +224,10 @@ def load_dataset(name: str, root: str | os.PathLike | None = None, *, seed: int 
       ``synthetic*``: any :class:`SyntheticConfig`
       field (``num_nodes``, ``avg_degree``, ``num_features``, ``num_classes``, ``homophily``,
       ``feature_noise``, ``train_frac``, ``val_frac``, ``test_frac``).
+
+    The graph's ids are int32 when its node and edge counts are below ``2**31`` (int64 beyond), see
+    :func:`~dgl_exact.data.compact.compact_graph`; DGL's ``DataLoader`` then wants seed ids of that type
+    (``ds.idx("train").to(ds.graph.idtype)``), or ``ds.graph.long()`` restores DGL's default.
     """
     key = _canonical(name)
     root = _root(root)
@@ -259,6 +264,7 @@ def load_dataset(name: str, root: str | os.PathLike | None = None, *, seed: int 
             ds = _load_pyg(key, folder)    # nothing cached for PyG's layout
     else:  # pragma: no cover - DATASETS and the loaders are kept in sync
         raise ValueError(f"no loader for {name!r}")
+    ds.graph = compact_graph(ds.graph)  # int32 ids when the counts allow: half the structure memory
     if self_loop:
         from .._compat import import_dgl
 

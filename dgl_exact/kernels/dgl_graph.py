@@ -46,9 +46,19 @@ def spmm_minmax(gidx, x, reduce, n_dst):
     return out.to(x.dtype), arg_u
 
 
+def _sddmm_graph(gidx):
+    """``gidx`` as DGL's SDDMM can read it: that kernel takes a COO or a CSR, and picks the CSC of a graph
+    whose COO is not allowed (one restricted to CSC and CSR): such a graph is given as its CSR alone (the
+    same arrays, no copy)."""
+    formats = gidx.formats()
+    if "coo" in formats["created"] or "coo" in formats["not created"]:
+        return gidx
+    return gidx.formats(["csr"])
+
+
 def sddmm_dot(gidx, a, b):
     """Per-edge ``<a[src], b[dst]>`` over the last dim, ``[E, H]`` in edge-id order."""
-    return _sparse._gsddmm(gidx, "dot", _dgl_dtype(a), _dgl_dtype(b), "u", "v")[..., 0].to(a.dtype)
+    return _sparse._gsddmm(_sddmm_graph(gidx), "dot", _dgl_dtype(a), _dgl_dtype(b), "u", "v")[..., 0].to(a.dtype)
 
 
 def edge_softmax(gidx, e):

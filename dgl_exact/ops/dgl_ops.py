@@ -53,6 +53,17 @@ def _dgl_ops():
     return dgl.ops
 
 
+def _readable(g):
+    """``g`` as DGL's own ops can read it: a graph restricted to CSC and CSR (as the trainer keeps a full
+    graph, :func:`~dgl_exact.data.compact.compact_graph`) is viewed with every format allowed (DGL's SDDMM,
+    also in the backward of its SpMM, needs a COO or a CSR it selects only among allowed COO); the view
+    shares the graph's arrays and data, and builds a COO only if a DGL kernel asks for one."""
+    formats = g.formats()
+    if "coo" in formats["created"] or "coo" in formats["not created"]:
+        return g
+    return g.formats(["coo", "csr", "csc"])
+
+
 class _Bilinear(torch.autograd.Function):
     """``fn(a, b)``, bilinear in ``(a, b)``, run without autograd; keeps compressed the operand the other's
     gradient needs. Backward re-runs ``fn`` with autograd on the decoded operands (zeros for one not kept:
@@ -124,9 +135,10 @@ def gspmm(g, op: str, reduce_op: str, lhs_data, rhs_data, *, config: Optional[Co
     if homogeneous and op == "mul" and reduce_op in ("sum", "mean"):
         if reduce_op == "sum" and _graph._mul_layout(tuple(lhs_data.shape[1:]), tuple(rhs_data.shape[1:])):
             return _graph.u_mul_e_sum(g, lhs_data, rhs_data, config=config)
-        return _bilinear(lambda a, b: dgl_gspmm(g, op, reduce_op, a, b), f"u_mul_e_{reduce_op}", lhs_data, rhs_data,
-                         config, exact_b=True)
-    return dgl_gspmm(g, op, reduce_op, lhs_data, rhs_data)
+        dg = _readable(g)
+        return _bilinear(lambda a, b: dgl_gspmm(dg, op, reduce_op, a, b), f"u_mul_e_{reduce_op}", lhs_data,
+                         rhs_data, config, exact_b=True)
+    return dgl_gspmm(_readable(g), op, reduce_op, lhs_data, rhs_data)
 
 
 def _fill_empty(g, out: torch.Tensor, reduce_op: str) -> torch.Tensor:
@@ -175,9 +187,10 @@ def gsddmm(g, op: str, lhs_data, rhs_data, lhs_target: str = "u", rhs_target: st
         raise ValueError(f"gsddmm: op must be one of {_SDDMM_OPS}, got {op!r}")
     dgl_gsddmm = _dgl_ops().gsddmm
     if op in _BILINEAR and isinstance(lhs_data, torch.Tensor) and isinstance(rhs_data, torch.Tensor):
-        return _bilinear(lambda a, b: dgl_gsddmm(g, op, a, b, lhs_target, rhs_target),
+        dg = _readable(g)
+        return _bilinear(lambda a, b: dgl_gsddmm(dg, op, a, b, lhs_target, rhs_target),
                          f"{lhs_target}_{op}_{rhs_target}", lhs_data, rhs_data, config)
-    return dgl_gsddmm(g, op, lhs_data, rhs_data, lhs_target, rhs_target)
+    return dgl_gsddmm(_readable(g), op, lhs_data, rhs_data, lhs_target, rhs_target)
 
 
 def _make_sddmm(lhs: str, op: str, rhs: str):
@@ -193,17 +206,17 @@ def _make_sddmm(lhs: str, op: str, rhs: str):
 
 def copy_u(g, x):
     """DGL's ``copy_u``: each edge's source feature ``x[src]``; keeps nothing."""
-    return _dgl_ops().copy_u(g, x)
+    return _dgl_ops().copy_u(_readable(g), x)
 
 
 def copy_v(g, x):
     """DGL's ``copy_v``: each edge's destination feature ``x[dst]``; keeps nothing."""
-    return _dgl_ops().copy_v(g, x)
+    return _dgl_ops().copy_v(_readable(g), x)
 
 
 def copy_e(g, x):
     """DGL's ``copy_e``: the edge features themselves (through DGL's op, as DGL returns them)."""
-    return _dgl_ops().copy_e(g, x)
+    return _dgl_ops().copy_e(_readable(g), x)
 
 
 # --- segment ops, gather_mm, edge_softmax --------------------------------------------------------------

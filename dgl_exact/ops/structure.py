@@ -131,7 +131,7 @@ class GraphStructure:
         return self._dst
 
     def _edge_endpoints(self):
-        src, dst, _ = self._gidx.edges(0, "eid")
+        src, dst = _endpoints(self._gidx, "src"), _endpoints(self._gidx, "dst")
         self._src = src.to(self.device, non_blocking=True)
         self._dst = dst.to(self.device, non_blocking=True)
 
@@ -172,7 +172,10 @@ class GraphStructure:
         if key not in self._edge_norms:
             deg = (self.out_degrees() if degrees == "out" else self.in_degrees()).to(dtype).clamp(min=1)
             norm = torch.pow(deg, -0.5) if kind == "sqrt" else 1.0 / deg
-            self._edge_norms[key] = norm[self.src]
+            # the sources in edge-id order, only for this gather unless something else cached them: DGL holds
+            # the structure, the cache keeps only the values it does not
+            src = self._src if self._src is not None else _endpoints(self._gidx, "src").to(self.device)
+            self._edge_norms[key] = norm[src]
         return self._edge_norms[key]
 
     @property
@@ -188,7 +191,18 @@ class GraphStructure:
             if group is not None:
                 out.extend(t for t in group if t is not None)
         out.extend(t for t in (self._src, self._dst, self._in_deg, self._out_deg) if t is not None)
+        out.extend(self._edge_norms.values())
         return out
+
+    def nbytes(self) -> int:
+        """Bytes of the tensors this cache holds (:meth:`static_tensors`, each storage once)."""
+        seen, total = set(), 0
+        for t in self.static_tensors():
+            storage = t.untyped_storage()
+            if storage.data_ptr() not in seen:
+                seen.add(storage.data_ptr())
+                total += storage.nbytes()
+        return total
 
     # --- kernels --------------------------------------------------------------------------------
     def aggregate(self, x: torch.Tensor, w: Optional[torch.Tensor] = None, transpose: bool = False) -> torch.Tensor:
@@ -228,6 +242,22 @@ def _adj_tensors(gidx, fmt):
     if eids is not None and eids.numel() and bool((eids == torch.arange(eids.numel())).all()):
         eids = None  # identity permutation: skip the gather in kernels
     return indptr, indices, eids
+
+
+def _endpoints(gidx, side: str) -> torch.Tensor:
+    """Source (``side`` 'src') or destination node of every edge, in edge-id order, in the graph's id type:
+    read from the COO when the graph holds or may create one, else from its CSR ('src') or CSC ('dst'),
+    whose rows are those nodes (a graph restricted to CSC and CSR, see
+    :func:`~dgl_exact.data.compact.compact_graph`)."""
+    formats = gidx.formats()
+    if "coo" in formats["created"] or "coo" in formats["not created"]:
+        src, dst, _ = gidx.edges(0, "eid")
+        return src if side == "src" else dst
+    indptr, _, eids = _adj_tensors(gidx, "csr" if side == "src" else "csc")
+    rows = reference.csr_rows(indptr, gidx.num_edges(0))
+    if eids is None:
+        return rows
+    return torch.empty_like(rows).index_put_((eids.long() if eids.dtype != torch.int64 else eids,), rows)
 
 
 def _torch_device(ctx) -> torch.device:

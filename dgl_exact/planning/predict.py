@@ -20,7 +20,8 @@ How (no per-model formula, so any model built from dgl_exact's ops or torch ops 
    point. Nothing is ever allocated at full size.
 
 Static memory (alive before and after a step) is counted from what the sample shows: DGL's sparse formats
-the step created (COO ``2E``, CSR / CSC ``N + 1 + 2E`` int64 each), dgl_exact's cached structure tensors
+the step created (COO ``2E``, CSR / CSC ``N + 1 + 2E`` ids each; int32 below ``2**31`` nodes and edges,
+else int64; the trainer keeps CSC and CSR only), dgl_exact's cached structure tensors
 (extrapolated), features (fp32), labels and training indices (int64), parameters and the optimizer's state.
 Gradients are part of the step peak (the trainer frees them between steps). Only operator-created storages
 are seen: memory a C++ library allocates behind torch's back is not (``dgl-exact bench plan`` compares the
@@ -48,6 +49,7 @@ from .._compat import import_dgl
 from .settings import STANDARD, Setting
 from ..compression import CompressedTensor
 from ..compression_config import config as compression_scope
+from ..data.compact import TRAINING_FORMATS, compact_graph, index_dtype
 from ..ops import keep as keeping
 from ..ops.structure import cached_static_tensors
 
@@ -429,13 +431,17 @@ class SampleRun:
     seconds: float
 
 
-def _sample_graph(spec: PlanSpec, n: int, e: int, seed: int = 0):
+def _sample_graph(spec: PlanSpec, n: int, e: int, seed: int = 0, impl: str = "exact"):
+    """``(graph, feat, label, train_idx)`` of a random sample graph, the graph prepared as the trainer
+    prepares a full graph for dgl_exact's models (int32 ids, CSC and CSR only), or for another ``impl``'s
+    (DGL's own modules read a COO) as the benchmarks give it (int32 ids, every format)."""
     gen = torch.Generator().manual_seed(seed)
     src = torch.randint(0, n, (e,), generator=gen)
     dst = (src + torch.randint(1, n, (e,), generator=gen)) % n  # no self loops
     g = dgl.graph((src, dst), num_nodes=n)
     if spec.self_loops:
         g = dgl.add_self_loop(g)
+    g = compact_graph(g, TRAINING_FORMATS if impl == "exact" else None)
     feat = torch.randn(n, spec.features, generator=gen)
     label = torch.randint(0, spec.classes, (n,), generator=gen)
     n_train = max(1, min(n, int(round(spec.train_count * n / spec.nodes))))
@@ -547,7 +553,7 @@ class SampleGraph:
         implementation, so that one implementation's structure caches are not counted for, or taken
         from, another (caches live on the graph object)."""
         if impl not in self._graphs:
-            self._graphs[impl] = _sample_graph(self.spec, self.nodes, self.edges, self.seed)[0]
+            self._graphs[impl] = _sample_graph(self.spec, self.nodes, self.edges, self.seed, impl)[0]
         return self._graphs[impl]
 
     def forward_fn(self, model, impl: str):
@@ -637,9 +643,11 @@ def extrapolated_peak(r1: SampleRun, r2: SampleRun, s1: float, s2: float) -> int
 
 
 def _format_bytes(formats: Sequence[str], nodes: int, edges: int) -> int:
+    """Bytes of a graph's sparse ``formats`` at full size, in the id type the trainer gives it."""
+    item = torch.iinfo(index_dtype(nodes, edges)).bits // 8
     total = 0
     for f in formats:
-        total += 2 * edges * 8 if f == "coo" else (nodes + 1 + 2 * edges) * 8
+        total += 2 * edges * item if f == "coo" else (nodes + 1 + 2 * edges) * item
     return total
 
 

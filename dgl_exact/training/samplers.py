@@ -657,7 +657,8 @@ class ClusterGCNSampler(BatchSampler):
     def _partition(self, balance_edges: bool) -> torch.Tensor:
         if self.num_parts == 1:  # METIS rejects k = 1
             return torch.zeros(self.g.num_nodes(), dtype=torch.int64)
-        parts = dgl.metis_partition_assignment(_structure_only(self.g), self.num_parts,
+        # DGL's METIS takes int64 ids only: an int32 graph is widened for the call (the same partition)
+        parts = dgl.metis_partition_assignment(_structure_only(self.g).long(), self.num_parts,
                                                balance_edges=balance_edges)
         return parts.to(torch.int64)
 

@@ -21,6 +21,7 @@ from .._compat import import_dgl
 from .._progress import progress_bar
 from ..compression_config import config as compression_scope
 from ..data import GraphDataset, load_dataset
+from ..data.compact import TRAINING_FORMATS, compact_graph, describe_structure
 from .checkpoint import RunState, remove_stale_temporaries
 from .config import TrainConfig
 from .models import build_model, exact_log_loss, layerwise_inference
@@ -173,6 +174,12 @@ class Trainer:
         g = ds.graph
         if cfg.model in ("gcn", "gat", "gcn2"):
             g = dgl.add_self_loop(dgl.remove_self_loop(g))
+        # int32 ids when the counts allow; full-graph training without layer-wise evaluation needs CSC and
+        # CSR only (samplers and layer-wise inference read the COO): the COO goes once they exist
+        full = cfg.sampler == "full" and cfg.eval_batch_size is None
+        g = compact_graph(g, TRAINING_FORMATS if full else None)
+        #: the run header's line on the graph structure (id type, formats, bytes)
+        self.structure_note = describe_structure(g)
         # full-graph degrees: GraphSAINT's aggregation normalisation needs them inside every batch
         g.ndata["_deg_in"] = g.in_degrees().float()
         g.ndata["_deg_out"] = g.out_degrees().float()
