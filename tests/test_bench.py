@@ -21,6 +21,7 @@ def _rows(path):
         return [json.loads(line) for line in f]
 
 
+@pytest.mark.slow
 def test_bench_memory_and_speed(tmp_path):
     pytest.importorskip("matplotlib")
     out = tmp_path / "out"
@@ -45,6 +46,7 @@ def test_bench_memory_and_speed(tmp_path):
     assert (out / "speed.png").exists()
 
 
+@pytest.mark.slow
 def test_bench_kernels_and_accuracy(tmp_path):
     pytest.importorskip("matplotlib")
     out = tmp_path / "out"
@@ -74,6 +76,7 @@ def test_bench_rows_survive_a_crash(tmp_path):
     assert read_rows(str(tmp_path / "grid.jsonl")) == [{"setting": "a", "value": 1}, {"setting": "b", "value": 2}]
 
 
+@pytest.mark.slow
 def test_bench_bad_input(tmp_path):
     proc = cli("memory", "--models", "mlp", "--dataset", TINY, cwd=str(tmp_path))
     assert proc.returncode == 2 and proc.stderr.startswith("error:") and "Traceback" not in proc.stderr
@@ -81,6 +84,7 @@ def test_bench_bad_input(tmp_path):
     assert proc.returncode == 2 and "unknown setting" in proc.stderr
 
 
+@pytest.mark.slow
 def test_bench_profile_writes_per_op_tables(tmp_path):
     out = tmp_path / "out"
     proc = cli("profile", "--dataset", TINY, "--models", "gcn", "--hidden", "16", "--layers", "2", "--steps", "1",
@@ -129,6 +133,7 @@ def test_sync_sites_counts_each_synchronising_call_site(monkeypatch):
     assert modes[-1] == 0
 
 
+@pytest.mark.slow
 def test_memory_grid_in_process_deep_gcnii(tmp_path):
     """The grid in one process (isolate=False): 16 GCNII layers, step peak and activations per row."""
     from dgl_exact.bench.results import ResultSink
@@ -176,6 +181,7 @@ def test_bench_memory_step_peak_and_deep_gcnii(tmp_path):
             rows["dgl_exact fp32"]["step_peak_bytes"]
 
 
+@pytest.mark.slow
 def test_fresh_process_round_trip_through_pipes():
     """A measurement child gets its task on stdin and answers in JSON through a pipe (no pickle is ever
     read from a file); its failure is raised with its stderr."""

@@ -155,6 +155,7 @@ def _sd_bounds(name, x, g, module):
     raise KeyError(name)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,which", [("prelu_channels", "all"), ("log_softmax", "all"),
                                         ("layer_norm", "params")])
 def test_gradients_unbiased_where_backward_is_linear_in_kept(name, which):

@@ -108,6 +108,7 @@ _TRUNCATED_RUN = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["reddit", "ogbn-arxiv"])
 def test_truncated_cache_without_raw_is_one_line_not_a_segfault(tmp_path, name):
     if name == "reddit":
@@ -133,6 +134,7 @@ def test_truncated_cache_without_raw_is_one_line_not_a_segfault(tmp_path, name):
     assert kind == "DatasetFileError" and "\n" not in msg and str(cache) in msg, msg
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["reddit", "ogbn-arxiv"])
 def test_truncated_cache_with_raw_is_rebuilt(tmp_path, name):
     if name == "reddit":

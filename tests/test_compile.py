@@ -126,6 +126,7 @@ def _z_scores(model, g, x, exact, seeds):
     return err[moving] / (std[moving] / len(seeds) ** 0.5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["GraphConv", "GATConv"])
 def test_compiled_int2_gradient_unbiased(name):
     g, x = _graph(), torch.randn(N, IN)

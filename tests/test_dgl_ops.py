@@ -245,6 +245,7 @@ def test_config_is_keyword_only(graphs):
         ops.u_mul_v(g, torch.randn(g.num_nodes(), 2), torch.randn(g.num_nodes(), 2), OFF)
 
 
+@pytest.mark.slow
 def test_general_path_double_backward(graphs):
     """Compression off: the general path's backward is differentiable (exact to second order); on, it
     refuses with the package's message."""

@@ -245,6 +245,7 @@ def _assert_one_quiet_line(proc, err, workers):
     assert not any(_alive(w) for w in workers), "a worker outlived its launcher"
 
 
+@pytest.mark.slow
 def test_ctrl_c_while_workers_start_stops_them_quietly(tmp_path):
     """Ctrl-C while the workers still import torch used to print a KeyboardInterrupt traceback per worker
     (63 of them with --nproc 64): now the launcher alone gets it, prints one line and stops them."""
@@ -270,6 +271,7 @@ def single_process_group():
     dist.destroy_process_group()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["gcn", "sage", "gat", "gcn2"])
 @pytest.mark.parametrize("batch_norm", [False, True])
 def test_ddp_without_unused_parameters(model, batch_norm, single_process_group, tmp_path):
@@ -299,6 +301,7 @@ def test_ddp_without_unused_parameters(model, batch_norm, single_process_group, 
         trainer._forward_loss(ddp, inputs)[0].backward()
 
 
+@pytest.mark.slow
 def test_global_batch_trainer_is_deterministic(tmp_path):
     cfg = TrainConfig(sampler="cluster", model="gcn", num_parts=20, parts_per_batch=2, hidden=8, epochs=2,
                       device="cpu", data_root=str(tmp_path))
@@ -312,6 +315,7 @@ def test_global_batch_trainer_is_deterministic(tmp_path):
 # ------------------------------------------------------------------------------------------------
 # Two processes
 # ------------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_two_processes_saint(tmp_path):
     """`dgl-exact train --nproc 2` end to end (subprocess): rank 0 writes the JSON, replicas agree, and the
     loss curve is the single-process emulation's (fp activations: exact; dropout on, per-rank streams)."""
@@ -366,6 +370,7 @@ def _cluster_config(root):
                        epochs=int(values["--epochs"]), device=values["--device"], data_root=str(root))
 
 
+@pytest.mark.slow
 def test_two_processes_cluster(cluster_run):
     """ClusterGCN (one METIS partition, broadcast from rank 0) with INT2 compression: the emulation draws
     the same per-rank random streams, so even the stochastic rounding matches (float tolerance)."""
@@ -375,6 +380,7 @@ def test_two_processes_cluster(cluster_run):
     assert_matches_emulation(out, results)
 
 
+@pytest.mark.slow
 def test_dead_rank_then_resume(cluster_run, capfd, fault):
     """Rank 1 exits at the start of epoch 2: rank 0 reports the failed collective itself and exits
     non-zero within the bound, so does the launcher; --resume finishes the job bit for bit as the

@@ -137,7 +137,16 @@ class _Bound(nn.Module):
         return self._call(module=self.m)
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c[0])
+# one case per conv by default (the first of each class); the whole matrix with -m slow
+_FIRST_PER_CLASS = {c[1]: c[0] for c in reversed(CASES)}
+
+
+def _by_default_first_per_class(cases):
+    return [pytest.param(c, id=c[0], marks=() if _FIRST_PER_CLASS[c[1]] == c[0] else pytest.mark.slow)
+            for c in cases]
+
+
+@pytest.mark.parametrize("case", _by_default_first_per_class(CASES))
 def test_module_gradgradcheck_compression_off(case, graph, kernel_path):
     _, ours = _pair(case, torch.float64)
     x, h0, ew = _inputs(case, graph, torch.float64)
@@ -304,8 +313,8 @@ def test_graph_ops_gradgradcheck(op, graph, kernel_path):
             _gradgradcheck(lambda x: torch.tanh(fn(graph, x * 1.0)), x)
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if c[0] in ("gat", "gat-res-ew", "sage-mean", "gcn")],
-                         ids=lambda c: c[0])
+@pytest.mark.parametrize("case", _by_default_first_per_class(
+    [c for c in CASES if c[0] in ("gat", "gat-res-ew", "sage-mean", "gcn")]))
 def test_module_gradgradcheck_on_block(case, graph, kernel_path):
     """On a block the destination features are a prefix view of the source features (GATConv keeps it by
     reference and differentiates through it separately)."""

@@ -40,6 +40,7 @@ def test_projected_unquantised_round_trip(dtype, shape):
     torch.testing.assert_close(out.float().reshape(shape[0], -1), c.raw.float() @ r.t(), rtol=tol, atol=tol)
 
 
+@pytest.mark.slow
 def test_projected_unquantised_is_unbiased():
     """E[X R R^T] = X over fresh projections."""
     torch.manual_seed(0)

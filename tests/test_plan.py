@@ -311,6 +311,7 @@ def test_budget_at_a_uniform_total_admits_that_setting():
     assert plan.variance <= plan.uniform_variance["INT2"] * (1 + 1e-9)
 
 
+@pytest.mark.slow
 def test_bench_memory_measures_a_budgeted_plan(tmp_path):
     """``dgl-exact bench memory --settings INT2,budget=INT2``: a row for the per-tensor plan within INT2's
     predicted total, measured as the uniform rows are (fresh process, second step)."""
@@ -353,6 +354,7 @@ def _cli_json(tmp_path, *args):
         return json.load(f), proc.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="resident high-water mark needs Linux")
 def test_train_memory_budget_measures_the_step_not_the_planning_heap(tmp_path):
     """``train --memory-budget`` plans (dozens of probe steps) and then measures the step peak in the same
@@ -491,6 +493,7 @@ def test_relative_weights_weigh_each_tensor_by_its_own_gradient():
     assert float((B.relative_weights([torch.zeros(4)]) * torch.ones(4)).sum()) == 4.0  # no gradient at all: plain
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("option,relative", [("INT2", True), ("INT1", True), ("INT1", False)])
 def test_sensitivity_of_batch_norm_inputs_matches_measurement(option, relative):
     """Batch norm's input noise lands on the small gradient of its scale; the estimate (scaled from the INT2

@@ -190,6 +190,7 @@ def test_cli_default_train_on_bundled_cora_json(tmp_path):
     assert data["environment"]["backend"] and data["environment"]["torch"] == torch.__version__
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "kill"])
 def test_cli_interrupt_then_resume_matches_uninterrupted(tmp_path, sig):
     common = ["train", "--epochs", "40", "--eval-every", "5", "--quiet", "--model", "sage", "--hidden", "16"]
