@@ -163,7 +163,7 @@ def test_double_backward_exact_and_refused_when_compressed():
 def test_attention_dropout_runs_over_all_edges():
     """Attention dropout draws its mask over all edges: chunking does not apply (the same result)."""
     g = _graph()
-    from dgl_exact.ops.graph import _chunk_budget
+    from dgl_exact.ops.gat import _chunk_budget
     from dgl_exact.ops.structure import structure_of
 
     st = structure_of(g, torch.device("cpu"))

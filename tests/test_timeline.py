@@ -1,4 +1,4 @@
-"""The planner's step timeline (``dgl_exact.planning.predict._Timeline``): live bytes after every operator,
+"""The planner's step timeline (``dgl_exact.planning.timeline._Timeline``): live bytes after every operator,
 counted as a GPU allocator counts them (whole at allocation) or, on the CPU, as the resident high-water
 mark counts them (pages once written)."""
 import pytest
@@ -6,7 +6,7 @@ import torch
 
 import dgl_exact  # noqa: F401  (before dgl)
 from dgl_exact.memory import vmhwm_available
-from dgl_exact.planning.predict import _Timeline
+from dgl_exact.planning.timeline import _Timeline
 
 MIB = 2**20
 ROWS_PER_MIB = MIB // (256 * 4)  # rows of a [*, 256] fp32 tensor per MiB

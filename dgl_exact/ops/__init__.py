@@ -3,8 +3,8 @@
 from .dense import batch_norm, linear, linear_reusing
 from .blocks import gelu, layer_norm, log_softmax, prelu, silu, softmax
 from .elementwise import dropout, elu, leaky_relu, relu, relu_dropout
-from .graph import (copy_u_mean, copy_u_sum, edge_softmax, gat_attention, normalize_edge_weight,
-                    u_add_v, u_mul_e_sum)
+from .graph import copy_u_mean, copy_u_sum, edge_softmax, normalize_edge_weight, u_add_v, u_mul_e_sum
+from .gat import gat_attention
 from .sage import sage_mean
 from . import gcn2
 from .loss import binary_cross_entropy_with_logits, cross_entropy
