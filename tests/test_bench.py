@@ -73,7 +73,10 @@ def test_bench_rows_survive_a_crash(tmp_path):
     sink.add({"setting": "a", "value": 1})
     sink.add({"setting": "b", "value": 2})
     # no finish(): a run that died mid-grid still has every measured row on disk
-    assert read_rows(str(tmp_path / "grid.jsonl")) == [{"setting": "a", "value": 1}, {"setting": "b", "value": 2}]
+    rows = read_rows(str(tmp_path / "grid.jsonl"))
+    assert [{k: r[k] for k in ("setting", "value")} for r in rows] == [{"setting": "a", "value": 1},
+                                                                         {"setting": "b", "value": 2}]
+    assert all("code" in r and "commit" in r for r in rows)  # each row names the code it measured
 
 
 @pytest.mark.slow

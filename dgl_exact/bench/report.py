@@ -72,8 +72,11 @@ def assemble(root: str = "benchmarks", out: str = "BENCHMARKS.md") -> str:
 
 
 def write_report(folder: str, label: str, command: str, sections, figures, device: Optional[str] = None) -> str:
-    """``<folder>/REPORT.md``: the command, the machine and each section's Markdown."""
-    lines = [f"## {label}", "", f"Command: `{command}`", "", f"Machine: {machine_line(device or 'cpu')}", ""]
+    """``<folder>/REPORT.md``: the command, the machine, the code measured and each section's Markdown."""
+    from .provenance import stamp
+
+    lines = [f"## {label}", "", f"Command: `{command}`", "", f"Machine: {machine_line(device or 'cpu')}", "",
+             f"Code: {stamp()['code']}", ""]
     for text in sections:
         lines += [text, ""]
     for fig in figures:

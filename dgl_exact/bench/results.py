@@ -1,5 +1,6 @@
 """Benchmark rows: appended to a JSON-lines file as they are measured (a run that dies keeps them), then
-rendered as CSV and Markdown."""
+rendered as CSV and Markdown. Every file names the code measured (:mod:`.provenance`): each JSONL row and
+CSV row has ``commit`` and ``code`` columns, the Markdown a ``Code:`` line."""
 from __future__ import annotations
 
 import csv
@@ -7,9 +8,12 @@ import json
 import os
 from typing import Dict, Iterable, List, Sequence
 
+from . import provenance
+
 
 class ResultSink:
-    """Appends rows to ``<out>/<name>.jsonl``; ``rows`` holds this run's rows."""
+    """Appends rows to ``<out>/<name>.jsonl``, each with the provenance columns; ``rows`` holds this run's
+    rows (without them)."""
 
     def __init__(self, out_dir: str, name: str, fresh: bool = True):
         os.makedirs(out_dir, exist_ok=True)
@@ -22,7 +26,7 @@ class ResultSink:
     def add(self, row: Dict) -> None:
         self.rows.append(row)
         with open(self.path, "a") as f:
-            f.write(json.dumps(row, default=str) + "\n")
+            f.write(json.dumps({**row, **provenance.stamp()}, default=str) + "\n")
             f.flush()
             os.fsync(f.fileno())
 
@@ -33,16 +37,20 @@ class ResultSink:
         tmp = self.path + ".tmp"
         with open(tmp, "w") as f:
             for row in self.rows:
-                f.write(json.dumps(row, default=str) + "\n")
+                f.write(json.dumps({**row, **provenance.stamp()}, default=str) + "\n")
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.path)
 
     def finish(self, columns: Sequence[str], title: str, header: str = "") -> str:
         """Write CSV and Markdown next to the JSONL; return the Markdown text."""
-        write_csv(os.path.join(self.out_dir, f"{self.name}.csv"), self.rows, columns)
+        stamp = provenance.stamp()
+        write_csv(os.path.join(self.out_dir, f"{self.name}.csv"), [{**r, **stamp} for r in self.rows],
+                  list(columns) + [c for c in stamp if c not in columns])
         md = markdown_table(self.rows, columns)
-        text = f"### {title}\n\n{header}\n\n{md}\n" if header else f"### {title}\n\n{md}\n"
+        code = f"Code: {stamp['code']}."
+        header = f"{header}\n\n{code}" if header else code
+        text = f"### {title}\n\n{header}\n\n{md}\n"
         with open(os.path.join(self.out_dir, f"{self.name}.md"), "w") as f:
             f.write(text)
         return text

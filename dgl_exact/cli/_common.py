@@ -79,3 +79,30 @@ def _check_dataset(name, data_root) -> None:
         raise UserError(str(e)) from None
     if not present:
         raise UserError(message)
+
+
+def provenance_checked(f):
+    """``--allow-dirty`` for a ``dgl-exact bench`` command: before it runs, the code measured is looked up
+    (:mod:`dgl_exact.bench.provenance`) and a checkout with uncommitted changes to it is refused (one line)
+    unless the flag is given; every output file then says "dirty tree"."""
+    import functools
+
+    import click
+
+    @click.option("--allow-dirty", is_flag=True, envvar="DGL_EXACT_ALLOW_DIRTY",
+                  help="Measure even with uncommitted changes to dgl_exact/, cuda/ or setup.* (every output file "
+                       "then says \"dirty tree\"). Without a git checkout (an installed wheel) the version is "
+                       "recorded instead of a commit.")
+    @functools.wraps(f)
+    def wrapper(*args, allow_dirty=False, **kwargs):
+        from ..bench import provenance
+
+        try:
+            prov = provenance.check(allow_dirty)
+        except ValueError as e:
+            raise UserError(str(e)) from None
+        if prov["dirty"]:
+            click.echo(f"warning: {prov['code']}", err=True)
+        return f(*args, **kwargs)
+
+    return wrapper

@@ -10,7 +10,7 @@ import click
 
 from ..training.config import TrainConfig, load_conf
 from ..training.models import MODELS
-from ._common import UserError, _check_dataset, _check_outputs
+from ._common import UserError, _check_dataset, _check_outputs, provenance_checked
 
 
 def _bench_options(f):
@@ -88,6 +88,7 @@ def bench():
 
 
 @bench.command("memory")
+@provenance_checked
 @_bench_options
 def bench_memory(dataset, models, settings, hidden, layers, device, data_root, out, plot, quiet):
     """Activation memory and step peak (forward + backward + optimizer step) per setting and model."""
@@ -107,6 +108,7 @@ def bench_memory(dataset, models, settings, hidden, layers, device, data_root, o
 
 
 @bench.command("speed")
+@provenance_checked
 @_bench_options
 @click.option("--epochs", type=click.IntRange(min=1), default=5, show_default=True, help="Timed epochs per setting.")
 @click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True, help="Untimed warm-up epochs.")
@@ -126,6 +128,7 @@ def bench_speed(dataset, models, settings, hidden, layers, device, data_root, ou
 
 
 @bench.command("profile")
+@provenance_checked
 @_bench_options
 @click.option("--steps", type=int, default=3, show_default=True, help="Profiled training steps per setting.")
 @click.option("--warmup", type=int, default=2, show_default=True, help="Unprofiled warm-up steps.")
@@ -174,6 +177,7 @@ def bench_profile(dataset, models, settings, hidden, layers, device, data_root, 
 
 
 @bench.command("kernels")
+@provenance_checked
 @click.option("--rows", type=click.IntRange(min=1), default=169343, show_default=True)
 @click.option("--cols", type=click.IntRange(min=1), default=128, show_default=True)
 @click.option("--repeats", type=click.IntRange(min=1), default=5, show_default=True)
@@ -198,6 +202,7 @@ def bench_kernels(rows, cols, repeats, device, out, quiet):
 
 
 @bench.command("accuracy")
+@provenance_checked
 @click.option("--dataset", default="cora", show_default=True)
 @click.option("--models", default="gcn,sage", show_default=True)
 @click.option("--settings", default="dgl_exact fp32,INT8,INT2,INT2 + RP(0.125),INT2 + RP(0.125) + blocks(64) + optimal",
@@ -243,6 +248,7 @@ def bench_accuracy(dataset, models, settings, runs, epochs, conf, device, data_r
 
 
 @bench.command("all")
+@provenance_checked
 @click.option("--label", default="cpu", show_default=True, help="Machine label: results go to benchmarks/LABEL/.")
 @click.option("--dataset", default="synthetic-arxiv", show_default=True, help="Graph for memory and speed.")
 @click.option("--models", default="sage,gcn", show_default=True)

@@ -9,7 +9,7 @@ import time
 import click
 
 from ..training.models import MODELS
-from ._common import UserError, _check_outputs, parse_size
+from ._common import UserError, _check_outputs, parse_size, provenance_checked
 
 
 @click.command("plan")
@@ -98,6 +98,7 @@ def plan_command(dataset, nodes, edges, features, classes, train_nodes, model, h
 
 
 @click.command("plan")
+@provenance_checked
 @click.option("--dataset", default="synthetic-arxiv", show_default=True)
 @click.option("--models", default="gcn,sage,gat,gcn2", show_default=True)
 @click.option("--settings", default="", help="Comma-separated setting names (default: the dgl_exact settings).")
@@ -145,6 +146,7 @@ def bench_plan_command(dataset, models, settings, hidden, layers, device, data_r
 
 
 @click.command("budget")
+@provenance_checked
 @click.option("--dataset", default="cora", show_default=True)
 @click.option("--model", type=click.Choice(MODELS), default="gcn", show_default=True)
 @click.option("--conf", default=None, help="YAML of training defaults (as for `train`).")
