@@ -50,8 +50,8 @@ step (forward, loss, backward, Adam step; the second step, after a warm-up) abov
 (CUDA: `max_memory_allocated`; CPU: resident high-water mark, `VmHWM` after `clear_refs`, see
 `dgl_exact.memory.measure_step`). Memory numbers do not depend on machine load; timings do.
 
-Regenerate a machine's section with `dgl-exact bench all --label NAME` (writes `benchmarks/NAME/` and
-rebuilds this file from every `benchmarks/*/REPORT.md`).
+Regenerate a machine's section with `dgl-exact bench all --label NAME` (writes `benchmarks/NAME/bench-all/`
+and rebuilds this file from every `REPORT.md` under `benchmarks/`).
 
 ## Published figures (not measured here)
 
@@ -60,9 +60,9 @@ rebuilds this file from every `benchmarks/*/REPORT.md`).
 
 
 def assemble(root: str = "benchmarks", out: str = "BENCHMARKS.md") -> str:
-    """Rebuild ``out`` from the published rows and every ``<root>/*/REPORT.md``."""
+    """Rebuild ``out`` from the published rows and every ``REPORT.md`` under ``root``."""
     parts = [HEADER.format(published=markdown_table(published_rows(), ["source", "setting", "claim"]))]
-    for report in sorted(glob.glob(os.path.join(root, "*", "REPORT.md"))):
+    for report in sorted(glob.glob(os.path.join(root, "**", "REPORT.md"), recursive=True)):
         with open(report) as f:
             parts.append(f.read())
     text = "\n".join(parts)
@@ -71,7 +71,8 @@ def assemble(root: str = "benchmarks", out: str = "BENCHMARKS.md") -> str:
     return out
 
 
-def write_report(folder: str, label: str, command: str, sections, figures, device: Optional[str] = None) -> str:
+def write_report(folder: str, label: str, command: str, sections, figures, device: Optional[str] = None,
+                 link_base: Optional[str] = None) -> str:
     """``<folder>/REPORT.md``: the command, the machine, the code measured and each section's Markdown."""
     from .provenance import stamp
 
@@ -80,7 +81,7 @@ def write_report(folder: str, label: str, command: str, sections, figures, devic
     for text in sections:
         lines += [text, ""]
     for fig in figures:
-        rel = os.path.relpath(fig, os.path.dirname(os.path.dirname(os.path.abspath(folder))) or ".")
+        rel = os.path.relpath(fig, link_base or os.getcwd())  # as linked from BENCHMARKS.md
         lines += [f"![{os.path.basename(fig)}]({rel})", ""]
     path = os.path.join(folder, "REPORT.md")
     with open(path, "w") as f:

@@ -249,7 +249,8 @@ def bench_accuracy(dataset, models, settings, runs, epochs, conf, device, data_r
 
 @bench.command("all")
 @provenance_checked
-@click.option("--label", default="cpu", show_default=True, help="Machine label: results go to benchmarks/LABEL/.")
+@click.option("--label", default="cpu", show_default=True,
+              help="Machine label: results go to benchmarks/LABEL/bench-all/.")
 @click.option("--dataset", default="synthetic-arxiv", show_default=True, help="Graph for memory and speed.")
 @click.option("--models", default="sage,gcn", show_default=True)
 @click.option("--accuracy-dataset", default="cora", show_default=True)
@@ -262,7 +263,7 @@ def bench_accuracy(dataset, models, settings, runs, epochs, conf, device, data_r
 @click.option("--quiet", "-q", is_flag=True)
 def bench_all(label, dataset, models, accuracy_dataset, runs, speed_epochs, device, data_root, root, benchmarks_md,
               quiet):
-    """Run every benchmark, write benchmarks/LABEL/REPORT.md with figures, and rebuild BENCHMARKS.md."""
+    """Run every benchmark, write benchmarks/LABEL/bench-all/REPORT.md with figures, and rebuild BENCHMARKS.md."""
     from ..bench import plot as plots
     from ..bench.report import assemble, write_report
     from ..bench.results import ResultSink
@@ -271,7 +272,7 @@ def bench_all(label, dataset, models, accuracy_dataset, runs, speed_epochs, devi
     from ..planning.settings import select
     from ..data import load_dataset
 
-    out = os.path.join(root, label)
+    out = os.path.join(root, label, "bench-all")
     _bench_prechecks(out, files={"--benchmarks-md": benchmarks_md}, datasets=[(accuracy_dataset, data_root)],
                      out_option="--root/--label")
     work, model_list, chosen = _bench_setup(dataset, models, "", None, 3, device, data_root)
@@ -303,6 +304,7 @@ def bench_all(label, dataset, models, accuracy_dataset, runs, speed_epochs, devi
     except ImportError as e:
         click.echo(f"no figures: {e}", err=True)
     command = "dgl-exact bench all " + " ".join(a for a in sys.argv[3:] if a not in ("-q", "--quiet"))
-    report = write_report(out, label, command.strip(), sections, figures, device=str(work.device))
+    report = write_report(out, label, command.strip(), sections, figures, device=str(work.device),
+                          link_base=os.path.dirname(os.path.abspath(benchmarks_md)))
     click.echo(f"report: {report}")
     click.echo(f"rebuilt {assemble(root, benchmarks_md)}")
