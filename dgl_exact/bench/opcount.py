@@ -52,6 +52,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .._progress import progress_bar
+from . import provenance
 
 __all__ = ["StepCounts", "count_step", "count_grid", "device_roots", "emulate_gpu_path", "COLUMNS"]
 
@@ -328,10 +329,11 @@ def count_step(step: Callable[[], Any], *, roots: Iterable[torch.Tensor] = (), e
 
 
 def records_for_json(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    """The ``--json`` records: one per (model, setting) with ``setting``, ``ops``, ``syncs``, ``bytes``."""
+    """The ``--json`` records: one per (model, setting) with ``setting``, ``ops``, ``syncs``, ``bytes``, and the
+    code measured (``commit``, ``code``)."""
     keep = ("model", "setting", "ops", "syncs", "bytes", "host_reads", "ops_ratio", "bytes_ratio", "baseline",
             "device", "note")
-    return [{k: r[k] for k in keep if k in r} for r in rows]
+    return [{**{k: r[k] for k in keep if k in r}, **provenance.stamp()} for r in rows]
 
 
 def count_grid(work, models, settings, sink=None, out_dir=None, warmup: int = 1, progress: bool = True):
@@ -365,7 +367,7 @@ def count_grid(work, models, settings, sink=None, out_dir=None, warmup: int = 1,
             path = os.path.join(out_dir, f"opcount_{model_name}_{safe}.txt")
             with open(path, "w") as f:
                 f.write(f"{model_name} / {setting.name}: one training step on the GPU code path "
-                        f"(counts, not times)\n")
+                        f"(counts, not times)\ncode: {provenance.stamp()['code']}\n")
                 f.write(counts.table())
             row["table"] = os.path.basename(path)
         rows.append(row)

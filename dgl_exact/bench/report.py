@@ -50,8 +50,8 @@ step (forward, loss, backward, Adam step; the second step, after a warm-up) abov
 (CUDA: `max_memory_allocated`; CPU: resident high-water mark, `VmHWM` after `clear_refs`, see
 `dgl_exact.memory.measure_step`). Memory numbers do not depend on machine load; timings do.
 
-Regenerate a machine's section with `dgl-exact bench all --label NAME` (writes `benchmarks/NAME/bench-all/`
-and rebuilds this file from every `REPORT.md` under `benchmarks/`).
+Regenerate a machine's section with `dgl-exact bench all --label NAME --benchmarks-md FILE` (writes
+`benchmarks/NAME/bench-all/` and rebuilds FILE from every `REPORT.md` under `benchmarks/`).
 
 ## Published figures (not measured here)
 

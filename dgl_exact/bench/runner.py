@@ -21,6 +21,7 @@ from ..compression_config import CompressionConfig
 from ..compression_config import config as compression_scope
 from ..training.models import build_model
 from .user_models import BLOCK_HIDDEN, BLOCK_LAYERS, BLOCK_MODELS, USER_MODELS, build_user_model
+from . import provenance
 from .results import ResultSink
 from ..planning.settings import Setting
 
@@ -430,7 +431,8 @@ def profile_grid(work: Workload, models: Sequence[str], settings: Sequence[Setti
         safe = "".join(ch if ch.isalnum() else "_" for ch in setting.name).strip("_")
         path = os.path.join(out_dir, f"profile_{model_name}_{safe}.txt")
         with open(path, "w") as f:
-            f.write(f"{model_name} / {setting.name} on {work.device}, {steps} profiled steps after {warmup} warm-up\n")
+            f.write(f"{model_name} / {setting.name} on {work.device}, {steps} profiled steps after {warmup} warm-up\n"
+                    f"code: {provenance.stamp()['code']}\n")
             f.write(table)
             if cuda:
                 f.write("\nhost-GPU synchronisations of one more step (torch.cuda.set_sync_debug_mode), "

@@ -259,11 +259,14 @@ def bench_accuracy(dataset, models, settings, runs, epochs, conf, device, data_r
 @click.option("--device", default="auto", show_default=True)
 @click.option("--data-root", default=lambda: os.environ.get("DGL_EXACT_DATA", "data"), show_default="data")
 @click.option("--root", default="benchmarks", show_default=True, type=click.Path(file_okay=False))
-@click.option("--benchmarks-md", default="BENCHMARKS.md", show_default=True, type=click.Path(dir_okay=False))
+@click.option("--benchmarks-md", default=None, type=click.Path(dir_okay=False),
+              help="Also rebuild this file from every REPORT.md under --root (replacing it: the repository's "
+                   "BENCHMARKS.md is edited by hand, with details beside the results).")
 @click.option("--quiet", "-q", is_flag=True)
 def bench_all(label, dataset, models, accuracy_dataset, runs, speed_epochs, device, data_root, root, benchmarks_md,
               quiet):
-    """Run every benchmark, write benchmarks/LABEL/bench-all/REPORT.md with figures, and rebuild BENCHMARKS.md."""
+    """Run every benchmark and write benchmarks/LABEL/bench-all/REPORT.md with figures (and, with
+    --benchmarks-md, rebuild that file from every REPORT.md)."""
     from ..bench import plot as plots
     from ..bench.report import assemble, write_report
     from ..bench.results import ResultSink
@@ -305,6 +308,7 @@ def bench_all(label, dataset, models, accuracy_dataset, runs, speed_epochs, devi
         click.echo(f"no figures: {e}", err=True)
     command = "dgl-exact bench all " + " ".join(a for a in sys.argv[3:] if a not in ("-q", "--quiet"))
     report = write_report(out, label, command.strip(), sections, figures, device=str(work.device),
-                          link_base=os.path.dirname(os.path.abspath(benchmarks_md)))
+                          link_base=os.path.dirname(os.path.abspath(benchmarks_md or ".")))
     click.echo(f"report: {report}")
-    click.echo(f"rebuilt {assemble(root, benchmarks_md)}")
+    if benchmarks_md:
+        click.echo(f"rebuilt {assemble(root, benchmarks_md)}")
