@@ -55,7 +55,8 @@ def validation_grid(work, models: Sequence[str], settings: Sequence[Setting], si
             if (model, setting.name) in earlier:
                 old = earlier[(model, setting.name)]
                 meas = {"activation_bytes": old["act_meas_bytes"], "step_peak_bytes": old["peak_meas_bytes"],
-                        "peak_method": f"{old.get('peak_method')} (earlier run)"}
+                        "peak_method": f"{old.get('peak_method')} (earlier run"
+                                       + (f"; measured code: {old['code']})" if old.get("code") else ")")}
             elif measure:
                 meas = (_in_fresh_process(_memory_row, work, model, setting, "auto") if work.device.type == "cpu"
                         else _memory_row(work, model, setting, "auto"))
