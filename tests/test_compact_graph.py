@@ -102,12 +102,15 @@ def test_structure_cache_keeps_no_copy_of_the_structure():
     assert torch.equal(st.src, src) and torch.equal(st.dst, dst)
 
 
-def test_loader_gives_int32_and_trainer_keeps_csc_csr(tmp_path):
+def test_loader_compacts_on_request_and_trainer_keeps_int32_csc_csr(tmp_path):
+    """``load_dataset`` gives DGL's int64 ids unless asked (``compact=True``, as the trainer loads); the
+    trainer prepares its own int32 CSC+CSR graph from a user's int64 dataset, leaving the dataset as it was."""
     from dgl_exact.training.config import TrainConfig
     from dgl_exact.training.trainer import Trainer
 
+    assert load_dataset(SMALL, "unused", compact=True).graph.idtype == torch.int32
     ds = load_dataset(SMALL, "unused")
-    assert ds.graph.idtype == torch.int32
+    assert ds.graph.idtype == torch.int64
     full = Trainer(TrainConfig(dataset=SMALL, data_root=str(tmp_path), epochs=1, hidden=8), dataset=ds,
                    progress=False, log=None)
     assert full.graph.idtype == torch.int32
@@ -118,6 +121,7 @@ def test_loader_gives_int32_and_trainer_keeps_csc_csr(tmp_path):
                                   num_parts=4, parts_per_batch=2), dataset=ds, progress=False, log=None)
     assert "coo" in sampled.graph.formats()["created"]  # samplers read the COO
     sampled.fit()
+    assert ds.graph.idtype == torch.int64  # the user's dataset is not changed
 
 
 def test_planner_counts_formats_in_the_trainers_id_type():

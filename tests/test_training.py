@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from dgl_exact.data import load_dataset
-from dgl_exact.training.checkpoint import load_checkpoint, save_checkpoint
 from dgl_exact.training.config import TrainConfig, bundled_configs, load_conf
 from dgl_exact.training.trainer import Trainer
 
@@ -100,26 +99,44 @@ def test_checkpoint_resume_is_bit_for_bit(small, tmp_path, sampler, monkeypatch)
         assert torch.equal(v, reference[k]), k
 
 
-def test_ctrl_c_while_writing_a_checkpoint_waits_for_the_file(tmp_path, monkeypatch):
-    from dgl_exact.training import checkpoint as ckpt
+_CTRL_C_WHILE_SAVING = r"""
+import os, signal, sys
+import torch
+from dgl_exact.training import checkpoint as ckpt
 
+path = sys.argv[1]
+handler = signal.getsignal(signal.SIGINT)
+ckpt.save_checkpoint({"epoch": 1}, path)
+real_save = torch.save
+
+
+def interrupted_save(obj, f):  # Ctrl-C arrives while torch.save is writing the file
+    os.kill(os.getpid(), signal.SIGINT)
+    return real_save(obj, f)
+
+
+ckpt.torch.save = interrupted_save
+try:
+    ckpt.save_checkpoint({"epoch": 2, "payload": torch.arange(1000)}, path)
+    print("not interrupted")
+except KeyboardInterrupt:  # delivered, but only once the new file is complete and in place
+    print("interrupted")
+ckpt.torch.save = real_save
+state = ckpt.load_checkpoint(path)
+same = bool(torch.equal(state["payload"], torch.arange(1000)))
+print(state["epoch"], same, signal.getsignal(signal.SIGINT) is handler)
+"""
+
+
+def test_ctrl_c_while_writing_a_checkpoint_waits_for_the_file(tmp_path):
+    """Run in a fresh interpreter: signal handlers belong to the main thread, which a test-runner worker may
+    not give its tests, and a handler left by another test in the same process would hide the signal."""
     path = tmp_path / "c.pt"
-    handler = signal.getsignal(signal.SIGINT)
-    save_checkpoint({"epoch": 1}, str(path))
-    real_save = torch.save
-
-    def interrupted_save(obj, f):  # Ctrl-C arrives while torch.save is writing the file
-        os.kill(os.getpid(), signal.SIGINT)
-        return real_save(obj, f)
-
-    monkeypatch.setattr(ckpt.torch, "save", interrupted_save)
-    with pytest.raises(KeyboardInterrupt):  # delivered, but only once the new file is complete and in place
-        save_checkpoint({"epoch": 2, "payload": torch.arange(1000)}, str(path))
-    monkeypatch.undo()
-    state = load_checkpoint(str(path))
-    assert state["epoch"] == 2 and torch.equal(state["payload"], torch.arange(1000))
+    proc = subprocess.run([sys.executable, "-c", _CTRL_C_WHILE_SAVING, str(path)], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["interrupted", "2", "True", "True"], proc.stdout + proc.stderr
     assert sorted(os.listdir(tmp_path)) == ["c.pt"]  # no temporary file left behind
-    assert signal.getsignal(signal.SIGINT) is handler  # handlers restored
 
 
 def test_resume_refuses_other_settings(small, tmp_path):

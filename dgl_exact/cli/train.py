@@ -286,7 +286,7 @@ def _download_dataset(cfg, quiet: bool = False):
 
     try:
         return load_dataset(cfg.dataset, cfg.data_root, download=True, seed=cfg.seed, standardize=cfg.standardize,
-                            quiet=quiet)
+                            quiet=quiet, compact=True)
     except DatasetNotFoundError as e:
         raise UserError(str(e)) from None
     except (FileNotFoundError, ValueError, OSError) as e:

@@ -197,7 +197,7 @@ def _load_pyg(key: str, folder: str) -> GraphDataset:
 
 def load_dataset(name: str, root: str | os.PathLike | None = None, *, seed: int = 0,
                  self_loop: bool = False, standardize: bool = False, force_reload: bool = False,
-                 download: bool = False, quiet: bool = False, **kwargs) -> GraphDataset:
+                 download: bool = False, quiet: bool = False, compact: bool = False, **kwargs) -> GraphDataset:
     """Load dataset ``name`` (see ``DATASETS``) from ``root`` (default :func:`default_root`).
 
     Never reads stdin, and downloads only with ``download=True``: missing files raise
@@ -225,9 +225,10 @@ def load_dataset(name: str, root: str | os.PathLike | None = None, *, seed: int 
       field (``num_nodes``, ``avg_degree``, ``num_features``, ``num_classes``, ``homophily``,
       ``feature_noise``, ``train_frac``, ``val_frac``, ``test_frac``).
 
-    The graph's ids are int32 when its node and edge counts are below ``2**31`` (int64 beyond), see
-    :func:`~dgl_exact.data.compact.compact_graph`; DGL's ``DataLoader`` then wants seed ids of that type
-    (``ds.idx("train").to(ds.graph.idtype)``), or ``ds.graph.long()`` restores DGL's default.
+    * ``compact=True``: the graph's ids in int32 when its node and edge counts are below ``2**31`` (int64
+      beyond), see :func:`~dgl_exact.data.compact.compact_graph`: half the structure memory. The trainer
+      loads this way. Off by default: the graph then has DGL's int64 ids, which DGL code expects (its
+      ``DataLoader`` wants seed ids of the graph's type, and DGL's examples pass ``torch.arange``).
     """
     key = _canonical(name)
     root = _root(root)
@@ -264,7 +265,8 @@ def load_dataset(name: str, root: str | os.PathLike | None = None, *, seed: int 
             ds = _load_pyg(key, folder)    # nothing cached for PyG's layout
     else:  # pragma: no cover - DATASETS and the loaders are kept in sync
         raise ValueError(f"no loader for {name!r}")
-    ds.graph = compact_graph(ds.graph)  # int32 ids when the counts allow: half the structure memory
+    if compact:
+        ds.graph = compact_graph(ds.graph)  # int32 ids when the counts allow: half the structure memory
     if self_loop:
         from .._compat import import_dgl
 

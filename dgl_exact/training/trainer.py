@@ -165,7 +165,7 @@ class Trainer:
         self.progress = (sys.stderr.isatty() if progress is None else progress) and rank == 0
         self.dataset = dataset if dataset is not None else load_dataset(
             config.dataset, config.data_root, seed=config.seed, standardize=config.standardize,
-            quiet=progress is False)
+            quiet=progress is False, compact=True)
         self._prepare_graph()
 
     # --- data ---------------------------------------------------------------------------------------

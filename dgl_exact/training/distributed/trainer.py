@@ -44,7 +44,7 @@ class DistributedTrainer(Trainer):
             from ...data import load_dataset
 
             dataset = self._staged(lambda: load_dataset(config.dataset, config.data_root, seed=config.seed,
-                                                        standardize=config.standardize),
+                                                        standardize=config.standardize, compact=True),
                                    first=ctx.local_rank == 0, what="loading the dataset")
         super().__init__(config.replace(device=str(ctx.device)), dataset, progress, log, rank=ctx.rank,
                          world_size=ctx.world_size)
