@@ -96,3 +96,21 @@ def test_cli_batch_size_needs_neighbor_sampler():
     res = CliRunner().invoke(cli, ["plan", "--nodes", "600", "--edges", "3000", "--features", "8", "--classes", "3",
                                    "--memory-budget", "1GiB"])
     assert res.exit_code != 0 and "--sampler neighbor" in res.output
+
+
+@pytest.mark.slow
+def test_bench_minibatch_end_to_end(tmp_path):
+    out = tmp_path / "out"
+    res = CliRunner().invoke(cli, ["bench", "minibatch", "--dataset", TINY, "--data-root", str(tmp_path),
+                                   "--settings", "INT2", "--hidden", "32", "--memory-budget", "1MiB",
+                                   "--max-batches", "1", "--out", str(out), "-q"])
+    assert res.exit_code == 0, res.output
+    assert "| INT2 |" in res.output
+    for name in ("minibatch.md", "minibatch.csv", "minibatch.jsonl"):
+        assert (out / name).exists()
+
+
+def test_bench_minibatch_bad_budget_is_one_line(tmp_path):
+    res = CliRunner().invoke(cli, ["bench", "minibatch", "--dataset", TINY, "--data-root", str(tmp_path),
+                                   "--settings", "INT2", "--memory-budget", "lots", "--out", str(tmp_path / "o")])
+    assert res.exit_code != 0 and "--memory-budget" in res.output and "Traceback" not in res.output
