@@ -114,3 +114,10 @@ def test_bench_minibatch_bad_budget_is_one_line(tmp_path):
     res = CliRunner().invoke(cli, ["bench", "minibatch", "--dataset", TINY, "--data-root", str(tmp_path),
                                    "--settings", "INT2", "--memory-budget", "lots", "--out", str(tmp_path / "o")])
     assert res.exit_code != 0 and "--memory-budget" in res.output and "Traceback" not in res.output
+
+
+@pytest.mark.parametrize("value, message", [("auto", "dgl-exact plan --dataset D --sampler neighbor"),
+                                            ("many", "--batch-size must be a positive int")])
+def test_train_batch_size_auto_points_to_plan(value, message):
+    res = CliRunner().invoke(cli, ["train", "--sampler", "neighbor", "--batch-size", value])
+    assert res.exit_code != 0 and message in res.output and "Traceback" not in res.output
