@@ -56,13 +56,20 @@ def test_prediction_matches_measured_step(planner, name):
     assert rec.breakdown["batch_bytes"] > 0 and rec.total_bytes == rec.static_bytes + rec.step_peak_bytes
 
 
-def test_largest_batch_fits_and_its_double_does_not(planner):
+@pytest.fixture(scope="module")
+def tiny_planner(tmp_path_factory):
+    from dgl_exact.data import load_dataset
+
+    return MinibatchPlanner(load_dataset(TINY, str(tmp_path_factory.mktemp("data"))), "sage", [15, 10, 5], hidden=32)
+
+
+def test_largest_batch_fits_and_its_double_does_not(tiny_planner):
     setting = select("INT2")[0]
-    budget = int(1.5 * planner.record(setting, 32).step_peak_bytes)
-    pick = largest_batch(planner, setting, budget)
+    budget = int(1.5 * tiny_planner.record(setting, 16).step_peak_bytes)
+    pick = largest_batch(tiny_planner, setting, budget)
     assert pick.record.step_peak_bytes <= budget
-    assert planner.record(setting, 2 * pick.batch_size).step_peak_bytes > budget
-    assert 32 <= pick.batch_size < planner.max_batch_size
+    assert tiny_planner.record(setting, 2 * pick.batch_size).step_peak_bytes > budget
+    assert 16 <= pick.batch_size < tiny_planner.max_batch_size
 
 
 @pytest.mark.slow
