@@ -76,6 +76,7 @@ class MinibatchPlanner:
             raise ValueError(f"--layers {hyper['layers']} but {len(self.fanouts)} fan-outs: give one fan-out per "
                              f"layer")
         self._warm = set()
+        self.last_activation_bytes = 0
 
     def sampler(self, batch_size: int) -> NeighborSampler:
         """The trainer's sampler at ``batch_size`` (seed nodes: the training split)."""
@@ -110,7 +111,12 @@ class MinibatchPlanner:
         idx = torch.arange(y.shape[0])
         with (compression_scope(setting.compression) if setting.compression else _null()):
             with (timeline if timeline is not None else _null()):
-                loss = loss_of(model(batch.blocks, feat), y, idx)
+                with memory._saved_tensors() as saved:
+                    logits = model(batch.blocks, feat)
+                    loss = loss_of(logits, y, idx)
+                self.last_activation_bytes, _ = memory._activation_bytes(saved, [model], [feat, y, idx],
+                                                                         (loss, logits))
+                del logits
                 loss.backward()
                 opt.step()
                 del loss
@@ -118,17 +124,18 @@ class MinibatchPlanner:
 
     def record(self, setting: Setting, batch_size: int, device_total: Optional[int] = None) -> PlanRecord:
         """``setting``'s :class:`PlanRecord` for one mini-batch step of ``batch_size`` seed nodes: the largest
-        recorded step peak over the sampled batches (``activation_bytes`` is not split out: 0)."""
+        recorded step peak and the largest saved activations over the sampled batches."""
         with single_thread():
             if setting.impl not in self._warm:  # lazy initialisation outside any recorded step
                 self._step(setting, self.batches(batch_size)[0], None)
                 self._warm.add(setting.impl)
             batches = self.batches(batch_size)  # fresh blocks: no formats created by an earlier step
-            peaks = []
+            peaks, acts = [], []
             for b in batches:
                 timeline = _Timeline(touched=True)
                 formats = self._step(setting, b, timeline)
                 peaks.append(max([0] + timeline.totals) + formats)
+                acts.append(self.last_activation_bytes)
         model, opt = self._model(setting)
         params = sum(p.numel() * p.element_size() for p in model.parameters())
         state = memory.tensor_bytes([t for st in opt.state.values() for t in st.values()
@@ -150,7 +157,7 @@ class MinibatchPlanner:
         fits = None if device_total is None else total <= device_total
         note = "blocks per layer (src, dst, edges), largest batch: " + "; ".join(
             f"{b.num_src_nodes()}, {b.num_dst_nodes()}, {b.num_edges()}" for b in big.blocks)
-        return PlanRecord(setting.name, static, 0, peak, total, fits, device_total,
+        return PlanRecord(setting.name, static, max(acts), peak, total, fits, device_total,
                           setting.compression.describe() if setting.compression else "none (plain autograd)",
                           breakdown, note)
 
