@@ -2,7 +2,7 @@
 
 * :mod:`.train`: ``train``
 * :mod:`.data`: ``datasets``, ``info``
-* :mod:`.bench`: ``bench memory|speed|profile|kernels|accuracy|all``
+* :mod:`.bench`: ``bench memory|speed|profile|kernels|accuracy|minibatch|all``
 * :mod:`.plan`: ``plan``, ``bench plan``, ``bench budget``
 * :mod:`._common`: :class:`UserError` and the checks every command makes before any work
 """

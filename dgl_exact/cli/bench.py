@@ -107,6 +107,59 @@ def bench_memory(dataset, models, settings, hidden, layers, device, data_root, o
         click.echo("figure: " + plots.plot_memory(rows, os.path.join(out, "memory.png")))
 
 
+@bench.command("minibatch")
+@click.option("--dataset", default="synthetic-products", show_default=True)
+@click.option("--settings", default="DGL fp32,dgl_exact fp32,INT2,INT2 + RP(0.125) + blocks(64) + optimal",
+              show_default=True)
+@click.option("--fanouts", default="15,10,5", show_default=True, help="Sampled in-edges per node, one per layer.")
+@click.option("--hidden", type=click.IntRange(min=1), default=256, show_default=True)
+@click.option("--memory-budget", default="512MiB", show_default=True, metavar="SIZE",
+              help="The step peak every setting's batch must fit (the planner picks the batch size).")
+@click.option("--max-batches", type=click.IntRange(min=1), default=10, show_default=True,
+              help="Timed batches per setting (the epoch time is extrapolated).")
+@click.option("--data-root", default=lambda: os.environ.get("DGL_EXACT_DATA", "data"), show_default="data")
+@click.option("--out", default="bench-results", show_default=True, type=click.Path(file_okay=False))
+@click.option("--quiet", "-q", is_flag=True)
+def bench_minibatch(dataset, settings, fanouts, hidden, memory_budget, max_batches, data_root, out, quiet):
+    """SAGE on neighbour-sampled batches: per setting, the largest batch size within --memory-budget (as
+    `dgl-exact plan --sampler neighbor --batch-size auto` picks it), its measured step peak and epoch time."""
+    from .. import memory
+    from ..bench.minibatch import MINIBATCH_COLUMNS, minibatch_rows
+    from ..bench.report import machine_line
+    from ..bench.results import ResultSink
+    from ..data import load_dataset
+    from ..planning.minibatch import MinibatchPlanner
+    from ..planning.settings import select
+    from ..training.neighbor import parse_fanouts
+    from ._common import parse_size
+
+    _bench_prechecks(out)
+    memory.prepare_cpu_peak()  # before the dataset grows the heap: every step peak is measured in this process
+    try:
+        budget = parse_size(memory_budget, "--memory-budget")
+        chosen = select(settings)
+        fan = parse_fanouts(fanouts)
+        ds = load_dataset(dataset, data_root)
+        planner = MinibatchPlanner(ds, "sage", fan, hidden=hidden)
+        sink = ResultSink(out, "minibatch")
+        minibatch_rows(planner, chosen, budget, max_batches, sink, log=None if quiet else
+                       (lambda m: click.echo(m, err=True)))
+    except (ValueError, FileNotFoundError) as e:
+        raise UserError(str(e).splitlines()[0]) from None
+    header = (f"sage {len(fan)}x{hidden} on {ds.summary()}, fan-outs {','.join(map(str, fan))}, step-peak budget "
+              f"{memory.format_bytes(budget)}; batch size: the planner's pick; step peak measured (resident "
+              f"high-water mark) over its sampled batches; epoch time extrapolated from {max_batches} timed batches; "
+              f"{machine_line(torch_device())}")
+    click.echo(sink.finish(MINIBATCH_COLUMNS, "Largest mini-batch within a memory budget", header))
+
+
+def torch_device():
+    """The CPU device (the mini-batch benchmark runs on the CPU)."""
+    import torch
+
+    return torch.device("cpu")
+
+
 @bench.command("speed")
 @provenance_checked
 @_bench_options

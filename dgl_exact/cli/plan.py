@@ -40,15 +40,29 @@ from ._common import UserError, _check_outputs, parse_size, provenance_checked
 @click.option("--json", "json_path", type=click.Path(dir_okay=False),
               help="Write one record per setting (setting, static_bytes, activation_bytes, step_peak_bytes, "
                    "total_bytes, fits, ...).")
+@click.option("--sampler", type=click.Choice(["full", "neighbor"]), default="full", show_default=True,
+              help="full: one full-graph step; neighbor: one neighbour-sampled mini-batch step (needs --dataset: "
+                   "batches of the real graph are sampled).")
+@click.option("--fanouts", default="15,10,5", show_default=True,
+              help="--sampler neighbor: sampled in-edges per node, one per layer (sets --layers).")
+@click.option("--batch-size", default="1024", show_default=True,
+              help="--sampler neighbor: seed nodes per batch, or 'auto' (with --memory-budget): the largest batch "
+                   "size whose predicted step peak fits.")
+@click.option("--memory-budget", default=None, metavar="SIZE",
+              help="--sampler neighbor --batch-size auto: the step peak to fit (e.g. 512MiB).")
 def plan_command(dataset, nodes, edges, features, classes, train_nodes, model, hidden, layers, dropout, batch_norm,
-                 heads, device, settings, budget, data_root, json_path):
-    """Predict, before training, the memory of one full-graph training step per compression setting and
-    whether it fits the device."""
+                 heads, device, settings, budget, data_root, json_path, sampler, fanouts, batch_size, memory_budget):
+    """Predict, before training, the memory of one training step (full graph, or one neighbour-sampled
+    mini-batch) per compression setting and whether it fits the device."""
     from .. import memory
     from ..planning import predict as P
 
-
-
+    if sampler == "neighbor":
+        return _plan_minibatch(dataset, nodes, model, hidden, dropout, batch_norm, heads, device, settings, data_root,
+                               json_path, fanouts, batch_size, memory_budget)
+    if memory_budget is not None or batch_size != "1024":
+        raise UserError("--batch-size and --memory-budget plan mini-batch steps: add --sampler neighbor (for "
+                        "full-graph training, --budget plans a per-tensor compression)")
     t0 = time.perf_counter()
     hyper = dict(hidden=hidden, layers=layers, dropout=dropout, batch_norm=batch_norm, heads=heads)
     if budget is not None and budget != "device":
@@ -95,6 +109,62 @@ def plan_command(dataset, nodes, edges, features, classes, train_nodes, model, h
         os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)  # as train's --json
         with open(json_path, "w") as f:
             json.dump([r.to_dict() for r in records], f, indent=1)
+
+
+def _plan_minibatch(dataset, nodes, model, hidden, dropout, batch_norm, heads, device, settings, data_root, json_path,
+                    fanouts, batch_size, memory_budget):
+    """``dgl-exact plan --sampler neighbor``: per-batch predictions, or the largest batch size per setting."""
+    from .. import memory
+    from ..data import load_dataset
+    from ..planning import predict as P
+    from ..planning.minibatch import MinibatchPlanner, format_batch_table, largest_batch
+    from ..planning.settings import select
+    from ..training.neighbor import parse_fanouts
+
+    t0 = time.perf_counter()
+    _check_outputs(files={"--json": json_path})
+    try:
+        if dataset is None or nodes is not None:
+            raise ValueError("--sampler neighbor samples batches of the real graph: give --dataset (not --nodes)")
+        fan = parse_fanouts(fanouts)
+        auto = str(batch_size).strip().lower() == "auto"
+        if auto and memory_budget is None:
+            raise ValueError("--batch-size auto needs --memory-budget SIZE (the step peak to fit), e.g. 512MiB")
+        size = None
+        if not auto:
+            try:
+                size = int(batch_size)
+            except ValueError:
+                size = 0
+            if size < 1:
+                raise ValueError(f"--batch-size must be a positive int or 'auto', got {batch_size!r}")
+        limit = parse_size(memory_budget, "--memory-budget") if memory_budget is not None else None
+        total, what = P.device_bytes(device)
+        chosen = select(settings or "DGL fp32," + ",".join(P.DEFAULT_SETTINGS))
+        planner = MinibatchPlanner(load_dataset(dataset, data_root), model, fan, hidden=hidden or 256,
+                                   dropout=dropout, batch_norm=batch_norm, heads=heads)
+        if auto:
+            rows = [largest_batch(planner, s, limit, log=lambda m: click.echo(m, err=True)) for s in chosen]
+        else:
+            records = [planner.record(s, size, total) for s in chosen]
+    except (ValueError, FileNotFoundError) as e:
+        raise UserError(str(e).splitlines()[0]) from None
+    click.echo(f"{planner.spec.describe()}; neighbour sampler, fan-outs {','.join(map(str, fan))}; device {what}")
+    if auto:
+        click.echo(format_batch_table(rows))
+        out = [r.to_dict() for r in rows]
+    else:
+        click.echo(f"one mini-batch step of {size:,} seed nodes (largest of {planner.num_batches} sampled batches)")
+        click.echo(P.format_table(records))
+        click.echo(records[0].note)
+        click.echo("static memory: " + ", ".join(f"{k[:-6].replace('_', ' ')} {memory.format_bytes(v)}"
+                                                  for k, v in records[0].breakdown.items()))
+        out = [r.to_dict() for r in records]
+    click.echo(f"predicted from recorded steps on sampled batches in {time.perf_counter() - t0:.1f} s")
+    if json_path:
+        os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)
+        with open(json_path, "w") as f:
+            json.dump(out, f, indent=1)
 
 
 @click.command("plan")

@@ -69,7 +69,9 @@ def _train_options(f):
         click.option("--fanouts", metavar="F1,F2,...",
                      help="--sampler neighbor: sampled in-edges per node, one per layer, first layer first, e.g. "
                           "15,10,5 (-1: all; default 10 per layer)."),
-        click.option("--batch-size", type=int, help="--sampler neighbor: seed (training) nodes per batch (1024)."),
+        click.option("--batch-size", type=str,
+                     help="--sampler neighbor: seed (training) nodes per batch (1024); 'auto': see `dgl-exact plan "
+                          "--sampler neighbor --batch-size auto --memory-budget SIZE`."),
         click.option("--saint-steps", type=int,
                      help="GraphSAINT subgraphs per epoch (EXACT: int(num_nodes / roots / walk length))."),
         click.option("--sample-coverage", type=int,
@@ -146,6 +148,16 @@ def train(ctx, conf, debug_mem, test_speed, json_path, checkpoint, resume, check
           dist_timeout, download, memory_budget, compile_mode, **params):
     """Train a model; with no options, a GCN with INT2 activations on the bundled Cora graph."""
     params["conf"] = conf
+    if params.get("batch_size") is not None:
+        text = str(params["batch_size"]).strip()
+        if text.lower() == "auto":
+            raise UserError("--batch-size auto: pick it with `dgl-exact plan --dataset D --sampler neighbor --fanouts "
+                            "F --batch-size auto --memory-budget SIZE` (the largest batch whose predicted step peak "
+                            "fits), then pass --batch-size N")
+        try:
+            params["batch_size"] = int(text)
+        except ValueError:
+            raise UserError(f"--batch-size must be a positive int (or 'auto'), got {text!r}") from None
     cfg = _config_from(ctx, params)
     if memory_budget is not None:
         memory_budget = parse_size(memory_budget, "--memory-budget")

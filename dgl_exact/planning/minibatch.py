@@ -1,0 +1,223 @@
+"""Predict the memory of one neighbour-sampled mini-batch step, and the largest batch size within a budget.
+
+A mini-batch is small, so nothing is extrapolated: the real graph's real sampler
+(:class:`~dgl_exact.training.neighbor.NeighborSampler`) samples a few batches of the requested size, and the
+real model takes one recorded training step (``forward on the blocks -> loss -> backward -> Adam step``) on
+each under the full-graph planner's memory timeline (:class:`~dgl_exact.planning.timeline._Timeline`). The
+step peak is the largest point over the sampled batches. Static memory is what lives across steps: the graph
+(its created sparse formats), features, labels, parameters and Adam's state, plus the largest batch's own
+data (input-node features, seed labels, the blocks' structure), which exists before its step starts.
+
+:func:`largest_batch` searches the batch size: doubling from 1 while the predicted step peak fits the budget,
+then bisection between the last size that fits and the first that does not, to within ``tolerance``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Callable, Dict, Optional, Sequence
+
+import torch
+
+from .. import memory
+from .predict import PlanRecord, build_for, loss_fn, single_thread, spec_from_graph
+from .settings import Setting
+from .timeline import _Timeline
+from ..compression_config import config as compression_scope
+from ..training.neighbor import NeighborSampler
+
+__all__ = ["BatchPrediction", "MinibatchPlanner", "largest_batch", "format_batch_table"]
+
+#: sampled batches per predicted batch size (the largest step peak of them is taken)
+DEFAULT_BATCHES = 3
+
+
+@dataclasses.dataclass
+class BatchPrediction:
+    """A setting's predicted largest batch size within ``budget`` and its :class:`PlanRecord`."""
+
+    setting: str
+    batch_size: int
+    budget: int
+    record: PlanRecord
+    tried: Dict[int, int]   # batch size -> predicted step peak (bytes)
+
+    def to_dict(self) -> Dict:
+        d = {"setting": self.setting, "batch_size": self.batch_size, "budget": self.budget,
+             "step_peak_bytes": self.record.step_peak_bytes, "tried": self.tried}
+        d["record"] = self.record.to_dict()
+        return d
+
+
+def _block_bytes(blocks) -> int:
+    total = 0
+    for b in blocks:
+        item = 4 if b.idtype == torch.int32 else 8
+        for fmt in b.formats()["created"]:
+            total += item * (2 * b.num_edges() if fmt == "coo" else b.num_dst_nodes() + 1 + 2 * b.num_edges())
+    return total
+
+
+class MinibatchPlanner:
+    """Per-batch memory predictions of neighbour-sampled training on ``dataset`` (a
+    :class:`~dgl_exact.data.base.GraphDataset`) with ``model`` (sage or gcn; hyperparameters as
+    :class:`~dgl_exact.planning.predict.PlanSpec`) and ``fanouts`` (one per layer)."""
+
+    def __init__(self, dataset, model: str, fanouts: Sequence[int], num_batches: int = DEFAULT_BATCHES, seed: int = 0,
+                 **hyper):
+        if model not in ("sage", "gcn", "gat"):
+            raise ValueError(f"--sampler neighbor plans sage, gcn or gat models (blocks), not {model}")
+        self.dataset, self.fanouts, self.num_batches, self.seed = dataset, list(fanouts), num_batches, seed
+        hyper = {k: v for k, v in hyper.items() if v is not None}
+        self.spec = spec_from_graph(dataset.graph, dataset.num_features, dataset.num_classes,
+                                    len(dataset.train_idx), model, name=dataset.name, layers=len(self.fanouts),
+                                    **{k: v for k, v in hyper.items() if k != "layers"})
+        if hyper.get("layers") not in (None, len(self.fanouts)):
+            raise ValueError(f"--layers {hyper['layers']} but {len(self.fanouts)} fan-outs: give one fan-out per "
+                             f"layer")
+        self._warm = set()
+        self.last_activation_bytes = 0
+
+    def sampler(self, batch_size: int) -> NeighborSampler:
+        """The trainer's sampler at ``batch_size`` (seed nodes: the training split)."""
+        return NeighborSampler(self.dataset.graph, self.fanouts, batch_size, seed=self.seed)
+
+    def batches(self, batch_size: int) -> list:
+        """The first :attr:`num_batches` batches of epoch 0 at ``batch_size``."""
+        out = []
+        for i, batch in enumerate(self.sampler(batch_size).iter_epoch(0)):
+            if i >= self.num_batches:
+                break
+            out.append(batch)
+        return out
+
+    def _model(self, setting: Setting):
+        model = build_for(self.spec, setting.impl, self.seed)
+        model.train()
+        opt = torch.optim.Adam(model.parameters(), lr=0.01)
+        for p in model.parameters():
+            p.grad = torch.zeros_like(p)
+        opt.step()  # Adam's state exists, as after a first step; the parameters do not move
+        opt.zero_grad(set_to_none=True)
+        return model, opt
+
+    def _step(self, setting: Setting, batch, timeline: Optional[_Timeline]) -> int:
+        """One training step on ``batch``; returns the bytes of the sparse formats DGL created for the blocks
+        during the step (C++ allocations the timeline does not see)."""
+        before = _block_bytes(batch.blocks)
+        model, opt = self._model(setting)
+        loss_of = loss_fn(setting.impl)
+        feat, y = batch.node_data["feat"], batch.node_data["label"]
+        idx = torch.arange(y.shape[0])
+        with (compression_scope(setting.compression) if setting.compression else _null()):
+            with (timeline if timeline is not None else _null()):
+                with memory._saved_tensors() as saved:
+                    logits = model(batch.blocks, feat)
+                    loss = loss_of(logits, y, idx)
+                self.last_activation_bytes, _ = memory._activation_bytes(saved, [model], [feat, y, idx],
+                                                                         (loss, logits))
+                del logits
+                loss.backward()
+                opt.step()
+                del loss
+        return _block_bytes(batch.blocks) - before
+
+    def record(self, setting: Setting, batch_size: int, device_total: Optional[int] = None) -> PlanRecord:
+        """``setting``'s :class:`PlanRecord` for one mini-batch step of ``batch_size`` seed nodes: the largest
+        recorded step peak and the largest saved activations over the sampled batches."""
+        with single_thread():
+            if setting.impl not in self._warm:  # lazy initialisation outside any recorded step
+                self._step(setting, self.batches(batch_size)[0], None)
+                self._warm.add(setting.impl)
+            batches = self.batches(batch_size)  # fresh blocks: no formats created by an earlier step
+            peaks, acts = [], []
+            for b in batches:
+                timeline = _Timeline(touched=True)
+                formats = self._step(setting, b, timeline)
+                peaks.append(max([0] + timeline.totals) + formats)
+                acts.append(self.last_activation_bytes)
+        model, opt = self._model(setting)
+        params = sum(p.numel() * p.element_size() for p in model.parameters())
+        state = memory.tensor_bytes([t for st in opt.state.values() for t in st.values()
+                                     if isinstance(t, torch.Tensor)])
+        g = self.dataset.graph
+        item = 4 if g.idtype == torch.int32 else 8
+        big = max(batches, key=lambda b: b.node_data["feat"].numel())
+        breakdown = {
+            "graph_bytes": sum(item * (2 * g.num_edges() if f == "coo" else g.num_nodes() + 1 + 2 * g.num_edges())
+                               for f in g.formats()["created"]),
+            "feature_bytes": memory.tensor_bytes([g.ndata["feat"]]),
+            "label_bytes": memory.tensor_bytes([g.ndata["label"]]) + len(self.dataset.train_idx) * 8,
+            "parameter_bytes": params,
+            "optimizer_bytes": state,
+            "batch_bytes": memory.tensor_bytes(big.node_data.values()) + _block_bytes(big.blocks),
+        }
+        static, peak = sum(breakdown.values()), max(peaks)
+        total = static + peak
+        fits = None if device_total is None else total <= device_total
+        note = "blocks per layer (src, dst, edges), largest batch: " + "; ".join(
+            f"{b.num_src_nodes()}, {b.num_dst_nodes()}, {b.num_edges()}" for b in big.blocks)
+        return PlanRecord(setting.name, static, max(acts), peak, total, fits, device_total,
+                          setting.compression.describe() if setting.compression else "none (plain autograd)",
+                          breakdown, note)
+
+    @property
+    def max_batch_size(self) -> int:
+        """The largest batch size that means anything: all training nodes in one batch."""
+        return len(self.dataset.train_idx)
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def largest_batch(planner: MinibatchPlanner, setting: Setting, budget: int, tolerance: float = 0.05,
+                  log: Optional[Callable[[str], None]] = None) -> BatchPrediction:
+    """The largest batch size whose predicted step peak is at most ``budget`` bytes: doubling from 1, then
+    bisection to within ``tolerance`` (relative). ValueError saying what to do when even batch size 1 does
+    not fit."""
+    tried: Dict[int, PlanRecord] = {}
+
+    def peak(b: int) -> int:
+        if b not in tried:
+            t0 = time.perf_counter()
+            tried[b] = planner.record(setting, b)
+            if log:
+                log(f"{setting.name}: batch size {b}: step peak {memory.format_bytes(tried[b].step_peak_bytes)} "
+                    f"({time.perf_counter() - t0:.1f} s)")
+        return tried[b].step_peak_bytes
+
+    if peak(1) > budget:
+        raise ValueError(f"{setting.name}: even batch size 1 needs a step peak of {memory.format_bytes(peak(1))}, "
+                         f"more than the budget {memory.format_bytes(budget)}; give a larger --memory-budget")
+    top = planner.max_batch_size
+    lo, hi = 1, None
+    while hi is None:
+        nxt = min(2 * lo, top)
+        if nxt == lo:
+            break
+        if peak(nxt) <= budget:
+            lo = nxt
+        else:
+            hi = nxt
+    while hi is not None and hi - lo > max(1, int(lo * tolerance)):
+        mid = (lo + hi) // 2
+        if peak(mid) <= budget:
+            lo = mid
+        else:
+            hi = mid
+    sizes = {b: r.step_peak_bytes for b, r in sorted(tried.items())}
+    return BatchPrediction(setting.name, lo, budget, tried[lo], sizes)
+
+
+def format_batch_table(rows: Sequence[BatchPrediction]) -> str:
+    """Markdown: setting, largest batch size, its predicted step peak, the budget."""
+    fb = memory.format_bytes
+    lines = ["| setting | batch size | predicted step peak | budget |", "|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r.setting} | {r.batch_size:,} | {fb(r.record.step_peak_bytes)} | {fb(r.budget)} |")
+    return "\n".join(lines)
