@@ -122,3 +122,17 @@ def test_eval_and_no_grad_run_the_plain_layers(monkeypatch):
         c = m(g, x)
     torch.testing.assert_close(b, c)
     assert torch.isfinite(a).all()
+
+
+def test_setting_and_train_config():
+    from dgl_exact.planning.settings import STANDARD, select
+    from dgl_exact.training.config import TrainConfig
+
+    (s,) = select("INT2 + recompute")
+    assert s.recompute == "auto" and s.compression.bits == 2
+    assert select("INT2")[0].recompute is None and s not in STANDARD
+    assert TrainConfig(model="gcn2", layers=16, recompute=4).recompute == "4"
+    with pytest.raises(ValueError, match="GCNII"):
+        TrainConfig(model="gcn", recompute="2")
+    with pytest.raises(ValueError, match="recompute"):
+        TrainConfig(model="gcn2", recompute="-3")
