@@ -66,7 +66,8 @@ class Workload:
         """The number of layers (blocks) benchmarked: ``layers`` if given, else the model's default."""
         return self.layers_given or DEFAULT_LAYERS.get(model, self.layers)
 
-    def build(self, model: str, impl: str, seed: int = 0):
+    def build(self, model: str, impl: str, seed: int = 0, recompute=None):
+        """The benchmarked model (``recompute``: GCNII's segment length, see ``models.GCNII``)."""
         torch.manual_seed(seed)
         hidden = self.hidden_for(model)
         if impl == "pyg":
@@ -78,7 +79,7 @@ class Workload:
                                     self.dropout, self.batch_norm, impl).to(self.device)
         return build_model(model, self.dataset.num_features, self.dataset.num_classes, hidden=hidden,
                            layers=self.layers, dropout=self.dropout, batch_norm=self.batch_norm, heads=self.heads,
-                           impl=impl).to(self.device)
+                           impl=impl, recompute=recompute).to(self.device)
 
     def step_fn(self, model_name: str, model, impl: str) -> Callable:
         """A training forward returning ``(loss, logits)``: what users write for the baselines, the
@@ -97,8 +98,10 @@ class Workload:
 
         return step
 
-    def runnable(self, impl: str, model: Optional[str] = None) -> Optional[str]:
-        """None if ``impl`` (of ``model``) can run here, else why not."""
+    def runnable(self, impl: str, model: Optional[str] = None, recompute=None) -> Optional[str]:
+        """None if ``impl`` (of ``model``, with GCNII's ``recompute`` option) can run here, else why not."""
+        if recompute and model is not None and model != "gcn2":
+            return f"n/a: recompute is a GCNII (gcn2) option, not {model}'s"
         if impl == "dgl" and self.device.type == "cuda" and not dgl_supports_device(torch.device("cuda")):
             return "n/a: this DGL build is CPU-only (dgl.nn cannot run on CUDA features)"
         if impl == "pyg" and model is not None and model not in ("gcn", "sage"):
@@ -173,7 +176,7 @@ def memory_grid(work: Workload, models: Sequence[str], settings: Sequence[Settin
     rows = []
     grid = [(m, s) for m in models for s in settings]
     for model_name, setting in progress_bar(grid, progress, desc="memory", unit="setting"):
-        why = work.runnable(setting.impl, model_name)
+        why = work.runnable(setting.impl, model_name, recompute=setting.recompute)
         if why:
             row = {"kind": "memory", "model": model_name, "setting": setting.name, "device": str(work.device),
                    "layers": work.layers_for(model_name), "hidden": work.hidden_for(model_name), "note": why}
@@ -200,7 +203,7 @@ def _memory_row(work: Workload, model_name: str, setting: Setting, cpu_method: s
                    note=f"per-tensor plan: {plan.record.note}")
     if work.device.type == "cpu" and cpu_method != "none":
         memory.prepare_cpu_peak()  # before the warm-up step: its freed heap must not stay resident
-    model = work.build(model_name, setting.impl)
+    model = work.build(model_name, setting.impl, recompute=setting.recompute)
     model.train()
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
     step = work.step_fn(model_name, model, setting.impl)
@@ -331,7 +334,7 @@ def _add_ratios(rows, key, baseline_over_value, out="ratio_vs_baseline"):
 def training_step(work: Workload, model_name: str, setting: Setting):
     """``(model, run_one_step, scope)``: one full training step (forward, backward, Adam) for a setting;
     the optimizer is ``run_one_step.optimizer``."""
-    model = work.build(model_name, setting.impl)
+    model = work.build(model_name, setting.impl, recompute=setting.recompute)
     model.train()
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
     step = work.step_fn(model_name, model, setting.impl)
@@ -354,7 +357,7 @@ def speed_grid(work: Workload, models: Sequence[str], settings: Sequence[Setting
     grid = [(m, s) for m in models for s in settings]
     for model_name, setting in progress_bar(grid, progress, desc="speed", unit="setting"):
         row = {"kind": "speed", "model": model_name, "setting": setting.name, "device": str(work.device)}
-        why = work.runnable(setting.impl, model_name)
+        why = work.runnable(setting.impl, model_name, recompute=setting.recompute)
         if why:
             row["note"] = why
             rows.append(row)
@@ -403,7 +406,7 @@ def profile_grid(work: Workload, models: Sequence[str], settings: Sequence[Setti
     for model_name, setting in progress_bar([(m, s) for m in models for s in settings], progress, desc="profile",
                                          unit="setting"):
         row = {"kind": "profile", "model": model_name, "setting": setting.name, "device": str(work.device)}
-        why = work.runnable(setting.impl, model_name)
+        why = work.runnable(setting.impl, model_name, recompute=setting.recompute)
         if why:
             rows.append(dict(row, note=why))
             continue
@@ -530,6 +533,10 @@ def accuracy_grid(dataset, base_config, settings: Sequence[Setting], runs: int, 
         if compression is None:
             compression = base_config.compression.replace(enabled=False, kept_frac=1.0)
         cfg = base_config.replace(compression=compression, runs=runs)
+        if setting.recompute:
+            if cfg.model != "gcn2":
+                continue
+            cfg = cfg.replace(recompute=str(setting.recompute))
         trainer = Trainer(cfg, dataset=dataset, progress=False, log=None)
         res = trainer.fit()
         tests = [r.test for r in res.runs]

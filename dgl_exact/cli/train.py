@@ -62,6 +62,10 @@ def _train_options(f):
                      help="GCNII: add each layer's input to its output; GAT: add a linear map of it (EXACT)."),
         click.option("--identity-mapping/--no-identity-mapping", default=None,
                      help="GCNII: beta_l = log(lambda / l + 1); without it beta = 1 (EXACT's arxiv GCNII)."),
+        click.option("--recompute", metavar="L|auto",
+                     help="GCNII: run the hidden layers in segments of L layers that keep only their compressed "
+                          "input and re-run in the backward (auto: round(sqrt(layers)); 0: off). The forward "
+                          "is exact; the gradients read activations recomputed from the compressed boundary."),
         click.option("--saint-mode", type=click.Choice(SAINT_MODES), help="GraphSAINT sampler."),
         click.option("--saint-budget", type=int, help="GraphSAINT nodes/edges/walk roots per subgraph."),
         click.option("--walk-length", type=int), click.option("--num-parts", type=int, help="ClusterGCN partitions."),

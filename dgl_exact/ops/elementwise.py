@@ -71,8 +71,12 @@ def _drop_all(x):
 
 @fresh_outputs
 def relu_dropout(x: torch.Tensor, p: float = 0.0, training: bool = True, *,
-                 compress_for: Optional[CompressionConfig] = None) -> torch.Tensor:
+                 compress_for: Optional[CompressionConfig] = None, seed: Optional[int] = None) -> torch.Tensor:
     """``dropout(relu(x), p)`` keeping a single bit per element.
+
+    ``seed``: the dropout mask's seed (drawn from torch's CPU generator when None). Given, the mask is the
+    kernels' counter-based one for that seed with and without grad (without, and unseeded, torch's own
+    dropout runs): a recomputed segment (:mod:`dgl_exact.ops.recompute`) replays its forward's masks.
 
     ``compress_for``: the configuration under which the next op keeps this output for backward (a module's
     ``input_compression(x)``, e.g. SAGEConv's ``fc_self``). Where it quantises without projection, the
@@ -85,8 +89,10 @@ def relu_dropout(x: torch.Tensor, p: float = 0.0, training: bool = True, *,
     if p >= 1.0:
         return _drop_all(x)
     if not needs_saving(x):
+        if seed is not None and p > 0:
+            return _kernel_for("relu_dropout", x)(x.contiguous(), p, int(seed))[0]
         return F.dropout(F.relu(x), p, training=p > 0)
-    seed = draw_seed() if p > 0 else 0
+    seed = (draw_seed() if seed is None else int(seed)) if p > 0 else 0
     if (compress_for is not None and not compiling() and not stash_hook_active()
             and fuses_with_activation(x, compress_for)):
         return _ReLUDropout.apply(x, p, seed, compress_for)

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Union
 
 from ..compression_config import CompressionConfig
 
@@ -19,6 +19,9 @@ class Setting:
     # a per-tensor plan (dgl_exact.planning.budget) within this uniform setting's predicted total memory;
     # ``compression`` is then the configuration in force for what the plan does not cover
     budget_of: Optional[str] = None
+    # GCNII's recompute segment length (dgl_exact.training.models.GCNII ``recompute``: an int or "auto"):
+    # only every segment's compressed input is kept, the segment re-runs in the backward; None: off
+    recompute: Optional[Union[int, str]] = None
 
     @property
     def is_baseline(self) -> bool:
@@ -55,6 +58,10 @@ STANDARD: List[Setting] = [
     Setting("INT1", "exact", OPTIONS["INT1"]),
 ]
 PYG = Setting("PyG fp32", "pyg", None)
+#: settings named explicitly only (not in the default comparison): GCNII's depth-flat recompute mode
+EXTRA: List[Setting] = [
+    Setting("INT2 + recompute", "exact", OPTIONS["INT2"], recompute="auto"),
+]
 
 
 BUDGET_PREFIX = "budget="
@@ -81,9 +88,9 @@ def select(names: Optional[str], budgets: bool = False) -> List[Setting]:
                 raise ValueError(f"{part!r}: budgeted plans are measured only by `dgl-exact bench memory`")
             chosen.append(budget_setting(part[len(BUDGET_PREFIX):].strip()))
             continue
-        matches = [s for s in STANDARD + [PYG] if s.name.lower() == part] or \
-                  [s for s in STANDARD + [PYG] if s.name.lower().startswith(part)]
+        known = STANDARD + [PYG] + EXTRA
+        matches = [s for s in known if s.name.lower() == part] or [s for s in known if s.name.lower().startswith(part)]
         if not matches:
-            raise ValueError(f"unknown setting {part!r}; known: {', '.join(s.name for s in STANDARD + [PYG])}")
+            raise ValueError(f"unknown setting {part!r}; known: {', '.join(s.name for s in known)}")
         chosen.append(matches[0])
     return chosen

@@ -20,7 +20,7 @@ from typing import Any, Dict, Optional, Tuple
 import yaml
 
 from ..compression_config import VALID_BITS, VALID_LEVELS, CompressionConfig
-from .models import MODELS
+from .models import MODELS, recompute_length
 
 SAMPLERS = ("full", "saint", "cluster", "neighbor")
 SAINT_MODES = ("node", "edge", "walk")
@@ -171,6 +171,8 @@ FIELD_RULES: Dict[str, Rule] = {
     "fanouts": Rule("str", optional=True, note="neighbor sampler: one fan-out per layer such as 15,10,5; -1: all"),
     "batch_size": Rule("int", 1, optional=True, note="neighbor sampler: seed nodes per batch; null: 1024"),
     "device": Rule("str"), "data_root": Rule("str"),
+    "recompute": Rule("str", optional=True,
+                      note="GCNII: layers per recomputed segment (an int or auto = round(sqrt(layers))); null: off"),
 }
 
 _ANNOTATION_RULES = {"int": Rule("int"), "float": Rule("number"), "bool": Rule("bool"), "str": Rule("str")}
@@ -237,6 +239,9 @@ class TrainConfig:
     shared_weights: bool = True
     residual: bool = False   # also GAT's: EXACT's arxiv GAT adds a bias-free linear map of each layer's input
     identity_mapping: bool = True
+    # GCNII's recompute mode: segments of this many layers keep only their compressed input and re-run in
+    # the backward (an int, "auto" = round(sqrt(layers)); None or 0: off). See models.GCNII.
+    recompute: Optional[str] = None
     # EXACT's arxiv GAT: edges dropped per training forward; one attention vector for both edge ends when
     # use_attn_dst is false; labels as inputs (use_labels: a random mask_rate of the training nodes shows
     # its one-hot label, the loss is on the others; evaluation shows all training labels)
@@ -281,13 +286,28 @@ class TrainConfig:
         """Checks every field against its rule (:data:`FIELD_RULES`); ValueError on the first that fails."""
         if not isinstance(self.compression, CompressionConfig):
             raise ValueError(f"compression must be a CompressionConfig, got {type(self.compression).__name__}")
+        if isinstance(self.recompute, int) and not isinstance(self.recompute, bool):
+            self.recompute = str(self.recompute)
         for f in dataclasses.fields(self):
             if f.name != "compression":
                 setattr(self, f.name, check_field(f.name, getattr(self, f.name)))
         self._check_neighbor_options()
+        self._check_recompute()
         if self.seed + self.runs - 1 > MAX_SEED:
             raise ValueError(f"seed + runs - 1 must be <= 2**64 - 1 (run r uses seed + r), got seed {self.seed} "
                              f"with {self.runs} runs")
+
+    def _check_recompute(self) -> None:
+        """``recompute``: a segment length, ``auto`` or off; GCNII's only."""
+        if self.recompute is None:
+            return
+        try:
+            length = recompute_length(self.recompute, self.layers)
+        except ValueError:
+            raise ValueError(f"recompute must be a positive number of layers per segment, 0 (off) or auto; "
+                             f"got {self.recompute!r}") from None
+        if length and self.model != "gcn2":
+            raise ValueError(f"recompute is a GCNII (gcn2) option; {self.model} has none (leave it out)")
 
     def _check_neighbor_options(self) -> None:
         """The neighbour sampler's options go with ``sampler: neighbor`` only; its fan-outs are one per layer

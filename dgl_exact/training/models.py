@@ -15,7 +15,7 @@ full-graph evaluation forward, up to float rounding, with one layer's activation
 from __future__ import annotations
 
 import math
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
 import torch
 import torch.nn as nn
@@ -24,7 +24,10 @@ import torch.nn.functional as F
 from .. import nn as exact_nn
 from .. import ops
 from .._compat import import_dgl
+from ..compression import draw_seed
+from ..nn._base import hooks_present
 from ..ops.keep import donate
+from ..ops.recompute import recompute_segment
 from ..nn.conv.gcn2conv import gcnii_stack
 
 dgl = import_dgl()
@@ -217,14 +220,24 @@ class GCNII(nn.Module):
     Training with compression on, shared weights and no residual, the hidden layers run as fused in-place
     ops (:func:`dgl_exact.nn.conv.gcn2conv.gcnii_stack`: two layer-sized buffers at the step's peak instead
     of three); the modules' parameters, buffers and ``state_dict`` are the same either way.
+
+    ``recompute``: segment length ``L`` of the "recompute" mode (None or 0: off; ``'auto'``:
+    ``round(sqrt(layers))``). Training with grad, the hidden layers then run in segments of ``L`` layers
+    (:func:`dgl_exact.ops.recompute.recompute_segment`): only each segment's input and ``h0`` (once) are
+    kept, compressed under the layers' configuration, and the backward re-runs each segment from the
+    decoded copy; memory no longer grows with the depth's kept activations. The forward is exact; the
+    gradients are exact with compression off and otherwise read activations recomputed from the decoded
+    boundary (see :mod:`dgl_exact.ops.recompute`). Taken with dgl_exact layers, no ``residual``, no
+    ``dropout2``, no edge weights and no hooks on the hidden layers; elsewhere the layers run as above.
     """
 
     def __init__(self, in_feats: int, hidden: int, num_classes: int, layers: int = 8, dropout: float = 0.5,
                  alpha: float = 0.1, lambda_: float = 0.5, batch_norm: bool = False, impl: str = "exact",
                  shared_weights: bool = True, residual: bool = False, identity_mapping: bool = True,
-                 dropout2: bool = False):
+                 dropout2: bool = False, recompute: Optional[Union[int, str]] = None):
         super().__init__()
         self._lib = _Layers(impl, dropout2)
+        self.recompute = recompute_length(recompute, layers)
         self.dropout, self.residual = dropout, residual
         self.lin_in = self._lib.Linear(in_feats, hidden)
         self.convs = nn.ModuleList([self._lib.GCN2Conv(hidden, layer=i + 1, alpha=alpha, lambda_=lambda_,
@@ -244,6 +257,10 @@ class GCNII(nn.Module):
     def forward(self, graph, x, edge_weight=None):
         if isinstance(graph, (list, tuple)):
             raise ValueError("GCNII runs on whole (sub)graphs, not on blocks from a neighbour sampler")
+        if (self.recompute and edge_weight is None and not self.residual and self._lib.impl == "exact"
+                and not self._lib.dropout2 and self.training and torch.is_grad_enabled()
+                and not hooks_present(*self.convs, *(self.norms or []))):
+            return self._recomputed(graph, x)
         if edge_weight is None and not self.residual and self._lib.impl == "exact" and not self._lib.dropout2:
             # the hidden layers as fused in-place ops where they apply (two layer-sized buffers at the
             # step's peak instead of three); else the modules below
@@ -264,6 +281,31 @@ class GCNII(nn.Module):
                 h = self.norms[i](h)
             h = self._lib.relu_dropout(h, self.dropout, self.training)
         return self.lin_out(h)
+
+    def _recomputed(self, graph, x):
+        """The training forward in recomputed segments (``recompute``; see the class docstring)."""
+        h, h0 = self._input(x)
+        n = len(self.convs)
+        seeds = [draw_seed() if self.dropout > 0 else 0 for _ in range(n)]   # replayed by the recompute
+        cfg, memo = self.convs[0]._config(), {}
+        for s in range(0, n, self.recompute):
+            idx = range(s, min(n, s + self.recompute))
+            mods = [self.convs[i] for i in idx] + ([self.norms[i] for i in idx] if self.norms is not None else [])
+            params = [p for m in mods for p in m.parameters() if p.requires_grad]
+            buffers = [b for m in mods for b in m.buffers()]
+            h = recompute_segment(lambda h, h0, idx=idx: self._segment(graph, idx, seeds, h, h0), h, h0,
+                                  config=cfg, params=params, memo=memo, buffers=buffers)
+        return self.lin_out(h)
+
+    def _segment(self, graph, idx, seeds, h, h0):
+        """Hidden layers ``idx`` from ``h`` with the given dropout seeds (the same masks with and without
+        grad)."""
+        for i in idx:
+            h = self.convs[i](graph, h, h0)
+            if self.norms is not None:
+                h = self.norms[i](h)
+            h = ops.relu_dropout(h, self.dropout, True, seed=seeds[i])
+        return h
 
     def _input(self, x):
         """(input of the first layer, initial representation ``h0``). ``h0`` is reused undropped by every
@@ -368,16 +410,32 @@ def exact_log_loss(logits: torch.Tensor, target: torch.Tensor, index: Optional[t
     return per_row.mean() if weight is None else (per_row * weight.to(per_row.dtype)).sum()
 
 
+def recompute_length(recompute: Optional[Union[int, str]], layers: int) -> int:
+    """GCNII's recompute segment length: 0 (off) for None/0, ``round(sqrt(layers))`` for ``'auto'``, else the
+    given positive int."""
+    if recompute in (None, 0, "0", "off", "none"):
+        return 0
+    if isinstance(recompute, str):
+        if recompute.lower() == "auto":
+            return max(1, round(math.sqrt(layers)))
+        recompute = int(recompute)
+    if int(recompute) < 0:
+        raise ValueError(f"recompute must be a positive segment length, 0/None (off) or 'auto'; got {recompute!r}")
+    return int(recompute)
+
+
 def build_model(model: str, in_feats: int, num_classes: int, hidden: int = 128, layers: int = 3,
                 dropout: float = 0.5, batch_norm: bool = True, heads: int = 3, alpha: float = 0.1,
                 lambda_: float = 0.5, input_dropout: float = 0.0, impl: str = "exact", shared_weights: bool = True,
                 residual: bool = False, identity_mapping: bool = True, dropout2: bool = False,
-                edge_drop: float = 0.0, use_attn_dst: bool = True) -> nn.Module:
+                edge_drop: float = 0.0, use_attn_dst: bool = True,
+                recompute: Optional[Union[int, str]] = None) -> nn.Module:
     """Build one of :data:`MODELS` with DGL's (``impl='dgl'``) or dgl_exact's (``impl='exact'``) layers.
 
     ``shared_weights`` and ``identity_mapping`` are GCNII's (see :class:`GCNII`); ``residual`` is GCNII's
     and GAT's, ``use_attn_dst`` GAT's, ``edge_drop`` GCN's, SAGE's and GAT's (see :class:`StackedGNN`); other
-    models refuse non-default values. ``dropout2``: EXACT's non-inverted dropout (module docstring)."""
+    models refuse non-default values. ``dropout2``: EXACT's non-inverted dropout (module docstring).
+    ``recompute``: GCNII's recompute segment length (see :class:`GCNII`); other models refuse it."""
     if model not in MODELS:
         raise ValueError(f"unknown model {model!r}; expected one of {', '.join(MODELS)}")
     if not use_attn_dst and model != "gat":
@@ -387,7 +445,9 @@ def build_model(model: str, in_feats: int, num_classes: int, hidden: int = 128, 
     if model == "gcn2":
         return GCNII(in_feats, hidden, num_classes, layers=layers, dropout=dropout, alpha=alpha, lambda_=lambda_,
                      batch_norm=batch_norm, impl=impl, shared_weights=shared_weights, residual=residual,
-                     identity_mapping=identity_mapping, dropout2=dropout2)
+                     identity_mapping=identity_mapping, dropout2=dropout2, recompute=recompute)
+    if recompute_length(recompute, layers):
+        raise ValueError(f"recompute is a GCNII option; {model} has none (leave it off)")
     if not shared_weights or (residual and model != "gat") or not identity_mapping:
         raise ValueError(f"shared_weights, residual and identity_mapping are GCNII options (residual also GAT's); "
                          f"{model} has none (leave them at true, false, true)")
