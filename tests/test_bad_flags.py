@@ -98,7 +98,7 @@ def test_suggested_budget_given_back_is_at_least_the_minimum():
         assert P.parse_bytes(text) == value >= needed, (needed, text)
 
 
-@pytest.mark.slow
+@pytest.mark.nightly
 def test_refused_budget_minimum_is_accepted_when_given_back():
     import re
 

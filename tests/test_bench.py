@@ -163,7 +163,7 @@ def test_memory_grid_in_process_deep_gcnii(tmp_path):
     assert rows[0]["ratio_vs_baseline"] == pytest.approx(1.0)  # no DGL row: the first measured setting
 
 
-@pytest.mark.slow
+@pytest.mark.nightly
 def test_bench_memory_step_peak_and_deep_gcnii(tmp_path):
     """--models gcn2 --layers 16 (EXACT's arxiv GCNII depth) runs; each row has the step peak measured on
     a 6,000-node graph (tensors of MiB size: above the allocator's noise) and DGL fp32's ratio is 1."""

@@ -186,7 +186,7 @@ def test_eager_unchanged_after_compiling():
         assert torch.equal(a, b)
 
 
-@pytest.mark.slow
+@pytest.mark.nightly
 @pytest.mark.parametrize("cfg", [None, OFF, INT2], ids=["default", "off", "int2"])
 def test_gatconv_train_mode_inductor(cfg):
     """The reported failure: ``torch.compile(dgl_exact.GATConv(6, 4, num_heads=2))`` in train mode."""
@@ -206,7 +206,7 @@ def test_gatconv_train_mode_inductor(cfg):
         torch.testing.assert_close(grad_c, conv.fc.weight.grad, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.slow
+@pytest.mark.nightly
 @pytest.mark.parametrize("name", CONVS)
 def test_inductor_equals_eager_without_compression(name):
     g, x = _graph(), torch.randn(N, IN)
@@ -233,7 +233,7 @@ def test_cli_compile_refuses_sampled_training(tmp_path, monkeypatch, capsys):
     assert code == 2 and "--compile is for one-process full-graph training" in err
 
 
-@pytest.mark.slow
+@pytest.mark.nightly
 @pytest.mark.parametrize("setting", [["--act-fp"], ["--bits", "2", "--no-batch-norm"]], ids=["fp", "int2"])
 def test_cli_compile_trains_like_eager(setting, tmp_path, monkeypatch, capsys):
     """``dgl-exact train --compile`` (inductor) trains the same model as eager: same seeds, same INT2 noise

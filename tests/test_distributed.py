@@ -254,7 +254,7 @@ def test_ctrl_c_while_workers_start_stops_them_quietly(tmp_path):
     assert "no checkpoint was written" in err
 
 
-@pytest.mark.slow
+@pytest.mark.nightly
 def test_ctrl_c_while_training_stops_workers_quietly(tmp_path):
     """Ctrl-C after the first checkpoint: one line naming the checkpoint to resume from; no worker
     prints anything, none is left running, the checkpoint loads."""
@@ -412,7 +412,7 @@ def test_dead_rank_then_resume(cluster_run, capfd, fault):
     print(f"rank 0 exited {elapsed:.1f} s after rank 1 died")
 
 
-@pytest.mark.slow
+@pytest.mark.nightly
 def test_hung_rank_hits_the_timeout(tmp_path, fault):
     """Rank 1 hangs (alive, silent): rank 0's collective times out after --dist-timeout, it exits 1 and
     the launcher terminates the hung rank."""
@@ -422,7 +422,7 @@ def test_hung_rank_hits_the_timeout(tmp_path, fault):
     assert "Timed out" in proc.stderr and "terminating them" in proc.stderr
 
 
-@pytest.mark.slow
+@pytest.mark.nightly
 def test_torchrun(cluster_run, tmp_path):
     """`torchrun --nproc-per-node 2 -m dgl_exact train` (c10d rendezvous) trains the same bits as --nproc."""
     root, _, expected = cluster_run

@@ -277,7 +277,7 @@ def _match_params():
     for case in CASES:
         for kind in GRAPH_KINDS:
             slow = kind in ("saint", "cluster") and case.id not in SAMPLED_FAST
-            out.append(pytest.param(case, kind, id=f"{case.id}-{kind}", marks=pytest.mark.slow if slow else ()))
+            out.append(pytest.param(case, kind, id=f"{case.id}-{kind}", marks=pytest.mark.nightly if slow else ()))
     return out
 
 
@@ -414,7 +414,7 @@ def _stat_params(pairs, marks=()):
 
 
 @pytest.mark.parametrize("cfg", [INT2, INT2_PROJ], ids=["int2", "int2-kf0.5"])
-@pytest.mark.parametrize("case,kind", _stat_params(STAT_FAST) + _stat_params(STAT_SLOW, pytest.mark.slow))
+@pytest.mark.parametrize("case,kind", _stat_params(STAT_FAST) + _stat_params(STAT_SLOW, pytest.mark.nightly))
 def test_int2_gradients_unbiased(case, kind, cfg, graphs, kernel_path):
     exact, samples = gradient_samples(case, graphs[kind], cfg)
     assert_unbiased(exact, samples, f"{case.id} {cfg.describe()}", expect_noise=case.id != "gcn-noweight")

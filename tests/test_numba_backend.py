@@ -440,7 +440,7 @@ def test_kernel_failure_raises(monkeypatch):
     assert NC.cpu_status() == "available"
 
 
-@pytest.mark.slow
+@pytest.mark.nightly
 def test_cuda_kernels_compile_to_ptx_without_fma_in_decode():
     """Compiles every CUDA kernel to PTX (no GPU needed, only NVVM) in a process without the simulator,
     and checks that decoding keeps the reference's two roundings (no fused multiply-add)."""

@@ -98,7 +98,7 @@ def test_step_peak_prediction_tracks_timeline():
     assert 5 * a.step_peak_bytes < b.step_peak_bytes < 20 * a.step_peak_bytes
 
 
-@pytest.mark.slow
+@pytest.mark.nightly
 @pytest.mark.parametrize("model", ["sage", "gcn", "gat", "gcn2"])
 def test_step_peak_prediction_against_measurement(model):
     """Predicted against measured (fresh process, resident high-water mark) on a 60k-node random graph."""

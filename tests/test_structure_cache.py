@@ -133,7 +133,7 @@ def _rss_mib() -> float:
     pytest.skip("no /proc/self/status")
 
 
-@pytest.mark.slow
+@pytest.mark.nightly
 def test_resident_memory_flat_over_1000_fresh_graphs():
     """Resident memory stays flat while 1,000 new 2,000-node graphs (20,000 edges) go through a 2-layer
     SAGEConv, forward and backward. A cache keeping one entry per graph grew resident memory from ~350 to
