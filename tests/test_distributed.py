@@ -211,6 +211,15 @@ def _alive(pid):
         return False
 
 
+def _sigint_as_in_a_terminal():
+    """In the child: SIGINT's default disposition (Python then raises KeyboardInterrupt), whatever the test
+    runner's: a shell starting a job in the background without job control makes it ignore SIGINT, and
+    children inherit an ignored signal."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _ctrl_c_launch(tmp_path, ready):
     """Run `train --nproc 2` in its own session, wait until ``ready(launcher_pid, workers)``, then send
     SIGINT to the launcher's process group (what a terminal's Ctrl-C does); returns (proc, stderr, workers)."""
@@ -219,7 +228,7 @@ def _ctrl_c_launch(tmp_path, ready):
     args = [sys.executable, "-m", "dgl_exact", "train", "--nproc", "2", *SAINT[:-4], "--epochs", "500", "--device",
             "cpu", "-q", "--data-root", str(tmp_path), "--checkpoint", str(tmp_path / "ckpt.pt")]
     proc = subprocess.Popen(args, cwd=tmp_path, env=worker_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+                            text=True, start_new_session=True, preexec_fn=_sigint_as_in_a_terminal)
     try:
         end = time.monotonic() + JOB_TIMEOUT
         workers = []
