@@ -25,10 +25,19 @@ identity, so another graph recompiles (mutating a graph in place after compiling
 configuration in force (``dgl_exact.config`` scopes, :func:`dgl_exact.set_config`) is read once at trace time
 (:func:`config_at_trace`); a module's own ``compression`` is guarded as usual.
 
-Eager semantics are kept: the Functions are the eager ones, tensors are kept by reference or compressed
-by the same rule (decided at trace time: ``is_leaf`` for ``grad_fn is None``, fresh temporaries marked
-as in eager), and seeds are drawn inside the forward op when it runs, from torch's default CPU generator,
-in eager's order: a compiled step reproduces the eager step's compression noise and dropout masks.
+Eager semantics are kept where the same keeping decisions are taken: the Functions are the eager ones,
+seeds are drawn inside the forward op when it runs (never at trace time), from torch's default CPU
+generator, in eager's order, and a tensor is kept by reference or compressed by rule 1 of ``keep.py``,
+decided at trace time with ``is_leaf`` for ``grad_fn is None``. Provenance is not tracked while compiling
+(:func:`~.keep.captured_alive`): a temporary without autograd history is kept by reference, uncompressed,
+unless the caller states that it allocated it (``apply(..., owned=...)``, as :func:`~.dense.linear_reusing`
+does for GraphConv's aggregation of input features). Where both decide alike, a compiled step draws the
+same seeds as the eager step and reproduces its compression noise and dropout masks. Where they do not
+(a first layer's other no-grad temporaries, e.g. input-dropped features kept by a linear, or SAGEConv's
+first layer, whose fused op does not run while compiling and whose composed path keeps the aggregation of
+the features), the compiled step keeps that tensor exactly and draws seeds in another number or order;
+every later seed of the run then shifts, so dropout masks and noise differ from eager's from there on
+(the same distributions: training is equivalent in law, not step by step).
 
 Not covered while compiling (each raises or falls back): random projection (``kept_frac < 1``: raises at
 trace time), double backward, batch norm (runs as ``F.batch_norm``, keeping its input uncompressed: one
@@ -422,9 +431,13 @@ def function(name: str) -> type:
         raise KeyError(f"{name!r} is not a capturable Function (decorate it with ops.captured.capturable)") from None
 
 
-def apply(name: str, *args):
+def apply(name: str, *args, owned: Tuple[torch.Tensor, ...] = ()):
     """``Function.apply(*args)`` for the dgl_exact autograd Function named ``name``; while compiling, the
-    captured custom ops. (Named, not passed: dynamo cannot hand a class's name to the registration.)"""
+    captured custom ops. (Named, not passed: dynamo cannot hand a class's name to the registration.)
+
+    ``owned``: tensors among ``args`` the caller states it allocated in this forward and nothing else reads
+    (``keep.py`` rule 2, e.g. :func:`~.dense.linear_reusing`'s input): kept compressed, never by reference,
+    although without autograd history (provenance is not tracked while compiling; see the module note)."""
     if not active():
         return function(name).apply(*args)
     tensors, statics = [], []
@@ -439,7 +452,7 @@ def apply(name: str, *args):
     from .keep import captured_alive
 
     metas = tuple((tuple(t.shape), t.dtype, t.device, t.requires_grad and torch.is_grad_enabled(),
-                   captured_alive(t)) for t in tensors)
+                   captured_alive(t) and not any(t is o for o in owned)) for t in tensors)
     dups = tuple(next(j for j in range(i + 1) if tensors[j] is tensors[i]) for i in range(len(tensors)))
     key = _call_key(name, tuple(statics), metas, dups)
     outs = torch.ops.dgl_exact_capture.forward(key, tensors)

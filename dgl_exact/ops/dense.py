@@ -61,6 +61,12 @@ class _Linear(torch.autograd.Function):
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
            config: Optional[CompressionConfig] = None) -> torch.Tensor:
     """``F.linear`` keeping only what the weight gradient needs, compressed."""
+    return _linear(x, weight, bias, config)
+
+
+def _linear(x, weight, bias, config, owned: bool = False):
+    """:func:`linear`; ``owned``: the caller allocated ``x`` in this forward (rule 2), which the captured op
+    is told while compiling (there ``x``'s provenance is unknown: see :func:`.keep.captured_alive`)."""
     dtype = autocast_dtype(x.device.type)
     # Under autocast the half-precision copy of x is a new tensor nobody else keeps (of input features too):
     # keeping it by reference would hold an uncompressed copy. Backward reads x from the original instead
@@ -72,7 +78,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
     if not needs_saving(x, weight, bias):
         return F.linear(x, weight, bias)
     if captured.active():  # the captured op runs with autocast off (and dynamo cannot trace this call inside it)
-        return captured.apply("_Linear", x, weight, bias, resolve_config(config), kept)
+        return captured.apply("_Linear", x, weight, bias, resolve_config(config), kept, owned=(kept,) if owned else ())
     with torch.autocast(x.device.type, enabled=False):
         return _Linear.apply(x, weight, bias, resolve_config(config), kept)
 
@@ -109,7 +115,9 @@ def linear_reusing(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.T
     ``x`` is kept, and a copy would cost what the reuse saves), no autocast or capture is active, and ``x``
     spans more than one row chunk on its device (on a GPU today's chunk is larger than a layer, so the GPU
     keeps the single product); otherwise :func:`linear`. Same values as :func:`linear` row by row, up to
-    the matrix product's summation order; gradients from the same compressed copy."""
+    the matrix product's summation order; gradients from the same compressed copy. While compiling, where
+    provenance is not tracked, the caller's statement is taken as it stands: ``x`` is kept compressed even
+    without autograd history (an aggregation of input features), as eager execution keeps it."""
     cfg = resolve_config(config)
     if (cfg.enabled and x.dim() == 2 and weight.dim() == 2 and weight.shape[0] == weight.shape[1] == x.shape[1]
             and x.is_contiguous() and x._base is None and not alive_anyway(x) and x.dtype == weight.dtype
@@ -117,6 +125,8 @@ def linear_reusing(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.T
             and autocast_dtype(x.device.type) is None and x.numel() > chunk_elements_for(x.device)
             and needs_saving(x, weight, bias)):
         return _LinearInPlace.apply(x, weight, bias, cfg)
+    if captured.active():  # the caller's statement stands in for the provenance dynamo cannot see (rule 1)
+        return _linear(x, weight, bias, cfg, owned=True)
     return linear(x, weight, bias, cfg)
 
 

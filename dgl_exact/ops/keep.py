@@ -88,7 +88,8 @@ def alive_anyway(x: torch.Tensor) -> bool:
 
 def captured_alive(x: torch.Tensor) -> bool:
     """:func:`alive_anyway` as dynamo can trace it: ``is_leaf`` (``grad_fn is None``). Provenance is not
-    tracked while compiling: a temporary without autograd history is kept by reference there."""
+    tracked while compiling: a temporary without autograd history is kept by reference there, unless its
+    caller states that it allocated it (``captured.apply(..., owned=...)``, rule 2's statement)."""
     if compiling():
         return x.is_leaf
     return x.is_leaf and type(x) is not Donated and x not in _made_here
