@@ -49,6 +49,7 @@ def _steps(model, g, x, n=2):
     return out
 
 
+@pytest.mark.slow  # one aot_eager compile, about 35 s on 2 cores
 def test_compiled_first_layer_compresses_like_eager():
     g, x = _graph(), torch.randn(N, IN)  # input features: no autograd history
     torch.manual_seed(1)
