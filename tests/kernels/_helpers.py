@@ -1,4 +1,4 @@
-"""Helpers shared by the backend conformance tests (``test_extension.py``, ``test_numba_backend.py``):
+"""Helpers shared by the backend conformance tests (``test_extension.py``, ``test_numba_kernels.py``):
 each backend is compared with the torch reference (``dgl_exact.kernels.reference``)."""
 from __future__ import annotations
 

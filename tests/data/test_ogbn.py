@@ -10,7 +10,7 @@ import pickle
 import numpy as np
 import pytest
 import torch
-from test_data import make_ogb
+from tests.data._helpers import make_ogb
 
 from dgl_exact.data import DatasetFileError, load_dataset
 

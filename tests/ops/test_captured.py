@@ -222,7 +222,7 @@ TINY = "synthetic:num_nodes=60,num_features=8,num_classes=3,avg_degree=4"
 
 
 def _cli(args, capsys):
-    from test_cli_errors import run
+    from tests.cli._helpers import run
 
     return run(args, capsys)
 

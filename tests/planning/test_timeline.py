@@ -75,7 +75,7 @@ def test_touched_timeline_matches_resident_high_water_mark():
     touched timeline says, not the allocation count: 28 MiB filled in 8 MiB chunks peaks at 32 MiB by
     written pages, 36 MiB whole at allocation; within 1 MiB (the resident mark moves by a few hundred KiB
     from run to run: at 1 MiB chunks, 3.65-4.0 MiB measured for 4.0)."""
-    from test_memory import _in_fresh_process
+    from tests.test_memory import _in_fresh_process
 
     out = _in_fresh_process("""
         import sys

@@ -5,7 +5,7 @@ import subprocess
 import pytest
 
 from dgl_exact.bench import provenance as P
-from test_cli_errors import assert_one_line_error, run  # noqa: F401
+from tests.cli._helpers import assert_one_line_error, run  # noqa: F401
 
 
 def _git(cwd, *args):

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from dgl_exact.data import DatasetNotFoundError, load_dataset
-from test_data import make_graphsaint, make_ogb
+from tests.data._helpers import make_graphsaint, make_ogb
 
 
 pytestmark = pytest.mark.usefixtures("closed_stdin")

@@ -128,7 +128,7 @@ def test_reddit2_plain_folder(tmp_path):
 
 
 def test_ogb_under_exact_root(tmp_path):
-    from test_data import make_ogb
+    from tests.data._helpers import make_ogb
 
     *_, parts = make_ogb(str(tmp_path / "OGB"), "ogbn-arxiv", n=30, e=60)
     ok, msg = dataset_status("ogbn-arxiv", tmp_path)

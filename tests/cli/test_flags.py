@@ -7,7 +7,7 @@ import pytest
 
 import dgl_exact.planning.predict as P
 from dgl_exact.data import load_dataset
-from test_cli_errors import TINY, _in_tmp_and_signals_restored, assert_one_line_error, run  # noqa: F401
+from tests.cli._helpers import TINY, _in_tmp_and_signals_restored, assert_one_line_error, run  # noqa: F401
 
 PLAN = ["plan", "--nodes", "600", "--edges", "3000", "--features", "16", "--classes", "4", "--model", "sage",
         "--hidden", "16", "--layers", "2", "--settings", "INT2"]

@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from dgl_exact.data import DatasetNotFoundError, load_dataset
 from dgl_exact.data.base import DatasetFileError
 from dgl_exact.data.dgl_builtin import DGL_SPECS, dgl_raw_folder_name
-from test_cli_errors import _in_tmp_and_signals_restored, assert_one_line_error, run  # noqa: F401
-from test_data import _csv_gz, make_graphsaint, make_ogb
+from tests.cli._helpers import _in_tmp_and_signals_restored, assert_one_line_error, run  # noqa: F401
+from tests.data._helpers import _csv_gz, make_graphsaint, make_ogb
 
 pytestmark = pytest.mark.usefixtures("closed_stdin")
 

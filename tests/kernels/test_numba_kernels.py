@@ -30,7 +30,7 @@ from dgl_exact.compression.levels import optimal_levels  # noqa: E402
 from dgl_exact.kernels import numba_kernels as NC  # noqa: E402
 from dgl_exact.kernels import reference as R  # noqa: E402
 
-from backend_checks import DTYPES, SEED, assert_same  # noqa: E402  (tests/backend_checks.py)
+from tests.kernels._helpers import DTYPES, SEED, assert_same  # noqa: E402
 
 SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0")
 

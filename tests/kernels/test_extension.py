@@ -26,7 +26,7 @@ from dgl_exact import kernels
 from dgl_exact.kernels import extension as X
 from dgl_exact.kernels import reference as R
 
-from backend_checks import DTYPES, SEED, assert_same  # tests/backend_checks.py
+from tests.kernels._helpers import DTYPES, SEED, assert_same
 
 KINDS = [pytest.param("cpu", marks=pytest.mark.slow), pytest.param("cuda", marks=pytest.mark.cuda)]
 

@@ -17,7 +17,7 @@ from dgl_exact.data import load_dataset
 from dgl_exact.data.base import DatasetFileError
 from dgl_exact.data.cache import record_path
 from dgl_exact.data.dgl_builtin import DGL_SPECS, dgl_raw_folder_name
-from test_data import _csv_gz, make_graphsaint, make_ogb, make_reddit
+from tests.data._helpers import _csv_gz, make_graphsaint, make_ogb, make_reddit
 
 
 pytestmark = pytest.mark.usefixtures("closed_stdin")
