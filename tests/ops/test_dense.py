@@ -1,14 +1,22 @@
-"""``ops.linear_reusing``: the product written into its input's own buffer in row chunks (one layer-sized
+"""The dense ops (dgl_exact.ops.dense): ``linear`` and ``batch_norm`` against torch (forward, gradcheck, what
+they keep, the original input kept under autocast).
+
+``ops.linear_reusing``: the product written into its input's own buffer in row chunks (one layer-sized
 buffer fewer at the forward's peak of GraphConv), the aggregation outputs that make it possible (not views),
 and GraphConv's source normalisation as an edge value (no normalised copy of the input)."""
 import pytest
 import torch
+import torch.nn.functional as F
 
 import dgl_exact
+from dgl_exact import CompressedTensor, ops
 from dgl_exact.compression import decompress
 from dgl_exact.ops import keep as keeping
+from tests.ops._helpers import INT2, INT8, OFF, close, compress_calls, hidden, saved_tensors
 
 dgl = pytest.importorskip("dgl")
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _cfg(**kw):
@@ -141,3 +149,135 @@ def test_gcn2conv_mix_in_row_chunks(edge_weight, monkeypatch):
     torch.testing.assert_close(small[0], whole[0], rtol=1e-6, atol=1e-6)
     for a, b in zip(small[1], whole[1]):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+# ---------------------------------------------------------------------------------------------------
+# dense ops# ---------------------------------------------------------------------------------------------------
+# dense ops
+# ---------------------------------------------------------------------------------------------------
+def test_linear_matches_torch_and_gradcheck():
+    x = torch.randn(7, 5, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(3, 5, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(3, dtype=torch.float64, requires_grad=True)
+    close(ops.linear(x, w, b, OFF), F.linear(x, w, b), "linear")
+    close(ops.linear(x, w, None, OFF), F.linear(x, w), "linear without bias")
+    assert torch.autograd.gradcheck(lambda x, w, b: ops.linear(hidden(x), w, b, OFF), (x, w, b))
+    assert torch.autograd.gradcheck(lambda x, w: ops.linear(x, w, None, OFF), (x, w))
+    x3 = torch.randn(4, 2, 5, dtype=torch.float64, requires_grad=True)  # leading dims are batch dims
+    assert torch.autograd.gradcheck(lambda x, w, b: ops.linear(hidden(x), w, b, OFF), (x3, w, b))
+
+
+def test_linear_int8_gradient_close_and_input_grad_exact():
+    torch.manual_seed(0)
+    x = torch.randn(50, 16, requires_grad=True)
+    w = torch.randn(8, 16, requires_grad=True)
+    r = torch.randn(50, 8)
+    exact = torch.autograd.grad((F.linear(hidden(x), w) * r).sum(), [x, w])
+    approx = torch.autograd.grad((ops.linear(hidden(x), w, None, INT2) * r).sum(), [x, w])
+    close(approx[0], exact[0], "input gradient needs no activation", rtol=1e-5, atol=1e-6)
+    approx8 = torch.autograd.grad((ops.linear(hidden(x), w, None, INT8) * r).sum(), [x, w])
+    assert (approx8[1] - exact[1]).norm() <= 0.02 * exact[1].norm()
+
+
+def test_linear_saves(monkeypatch):
+    x_leaf = torch.randn(30, 12, requires_grad=True)
+    w = torch.randn(6, 12, requires_grad=True)
+    # input alive anyway (a leaf): kept by reference, nothing compressed
+    with compress_calls(monkeypatch) as made, saved_tensors() as kept:
+        ops.linear(x_leaf, w, None, INT2)
+    assert made == [] and {t.data_ptr() for t in kept} == {x_leaf.data_ptr(), w.data_ptr()}
+    # input from an earlier op: kept compressed, exactly its bytes
+    h = hidden(x_leaf)
+    with compress_calls(monkeypatch) as made, saved_tensors() as kept:
+        ops.linear(h, w, None, INT2.replace(kept_frac=0.5))
+    assert len(made) == 1 and made[0].width == 6
+    assert sum(t.nbytes for t in kept if t.data_ptr() != w.data_ptr()) == made[0].nbytes
+    # frozen weight: the input is not needed at all
+    with compress_calls(monkeypatch) as made, saved_tensors() as kept:
+        ops.linear(h, w.detach(), None, INT2)
+    assert made == [] and [t.data_ptr() for t in kept] == [w.data_ptr()]
+
+
+@pytest.mark.parametrize("affine", [True, False])
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+def test_batch_norm_matches_torch(affine, training):
+    torch.manual_seed(0)
+    x = torch.randn(20, 6, dtype=torch.float64) * 3 + 1
+    w = torch.randn(6, dtype=torch.float64, requires_grad=True) if affine else None
+    b = torch.randn(6, dtype=torch.float64, requires_grad=True) if affine else None
+    rm, rv = torch.randn(6, dtype=torch.float64), torch.rand(6, dtype=torch.float64) + 0.5
+    rm2, rv2 = rm.clone(), rv.clone()
+    out = ops.batch_norm(x, rm, rv, w, b, training, 0.3, 1e-5, OFF)
+    ref = F.batch_norm(x, rm2, rv2, w, b, training, 0.3, 1e-5)
+    close(out, ref, "batch_norm forward")
+    close(rm, rm2, "running mean")
+    close(rv, rv2, "running var")
+    args = (hidden(x.clone().requires_grad_()),) + ((w, b) if affine else ())
+
+    def fn(x, *wb):
+        return ops.batch_norm(x, rm.clone(), rv.clone(), *(wb or (None, None)), training, 0.3, 1e-5, OFF)
+
+    assert torch.autograd.gradcheck(fn, tuple(a.detach().requires_grad_() for a in args))
+
+
+def test_batch_norm_module_matches_torch_module(monkeypatch):
+    """dgl_exact.nn.BatchNorm1d vs torch.nn.BatchNorm1d: outputs, gradients, running stats and
+    num_batches_tracked through train/eval steps, momentum=None (cumulative average), no running stats."""
+    from dgl_exact.nn import BatchNorm1d
+
+    for kwargs in ({}, {"momentum": None}, {"track_running_stats": False}, {"affine": False}):
+        torch.manual_seed(0)
+        ref = torch.nn.BatchNorm1d(5, **kwargs)
+        ours = BatchNorm1d(5, **kwargs, compression=OFF)
+        ours.load_state_dict(ref.state_dict())
+        for step in range(3):
+            for m in (ref, ours):
+                m.train(step < 2)
+            x = torch.randn(16, 5) * (step + 1) + step
+            xr, xo = x.clone().requires_grad_(), x.clone().requires_grad_()
+            yr, yo = ref(xr), ours(xo)
+            close(yo, yr, f"bn {kwargs} step {step}", rtol=1e-5, atol=1e-5)
+            r = torch.randn_like(yr)
+            (yr * r).sum().backward()
+            (yo * r).sum().backward()
+            close(xo.grad, xr.grad, f"bn grad {kwargs}", rtol=1e-4, atol=1e-5)
+            for (n, a), (_, b) in zip(ours.named_parameters(), ref.named_parameters()):
+                close(a.grad, b.grad, f"bn param grad {n}", rtol=1e-4, atol=1e-5)
+            for (n, a), (_, b) in zip(ours.named_buffers(), ref.named_buffers()):
+                close(a, b, f"bn buffer {n} {kwargs}", rtol=1e-5, atol=1e-6)
+    # batch norm keeps its input compressed but never projected
+    bn = BatchNorm1d(8, compression=INT2.replace(kept_frac=0.25))
+    with compress_calls(monkeypatch) as made:
+        bn(hidden(torch.randn(10, 8, requires_grad=True)))
+    assert len(made) == 1 and made[0].width == 8 and made[0].proj_seed is None
+    with pytest.raises(ValueError, match="more than 1 value"):
+        bn(torch.randn(1, 8))
+
+
+def test_linear_under_autocast_keeps_the_original_input(monkeypatch):
+    """Under autocast the product runs in bf16, but backward reads x from the original (fp32) input, kept
+    compressed when computed and by reference when alive anyway: never the fresh bf16 copy."""
+    torch.manual_seed(0)
+    x = torch.randn(40, 16, requires_grad=True)
+    w = torch.randn(8, 16, requires_grad=True)
+    b = torch.randn(8, requires_grad=True)
+    with compress_calls(monkeypatch) as made, torch.autocast("cpu", dtype=torch.bfloat16):
+        y = ops.linear(hidden(x), w, b, INT8)
+    assert y.dtype == torch.bfloat16
+    assert len(made) == 1 and made[0].dtype == torch.float32 and made[0].shape == (40, 16)
+    # what the backward node keeps: the compressed original input (bf16 metadata) and the bf16 weight
+    layout = y.grad_fn.kept_layout
+    shell = layout[0][0]
+    assert isinstance(shell, CompressedTensor) and shell.dtype == torch.float32 and shell.bits == 8
+    assert {t.dtype for t in y.grad_fn.saved_tensors} >= {torch.uint8, torch.bfloat16}
+    gx, gw, gb = torch.autograd.grad(y.float().square().sum(), [x, w, b])
+    assert gx.dtype == gw.dtype == gb.dtype == torch.float32
+    assert all(torch.isfinite(t).all() for t in (gx, gw, gb))
+    ref = torch.autograd.grad(F.linear(x, w, b).square().sum(), [x, w, b])
+    for a, r in zip((gx, gw, gb), ref):
+        assert (a - r).norm() <= 0.05 * r.norm()
+    # a leaf input is alive anyway: kept by reference, nothing compressed (its bf16 copy is not kept)
+    with compress_calls(monkeypatch) as made, torch.autocast("cpu", dtype=torch.bfloat16):
+        y = ops.linear(x, w, b, INT8)
+    assert len(made) == 0
+    assert not any(t.dtype == torch.bfloat16 and t.shape == x.shape for t in y.grad_fn.saved_tensors)
