@@ -1,4 +1,7 @@
-"""Every bundled config that claims EXACT's hyperparameters equals EXACT's own recipe.
+"""TrainConfig (dgl_exact.training.config): strict types, from Python as from a ``--conf`` file; the bundled
+configs.
+
+Every bundled config that claims EXACT's hyperparameters equals EXACT's own recipe.
 
 The table below is transcribed by hand from EXACT's repository (zirui-ray-liu/Exact, commit 495e422):
 ``mem_speed_bench/{non_ogb_datasets,arxiv,products}/conf/*.yaml`` and the training scripts beside them
@@ -11,9 +14,11 @@ arxiv/products, features standardised for Yelp and Reddit2 in ``data.py``, the `
 ``UNSUPPORTED`` lists EXACT settings dgl_exact cannot express yet; each must be explained in a comment
 of the config (the words are looked for in it), so a difference is never silent.
 """
+import numpy as np
 import pytest
 
-from dgl_exact.training.config import CONFIG_DIR, TrainConfig, bundled_configs, load_conf
+from dgl_exact.compression_config import CompressionConfig, set_config
+from dgl_exact.training.config import CONFIG_DIR, FIELD_RULES, TrainConfig, bundled_configs, field_rule, load_conf
 
 # EXACT's scripts: --dropout2 and --inductive off unless given; full-graph evaluation unless said below
 _BASE = {"optimizer": "adam", "weight_decay": 0.0, "lr": 0.01, "loss": "ce", "dropout2": False, "inductive": False,
@@ -130,3 +135,131 @@ def test_exact_steps_per_epoch_reach_the_sampler():
     trainer = Trainer(TrainConfig(**conf), progress=False, log=lambda *a, **k: None)
     sampler = trainer.sampler
     assert len(sampler) == 7    # the config's saint_steps (the sampler's own default here: ceil(2000 / 150) = 14)
+
+
+# ------------------------------------------------------------------------------------------------
+# TrainConfig: strict types, from Python as from a --conf file
+# ------------------------------------------------------------------------------------------------
+@pytest.fixture(autouse=True)
+def _restore_global_config():
+    """Every test starts from the documented default and leaves the process-wide default as it found it."""
+    previous = set_config(CompressionConfig())
+    yield
+    set_config(previous)
+
+
+@pytest.mark.parametrize("field, bad, needle", [
+    ("bits", 2.7, "bits must be an int in {1, 2, 4, 8}, got 2.7 (float)"),
+    ("bits", 2.0, "got 2.0 (float)"),
+    ("bits", "2", "got '2' (str)"),
+    ("bits", True, "got True (bool)"),
+    ("act_fp", "false", "act-fp must be true or false, got 'false' (str)"),
+    ("act_fp", 0, "got 0 (int)"),
+    ("amp", np.bool_(True), "amp must be true or false"),
+    ("lr", "1e-3", "lr must be a number > 0, got '1e-3' (str)"),
+    ("lr", float("nan"), "got nan (float)"),
+    ("lr", True, "got True (bool)"),
+    ("epochs", 2.5, "epochs must be an int >= 1, got 2.5 (float)"),
+    ("epochs", 0, "got 0 (int)"),
+    ("dataset", 5, "dataset must be a string, got 5 (int)"),
+    ("model", "GCN", "model must be one of gcn"),
+    ("kept_frac", float("inf"), "kept-frac must be a number in (0, 1]"),
+    ("dropout", 1.0, "dropout must be a number in [0, 1)"),
+    ("weight_decay", -1e-4, "weight-decay must be a number >= 0"),
+    ("grad_norm", "1", "grad-norm must be a number > 0 or null (None)"),
+    ("seed", 2**64, "seed must be an int in [0, 2**64 - 1]"),
+    ("seed", -1, "seed must be an int in [0, 2**64 - 1]"),
+    ("lambda_", -0.5, "lambda must be a number >= 0"),
+    ("sample_coverage", 0.5, "sample-coverage must be an int >= 0"),
+])
+def test_train_config_types_are_strict(field, bad, needle):
+    """``TrainConfig(bits=2.7)`` used to train INT2, ``act_fp="false"`` turned compression off, ``lr="1e-3"``
+    failed with a comparison error: every field now refuses the wrong type with a message naming the field,
+    the value and its type."""
+    with pytest.raises(ValueError) as err:
+        TrainConfig(**{field: bad})
+    assert needle in str(err.value)
+
+
+def test_train_config_normalises_numbers():
+    cfg = TrainConfig(lr=1, kept_frac=np.float32(0.5), hidden=np.int64(16), seed=2**64 - 1, grad_norm=2)
+    assert (type(cfg.lr), type(cfg.kept_frac), type(cfg.hidden), type(cfg.grad_norm)) == (float, float, int, float)
+    assert cfg.lr == 1.0 and cfg.hidden == 16 and cfg.seed == 2**64 - 1
+    with pytest.raises(ValueError, match=r"seed \+ runs - 1"):
+        TrainConfig(seed=2**64 - 1, runs=2)
+    with pytest.raises(ValueError, match="bits"):
+        TrainConfig().replace(bits=3)
+
+
+def test_every_train_config_field_has_a_rule():
+    """New fields slot in: a field without a FIELD_RULES entry is checked by its annotation."""
+    for name in TrainConfig.fields():
+        assert field_rule(name) is not None, f"{name}: add a FIELD_RULES entry"
+    assert set(FIELD_RULES) <= set(TrainConfig.fields())
+
+
+def test_yaml_numbers_are_read_as_yaml_1_2(tmp_path):
+    """PyYAML (YAML 1.1) reads ``1e-3`` as a string; a --conf file reads it as the float it means."""
+    conf = tmp_path / "c.yaml"
+    conf.write_text("lr: 1e-3\nweight_decay: 5E-4\nalpha: .5e-1\nkept-frac: 1.25e-1\nepochs: 3\ngrad_norm: null\n")
+    values = load_conf(str(conf))
+    assert values == {"lr": 0.001, "weight_decay": 0.0005, "alpha": 0.05, "kept_frac": 0.125, "epochs": 3,
+                      "grad_norm": None}
+    assert type(values["epochs"]) is int
+
+
+def test_yaml_round_trip_of_a_config(tmp_path):
+    """What the multi-process launcher writes (``yaml.safe_dump(cfg.to_dict())``) loads back equal."""
+    import yaml
+
+    cfg = TrainConfig(lr=1e-5, weight_decay=0.0, grad_norm=0.5, seed=2**63, kept_frac=0.125)
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(cfg.to_dict()))
+    assert TrainConfig(**load_conf(str(path))) == cfg
+
+
+def test_train_config_holds_a_compression_config(tmp_path):
+    """One CompressionConfig inside TrainConfig; its fields stay flat options (YAML, to_dict, checkpoints),
+    stochastic and nonfinite included (the benchmarks used to drop them)."""
+    import yaml
+
+    assert TrainConfig().compression == CompressionConfig(bits=2)
+    cfg = TrainConfig(bits=4, block_rows=8, stochastic=False, nonfinite="raise")
+    assert cfg.compression == CompressionConfig(bits=4, block_rows=8, stochastic=False, nonfinite="raise")
+    assert (cfg.bits, cfg.act_fp, cfg.stochastic) == (4, False, False)
+    assert cfg.replace(act_fp=True).compression == cfg.compression.replace(enabled=False)
+    given = TrainConfig(compression=CompressionConfig(bits=1, levels="optimal"), kept_frac=0.5)
+    assert given.compression == CompressionConfig(bits=1, levels="optimal", kept_frac=0.5)
+    assert TrainConfig(**cfg.to_dict()) == cfg and cfg.to_dict()["nonfinite"] == "raise"
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(cfg.to_dict()))
+    assert TrainConfig(**load_conf(str(path))) == cfg
+    with pytest.raises(AttributeError):
+        cfg.bits = 8
+    with pytest.raises(ValueError, match="nonfinite must be one of propagate, raise"):
+        TrainConfig(nonfinite="ignore")
+    with pytest.raises(ValueError, match="compression must be a CompressionConfig"):
+        TrainConfig(compression={"bits": 2})
+
+
+def test_accuracy_grid_trains_the_whole_compression_setting(monkeypatch):
+    from dgl_exact.bench import runner
+    from dgl_exact.planning.settings import Setting
+    from dgl_exact.training import trainer as trainer_module
+
+    seen = []
+
+    class Recorder:
+        def __init__(self, cfg, **kwargs):
+            seen.append(cfg)
+
+        def fit(self):
+            raise StopIteration
+
+    monkeypatch.setattr(trainer_module, "Trainer", Recorder)
+    setting = CompressionConfig(bits=4, stochastic=False, nonfinite="raise", block_rows=2)
+    for compression in (setting, None):
+        with pytest.raises(StopIteration):
+            runner.accuracy_grid(None, TrainConfig(bits=8), [Setting("s", "exact", compression)], 3, None, False)
+    assert seen[0].compression == setting and seen[0].runs == 3
+    assert seen[1].compression == CompressionConfig(bits=8, enabled=False)
