@@ -6,6 +6,7 @@ import contextlib
 
 import torch
 
+import dgl_exact
 from dgl_exact import CompressionConfig
 
 OFF = CompressionConfig(enabled=False)
@@ -73,3 +74,18 @@ def _feat(n, shape, seed=0, dtype=torch.float64):
 def _edge_values(g, wshape, seed=1):
     gen = torch.Generator().manual_seed(seed)
     return (torch.rand((g.num_edges(),) + wshape, generator=gen, dtype=torch.float64) + 0.5).requires_grad_()
+
+
+def _cfg(**kw):
+    return dgl_exact.CompressionConfig(**{"bits": 2, **kw})
+
+
+CONFIGS = {
+    "int2": _cfg(),
+    "int2-blocks64-optimal": _cfg(block_rows=64, levels="optimal"),
+    "int4-blocks3": _cfg(bits=4, block_rows=3),
+    "int1-odd-width": _cfg(bits=1),
+    "int2-rp-blocks64": _cfg(kept_frac=0.125, block_rows=64, levels="optimal"),
+    "int8": _cfg(bits=8),
+    "off-rp": dgl_exact.CompressionConfig(enabled=False, kept_frac=0.5),
+}
