@@ -1,12 +1,14 @@
 """Fake on-disk dataset layouts (ogb, GraphSAINT, Reddit) shared by the data tests: tiny files in the real
-formats, read by the real loading code."""
+formats, read by the real loading code; checks every loaded dataset must pass."""
 import json
 import os
 
 import numpy as np
 import pandas as pd
 import scipy.sparse as sp
+import torch
 
+from dgl_exact.data import GraphDataset
 from dgl_exact.data.ogbn import OGB_SPECS
 
 
@@ -81,3 +83,17 @@ def make_reddit(folder, n=40, e=100, f=5, seed=0):
     np.savez(os.path.join(folder, "reddit_data.npz"), feature=rng.standard_normal((n, f)), label=labels,
              node_types=node_types)
     return adj, labels, node_types
+
+
+def _check_common(ds: GraphDataset, n, f):
+    g = ds.graph
+    assert ds.num_nodes == n and ds.num_features == f
+    assert g.ndata["feat"].dtype == torch.float32 and g.ndata["feat"].shape == (n, f)
+    for split in ("train", "val", "test"):
+        assert g.ndata[f"{split}_mask"].dtype == torch.bool
+    masks = torch.stack([ds.mask(s) for s in ("train", "val", "test")]).int()
+    assert int(masks.sum(0).max()) <= 1  # disjoint
+
+
+def _edge_set(src, dst):
+    return set(zip(np.asarray(src).tolist(), np.asarray(dst).tolist()))

@@ -288,4 +288,3 @@ def test_ogb_valid_files_still_load_twice(arxiv):
     b = load_dataset("ogbn-arxiv", root)  # from ogb's cache
     assert torch.equal(a.labels, b.labels) and a.labels.dtype == torch.int64
     assert torch.equal(a.train_idx, b.train_idx)
-
