@@ -2,7 +2,7 @@
 
 Mini-batch training creates new blocks every step; each gets a cache entry that must go with the block
 (the cache used to hold the structure object it was keyed on, so nothing was ever freed). Still: reuse
-across calls on one graph and refresh on mutation (tests/test_modules.py), backward after the caller
+across calls on one graph and refresh on mutation (tests/nn/test_modules.py), backward after the caller
 dropped the graph, and a bounded number of entries even for graphs the caller keeps alive.
 """
 import contextlib
