@@ -1,6 +1,6 @@
 """Every layer a GNN block uses: LayerNorm, GELU, SiLU, ELU, PReLU, LeakyReLU, Softmax/LogSoftmax kept
-compressed, ``compress_model`` converting them, the saved-tensor-hooks fallback for ops dgl_exact does not
-know, and converted modules keeping the model's train/eval mode."""
+compressed, ``compress_model`` converting them (and using the saved-tensor-hooks fallback for ops dgl_exact
+does not know: tests/test_saved_tensors.py), and converted modules keeping the model's train/eval mode."""
 from __future__ import annotations
 
 import copy
