@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = "synthetic-small:num_nodes=400,num_features=16,num_classes=4"
 
 

@@ -5,7 +5,7 @@ aggregation)."""
 import ast
 import pathlib
 
-ROOT = pathlib.Path(__file__).resolve().parents[1] / "dgl_exact"
+ROOT = pathlib.Path(__file__).resolve().parents[2] / "dgl_exact"
 
 
 def _module_file(name: str):

@@ -75,7 +75,7 @@ def test_seed_is_passed_as_int64_with_the_same_bits():
 
 
 def test_compile_check_script_is_runnable():
-    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts",
+    script = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "scripts",
                           "compile_check_cuda.sh")
     assert os.access(script, os.X_OK)
     assert subprocess.run(["bash", "-n", script]).returncode == 0

@@ -474,7 +474,7 @@ def test_cuda_kernels_compile_to_ptx_without_fma_in_decode():
             print("OK", name)
     """)
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
     res = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
     if res.returncode == 0 and res.stdout.startswith("SKIP"):

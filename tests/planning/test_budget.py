@@ -202,7 +202,7 @@ def test_bench_memory_measures_a_budgeted_plan(tmp_path):
     import os
     import subprocess
 
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ, PYTHONPATH=repo + os.pathsep + os.environ.get("PYTHONPATH", ""))
     out = tmp_path / "out"
     proc = subprocess.run([sys.executable, "-m", "dgl_exact", "bench", "memory", "--dataset",
@@ -228,7 +228,7 @@ def _cli_json(tmp_path, *args):
     import os
     import subprocess
 
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ, PYTHONPATH=repo + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1")
     out = tmp_path / f"run{len(list(tmp_path.iterdir()))}.json"
     proc = subprocess.run([sys.executable, "-m", "dgl_exact", *args, "--json", str(out)], capture_output=True,

@@ -21,7 +21,7 @@ from dgl_exact.training.checkpoint import load_checkpoint
 from dgl_exact.training.config import TrainConfig
 from dgl_exact.training.trainer import Trainer
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 JOB_TIMEOUT = 400  # s, one launched job (import + 2 workers + a few tiny epochs: ~30 s on 2 cores, minutes when loaded)
 FAIL_BOUND = 30    # s, after a rank died the other one must have exited (--dist-timeout 5 + launcher grace 10)
 

@@ -13,7 +13,7 @@ from dgl_exact.data import load_dataset
 from dgl_exact.training.config import TrainConfig, bundled_configs, load_conf
 from dgl_exact.training.trainer import Trainer
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SMALL = "synthetic-small:num_nodes=300,num_features=16,num_classes=4"
 
 
