@@ -29,7 +29,7 @@ def active() -> bool:
 def assume_constant(fn):
     """Dynamo runs ``fn`` for real at trace time and bakes its result into the graph as a constant: what
     ``torch._dynamo.assume_constant_result`` does, which is to set this marker (importing ``torch._dynamo``
-    here would double the import time of dgl_exact; tests/test_compile.py fails if the marker stops working)."""
+    here would double the import time of dgl_exact; tests/ops/test_captured.py fails if the marker stops working)."""
 
     @functools.wraps(fn)
     def eager(*args):

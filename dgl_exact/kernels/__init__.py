@@ -49,9 +49,9 @@ How to add an op (the steps ``rademacher`` was added with):
    ``JOBS=2 scripts/compile_check_cuda.sh`` compile-checks the CUDA sources without a GPU.
 4. Numba: the array kernel in ``_numba_cpu.py`` and ``_numba_gpu.py`` (same arguments, the CPU one ends with
    ``start, end``), and a ``_TorchOps`` method in ``numba_kernels.py``; it is registered from the spec.
-5. Tests: ``tests/test_kernel_spec.py`` checks every backend registered the op or the spec gives a reason;
-   add a bit-exact comparison with the reference per backend (``tests/test_numba_backend.py`` with
-   ``NUMBA_ENABLE_CUDASIM=1`` for the CUDA kernels, ``tests/test_extension.py`` for the extension).
+5. Tests: ``tests/kernels/test_spec.py`` checks every backend registered the op or the spec gives a reason;
+   add a bit-exact comparison with the reference per backend (``tests/kernels/test_numba_kernels.py`` with
+   ``NUMBA_ENABLE_CUDASIM=1`` for the CUDA kernels, ``tests/kernels/test_extension.py`` for the extension).
 6. Call it: ``kernels.get(name, device)(...)``.
 
 All backends implement the same contract bit for bit, including the random numbers: stochastic

@@ -3,7 +3,7 @@
 Everything else is derived from :data:`OPS`: the registry's checks (:func:`dgl_exact.kernels.register`
 refuses an op or a device the list does not name), the extension's Python wrappers and fake
 implementations (:mod:`.extension`), the ops the Numba backend registers (:mod:`.numba_kernels`) and the
-conformance test that every op has every backend or a recorded reason (``tests/test_kernel_spec.py``).
+conformance test that every op has every backend or a recorded reason (``tests/kernels/test_spec.py``).
 
 ``signature`` is the Python signature every backend's function has (the reference's, in
 :mod:`.reference`); ``schema`` is the extension's ``torch.ops.dgl_exact`` schema (``cuda/dgl_exact.cpp``

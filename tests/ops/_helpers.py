@@ -1,0 +1,91 @@
+"""Helpers shared by the op tests: configurations, graph kinds, float64 features and edge values, and scopes
+that record what the ops keep (``saved_tensors``) and compress (``compress_calls``)."""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+import dgl_exact
+from dgl_exact import CompressionConfig
+
+OFF = CompressionConfig(enabled=False)
+INT8 = CompressionConfig(bits=8)
+INT2 = CompressionConfig(bits=2)
+
+
+KINDS = ["graph", "zero_in", "block", "graph-int32", "zero_in-int32", "block-int32"]
+
+
+def _dgl_graph(graphs, kind):
+    """The graph DGL's reference ops run on: the int64 original of an ``-int32`` kind (the same edge ids;
+    DGL's own SDDMM backward cannot read a graph restricted to CSC and CSR)."""
+    return graphs[kind.removesuffix("-int32")]
+
+
+@contextlib.contextmanager
+def saved_tensors():
+    """The tensors autograd saves for backward inside the scope."""
+    items = []
+
+    def pack(t):
+        items.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        yield items
+
+
+@contextlib.contextmanager
+def compress_calls(monkeypatch):
+    """Every compression the ops perform inside the scope (the CompressedTensors they keep)."""
+    from dgl_exact.ops import keep as keeping
+
+    made = []
+    real = keeping.compress
+
+    def recording(x, cfg):
+        c = real(x, cfg)
+        made.append(c)
+        return c
+
+    monkeypatch.setattr(keeping, "compress", recording)
+    yield made
+    monkeypatch.setattr(keeping, "compress", real)
+
+
+def close(a, b, what="", rtol=1e-10, atol=1e-10):
+    torch.testing.assert_close(a, b, rtol=rtol, atol=atol, msg=lambda m: f"{what}: {m}")
+
+
+def hidden(x):
+    """``x`` as the output of an earlier op (has a grad_fn): not alive anyway, so an op compresses it."""
+    return x * 1.0
+
+
+# ---------------------------------------------------------------------------------------------------
+# graph ops vs DGL (float64)
+# ---------------------------------------------------------------------------------------------------
+def _feat(n, shape, seed=0, dtype=torch.float64):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn((n,) + shape, generator=gen, dtype=dtype).requires_grad_()
+
+
+def _edge_values(g, wshape, seed=1):
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.rand((g.num_edges(),) + wshape, generator=gen, dtype=torch.float64) + 0.5).requires_grad_()
+
+
+def _cfg(**kw):
+    return dgl_exact.CompressionConfig(**{"bits": 2, **kw})
+
+
+CONFIGS = {
+    "int2": _cfg(),
+    "int2-blocks64-optimal": _cfg(block_rows=64, levels="optimal"),
+    "int4-blocks3": _cfg(bits=4, block_rows=3),
+    "int1-odd-width": _cfg(bits=1),
+    "int2-rp-blocks64": _cfg(kept_frac=0.125, block_rows=64, levels="optimal"),
+    "int8": _cfg(bits=8),
+    "off-rp": dgl_exact.CompressionConfig(enabled=False, kept_frac=0.5),
+}

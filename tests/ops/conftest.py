@@ -1,0 +1,24 @@
+"""Fixtures shared by the op tests: ``graphs``, small graphs of every kind the ops take (a random graph with
+self loops, zero in-degree nodes, a block, and their int32 CSC/CSR-only versions as the trainer prepares them)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dgl_exact.data.compact import TRAINING_FORMATS, compact_graph
+
+import dgl  # noqa: E402  (after dgl_exact)
+
+
+@pytest.fixture(scope="module")
+def graphs():
+    torch.manual_seed(3)
+    g = dgl.add_self_loop(dgl.rand_graph(24, 70))
+    # zero in-degree nodes (0 and 7..9), a repeated edge, and edge ids not in CSC order
+    zero = dgl.graph((torch.tensor([3, 1, 2, 3, 4, 5, 6, 1, 6]), torch.tensor([4, 2, 3, 4, 5, 6, 1, 2, 2])),
+                     num_nodes=10)
+    _, _, blocks = dgl.dataloading.MultiLayerFullNeighborSampler(1).sample_blocks(g, torch.tensor([1, 5, 9, 13]))
+    # the same graphs as the trainer prepares them: int32 ids, CSC and CSR only (no COO)
+    return {"graph": g, "zero_in": zero, "block": blocks[0],
+            "graph-int32": compact_graph(g, TRAINING_FORMATS), "zero_in-int32": compact_graph(zero, TRAINING_FORMATS),
+            "block-int32": blocks[0].int()}
