@@ -39,7 +39,7 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 
-from ..compression import draw_seed
+from ..compression import draw_seed, seed_stream
 from ..compression_config import CompressionConfig
 from .gcn2 import GCN2Layer, _layer_forward, degree_norm, layers_backward
 from .keep import DOUBLE_BACKWARD_MESSAGE, create_graph_requested, load_kept, row_chunks, save_kept, stash, unstash
@@ -150,8 +150,7 @@ class _GCNIIRecomputed(torch.autograd.Function):
                     boundaries[k].clone() if isinstance(boundaries[k], torch.Tensor) else unstash(boundaries[k]))
                 seg_records: list = [None] * e
                 seg_items: list = [None] * e
-                with torch.random.fork_rng(devices=[]):
-                    torch.default_generator.manual_seed(ctx.seeds[k])
+                with seed_stream(ctx.seeds[k]):   # the compression's noise: a stream of the segment's own
                     for i in range(s, e):
                         w1, b, bw, bb = params[4 * i:4 * i + 4]
                         x, items, rec = _layer_forward(x, h0, w1, b, bw, bb, ctx.st, norm, plan.steps[i],
