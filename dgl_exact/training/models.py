@@ -223,7 +223,9 @@ class GCNII(nn.Module):
 
     ``recompute``: segment length ``L`` of the "recompute" mode (None or 0: off; ``'auto'``:
     ``round(sqrt(layers))``). Training with grad, the hidden layers then run in segments of ``L`` layers
-    (:func:`dgl_exact.ops.recompute.recompute_segment`): only each segment's input and ``h0`` (once) are
+    (the fused stack's recomputed form, :func:`dgl_exact.ops.gcn2_recompute.gcnii_layers_recomputed`, where
+    the fused stack applies; else the modules through :func:`dgl_exact.ops.recompute.recompute_segment`):
+    only each segment's input and ``h0`` (once) are
     kept, compressed under the layers' configuration, and the backward re-runs each segment from the
     decoded copy; memory no longer grows with the depth's kept activations. The forward is exact; the
     gradients are exact with compression off and otherwise read activations recomputed from the decoded
