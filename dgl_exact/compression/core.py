@@ -25,6 +25,8 @@ unbiased and values beyond decode near ``+-C``; other groups are unaffected (``k
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import math
 from typing import Optional, Tuple
@@ -96,13 +98,32 @@ class CompressedTensor:
 
 
 
+#: the generator :func:`draw_seed` draws from inside a :func:`seed_stream` scope (None: torch's default)
+_stream: "contextvars.ContextVar[Optional[torch.Generator]]" = contextvars.ContextVar("dgl_exact_seed_stream",
+                                                                                      default=None)
+
+
+@contextlib.contextmanager
+def seed_stream(seed: int):
+    """Within this scope :func:`draw_seed` draws from a CPU generator of its own, seeded with ``seed``: the
+    same seeds every time the scope is entered with that ``seed``, independent of torch's default generator
+    (which is neither read nor advanced). A recomputed segment's compression noise comes from here
+    (:mod:`dgl_exact.ops.recompute`)."""
+    token = _stream.set(torch.Generator().manual_seed(int(seed)))
+    try:
+        yield
+    finally:
+        _stream.reset(token)
+
+
 def draw_seed() -> int:
-    """A 63-bit seed from torch's default CPU generator (so ``torch.manual_seed`` makes runs repeatable).
-    While dynamo traces an op: ``tracing.RUNTIME_SEED``, which the captured op replaces by a seed it
-    draws when it runs (a seed drawn at trace time would be baked into the compiled graph)."""
+    """A 63-bit seed from torch's default CPU generator (so ``torch.manual_seed`` makes runs repeatable), or
+    from the generator of the enclosing :func:`seed_stream`. While dynamo traces an op:
+    ``tracing.RUNTIME_SEED``, which the captured op replaces by a seed it draws when it runs (a seed drawn
+    at trace time would be baked into the compiled graph)."""
     if tracing.active():
         return tracing.RUNTIME_SEED
-    return int(torch.randint(0, 2**63 - 1, (), dtype=torch.int64).item())
+    return int(torch.randint(0, 2**63 - 1, (), dtype=torch.int64, generator=_stream.get()).item())
 
 
 _level_tables = {}

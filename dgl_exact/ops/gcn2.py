@@ -105,9 +105,10 @@ def _propagate_(st, x: torch.Tensor, norm: torch.Tensor, scale: float, transpose
         del a
 
 
-def _row_ranges(x: torch.Tensor):
-    n = x.shape[0]
-    rows = chunk_rows(n, max(1, x[0].numel()) if n else 1, x.device)
+def _row_ranges(x):
+    """Row chunks of a layer-sized ``[N, D]`` tensor (or anything with its ``shape`` and ``device``)."""
+    n, d = x.shape[0], x.shape[1] if len(x.shape) > 1 else 1
+    rows = chunk_rows(n, max(1, d) if n else 1, x.device)
     return [(r0, min(n, r0 + rows)) for r0 in range(0, n, rows)]
 
 
@@ -126,22 +127,30 @@ class _LayerRecord:
     n_stats: int
     n_masks: int
     start: int = 0  # index of the layer's first item in the saved list
+    mask_seeds: List[int] = dataclasses.field(default_factory=list)  # the dropout seeds, per row chunk
 
 
 def _layer_forward(x, h0, weight1, bias, bn_weight, bn_bias, st, norm, step: GCN2Step,
-                   bn: Optional[BatchNormArgs], cfg: CompressionConfig, need_weight: bool):
+                   bn: Optional[BatchNormArgs], cfg: CompressionConfig, need_weight: bool, keep: bool = True,
+                   replay: Optional["_LayerRecord"] = None):
     """One hidden layer written into ``x`` (allocated by this stack; a new buffer holding ``dropout(h0)`` when
-    ``x`` is None). Returns ``(x, items, record)``: the items to keep for backward and the layer's record."""
+    ``x`` is None). Returns ``(x, items, record)``: the items to keep for backward and the layer's record.
+    ``h0``: a tensor, or anything whose row slices ``h0[r0:r1]`` are its rows (``shape``, ``dtype`` and
+    ``device`` too: a kept copy decoded row chunk by row chunk). ``keep=False``: nothing is kept (no items;
+    the forward of a recomputed segment). ``replay``: the record of an earlier forward of this layer, whose
+    dropout seeds are drawn again (its recompute: the same masks)."""
     kernel_dropout = kernels.get("dropout", h0.device)
     kernel_relu_dropout = kernels.get("relu_dropout", h0.device)
     ranges = _row_ranges(h0)
+    if replay is not None and replay.ranges != ranges:
+        raise RuntimeError("gcn2: a recomputed layer's row chunks differ from its forward's")
     first = x is None
     input_seeds: List[int] = []
     if first:  # the first layer's input, dropout(h0), in a buffer of the stack's own
-        x = torch.empty_like(h0, memory_format=torch.contiguous_format)
-        for r0, r1 in ranges:
+        x = torch.empty(tuple(h0.shape), dtype=h0.dtype, device=h0.device)
+        for j, (r0, r1) in enumerate(ranges):
             if step.input_dropout > 0:
-                input_seeds.append(draw_seed())
+                input_seeds.append(draw_seed() if replay is None else replay.input_seeds[j])
                 x[r0:r1] = kernel_dropout(h0[r0:r1].contiguous(), step.input_dropout, input_seeds[-1])
             else:
                 x[r0:r1] = h0[r0:r1]
@@ -149,7 +158,7 @@ def _layer_forward(x, h0, weight1, bias, bn_weight, bn_bias, st, norm, step: GCN
     for r0, r1 in ranges:  # s
         x[r0:r1].add_(h0[r0:r1] * step.alpha)
     # x is overwritten below: an exactly kept s is a copy (keep.py, rule 3)
-    kept_s = stash(x, cfg, force=True, overwritten=True) if need_weight else None
+    kept_s = stash(x, cfg, force=True, overwritten=True) if need_weight and keep else None
     for r0, r1 in ranges:  # o
         part = x[r0:r1]
         proj = F.linear(part, weight1.t()).mul_(step.beta)
@@ -161,7 +170,7 @@ def _layer_forward(x, h0, weight1, bias, bn_weight, bn_bias, st, norm, step: GCN
     kept_o = None
     if bn is not None:
         # batch norm's input, never projected; overwritten below
-        kept_o = stash(x, cfg.replace(kept_frac=1.0), force=True, overwritten=True)
+        kept_o = stash(x, cfg.replace(kept_frac=1.0), force=True, overwritten=True) if keep else None
         if bn.batch_stats:
             var, mean = torch.var_mean(x, 0, correction=0)
             if bn.running_mean is not None:
@@ -177,15 +186,19 @@ def _layer_forward(x, h0, weight1, bias, bn_weight, bn_bias, st, norm, step: GCN
             if bn_bias is not None:
                 part.add_(bn_bias)
         stats = (mean, invstd)
-    masks = []
-    for r0, r1 in ranges:  # ReLU and dropout: one bit per element
-        seed = draw_seed() if step.dropout > 0 else 0
+    masks, mask_seeds = [], []
+    for j, (r0, r1) in enumerate(ranges):  # ReLU and dropout: one bit per element
+        seed = (draw_seed() if step.dropout > 0 else 0) if replay is None else replay.mask_seeds[j]
+        mask_seeds.append(seed)
         y, packed = kernel_relu_dropout(x[r0:r1], step.dropout, seed)
         x[r0:r1] = y
-        masks.append(packed)
-        del y
+        if keep:
+            masks.append(packed)
+        del y, packed
     record = _LayerRecord(step, first, bias is not None, None if bn is None else bn.batch_stats, input_seeds,
-                          ranges, len(stats), len(masks))
+                          ranges, len(stats), len(masks), mask_seeds=mask_seeds)
+    if not keep:
+        return x, [], record
     return x, [kept_s, kept_o, weight1, bn_weight, *stats, *masks], record
 
 
@@ -277,29 +290,39 @@ class _GCNIIStack(torch.autograd.Function):
         if ctx.has_head_bias and needs[3]:
             g_head_b = grad.sum(0)
         param_grads: list = [None] * (4 * len(records))
-        need_any = needs[0] or any(needs[9:])
         gh0 = None
-        if need_any:
+        if needs[0] or any(needs[9:]):
             g = grad.matmul(head_w.to(grad.dtype))  # allocated here: the loops may write it (rule 2)
-            for i in range(len(records) - 1, -1, -1):
-                rec = records[i]
-                n_items = 4 + rec.n_stats + rec.n_masks
-                items = kept[rec.start:rec.start + n_items]
-                need_x = needs[0] or any(needs[9:9 + 4 * i])
-                g, gh0, gw, gb, gbw, gbb = _layer_backward(g, items, rec, gh0, needs[9 + 4 * i],
-                                                           needs[9 + 4 * i + 1], need_x, needs[0])
-                param_grads[4 * i:4 * i + 4] = [gw, gb, gbw, gbb]
-                if g is None:
-                    break
-                _propagate_(ctx.st, g, norm, 1.0 - rec.step.alpha, transpose=True)
-                if rec.first:  # the first layer's input was dropout(h0)
-                    if rec.input_seeds:
-                        kernel_dropout = kernels.get("dropout", g.device)
-                        for (r0, r1), seed in zip(rec.ranges, rec.input_seeds):
-                            g[r0:r1] = kernel_dropout(g[r0:r1], rec.step.input_dropout, seed)
-                    gh0 = gh0.add_(g)
+            items = [kept[r.start:r.start + 4 + r.n_stats + r.n_masks] for r in records]
+            g, gh0 = layers_backward(ctx.st, norm, g, gh0, records, items, range(len(records) - 1, -1, -1),
+                                     needs[0], needs[9:], param_grads)
             del g
         return (gh0, None, g_head_w, g_head_b, None, None, None, None, None, *param_grads)
+
+
+def layers_backward(st, norm, g, gh0, records, items, order, need_h0: bool, param_needs, param_grads: list):
+    """The backward of the layers ``order`` (descending indices into ``records``/``items``: each layer's
+    record and kept items), in place in ``g`` (the caller allocated it: keep.py, rule 2), the ``h0`` gradient
+    summed into ``gh0``. ``param_needs``: four flags a layer (weight, bias, batch-norm weight and bias);
+    their gradients are written into ``param_grads``. Returns ``(g, gh0)``: ``g`` is None once no earlier
+    gradient is needed (the caller stops), else the gradient of the lowest layer's input."""
+    for i in order:
+        rec = records[i]
+        need_x = need_h0 or any(param_needs[:4 * i])
+        g, gh0, gw, gb, gbw, gbb = _layer_backward(g, items[i], rec, gh0, param_needs[4 * i],
+                                                   param_needs[4 * i + 1], need_x, need_h0)
+        items[i] = None  # what this layer kept is freed as soon as it has been read
+        param_grads[4 * i:4 * i + 4] = [gw, gb, gbw, gbb]
+        if g is None:
+            return None, gh0
+        _propagate_(st, g, norm, 1.0 - rec.step.alpha, transpose=True)
+        if rec.first:  # the first layer's input was dropout(h0)
+            if rec.input_seeds:
+                kernel_dropout = kernels.get("dropout", g.device)
+                for (r0, r1), seed in zip(rec.ranges, rec.input_seeds):
+                    g[r0:r1] = kernel_dropout(g[r0:r1], rec.step.input_dropout, seed)
+            gh0 = gh0.add_(g)
+    return g, gh0
 
 
 def degree_norm(st, dtype) -> torch.Tensor:

@@ -223,7 +223,9 @@ class GCNII(nn.Module):
 
     ``recompute``: segment length ``L`` of the "recompute" mode (None or 0: off; ``'auto'``:
     ``round(sqrt(layers))``). Training with grad, the hidden layers then run in segments of ``L`` layers
-    (:func:`dgl_exact.ops.recompute.recompute_segment`): only each segment's input and ``h0`` (once) are
+    (the fused stack's recomputed form, :func:`dgl_exact.ops.gcn2_recompute.gcnii_layers_recomputed`, where
+    the fused stack applies; else the modules through :func:`dgl_exact.ops.recompute.recompute_segment`):
+    only each segment's input and ``h0`` (once) are
     kept, compressed under the layers' configuration, and the backward re-runs each segment from the
     decoded copy; memory no longer grows with the depth's kept activations. The forward is exact; the
     gradients are exact with compression off and otherwise read activations recomputed from the decoded
@@ -260,7 +262,11 @@ class GCNII(nn.Module):
         if (self.recompute and edge_weight is None and not self.residual and self._lib.impl == "exact"
                 and not self._lib.dropout2 and self.training and torch.is_grad_enabled()
                 and not hooks_present(*self.convs, *(self.norms or []))):
-            return self._recomputed(graph, x)
+            # the fused stack in recomputed segments where it applies, else the modules in segments
+            h0 = self._initial(x)
+            out = gcnii_stack(graph, self.convs, self.norms, h0, self.dropout, self.dropout, self.lin_out,
+                              recompute=self.recompute)
+            return out if out is not None else self._recomputed(graph, h0)
         if edge_weight is None and not self.residual and self._lib.impl == "exact" and not self._lib.dropout2:
             # the hidden layers as fused in-place ops where they apply (two layer-sized buffers at the
             # step's peak instead of three); else the modules below
@@ -282,9 +288,10 @@ class GCNII(nn.Module):
             h = self._lib.relu_dropout(h, self.dropout, self.training)
         return self.lin_out(h)
 
-    def _recomputed(self, graph, x):
-        """The training forward in recomputed segments (``recompute``; see the class docstring)."""
-        h, h0 = self._input(x)
+    def _recomputed(self, graph, h0):
+        """The training forward of the modules in recomputed segments (``recompute``; see the class
+        docstring), from the initial representation ``h0``."""
+        h = self._lib.dropout(h0, self.dropout, self.training)
         n = len(self.convs)
         seeds = [draw_seed() if self.dropout > 0 else 0 for _ in range(n)]   # replayed by the recompute
         cfg, memo = self.convs[0]._config(), {}

@@ -14,6 +14,7 @@ from ... import ops
 from ...compression_config import CompressionConfig
 from ...ops import captured
 from ...ops.gcn2 import BatchNormArgs, GCN2Layer, GCN2Step, gcnii_layers
+from ...ops.gcn2_recompute import gcnii_layers_recomputed
 from ..layers import BatchNorm1d, Linear
 from .. import paths as explain
 from .._base import (CompressedModuleMixin, check_feature_rows, check_zero_in_degree, compressed_activation,
@@ -204,7 +205,8 @@ class _MixGCN2(torch.autograd.Function):
         return gh, gf0, gw, gb, None, None, None
 
 
-def gcnii_stack(graph, convs, norms, h0: torch.Tensor, dropout: float, input_dropout: float, head: nn.Module):
+def gcnii_stack(graph, convs, norms, h0: torch.Tensor, dropout: float, input_dropout: float, head: nn.Module,
+                recompute: int = 0):
     """GCNII's hidden layers ``h_l = dropout(relu(BN_l(conv_l(h_{l-1}, h0))))``, ``h_0' = dropout(h0,
     input_dropout)``, and the output layer ``head(h_L)`` as one op (:func:`dgl_exact.ops.gcn2.gcnii_layers`:
     two layer-sized buffers at the step's peak instead of three); returns the logits, or None where that
@@ -218,10 +220,15 @@ def gcnii_stack(graph, convs, norms, h0: torch.Tensor, dropout: float, input_dro
     activation, dgl_exact ``BatchNorm1d`` norms and ``Linear`` head; no forward, forward-pre, backward or
     backward-pre hook on any of them, nor a global one; more than one row under batch norm; a homogeneous
     whole graph; fp32/fp64 and one dtype throughout. :func:`dgl_exact.explain` says which condition
-    failed."""
+    failed.
+
+    ``recompute``: segments of that many layers (0: off) keep only their input and are re-run in the
+    backward (:func:`dgl_exact.ops.gcn2_recompute.gcnii_layers_recomputed`), under the same conditions."""
     reason = _gcnii_stack_refusal(graph, convs, norms, h0, dropout, input_dropout, head)
     mods = list(convs) + (list(norms) if norms is not None else []) + [head]
-    explain.record(mods, "fused GCNII stack (ops.gcn2.gcnii_layers)" if reason is None else None, reason)
+    name = (f"fused GCNII stack recomputed in segments of {recompute} (ops.gcn2_recompute)" if recompute
+            else "fused GCNII stack (ops.gcn2.gcnii_layers)")
+    explain.record(mods, name if reason is None else None, reason)
     if reason is not None:
         return None
     st = ops.structure_of(graph, h0.device)
@@ -237,6 +244,8 @@ def gcnii_stack(graph, convs, norms, h0: torch.Tensor, dropout: float, input_dro
             bn = BatchNormArgs(m.weight, m.bias, mean, var, batch_stats, momentum, m.eps)
         step = GCN2Step(float(conv.alpha), float(conv.beta), float(dropout), float(input_dropout), i)
         layers.append(GCN2Layer(step, conv.weight1, conv.bias if conv._bias else None, bn, conv._config()))
+    if recompute:
+        return gcnii_layers_recomputed(st, h0, layers, head.weight, head.bias, head._config(), recompute)
     return gcnii_layers(st, h0, layers, head.weight, head.bias, head._config())
 
 
