@@ -223,7 +223,7 @@ def train(ctx, conf, debug_mem, test_speed, json_path, checkpoint, resume, check
             trainer.compile_mode = compile_mode
             trainer.checkpoint_batches = checkpoint_batches
         if trainer.rank == 0:
-            click.echo(f"{trainer.dataset.summary()}")
+            click.echo(trainer.dataset_summary)
             click.echo(f"model {cfg.model}, {cfg.layers} layers x {cfg.hidden}, sampler {cfg.sampler}, "
                        f"activations {cfg.compression.describe()}, device {trainer.device}, "
                        f"graph {trainer.structure_note}"

@@ -12,7 +12,7 @@ from typing import Optional, Sequence
 import torch
 
 __all__ = ["INT32_LIMIT", "index_dtype", "compact_graph", "structure_bytes", "describe_structure",
-           "TRAINING_FORMATS"]
+           "TRAINING_FORMATS", "allow_all_formats"]
 
 #: node and edge counts strictly below this fit int32 ids
 INT32_LIMIT = 2 ** 31
@@ -28,23 +28,32 @@ def index_dtype(num_nodes: int, num_edges: int) -> torch.dtype:
 
 def compact_graph(g, formats: Optional[Sequence[str]] = None):
     """``g`` with int32 ids when its counts allow (:func:`index_dtype`; else as it is), and, with
-    ``formats``, restricted to those sparse formats, all of them created from the formats ``g`` held
-    (the same edge order per node, so the same sums; they are created on ``g`` too) and any other format
-    dropped. Node and edge data are shared, not copied; edge ids keep their meaning. Returns ``g`` itself
-    when nothing changes."""
+    ``formats``, restricted to those sparse formats: the ones missing are created from the formats ``g``
+    held (its COO first: the same edge order per node, so the same sums), on a new graph object (``g``'s
+    own formats are not changed), and any other format dropped. Node and edge data are shared, not copied;
+    edge ids keep their meaning. Returns ``g`` itself when nothing changes."""
     want = index_dtype(g.num_nodes(), g.num_edges())
     if g.idtype != want:
         g = g.int() if want == torch.int32 else g.long()
     if formats:
         formats = list(formats)
         have = g.formats()
-        if sorted(have["created"] + have["not created"]) != sorted(formats) or have["not created"]:
+        if not set(formats) <= set(have["created"]):
             # created from the graph as it is (its COO): CSC built from a CSR orders each node's in-edges
             # differently, and the sums over them would round differently
+            g = g.formats(have["created"] + have["not created"])
             g.create_formats_()
+        if sorted(have["created"] + have["not created"]) != sorted(formats):
             g = g.formats(formats)
-            g.create_formats_()
     return g
+
+
+def allow_all_formats(g):
+    """``g`` (the same structure, shared) allowing every sparse format: one that ``g`` lacks is created
+    only when some DGL code asks for it. For handing a graph restricted to the training formats (e.g.
+    CSC + CSR) to code that may need a COO, without holding one."""
+    have = g.formats()
+    return g if len(have["created"]) + len(have["not created"]) == 3 else g.formats(["coo", "csr", "csc"])
 
 
 def structure_bytes(g) -> int:

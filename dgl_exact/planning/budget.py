@@ -467,7 +467,7 @@ def plan_for_training(trainer, budget, log: Callable[[str], None] = print, repli
         trainer.cfg = cfg = cfg.replace(compression=recorded)
     ds = trainer.dataset
     idx = trainer.split["train"]
-    spec = spec_from_graph(ds.graph, ds.num_features, ds.num_classes, int(idx.numel()), cfg.model, name=ds.name,
+    spec = spec_from_graph(trainer.graph, ds.num_features, ds.num_classes, int(idx.numel()), cfg.model, name=ds.name,
                            hidden=cfg.hidden, layers=cfg.layers, dropout=cfg.dropout, batch_norm=cfg.batch_norm,
                            heads=cfg.heads)
     data = (trainer.graph, trainer.feat, trainer.label[idx], idx)

@@ -216,8 +216,9 @@ def spec_for_dataset(name: str, model: str, data_root: Optional[str] = None, **h
 
 def spec_from_graph(graph, features: int, classes: int, train_nodes: int, model: str, name: str = "graph",
                     **hyper) -> PlanSpec:
-    """A :class:`PlanSpec` with the exact counts of ``graph`` (its self loops removed)."""
-    src, dst = graph.edges()
+    """A :class:`PlanSpec` with the exact counts of ``graph`` (its self loops removed). A graph without a
+    COO is read from its CSR (no COO is created)."""
+    src, dst = graph.edges(order="eid" if "coo" in graph.formats()["created"] else "srcdst")
     loops = int((src == dst).sum())
     return PlanSpec(model=model, nodes=graph.num_nodes(), edges=graph.num_edges() - loops, features=features,
                     classes=classes, train_nodes=train_nodes, name=name, **hyper)

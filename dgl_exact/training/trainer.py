@@ -21,7 +21,7 @@ from .._compat import import_dgl
 from .._progress import progress_bar
 from ..compression_config import config as compression_scope
 from ..data import GraphDataset, load_dataset
-from ..data.compact import TRAINING_FORMATS, compact_graph, describe_structure
+from ..data.compact import TRAINING_FORMATS, allow_all_formats, compact_graph, describe_structure
 from .checkpoint import RunState, remove_stale_temporaries
 from .config import TrainConfig
 from .models import build_model, exact_log_loss, layerwise_inference
@@ -139,7 +139,10 @@ class Trainer:
     steps), :meth:`optimizer_step` (apply the accumulated gradients: AMP unscaling, clipping, step),
     :meth:`evaluate`, :meth:`finish_run`, :meth:`read_checkpoint` and :meth:`check_new_checkpoint`.
 
-    Attributes: ``cfg``, ``device``, ``dataset``, ``graph`` and its ``feat`` / ``label`` / ``split`` on
+    Attributes: ``cfg``, ``device``, ``dataset`` (the dataset over the graph trained on: with one self loop
+    per node for GCN, GAT and GCNII, int32 ids when the counts allow, sharing ``graph``'s structure; the
+    dataset given or loaded is not kept, nor changed), ``dataset_summary`` (the given dataset's
+    :meth:`~dgl_exact.data.GraphDataset.summary`), ``graph`` and its ``feat`` / ``label`` / ``split`` on
     the device, ``sampler`` (None for full-graph training), ``rank`` / ``world_size``; ``run_seed``: the
     seed of the run in progress (``cfg.seed + run``); ``model``: the model trained by the last :meth:`run`
     (as :meth:`wrap_model` returned it).
@@ -171,8 +174,11 @@ class Trainer:
     # --- data ---------------------------------------------------------------------------------------
     def _prepare_graph(self):
         cfg, ds = self.cfg, self.dataset
+        #: the run header's line on the dataset as given (its own edges: before self loops are added)
+        self.dataset_summary = ds.summary()
         g = ds.graph
-        if cfg.model in ("gcn", "gat", "gcn2"):
+        loops = cfg.model in ("gcn", "gat", "gcn2")
+        if loops and not ds.info.get("self_loop"):  # with it, the graph has one self loop per node already
             g = dgl.add_self_loop(dgl.remove_self_loop(g))
         # int32 ids when the counts allow; full-graph training without layer-wise evaluation needs CSC and
         # CSR only (samplers and layer-wise inference read the COO): the COO goes once they exist
@@ -180,6 +186,13 @@ class Trainer:
         g = compact_graph(g, TRAINING_FORMATS if full else None)
         #: the run header's line on the graph structure (id type, formats, bytes)
         self.structure_note = describe_structure(g)
+        # The graph once: the trainer keeps no reference to the dataset's own graph (the structure it was
+        # built from: a second edge list, in int64 ids as DGL loads it). ``dataset`` becomes the same
+        # dataset over the graph trained on (its structure shared, every format allowed so that code
+        # needing a COO, e.g. a second Trainer's sampler, gets one on demand); a dataset passed in is not
+        # changed, and is freed with its graph once its owner drops it.
+        self.dataset = ds = dataclasses.replace(
+            ds, graph=allow_all_formats(g), info={**ds.info, "self_loop": True} if loops else ds.info)
         # full-graph degrees: GraphSAINT's aggregation normalisation needs them inside every batch
         g.ndata["_deg_in"] = g.in_degrees().float()
         g.ndata["_deg_out"] = g.out_degrees().float()
