@@ -193,7 +193,10 @@ class Trainer:
         # changed, and is freed with its graph once its owner drops it.
         self.dataset = ds = dataclasses.replace(
             ds, graph=allow_all_formats(g), info={**ds.info, "self_loop": True} if loops else ds.info)
-        # full-graph degrees: GraphSAINT's aggregation normalisation needs them inside every batch
+        # full-graph degrees: GraphSAINT's aggregation normalisation needs them inside every batch. Written
+        # on a local view: DGL's format and id-type conversions share the node-data frame, so otherwise the
+        # columns would appear in the caller's graph too.
+        g = g.local_var()
         g.ndata["_deg_in"] = g.in_degrees().float()
         g.ndata["_deg_out"] = g.out_degrees().float()
         self.graph = g

@@ -29,10 +29,13 @@ def _config(tmp_path, **kw):
 def test_trainer_keeps_no_reference_to_the_datasets_graph(tmp_path, model, compact):
     ds = load_dataset(SMALL, "unused", compact=compact)
     edges, idtype, formats = ds.graph.num_edges(), ds.graph.idtype, ds.graph.formats()
+    ndata = sorted(ds.graph.ndata)
     trainer = Trainer(_config(tmp_path, model=model), dataset=ds, progress=False, log=None)
-    # the caller's dataset is as it was: its edges, id type and formats
+    # the caller's dataset is as it was: its edges, id type, formats and node data (the trainer's degree
+    # columns go on its own graph only)
     assert ds.graph.num_edges() == edges and ds.graph.idtype == idtype
     assert ds.graph.formats()["created"] == formats["created"]
+    assert sorted(ds.graph.ndata) == ndata
     assert trainer.dataset is not ds and trainer.dataset.graph is not ds.graph
     assert trainer.dataset_summary == ds.summary()
     # once the caller drops it, nothing holds the dataset's graph: its edge list is freed
