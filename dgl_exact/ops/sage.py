@@ -37,8 +37,8 @@ import torch
 
 from ..compression import CompressedTensor
 from ..compression_config import CompressionConfig, resolve_config
-from .keep import (DOUBLE_BACKWARD_MESSAGE, autocast_dtype, chunk_elements_for, chunk_rows, create_graph_requested,
-                   fresh_outputs, load_kept, needs_chunks, row_chunks, save_kept, stash)
+from .keep import (DOUBLE_BACKWARD_MESSAGE, alive_anyway, autocast_dtype, chunk_elements_for, chunk_rows,
+                   create_graph_requested, fresh_outputs, load_kept, needs_chunks, row_chunks, save_kept, stash)
 from .graph import _check_nodes
 from .structure import structure_of
 
@@ -116,9 +116,16 @@ class _SAGEMean(torch.autograd.Function):
         if b_self is not None:
             out.add_(b_self)
         # x serves both weight gradients when the projection came first (dW_neigh = (A_mean^T g)^T x)
-        # (on a block only W_self's gradient reads x, then only its destination rows are kept)
+        # (on a block only W_self's gradient reads x, then only its destination rows are kept: a view made in
+        # this forward has no autograd history, so it is compressed (force) unless x itself is alive anyway
+        # (rule 1); kept by reference, the view would hold all of x's rows)
         needs_x = ctx.needs_input_grad[1] or (ctx.lin_first and ctx.needs_input_grad[3])
-        kept_x = stash(x if ctx.lin_first else x_dst, cfg) if needs_x else None
+        if not needs_x:
+            kept_x = None
+        elif ctx.lin_first or x_dst is x:
+            kept_x = stash(x, cfg)
+        else:
+            kept_x = stash(x_dst, cfg, force=not alive_anyway(x))
         ctx.st, ctx.has_bias, ctx.n_src = st, b_self is not None, n_src
         save_kept(ctx, kept_x, kept_s, w_self if ctx.needs_input_grad[0] else None,
              w_neigh if ctx.needs_input_grad[0] else None)

@@ -139,3 +139,23 @@ def test_refuses_a_bipartite_graph_that_is_not_a_block():
                         num_nodes_dict={"u": 6, "v": 3})
     with pytest.raises(ValueError, match="homogeneous graph or a block"):
         dgl_exact.ops.sage_mean(g, torch.randn(6, 3), torch.randn(3, 3), None, torch.randn(3, 3))
+
+
+def test_hidden_input_on_a_block_is_not_held():
+    """A hidden layer's input (autograd history) is kept compressed (its destination rows): the op holds no
+    reference to it, so its memory goes when the caller drops it; input features (alive anyway) are kept by
+    reference."""
+    import weakref
+
+    block = _block(n=200, seeds=30)
+    _, ex = _pair(8, 8)
+    h = torch.randn(block.num_src_nodes(), 8, requires_grad=True) * 1.0
+    out = ex(block, h)
+    ref = weakref.ref(h)
+    del h
+    assert ref() is None
+    out.sum().backward()
+    x = torch.randn(block.num_src_nodes(), 8)
+    out = ex(block, x)
+    assert any(t.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+               for t in out.grad_fn.saved_tensors)
