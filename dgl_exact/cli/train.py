@@ -7,6 +7,7 @@ a ``--conf`` YAML file, which overrides the defaults.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -74,8 +75,9 @@ def _train_options(f):
                      help="--sampler neighbor: sampled in-edges per node, one per layer, first layer first, e.g. "
                           "15,10,5 (-1: all; default 10 per layer)."),
         click.option("--batch-size", type=str,
-                     help="--sampler neighbor: seed (training) nodes per batch (1024); 'auto': see `dgl-exact plan "
-                          "--sampler neighbor --batch-size auto --memory-budget SIZE`."),
+                     help="--sampler neighbor: seed (training) nodes per batch (1024); 'auto' (with --memory-budget "
+                          "SIZE): the largest batch whose predicted step peak fits SIZE, as `dgl-exact plan "
+                          "--sampler neighbor --batch-size auto` picks it."),
         click.option("--saint-steps", type=int,
                      help="GraphSAINT subgraphs per epoch (EXACT: int(num_nodes / roots / walk length))."),
         click.option("--sample-coverage", type=int,
@@ -118,6 +120,28 @@ def _config_from(ctx, params) -> TrainConfig:
         raise UserError(str(e)) from None
 
 
+def _pick_batch(trainer, budget: int) -> TrainConfig:
+    """``--batch-size auto``: the run's config with the largest batch whose predicted step peak fits ``budget``
+    (:func:`dgl_exact.planning.minibatch.pick_training_batch`), saying what was picked and why."""
+    from ..memory import format_bytes
+    from ..planning.minibatch import pick_training_batch
+
+    cfg = trainer.cfg
+    click.echo(f"--batch-size auto: searching the largest batch whose predicted step peak fits "
+               f"{format_bytes(budget)} (recorded steps on sampled batches)")
+    try:
+        pick = pick_training_batch(trainer.dataset, cfg, budget, log=click.echo)
+    except ValueError as e:
+        raise UserError(str(e).splitlines()[0]) from None
+    over = [b for b, peak in pick.tried.items() if peak > budget]
+    why = (f"batch size {min(over):,} predicts {format_bytes(pick.tried[min(over)])}" if over
+           else f"it is every training node ({pick.batch_size:,})")
+    click.echo(f"batch size auto: {pick.batch_size:,} seed nodes: predicted step peak "
+               f"{format_bytes(pick.record.step_peak_bytes)} within --memory-budget {format_bytes(budget)} "
+               f"({pick.setting}, fan-outs {','.join(map(str, cfg.neighbor_fanouts()))}); {why}")
+    return dataclasses.replace(cfg, batch_size=pick.batch_size)
+
+
 @click.command()
 @_train_options
 @click.option("--conf", help=f"YAML file of defaults, or a bundled config: {', '.join(bundled_configs())}.")
@@ -142,7 +166,8 @@ def _config_from(ctx, params) -> TrainConfig:
                    "missing (as `dgl-exact datasets --download`). Nothing is downloaded without it.")
 @click.option("--memory-budget", default=None, metavar="SIZE",
               help="Choose a compression per kept activation so that the training step fits SIZE (e.g. 2GiB) with "
-                   "the least added gradient variance (see `dgl-exact plan`); full-graph training only.")
+                   "the least added gradient variance (see `dgl-exact plan`), full-graph training; with "
+                   "--sampler neighbor --batch-size auto: the step peak the picked batch must fit.")
 @click.option("--compile", "compile_mode", is_flag=False, flag_value="default", default=None,
               type=click.Choice(["default", "reduce-overhead", "max-autotune"]),
               help="Run the model under torch.compile (dgl_exact's ops as captured custom ops); optionally the "
@@ -152,20 +177,23 @@ def train(ctx, conf, debug_mem, test_speed, json_path, checkpoint, resume, check
           dist_timeout, download, memory_budget, compile_mode, **params):
     """Train a model; with no options, a GCN with INT2 activations on the bundled Cora graph."""
     params["conf"] = conf
+    auto_batch = False
     if params.get("batch_size") is not None:
         text = str(params["batch_size"]).strip()
         if text.lower() == "auto":
-            raise UserError("--batch-size auto: pick it with `dgl-exact plan --dataset D --sampler neighbor --fanouts "
-                            "F --batch-size auto --memory-budget SIZE` (the largest batch whose predicted step peak "
-                            "fits), then pass --batch-size N")
-        try:
-            params["batch_size"] = int(text)
-        except ValueError:
-            raise UserError(f"--batch-size must be a positive int (or 'auto'), got {text!r}") from None
+            auto_batch, params["batch_size"] = True, None
+        else:
+            try:
+                params["batch_size"] = int(text)
+            except ValueError:
+                raise UserError(f"--batch-size must be a positive int (or 'auto'), got {text!r}") from None
     cfg = _config_from(ctx, params)
     if memory_budget is not None:
         memory_budget = parse_size(memory_budget, "--memory-budget")
-    if (debug_mem or memory_budget is not None) and not str(cfg.device).startswith("cuda"):
+    if auto_batch and (cfg.sampler != "neighbor" or memory_budget is None):
+        raise UserError("--batch-size auto picks the largest neighbour-sampled batch whose predicted step peak fits "
+                        "--memory-budget SIZE: give --sampler neighbor and --memory-budget (e.g. 512MiB)")
+    if (debug_mem or memory_budget is not None) and not auto_batch and not str(cfg.device).startswith("cuda"):
         from ..memory import prepare_cpu_peak
 
         prepare_cpu_peak()  # before the dataset and the plan grow the heap (see dgl_exact.memory)
@@ -192,7 +220,10 @@ def train(ctx, conf, debug_mem, test_speed, json_path, checkpoint, resume, check
     dataset = _download_dataset(cfg, quiet) if download and not worker else None
     _check_dataset(cfg.dataset, cfg.data_root)
     if memory_budget is not None and ((nproc or 1) > 1 or worker):
-        raise UserError("--memory-budget plans one-process full-graph training; leave out --nproc")
+        raise UserError("--memory-budget plans one-process training; leave out --nproc (with --nproc, pick the batch "
+                        "with `dgl-exact plan --sampler neighbor --batch-size auto --memory-budget SIZE` and pass "
+                        "--batch-size N)" if auto_batch else
+                        "--memory-budget plans one-process full-graph training; leave out --nproc")
     if compile_mode is not None and (cfg.sampler != "full" or (nproc or 1) > 1 or worker or memory_budget is not None):
         raise UserError("--compile is for one-process full-graph training (static shapes): use --sampler full and "
                         "leave out --nproc and --memory-budget")
@@ -229,7 +260,9 @@ def train(ctx, conf, debug_mem, test_speed, json_path, checkpoint, resume, check
                        f"graph {trainer.structure_note}"
                        + (f", {trainer.ctx.describe()}" if worker else ""))
         budget_plan = None
-        if memory_budget is not None:  # a per-tensor plan (dgl_exact.planning.budget); the step peak is measured
+        if auto_batch:
+            trainer.cfg = _pick_batch(trainer, memory_budget)
+        elif memory_budget is not None:  # a per-tensor plan (dgl_exact.planning.budget); the step peak is measured
             from ..planning.budget import budget_report, plan_for_training
 
             budget_plan, debug_mem = plan_for_training(trainer, memory_budget, log=click.echo), True

@@ -184,10 +184,18 @@ class _BatchNorm(torch.autograd.Function):
             mean, invstd = stat_a, (stat_b + ctx.eps).rsqrt()
         sum_g = g.sum(0)
         sum_gxhat = torch.zeros_like(sum_g)
-        # per chunk one temporary beside the decoded rows (x - mean, scaled in place); the decoded rows are
-        # not written (a chunk of an exact tensor is a view of it)
+        # per chunk at most one temporary beside the decoded rows (x - mean, scaled in place): none where the
+        # decoded rows are this backward's own fresh buffer (rule 2), which then takes the arithmetic; never
+        # where a chunk is a view of a kept tensor (an exact one, or a compressed copy's stored rows)
+        kept = {t.untyped_storage().data_ptr() for t in x_s.split()[1]}
+
+        def centred(x):
+            if x.dtype == cdt and x.untyped_storage().data_ptr() not in kept:
+                return x.sub_(mean)
+            return torch.sub(x.to(cdt), mean)
+
         for r0, r1, x in row_chunks(x_s):
-            t = torch.sub(x.to(cdt), mean)
+            t = centred(x)
             sum_gxhat += t.mul_(invstd).mul_(g[r0:r1]).sum(0)
             del t
         w = invstd if weight is None else weight.to(cdt) * invstd
@@ -198,7 +206,7 @@ class _BatchNorm(torch.autograd.Function):
                 n = grad.shape[0]
                 mean_g, proj = sum_g / n, sum_gxhat * invstd / n  # (x - mean) * invstd^2 * sum(g xhat) / N
                 for r0, r1, x in row_chunks(x_s):
-                    t = torch.sub(x.to(cdt), mean).mul_(proj)
+                    t = centred(x).mul_(proj)
                     if gx.dtype == cdt:  # formed in gx's own rows: no chunk-sized temporaries beyond t
                         out = gx[r0:r1]
                         torch.sub(g[r0:r1], mean_g, out=out)

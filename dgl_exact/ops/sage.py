@@ -16,11 +16,17 @@ With ``D_out < D_in`` (project, then aggregate, as DGL orders it): nothing but `
 weight gradients (``dW_neigh = (A_mean^T g)^T x``; the composed ops keep two independent compressed copies of
 ``x``); backward's ``[N, D_in]`` buffer is ``gx`` alone, the other temporaries are ``D_out`` wide.
 
+On a block (a neighbour sampler's) the destination nodes are the first ``N_dst`` source nodes: ``x_dst =
+x[:N_dst]`` feeds ``fc_self``; the backward's one ``[N_src, D_in]`` buffer is ``gx``, into whose destination rows
+``fc_self``'s term is added (the composed ops hold three: the aggregation's gradient, ``fc_self``'s gradient padded
+to ``N_src`` rows by the slice's backward, and their sum), and the first layer (input features without gradient)
+allocates none. Only ``x_dst`` is kept where the layer aggregates first.
+
 Same values as the composed layer up to float summation order (the sum ``s W_neigh^T + x W_self^T + b``
 runs in that order); ``gx`` needs no activation and equals the composed layer's; the weight gradients are
 unbiased estimates from the kept tensors. Under autocast the products run in the autocast dtype and the
 aggregation of ``x`` in ``x``'s own, as the composed ops run them. Taken by :class:`dgl_exact.SAGEConv`
-('mean', homogeneous graph, plain linears, compression on, training, no capture); everything else runs the
+('mean', homogeneous graph or block, plain linears, compression on, training, no capture); everything else runs the
 composed ops.
 """
 from __future__ import annotations
@@ -31,8 +37,8 @@ import torch
 
 from ..compression import CompressedTensor
 from ..compression_config import CompressionConfig, resolve_config
-from .keep import (DOUBLE_BACKWARD_MESSAGE, autocast_dtype, chunk_elements_for, chunk_rows, create_graph_requested,
-                   fresh_outputs, load_kept, needs_chunks, row_chunks, save_kept, stash)
+from .keep import (DOUBLE_BACKWARD_MESSAGE, alive_anyway, autocast_dtype, chunk_elements_for, chunk_rows,
+                   create_graph_requested, fresh_outputs, load_kept, needs_chunks, row_chunks, save_kept, stash)
 from .graph import _check_nodes
 from .structure import structure_of
 
@@ -69,7 +75,10 @@ class _SAGEMean(torch.autograd.Function):
     def forward(ctx, x, w_self, b_self, w_neigh, st, cfg: CompressionConfig):
         # Under autocast the weights arrive cast (``cd``, e.g. bf16) and ``x`` as it was: the products run in
         # ``cd`` and the aggregation of ``x`` in ``x``'s dtype, as the composed ops under autocast run them.
-        n, d_in = x.shape
+        # a block: the destination nodes are the first ``n`` source nodes (DGL's layout), ``x_dst = x[:n]``
+        n_src, d_in = x.shape
+        n = st.num_dst
+        x_dst = x[:n] if st.is_block else x
         cd = w_neigh.dtype
         ctx.lin_first = w_neigh.shape[0] < d_in  # DGL's order: project before aggregating when that narrows
         ctx.x_dtype = x.dtype
@@ -81,7 +90,7 @@ class _SAGEMean(torch.autograd.Function):
             out = st.aggregate(t.unsqueeze(1)).view(n, -1)
             del t
             out.div_(_degrees(st, out.dtype))
-            xc = x if x.dtype == cd else x.to(cd)
+            xc = x_dst if x.dtype == cd else x_dst.to(cd)
         else:
             s = st.aggregate(x.unsqueeze(1)).view(n, d_in)
             s.div_(_degrees(st, s.dtype))
@@ -101,15 +110,23 @@ class _SAGEMean(torch.autograd.Function):
             else:
                 out = s.matmul(w_neigh.t())
             del s
-            xc = x if x.dtype == cd else x.to(cd)
+            xc = x_dst if x.dtype == cd else x_dst.to(cd)
         out.addmm_(xc, w_self.t())
         del xc
         if b_self is not None:
             out.add_(b_self)
         # x serves both weight gradients when the projection came first (dW_neigh = (A_mean^T g)^T x)
+        # (on a block only W_self's gradient reads x, then only its destination rows are kept: a view made in
+        # this forward has no autograd history, so it is compressed (force) unless x itself is alive anyway
+        # (rule 1); kept by reference, the view would hold all of x's rows)
         needs_x = ctx.needs_input_grad[1] or (ctx.lin_first and ctx.needs_input_grad[3])
-        kept_x = stash(x, cfg) if needs_x else None
-        ctx.st, ctx.has_bias = st, b_self is not None
+        if not needs_x:
+            kept_x = None
+        elif ctx.lin_first or x_dst is x:
+            kept_x = stash(x, cfg)
+        else:
+            kept_x = stash(x_dst, cfg, force=not alive_anyway(x))
+        ctx.st, ctx.has_bias, ctx.n_src = st, b_self is not None, n_src
         save_kept(ctx, kept_x, kept_s, w_self if ctx.needs_input_grad[0] else None,
              w_neigh if ctx.needs_input_grad[0] else None)
         return out
@@ -123,7 +140,7 @@ class _SAGEMean(torch.autograd.Function):
             raise RuntimeError(DOUBLE_BACKWARD_MESSAGE.format(op="sage_mean"))
         st = ctx.st
         grad = grad.contiguous()
-        n, xd = grad.shape[0], ctx.x_dtype
+        n, n_src, xd = grad.shape[0], ctx.n_src, ctx.x_dtype
         gx = gws = gb = gwn = None
         if ctx.has_bias and ctx.needs_input_grad[2]:
             gb = grad.sum(0)
@@ -132,26 +149,29 @@ class _SAGEMean(torch.autograd.Function):
             m = None
             if ctx.needs_input_grad[0] or ctx.needs_input_grad[3]:
                 deg, d_out = _degrees(st, grad.dtype), grad.shape[1]
-                width = column_chunks(n, d_out, grad.device)
+                width = column_chunks(n_src, d_out, grad.device)
                 if width >= d_out:
-                    m = st.aggregate((grad / deg).unsqueeze(1), transpose=True).view(n, d_out)
+                    m = st.aggregate((grad / deg).unsqueeze(1), transpose=True).view(n_src, d_out)
                 else:  # column chunks: the scaled gradient and the kernel's buffers exist a chunk at a time
-                    m = torch.empty_like(grad)
+                    m = grad.new_empty((n_src, d_out))
                     for c0 in range(0, d_out, width):
                         c1 = min(d_out, c0 + width)
                         g = grad[:, c0:c1] / deg
-                        m[:, c0:c1] = st.aggregate(g.unsqueeze(1), transpose=True).view(n, c1 - c0)
+                        m[:, c0:c1] = st.aggregate(g.unsqueeze(1), transpose=True).view(n_src, c1 - c0)
                         del g
             if ctx.needs_input_grad[1] or ctx.needs_input_grad[3]:
                 for r0, r1, x in row_chunks(x_s):
                     x = x.to(grad.dtype)
-                    if ctx.needs_input_grad[1]:
-                        part = grad[r0:r1].t().matmul(x)
+                    if ctx.needs_input_grad[1] and r0 < n:  # W_self: the destination rows only
+                        part = grad[r0:min(r1, n)].t().matmul(x[:min(r1, n) - r0])
                         gws = part if gws is None else gws.add_(part)
                     if ctx.needs_input_grad[3]:
                         part = m[r0:r1].t().matmul(x)
                         gwn = part if gwn is None else gwn.add_(part)
-            if ctx.needs_input_grad[0]:
+            if ctx.needs_input_grad[0] and n_src != n:  # a block: W_self's term on the destination rows only
+                gx = m.matmul(w_neigh.to(grad.dtype)).to(xd)
+                gx[:n].add_(grad.matmul(w_self.to(grad.dtype)).to(xd))
+            elif ctx.needs_input_grad[0]:
                 gx = grad.matmul(w_self.to(grad.dtype))
                 if gx.dtype == xd:
                     gx.addmm_(m, w_neigh.to(grad.dtype))
@@ -164,32 +184,46 @@ class _SAGEMean(torch.autograd.Function):
             gwn = _weight_grad(grad, s_s)
         if ctx.needs_input_grad[0]:
             w_self, w_neigh = w_self.to(grad.dtype), w_neigh.to(grad.dtype)
-            gx = grad.matmul(w_self).to(xd)
-            d_in = gx.shape[1]
+            block = n_src != n
+            d_in = w_self.shape[1]
+            # a block: one [N_src, D_in] buffer, the aggregation's gradient, W_self's term added to its
+            # destination rows afterwards
+            width = column_chunks(n_src, d_in, grad.device)
+            if not block:
+                gx = grad.matmul(w_self).to(xd)
+            elif width < d_in:
+                gx = grad.new_empty((n_src, d_in), dtype=xd)
             deg = _degrees(st, xd)
-            width = column_chunks(n, d_in, grad.device)
             for c0 in range(0, d_in, width):
                 c1 = min(d_in, c0 + width)
                 g = grad.matmul(w_neigh[:, c0:c1]).to(xd).div_(deg)
-                part = st.aggregate(g.unsqueeze(1), transpose=True).view(n, c1 - c0)
+                part = st.aggregate(g.unsqueeze(1), transpose=True).view(n_src, c1 - c0)
                 del g
-                gx[:, c0:c1].add_(part)
+                if block and width >= d_in:
+                    gx = part  # the kernel's fresh buffer is the input gradient
+                elif block:
+                    gx[:, c0:c1] = part
+                else:
+                    gx[:, c0:c1].add_(part)
                 del part
+            if block:
+                gx[:n].add_(grad.matmul(w_self).to(xd))
         return gx, gws, gb, gwn, None, None
 
 
 @fresh_outputs
 def sage_mean(g, x: torch.Tensor, w_self: torch.Tensor, b_self: Optional[torch.Tensor], w_neigh: torch.Tensor,
               config: Optional[CompressionConfig] = None) -> torch.Tensor:
-    """GraphSAGE-mean on a homogeneous graph: ``x W_self^T + b_self + mean_{u -> v}(x[u]) W_neigh^T``, with
-    ``x [N, D_in]``, ``w_self, w_neigh [D_out, D_in]``; the activations kept compressed under ``config``."""
+    """GraphSAGE-mean on a homogeneous graph or a block: ``x_dst W_self^T + b_self + mean_{u -> v}(x[u])
+    W_neigh^T``, with ``x [N_src, D_in]`` (``x_dst``: its first ``N_dst`` rows, all of them on a homogeneous graph),
+    ``w_self, w_neigh [D_out, D_in]``; the activations kept compressed under ``config``."""
     st = structure_of(g, x.device)
     if x.dim() >= 1:
         _check_nodes(st, x)
-    if st.is_block or st.num_src != st.num_dst or x.dim() != 2 or x.shape[0] != st.num_src:
-        raise ValueError(f"sage_mean needs a homogeneous graph and [N, D] features with one row per node; got "
-                         f"features {tuple(x.shape)} on a graph of {st.num_src} source / {st.num_dst} "
-                         f"destination nodes")
+    if (not st.is_block and st.num_src != st.num_dst) or x.dim() != 2 or x.shape[0] != st.num_src:
+        raise ValueError(f"sage_mean needs a homogeneous graph or a block and [N, D] features with one row per "
+                         f"(source) node; got features {tuple(x.shape)} on a graph of {st.num_src} source / "
+                         f"{st.num_dst} destination nodes")
     cfg = resolve_config(config)
     dtype = autocast_dtype(x.device.type)
     if dtype is None:

@@ -26,7 +26,7 @@ from .timeline import _Timeline
 from ..compression_config import config as compression_scope
 from ..training.neighbor import NeighborSampler
 
-__all__ = ["BatchPrediction", "MinibatchPlanner", "largest_batch", "format_batch_table"]
+__all__ = ["BatchPrediction", "MinibatchPlanner", "largest_batch", "format_batch_table", "pick_training_batch"]
 
 #: sampled batches per predicted batch size (the largest step peak of them is taken)
 DEFAULT_BATCHES = 3
@@ -221,3 +221,15 @@ def format_batch_table(rows: Sequence[BatchPrediction]) -> str:
     for r in rows:
         lines.append(f"| {r.setting} | {r.batch_size:,} | {fb(r.record.step_peak_bytes)} | {fb(r.budget)} |")
     return "\n".join(lines)
+
+
+def pick_training_batch(dataset, cfg, budget: int, log: Optional[Callable[[str], None]] = None) -> BatchPrediction:
+    """``dgl-exact train --sampler neighbor --batch-size auto --memory-budget SIZE``: the largest batch of the
+    run described by ``cfg`` (a :class:`~dgl_exact.training.config.TrainConfig`: model, layers, hidden width,
+    dropout, batch norm, heads, fan-outs, compression) whose predicted step peak fits ``budget`` bytes, searched
+    by :func:`largest_batch` on sampled batches of ``dataset``'s graph. ValueError where even one seed node does
+    not fit or the model has no block form."""
+    planner = MinibatchPlanner(dataset, cfg.model, cfg.neighbor_fanouts(), seed=cfg.seed, hidden=cfg.hidden,
+                               dropout=cfg.dropout, batch_norm=cfg.batch_norm, heads=cfg.heads)
+    setting = Setting(cfg.compression.describe(), "exact", cfg.compression)
+    return largest_batch(planner, setting, budget, log=log)

@@ -146,12 +146,6 @@ def test_composed_path_where_fusion_does_not_apply(monkeypatch):
     assert calls == []
 
 
-def test_refuses_a_block():
-    g = dgl.to_block(_graph(10), torch.arange(4))
-    with pytest.raises(ValueError, match="homogeneous"):
-        dgl_exact.ops.sage_mean(g, torch.randn(g.num_src_nodes(), 3), torch.randn(3, 3), None, torch.randn(3, 3))
-
-
 def test_double_backward_refused_when_compressed():
     g = _graph(9)
     conv = dgl_exact.SAGEConv(4, 4, "mean", compression=_cfg())

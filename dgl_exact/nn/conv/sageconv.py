@@ -109,11 +109,11 @@ class SAGEConv(CompressedModuleMixin, dgl.nn.SAGEConv):
         return cfg
 
     def _fused_mean(self, cfg, feat, x, st, edge_weight) -> bool:
-        """Whether :func:`dgl_exact.ops.sage_mean` computes this call: 'mean' on a whole graph, plain linears
-        (``fc_neigh`` without bias, as DGL builds it), compression on, training, one dtype (or autocast), no
-        capture."""
+        """Whether :func:`dgl_exact.ops.sage_mean` computes this call: 'mean' on a whole graph or a block given
+        one feature tensor, plain linears (``fc_neigh`` without bias, as DGL builds it), compression on,
+        training, one dtype (or autocast), no capture."""
         return (self._aggre_type == "mean" and cfg.enabled and not isinstance(feat, tuple)
-                and not st.is_block and edge_weight is None and x.dim() == 2
+                and edge_weight is None and x.dim() == 2
                 and _plain_linear(self.fc_self, cfg) and _plain_linear(self.fc_neigh, cfg)
                 and self.fc_neigh.bias is None
                 and (x.dtype == self.fc_self.weight.dtype == self.fc_neigh.weight.dtype
