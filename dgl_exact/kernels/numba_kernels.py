@@ -2,7 +2,8 @@
 
 Ops (from :data:`.spec.OPS`; signatures and results exactly those of :mod:`.reference`, codes and masks bit for bit):
 ``compress_rows``, ``relu_dropout_compress``, ``quantize_pack``, ``unpack_dequantize``, ``pack_mask``,
-``unpack_mask``, ``dropout``, ``relu_dropout``, ``masked_scale``, ``rademacher``. No fallback of its own: the
+``unpack_mask``, ``dropout``, ``relu_dropout``, ``relu_dropout_inplace`` (the ``relu_dropout`` kernel with
+its output array the input's), ``masked_scale``, ``rademacher``. No fallback of its own: the
 registry chooses. ``compress_rows`` and ``relu_dropout_compress`` are compositions of this backend's kernels
 (the one-read fused kernels are the extension's).
 
