@@ -5,7 +5,9 @@ user-sage,user-sage-donate``): the memory figures the README quotes must be reac
 ``nn.Dropout(0.5)`` between them, written as a plain loop (``h = conv(g, h); h = post(h)``), converted
 with :func:`dgl_exact.compress_model` for dgl_exact's settings and left as written for DGL's.
 ``user-sage-donate``: the same model with the one word per layer the README documents,
-``h = conv(g, dgl_exact.donate(h))``.
+``h = conv(g, dgl_exact.donate(h))``. (``compress_model`` makes each ``Sequential(BatchNorm1d, ReLU, Dropout)``
+a :class:`dgl_exact.nn.Sequential` running it as one op; with it the plain loop already reaches the project
+model's step peak, and ``SAGEConv`` does not release a donated input: both peak alike.)
 
 ``user-block-gcn``, ``user-block-sage``, ``user-block-gat``: a pre-LayerNorm residual GNN
 (:class:`PreNormNet`): an input ``nn.Linear(in, hidden)``, ``layers`` blocks

@@ -2,7 +2,8 @@
 
 Ops (from :data:`.spec.OPS`; signatures and results exactly those of :mod:`.reference`, codes and masks bit for bit):
 ``compress_rows``, ``relu_dropout_compress``, ``quantize_pack``, ``unpack_dequantize``, ``pack_mask``,
-``unpack_mask``, ``dropout``, ``relu_dropout``, ``masked_scale``, ``rademacher``. No fallback of its own: the
+``unpack_mask``, ``dropout``, ``relu_dropout``, ``relu_dropout_inplace`` (the ``relu_dropout`` kernel with
+its output array the input's), ``masked_scale``, ``rademacher``. No fallback of its own: the
 registry chooses. ``compress_rows`` and ``relu_dropout_compress`` are compositions of this backend's kernels
 (the one-read fused kernels are the extension's).
 
@@ -239,12 +240,13 @@ class _TorchOps:
             self._uniform_tables[key] = torch.arange(1 << bits, dtype=torch.float32, device=device)
         return self._uniform_tables[key]
 
-    def _map_chunks(self, x: torch.Tensor, launch) -> torch.Tensor:
+    def _map_chunks(self, x: torch.Tensor, launch, in_place: bool = False) -> torch.Tensor:
         """The output of an elementwise op, shaped as ``x`` (a tensor of its own, not a view, so that it can be
         released alone): ``launch(a, b, xc, oc)`` runs the kernel on elements ``[a, b)``, from the fp32
         array ``xc`` into the fp32 array ``oc``. fp32 tensors go in one chunk; others through fp32 chunks
-        of :data:`CHUNK` elements (``oc`` then a scratch buffer copied back)."""
-        shaped = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        of :data:`CHUNK` elements (``oc`` then a scratch buffer copied back). ``in_place``: the output is
+        ``x`` itself (contiguous; the kernels read each element before they write it)."""
+        shaped = x if in_place else torch.empty(x.shape, dtype=x.dtype, device=x.device)
         out = shaped.view(-1)
         scratch = None if x.dtype == torch.float32 else torch.empty(min(CHUNK, x.numel()), dtype=torch.float32,
                                                                     device=x.device)
@@ -387,6 +389,9 @@ class _TorchOps:
 
         if x.dtype != torch.float32 and x.dtype not in _LOW_PRECISION:
             return reference.relu_dropout(x, p, seed)
+        return self._relu_dropout(x, p, seed)
+
+    def _relu_dropout(self, x, p, seed, in_place: bool = False):
         use_p = p > 0
         scale = 1.0 / (1.0 - p) if use_p else 1.0
         p32, sc = _f32(p), _f32(scale)
@@ -398,7 +403,16 @@ class _TorchOps:
             self.engine.launch("relu_dropout", pc.numel(), x.device, xc, a, bool(use_p), p32, s_lo, s_hi, sc, oc,
                                self._a(pc))
 
-        return self._map_chunks(x, launch), packed
+        return self._map_chunks(x, launch, in_place), packed
+
+    def relu_dropout_inplace(self, x, p, seed):
+        from . import reference
+
+        if not x.is_contiguous():
+            raise ValueError("relu_dropout_inplace: x must be contiguous")
+        if x.dtype != torch.float32 and x.dtype not in _LOW_PRECISION:
+            return reference.relu_dropout_inplace(x, p, seed)
+        return self._relu_dropout(x, p, seed, in_place=True)[1]
 
     def relu_dropout_compress(self, x, p, seed, levels, bits, block_rows, code_seed, stochastic):
         """This engine's ``relu_dropout`` then its ``compress_rows`` (the one-read fused kernel is the

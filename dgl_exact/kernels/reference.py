@@ -315,6 +315,22 @@ def relu_dropout(x: torch.Tensor, p: float, seed: int):
     return y, pack_mask(mask)
 
 
+@register("relu_dropout_inplace", "torch")
+def relu_dropout_inplace(x: torch.Tensor, p: float, seed: int) -> torch.Tensor:
+    """:func:`relu_dropout` written into ``x`` (contiguous; its caller allocated it and nothing else reads it:
+    :mod:`dgl_exact.ops.keep`, rule 2). ``x`` then holds ``relu_dropout(x, p, seed)[0]`` bit for bit; returns
+    the packed mask."""
+    if not x.is_contiguous():
+        raise ValueError("relu_dropout_inplace: x must be contiguous")
+    mask = x > 0
+    if p > 0:
+        mask &= dropout_keep(seed, x.numel(), p, x.device).view(x.shape)
+    x.mul_(mask.to(x.dtype))
+    if p > 0:
+        x.mul_(1.0 / (1.0 - p))
+    return pack_mask(mask)
+
+
 @register("relu_dropout_compress", "torch")
 def relu_dropout_compress(x: torch.Tensor, p: float, seed: int, levels: Optional[torch.Tensor], bits: int,
                           block_rows: int, code_seed: int, stochastic: bool):

@@ -91,6 +91,10 @@ _OPS = (
     Op("relu_dropout", "(x, p, seed) -> (y, packed mask)",
        "relu_dropout(Tensor x, float p, int seed) -> (Tensor, Tensor)", _codec(),
        lambda x, p, seed: (x.new_empty(x.shape), x.new_empty((_nbytes(x.numel(), 1),), dtype=torch.uint8))),
+    # in place: the extension has no kernel of its own (its wrapper would copy); numba serves CUDA tensors
+    Op("relu_dropout_inplace", "(x, p, seed) -> packed mask; x (contiguous) overwritten with relu_dropout's y",
+       None, {"ext": "no in-place kernel: on CUDA the numba kernel (or the torch reference) serves",
+              "numba": _ANY, "dgl": _NO_DGL_CODEC, "torch": _ANY}),
     Op("masked_scale", "(g, packed, on, off) -> g * (on if bit else off)",
        "masked_scale(Tensor g, Tensor packed, float on, float off) -> Tensor", _codec(),
        lambda g, packed, on, off: g.new_empty(g.shape)),

@@ -3,7 +3,8 @@ from .conv import GATConv, GCN2Conv, GraphConv, SAGEConv
 from .convert import ConversionReport, compress_model
 from .layers import (ELU, GELU, BatchNorm1d, Dropout, LayerNorm, LeakyReLU, Linear, LogSoftmax, PReLU, ReLU,
                      ReLUDropout, SiLU, Softmax)
+from .sequential import Sequential
 
 __all__ = ["GraphConv", "SAGEConv", "GATConv", "GCN2Conv", "Linear", "BatchNorm1d", "ReLU", "LeakyReLU", "ELU",
-           "Dropout", "ReLUDropout", "LayerNorm", "GELU", "SiLU", "PReLU", "Softmax", "LogSoftmax", "compress_model",
-           "ConversionReport"]
+           "Dropout", "ReLUDropout", "LayerNorm", "GELU", "SiLU", "PReLU", "Softmax", "LogSoftmax", "Sequential",
+           "compress_model", "ConversionReport"]

@@ -11,6 +11,7 @@ from .._compat import import_dgl
 from ..compression_config import CompressionConfig
 from . import layers
 from .conv import GATConv, GCN2Conv, GraphConv, SAGEConv
+from .sequential import Sequential, fusable_runs
 
 dgl = import_dgl()
 
@@ -42,11 +43,14 @@ _KEEP_NOTHING = (nn.Sequential, nn.ModuleList, nn.ModuleDict, nn.Identity, nn.Fl
 @dataclasses.dataclass
 class ConversionReport:
     """What :func:`compress_model` changed: ``converted`` (qualified module name -> ``"Old -> New"``),
-    ``fused`` (ReLU+Dropout pairs) and ``fp32`` (qualified module name -> why what it keeps for backward
-    stays uncompressed, or how it is compressed anyway with ``saved_tensors=True``)."""
+    ``fused`` (ReLU+Dropout pairs), ``fused_norm`` (BatchNorm1d+ReLU(+Dropout) runs of an ``nn.Sequential``
+    that now runs them as one op, :class:`dgl_exact.nn.Sequential`) and ``fp32`` (qualified module name ->
+    why what it keeps for backward stays uncompressed, or how it is compressed anyway with
+    ``saved_tensors=True``)."""
 
     converted: Dict[str, str] = dataclasses.field(default_factory=dict)
     fused: List[str] = dataclasses.field(default_factory=list)
+    fused_norm: List[str] = dataclasses.field(default_factory=list)
     fp32: Dict[str, str] = dataclasses.field(default_factory=dict)
 
     def __len__(self):
@@ -59,6 +63,7 @@ class ConversionReport:
             lines = [f"compress_model: converted {len(self.converted)} module(s)"]
         lines += [f"  {name or '<root>'}: {change}" for name, change in self.converted.items()]
         lines += [f"  fused ReLU+Dropout: {name}" for name in self.fused]
+        lines += [f"  fused BatchNorm1d+ReLU(+Dropout), in place where allowed: {name}" for name in self.fused_norm]
         if self.fp32:
             lines.append(f"  not converted ({len(self.fp32)}):")
             lines += [f"    {name or '<root>'}: {why}" for name, why in self.fp32.items()]
@@ -98,7 +103,11 @@ def compress_model(model: nn.Module, config: Optional[CompressionConfig] = None,
     forward may differ). Converted modules keep their train/eval mode. A residual connection
     (``x + f(x)``) keeps nothing for backward, so it needs no conversion. ``config`` is set as each converted module's
     ``compression`` (None: follow the configuration in force). With ``fuse``, a ``ReLU`` directly followed
-    by a ``Dropout`` inside an ``nn.Sequential`` becomes one ``ReLUDropout`` keeping a single bit.
+    by a ``Dropout`` inside an ``nn.Sequential`` becomes one ``ReLUDropout`` keeping a single bit, and an
+    ``nn.Sequential`` (exactly that type) in which a ``BatchNorm1d`` is directly followed by a ``ReLU`` (and
+    ``Dropout``) becomes a :class:`dgl_exact.nn.Sequential`, which runs that run as one op writing ReLU and
+    dropout into batch norm's output (one layer-sized tensor less at the step's peak) wherever that computes
+    what the modules compute (training, no hooks, fp32; else the modules are called one by one).
     Activations called functionally inside ``forward`` (``F.relu(x)``) cannot be seen and stay as they are,
     unless ``saved_tensors=True``: then every training forward of ``model`` runs inside
     :func:`dgl_exact.compress_saved` (with ``config``), which compresses what autograd saves for the ops
@@ -126,6 +135,10 @@ def compress_model(model: nn.Module, config: Optional[CompressionConfig] = None,
         for name, module in list(model.named_modules()):
             if isinstance(module, nn.Sequential):
                 _fuse_relu_dropout(module, name, result)
+        for name, module in list(model.named_modules()):
+            if type(module) is nn.Sequential and fusable_runs(module):
+                module.__class__ = Sequential  # the same children: only its forward runs the runs as one op
+                result.fused_norm += [f"{name}.{a}+{b}" if name else f"{a}+{b}" for a, b in fusable_runs(module)]
     if saved_tensors:
         _install_saved_tensor_hooks(model, config)
     for name, module in model.named_modules():

@@ -1,6 +1,7 @@
 """Autograd ops that keep compressed activations (used by :mod:`dgl_exact.nn`); also every public function of
 ``dgl.ops``, with DGL's signatures and results (:mod:`.dgl_ops`)."""
 from .dense import batch_norm, linear, linear_reusing
+from .norm_act import batch_norm_relu_dropout
 from .blocks import gelu, layer_norm, log_softmax, prelu, silu, softmax
 from .elementwise import dropout, elu, leaky_relu, relu, relu_dropout
 from .graph import copy_u_mean, copy_u_sum, edge_softmax, normalize_edge_weight, u_add_v, u_mul_e_sum
@@ -10,7 +11,8 @@ from . import gcn2
 from .loss import binary_cross_entropy_with_logits, cross_entropy
 from .structure import GraphStructure, structure_of
 
-__all__ = ["linear", "linear_reusing", "batch_norm", "relu", "leaky_relu", "elu", "dropout", "relu_dropout",
+__all__ = ["linear", "linear_reusing", "batch_norm", "batch_norm_relu_dropout", "relu", "leaky_relu", "elu", "dropout",
+           "relu_dropout",
            "copy_u_sum",
            "copy_u_mean", "u_mul_e_sum", "copy_u_max", "copy_u_min", "u_add_v", "edge_softmax", "gat_attention",
            "cross_entropy", "binary_cross_entropy_with_logits", "normalize_edge_weight",

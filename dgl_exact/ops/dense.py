@@ -150,12 +150,19 @@ class _BatchNorm(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         x_s, stat_a, stat_b, weight = load_kept(ctx)
-        cdt = stat_a.dtype
         if create_graph_requested():
             check_double_backward("batch_norm", x_s)
             return _BatchNorm._differentiable_backward(ctx, grad, x_s, stat_a, stat_b, weight)
+        return _BatchNorm.gradients(ctx, grad, x_s, stat_a, stat_b, weight)
+
+    @staticmethod
+    def gradients(ctx, grad, x_s, stat_a, stat_b, weight, grad_owned: bool = False):
+        """The backward from the kept items (``ctx``: ``training``, ``eps``, ``needs_input_grad``).
+        ``grad_owned``: the caller allocated ``grad`` in its own backward and nothing else reads it (rule 2),
+        so a chunked backward forms the input gradient in ``grad``'s own rows."""
+        cdt = stat_a.dtype
         if isinstance(x_s, CompressedTensor) and needs_chunks(x_s):
-            return _BatchNorm._chunked_backward(ctx, grad, x_s, stat_a, stat_b, weight)
+            return _BatchNorm._chunked_backward(ctx, grad, x_s, stat_a, stat_b, weight, grad_owned)
         x = unstash(x_s).to(cdt)
         w = None if weight is None else weight.to(cdt)
         if ctx.training:
@@ -171,11 +178,12 @@ class _BatchNorm(torch.autograd.Function):
         return gx, gw, gb, None, None, None, None, None, None
 
     @staticmethod
-    def _chunked_backward(ctx, grad, x_s, stat_a, stat_b, weight):
+    def _chunked_backward(ctx, grad, x_s, stat_a, stat_b, weight, grad_owned: bool = False):
         """Backward from the compressed input in row chunks (no full-size decompressed copy): with
         ``xhat = (x - mean) * invstd``, ``gb = sum(g)``, ``gw = sum(g * xhat)`` and, in training,
         ``gx = w * invstd * (g - gb / N - xhat * gw / N)`` (eval: ``gx = w * invstd * g``). Two passes over
-        the chunks in training (the sums first); the same formulas as ATen's kernel."""
+        the chunks in training (the sums first); the same formulas as ATen's kernel. ``grad_owned`` (see
+        :meth:`gradients`): ``gx`` is written into ``grad`` (each row read before it is written)."""
         cdt = stat_a.dtype
         g = grad.to(cdt)
         if ctx.training:
@@ -201,7 +209,8 @@ class _BatchNorm(torch.autograd.Function):
         w = invstd if weight is None else weight.to(cdt) * invstd
         gx = None
         if ctx.needs_input_grad[0]:
-            gx = torch.empty(grad.shape, dtype=grad.dtype, device=grad.device)
+            own = grad_owned and g is grad and grad.is_contiguous()
+            gx = grad if own else torch.empty(grad.shape, dtype=grad.dtype, device=grad.device)
             if ctx.training:
                 n = grad.shape[0]
                 mean_g, proj = sum_g / n, sum_gxhat * invstd / n  # (x - mean) * invstd^2 * sum(g xhat) / N
