@@ -23,7 +23,10 @@ pattern of ``torch.utils.checkpoint``), so every buffer it writes in place was a
   ReLU and dropout row chunk by row chunk. The output linear reads the buffer last.
 * **backward**: the logits' gradient (``[N, classes]``, never written) times the output weight is a new
   buffer; the layers' backward steps run in reverse in place in it, and the ``h0`` gradient of every layer
-  is summed in a second one. The ``h0`` gradient and the layers' gradient are the only blocks.
+  is summed in a second one. The ``h0`` gradient and the layers' gradient are the only blocks. Each
+  layer's compressed copies and masks are dropped as soon as its backward step has run, where no
+  saved-tensor hook must see them and the graph is not retained (keep.py, rule 8), as separate
+  per-layer nodes would free them.
 
 On a device where a layer is not chunked (a GPU at arxiv size, :func:`.keep.chunk_elements_for`) the
 propagation runs at full width: one sparse product, three blocks, as the composed ops.
@@ -45,7 +48,8 @@ import torch.nn.functional as F
 from .. import kernels
 from ..compression import draw_seed
 from ..compression_config import CompressionConfig
-from .keep import (DOUBLE_BACKWARD_MESSAGE, chunk_elements_for, chunk_rows, create_graph_requested, load_kept,
+from .keep import (DOUBLE_BACKWARD_MESSAGE, SECOND_BACKWARD_MESSAGE, chunk_elements_for, chunk_rows,
+                   create_graph_requested, graph_freed_after_backward, load_kept, private_keeping_allowed,
                    row_chunks, save_kept, stash)
 
 __all__ = ["BatchNormArgs", "GCN2Layer", "GCN2Step", "degree_norm", "gcnii_layers"]
@@ -247,11 +251,17 @@ class _GCNIIStack(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h0, norm, head_w, head_b, st, steps, bns, cfgs, head_cfg, *params):
         needs = ctx.needs_input_grad
-        x, kept, records = None, [], []
+        # what the stack allocated for a layer's backward (its compressed copies and masks) is held on ctx and
+        # dropped layer by layer in the backward where no saved-tensor hook must see it (keep.py, rule 8)
+        private = private_keeping_allowed()
+        x, kept, records, own = None, [], [], []
         for i, (step, bn, cfg) in enumerate(zip(steps, bns, cfgs)):
             w1, b, bw, bb = params[4 * i:4 * i + 4]
             x, items, rec = _layer_forward(x, h0, w1, b, bw, bb, st, norm, step, bn, cfg, needs[9 + 4 * i])
             rec.start = len(kept)
+            if private:  # the kept s and o and the masks: made here from x, never returned
+                own.append([items[0], items[1], *items[4 + rec.n_stats:]])
+                items = [None, None, *items[2:4 + rec.n_stats]]
             kept.extend(items)
             records.append(rec)
         logits = F.linear(x, head_w, head_b)
@@ -259,7 +269,8 @@ class _GCNIIStack(torch.autograd.Function):
         kept_head = stash(x, head_cfg, force=True) if needs[2] else None
         del x
         ctx.st, ctx.records, ctx.has_head_bias = st, records, head_b is not None
-        save_kept(ctx, norm, head_w, kept_head, *kept)
+        ctx.own = [kept_head, *own] if private else None
+        save_kept(ctx, norm, head_w, None if private else kept_head, *kept)
         return logits
 
     @staticmethod
@@ -267,6 +278,15 @@ class _GCNIIStack(torch.autograd.Function):
         if create_graph_requested():
             raise RuntimeError(DOUBLE_BACKWARD_MESSAGE.format(op="the fused GCNII stack"))
         norm, head_w, kept_head, *kept = load_kept(ctx)
+        own = ctx.own
+        if own is not None:
+            if getattr(ctx, "own_dropped", False):
+                raise RuntimeError(SECOND_BACKWARD_MESSAGE.format(op="the fused GCNII stack"))
+            drop = graph_freed_after_backward()
+            ctx.own_dropped = drop
+            kept_head = own[0]
+            if drop:
+                own[0] = None
         needs = ctx.needs_input_grad
         records = ctx.records
         g_head_w = g_head_b = None
@@ -274,6 +294,8 @@ class _GCNIIStack(torch.autograd.Function):
             for r0, r1, x in row_chunks(kept_head):
                 part = grad[r0:r1].t().matmul(x.to(grad.dtype))
                 g_head_w = part if g_head_w is None else g_head_w.add_(part)
+                del x, part
+        del kept_head
         if ctx.has_head_bias and needs[3]:
             g_head_b = grad.sum(0)
         param_grads: list = [None] * (4 * len(records))
@@ -285,9 +307,16 @@ class _GCNIIStack(torch.autograd.Function):
                 rec = records[i]
                 n_items = 4 + rec.n_stats + rec.n_masks
                 items = kept[rec.start:rec.start + n_items]
+                if own is not None:  # rule 8: the layer's own items from ctx, dropped there once used
+                    mine = own[1 + i]
+                    items[0], items[1], items[4 + rec.n_stats:] = mine[0], mine[1], mine[2:]
+                    if ctx.own_dropped:
+                        own[1 + i] = None
+                    del mine
                 need_x = needs[0] or any(needs[9:9 + 4 * i])
                 g, gh0, gw, gb, gbw, gbb = _layer_backward(g, items, rec, gh0, needs[9 + 4 * i],
                                                            needs[9 + 4 * i + 1], need_x, needs[0])
+                del items
                 param_grads[4 * i:4 * i + 4] = [gw, gb, gbw, gbb]
                 if g is None:
                     break
