@@ -23,7 +23,10 @@ pattern of ``torch.utils.checkpoint``), so every buffer it writes in place was a
   ReLU and dropout row chunk by row chunk. The output linear reads the buffer last.
 * **backward**: the logits' gradient (``[N, classes]``, never written) times the output weight is a new
   buffer; the layers' backward steps run in reverse in place in it, and the ``h0`` gradient of every layer
-  is summed in a second one. The ``h0`` gradient and the layers' gradient are the only blocks.
+  is summed in a second one. The ``h0`` gradient and the layers' gradient are the only blocks. Each
+  layer's compressed copies and masks are dropped as soon as its backward step has run, where no
+  saved-tensor hook must see them and the graph is not retained (keep.py, rule 8), as separate
+  per-layer nodes would free them.
 
 On a device where a layer is not chunked (a GPU at arxiv size, :func:`.keep.chunk_elements_for`) the
 propagation runs at full width: one sparse product, three blocks, as the composed ops.
@@ -45,7 +48,8 @@ import torch.nn.functional as F
 from .. import kernels
 from ..compression import draw_seed
 from ..compression_config import CompressionConfig
-from .keep import (DOUBLE_BACKWARD_MESSAGE, chunk_elements_for, chunk_rows, create_graph_requested, load_kept,
+from .keep import (DOUBLE_BACKWARD_MESSAGE, SECOND_BACKWARD_MESSAGE, chunk_elements_for, chunk_rows,
+                   create_graph_requested, graph_freed_after_backward, load_kept, private_keeping_allowed,
                    row_chunks, save_kept, stash)
 
 __all__ = ["BatchNormArgs", "GCN2Layer", "GCN2Step", "degree_norm", "gcnii_layers"]
@@ -260,11 +264,17 @@ class _GCNIIStack(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h0, norm, head_w, head_b, st, steps, bns, cfgs, head_cfg, *params):
         needs = ctx.needs_input_grad
-        x, kept, records = None, [], []
+        # what the stack allocated for a layer's backward (its compressed copies and masks) is held on ctx and
+        # dropped layer by layer in the backward where no saved-tensor hook must see it (keep.py, rule 8)
+        private = private_keeping_allowed()
+        x, kept, records, own = None, [], [], []
         for i, (step, bn, cfg) in enumerate(zip(steps, bns, cfgs)):
             w1, b, bw, bb = params[4 * i:4 * i + 4]
             x, items, rec = _layer_forward(x, h0, w1, b, bw, bb, st, norm, step, bn, cfg, needs[9 + 4 * i])
             rec.start = len(kept)
+            if private:  # the kept s and o and the masks: made here from x, never returned
+                own.append([items[0], items[1], *items[4 + rec.n_stats:]])
+                items = [None, None, *items[2:4 + rec.n_stats]]
             kept.extend(items)
             records.append(rec)
         logits = F.linear(x, head_w, head_b)
@@ -272,7 +282,8 @@ class _GCNIIStack(torch.autograd.Function):
         kept_head = stash(x, head_cfg, force=True) if needs[2] else None
         del x
         ctx.st, ctx.records, ctx.has_head_bias = st, records, head_b is not None
-        save_kept(ctx, norm, head_w, kept_head, *kept)
+        ctx.own = [kept_head, *own] if private else None
+        save_kept(ctx, norm, head_w, None if private else kept_head, *kept)
         return logits
 
     @staticmethod
@@ -280,6 +291,15 @@ class _GCNIIStack(torch.autograd.Function):
         if create_graph_requested():
             raise RuntimeError(DOUBLE_BACKWARD_MESSAGE.format(op="the fused GCNII stack"))
         norm, head_w, kept_head, *kept = load_kept(ctx)
+        own = ctx.own
+        if own is not None:
+            if getattr(ctx, "own_dropped", False):
+                raise RuntimeError(SECOND_BACKWARD_MESSAGE.format(op="the fused GCNII stack"))
+            drop = graph_freed_after_backward()
+            ctx.own_dropped = drop
+            kept_head = own[0]
+            if drop:
+                own[0] = None
         needs = ctx.needs_input_grad
         records = ctx.records
         g_head_w = g_head_b = None
@@ -287,17 +307,35 @@ class _GCNIIStack(torch.autograd.Function):
             for r0, r1, x in row_chunks(kept_head):
                 part = grad[r0:r1].t().matmul(x.to(grad.dtype))
                 g_head_w = part if g_head_w is None else g_head_w.add_(part)
+                del x, part
+        del kept_head
         if ctx.has_head_bias and needs[3]:
             g_head_b = grad.sum(0)
         param_grads: list = [None] * (4 * len(records))
         gh0 = None
         if needs[0] or any(needs[9:]):
             g = grad.matmul(head_w.to(grad.dtype))  # allocated here: the loops may write it (rule 2)
-            items = [kept[r.start:r.start + 4 + r.n_stats + r.n_masks] for r in records]
+            items = _layer_items(ctx, kept, own, records)
             g, gh0 = layers_backward(ctx.st, norm, g, gh0, records, items, range(len(records) - 1, -1, -1),
                                      needs[0], needs[9:], param_grads)
             del g
         return (gh0, None, g_head_w, g_head_b, None, None, None, None, None, *param_grads)
+
+
+def _layer_items(ctx, kept, own, records) -> list:
+    """Each layer's kept items for :func:`layers_backward`: what ``save_for_backward`` held, with the layer's
+    own items (rule 8) put back from ``own``. When they are dropped (``ctx.own_dropped``), ``own`` lets go of
+    them here, so the list returned is their last holder and the loop frees each layer's as it goes."""
+    items = []
+    for i, rec in enumerate(records):
+        layer = kept[rec.start:rec.start + 4 + rec.n_stats + rec.n_masks]
+        if own is not None:
+            mine = own[1 + i]
+            layer[0], layer[1], layer[4 + rec.n_stats:] = mine[0], mine[1], mine[2:]
+            if ctx.own_dropped:
+                own[1 + i] = None
+        items.append(layer)
+    return items
 
 
 def layers_backward(st, norm, g, gh0, records, items, order, need_h0: bool, param_needs, param_grads: list):

@@ -39,10 +39,22 @@ the caller's explicit words), never from reference counts or from how a caller h
    under batch norm, outside torch.compile and autocast where the path does not cover them. Where double
    backward would not be exact, the backward raises (:data:`DOUBLE_BACKWARD_MESSAGE`). Otherwise the
    composed path runs; :func:`dgl_exact.explain` says which ran and why.
+8. **Held privately, dropped early.** A Function whose backward loops over several layers (a fused region,
+   rule 2) may hold what its forward allocated for one layer's backward and never returned (compressed
+   copies of its own working buffer, copies of it, the dropout masks it drew) as a reference on ``ctx``
+   instead of through ``ctx.save_for_backward``, and drop that reference as soon as the layer's backward
+   step has run, instead of when the whole backward returns. Only where both hold: in the forward, no
+   saved-tensor hooks are in force (:func:`private_keeping_allowed`: hooks such as CPU offloading or a
+   memory meter must see everything kept, so then everything goes through ``save_for_backward``; nor while
+   compiling or inside a captured op); in the backward, autograd frees the graph after this pass
+   (:func:`graph_freed_after_backward`: not ``retain_graph``; where torch cannot say, nothing is dropped).
+   Dropping a reference frees nothing that anybody else holds; tensors the op did not allocate (inputs,
+   parameters, running statistics) always go through ``save_for_backward``. A second backward through a
+   region that dropped its references raises torch's "backward through the graph a second time" error.
 
 ``save_kept(ctx, ...)`` / ``load_kept(ctx)`` pass any mix of tensors, compressed tensors and ``None``
 through ``ctx.save_for_backward``, so saved-tensor hooks (memory meters, CPU offloading) see everything
-kept.
+kept (rule 8 holds privately only while no such hook is in force).
 
 Double backward (``torch.autograd.grad(..., create_graph=True)`` and then a backward through that
 gradient, e.g. a gradient penalty): inside a ``backward``, ``torch.is_grad_enabled()`` is True exactly
@@ -368,6 +380,44 @@ def load_kept(ctx) -> list:
             shell, n = entry
             out.append(shell.join([next(tensors) for _ in range(n)]))
     return out
+
+
+def private_keeping_allowed() -> bool:
+    """In a Function's forward: whether it may hold tensors it allocated on ``ctx`` instead of through
+    ``ctx.save_for_backward`` (rule 8): no default saved-tensor hooks in force (``saved_tensors_hooks``,
+    ``save_on_cpu``, non-reentrant checkpointing, a memory meter, :func:`dgl_exact.compress_saved`), not
+    compiling, not inside a captured op. False where torch cannot say whether hooks are in force."""
+    if compiling() or captured.active() or _own_saved.get() is not None:
+        return False
+    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+    if top is None:
+        return False
+    try:
+        return top(False) is None
+    except (RuntimeError, TypeError):
+        return False
+
+
+def graph_freed_after_backward() -> bool:
+    """In a Function's backward: whether autograd frees the graph after this pass (``retain_graph`` not
+    set), so nothing will read what the Function kept once its backward has used it (rule 8). False where
+    torch cannot say."""
+    keep_graph = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", None)
+    if keep_graph is None:
+        return False
+    try:
+        return not keep_graph()
+    except RuntimeError:
+        return False
+
+
+#: raised by a second backward through a Function that dropped what it held privately (rule 8); torch's words
+SECOND_BACKWARD_MESSAGE = (
+    "Trying to backward through the graph a second time (or directly access saved tensors after they have "
+    "already been freed). Saved intermediate values of the graph are freed when you call .backward() or "
+    "autograd.grad(). Specify retain_graph=True if you need to backward through the graph a second time or "
+    "if you need to access saved tensors after calling backward. ({op} dropped its kept activations layer "
+    "by layer during the first backward.)")
 
 
 DOUBLE_BACKWARD_MESSAGE = (
