@@ -49,7 +49,7 @@ from .._files import atomic_write
 
 dgl = import_dgl()
 
-__all__ = ["Batch", "BatchSampler", "SAINTSampler", "ClusterGCNSampler",
+__all__ = ["Batch", "BatchSampler", "SAINTSampler", "ClusterGCNSampler", "with_degrees",
            "CacheWarning", "graph_fingerprint"]
 
 # Independent random streams derived from one seed.
@@ -677,3 +677,13 @@ class ClusterGCNSampler(BatchSampler):
     def _make_batch(self, plan, index, gen) -> Batch:
         parts = plan[index * self.batch_size:(index + 1) * self.batch_size]
         return self._induced_batch(self.partition_nodes(parts))
+
+
+def with_degrees(g):
+    """``g`` with its in- and out-degrees as node data (``_deg_in``, ``_deg_out``: GraphSAINT's aggregation
+    normalisation needs the full graph's inside every batch), on a local view: DGL's format and id-type
+    conversions share the node-data frame, so writing on ``g`` itself could change a caller's graph."""
+    g = g.local_var()
+    g.ndata["_deg_in"] = g.in_degrees().float()
+    g.ndata["_deg_out"] = g.out_degrees().float()
+    return g

@@ -26,7 +26,7 @@ from .checkpoint import RunState, remove_stale_temporaries
 from .config import TrainConfig
 from .models import build_model, exact_log_loss, layerwise_inference
 from .neighbor import DEFAULT_BATCH_SIZE, DEFAULT_EVAL_BATCH_SIZE, NeighborSampler
-from .samplers import ClusterGCNSampler, SAINTSampler
+from .samplers import ClusterGCNSampler, SAINTSampler, with_degrees
 
 dgl = import_dgl()
 
@@ -193,13 +193,7 @@ class Trainer:
         # changed, and is freed with its graph once its owner drops it.
         self.dataset = ds = dataclasses.replace(
             ds, graph=allow_all_formats(g), info={**ds.info, "self_loop": True} if loops else ds.info)
-        # full-graph degrees: GraphSAINT's aggregation normalisation needs them inside every batch. Written
-        # on a local view: DGL's format and id-type conversions share the node-data frame, so otherwise the
-        # columns would appear in the caller's graph too.
-        g = g.local_var()
-        g.ndata["_deg_in"] = g.in_degrees().float()
-        g.ndata["_deg_out"] = g.out_degrees().float()
-        self.graph = g
+        self.graph = g = with_degrees(g)
         self.feat = g.ndata["feat"].to(self.device)
         self.label = g.ndata["label"].to(self.device)
         self.split = {s: ds.idx(s).to(self.device) for s in ("train", "val", "test")}
@@ -227,9 +221,7 @@ class Trainer:
         sub = dgl.node_subgraph(g, self.split["train"].cpu().to(g.idtype))
         sub.ndata.pop(dgl.NID)
         sub.edata.pop(dgl.EID)
-        sub.ndata["_deg_in"] = sub.in_degrees().float()
-        sub.ndata["_deg_out"] = sub.out_degrees().float()
-        return sub
+        return with_degrees(sub)
 
     def make_sampler(self, assignment=None):
         """Hook: the training sampler (None for full-graph); ``assignment``: a given ClusterGCN partition."""
