@@ -11,7 +11,7 @@ from dgl_exact import kernels
 from dgl_exact.kernels import reference as R
 from dgl_exact.kernels.spec import OPS
 
-from backend_checks import SEED, assert_same  # tests/backend_checks.py
+from tests.kernels._helpers import SEED, assert_same
 
 SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0")
 CASES = [((1,), torch.float32, 0.5), ((13,), torch.float32, 0.0), ((6, 9), torch.float32, 0.3),

@@ -127,8 +127,8 @@ def test_bench_minibatch_bad_budget_is_one_line(tmp_path):
     assert res.exit_code != 0 and "--memory-budget" in res.output and "Traceback" not in res.output
 
 
-@pytest.mark.parametrize("value, message", [("auto", "dgl-exact plan --dataset D --sampler neighbor"),
+@pytest.mark.parametrize("value, message", [("auto", "give --sampler neighbor and --memory-budget"),
                                             ("many", "--batch-size must be a positive int")])
-def test_train_batch_size_auto_points_to_plan(value, message):
+def test_train_batch_size_auto_without_a_budget_says_what_to_give(value, message):
     res = CliRunner().invoke(cli, ["train", "--sampler", "neighbor", "--batch-size", value])
     assert res.exit_code != 0 and message in res.output and "Traceback" not in res.output
