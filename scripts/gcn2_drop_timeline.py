@@ -13,7 +13,7 @@ from dgl_exact.planning.settings import select
 from dgl_exact.ops import gcn2
 
 setting = select(sys.argv[1])[0]
-if os.environ.get("H25_NODROP"):
+if os.environ.get("GCN2_HOLD_TO_END"):
     gcn2.graph_freed_after_backward = lambda: False
 torch.set_num_threads(1)
 work = Workload(load_dataset("synthetic-arxiv", "data"), "cpu", layers=16)
@@ -57,7 +57,7 @@ with open("/proc/self/clear_refs", "w") as f:
 state["before"] = memory._status_bytes("VmRSS:")
 state["on"] = True
 run()
-print(setting.name, "drop" if not os.environ.get("H25_NODROP") else "nodrop")
+print(setting.name, "drop" if not os.environ.get("GCN2_HOLD_TO_END") else "nodrop")
 for n, h, r in marks:
     print(f"{n:24s} peak-in-interval {h:8.1f}  rss-at-mark {r:8.1f}")
 print("STEP PEAK", max(h for _, h, _ in marks))
