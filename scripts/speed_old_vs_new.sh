@@ -11,14 +11,24 @@ model=${MODEL:-gcn2}; layers=${LAYERS:-16}
 if [ -z "$old" ] || [ -z "$out" ]; then
   echo "usage: bash scripts/speed_old_vs_new.sh OLD_COMMIT OUT_DIR [REPS] [EPOCHS]" >&2; exit 2
 fi
-mkdir -p "$out"
+mkdir -p "$out"; out=$(cd "$out" && pwd)
 git worktree add -f "$out/old-tree" "$old" >/dev/null 2>&1 || true
+# Each tree runs from its own root: `python -m` puts the current folder first on sys.path, ahead of PYTHONPATH,
+# so running the old tree from this checkout's root would import this checkout's dgl_exact (both sides "new").
+for t in old new; do
+  tree=$PWD; [ "$t" = old ] && tree="$out/old-tree"
+  got=$(cd "$tree" && PYTHONPATH=$tree python -c "import os, dgl_exact; print(os.path.dirname(os.path.dirname(dgl_exact.__file__)))" 2>/dev/null)
+  if [ "$got" != "$tree" ]; then echo "the $t tree imports dgl_exact from $got, not $tree" >&2; exit 1; fi
+done
+here=$PWD
 for i in $(seq "$reps"); do
   for t in old new; do
-    tree=$PWD; [ "$t" = old ] && tree="$out/old-tree"
+    tree=$here; [ "$t" = old ] && tree="$out/old-tree"
+    cd "$tree"
     PYTHONPATH=$tree OMP_NUM_THREADS=1 python -m dgl_exact bench speed --models "$model" --layers "$layers" \
       --settings "INT2,INT2 + RP(0.125) + blocks(64) + optimal" --epochs "$epochs" -q --out "$out/${t}_$i" \
       2>/dev/null | grep "^| $model" | sed "s/^/$t $i /"
+    cd "$here"
   done
 done
 git worktree remove --force "$out/old-tree" >/dev/null 2>&1 || true
