@@ -50,7 +50,7 @@ from ..compression import draw_seed
 from ..compression_config import CompressionConfig
 from .keep import (DOUBLE_BACKWARD_MESSAGE, SECOND_BACKWARD_MESSAGE, chunk_elements_for, chunk_rows,
                    create_graph_requested, graph_freed_after_backward, load_kept, private_keeping_allowed,
-                   row_chunks, save_kept, stash)
+                   release, row_chunks, save_kept, stash)
 
 __all__ = ["BatchNormArgs", "GCN2Layer", "GCN2Step", "degree_norm", "gcnii_layers"]
 
@@ -206,16 +206,26 @@ def _layer_forward(x, h0, weight1, bias, bn_weight, bn_bias, st, norm, step: GCN
     return x, [kept_s, kept_o, weight1, bn_weight, *stats, *masks], record
 
 
-def _layer_backward(g, items, rec: _LayerRecord, gh0, need_w: bool, need_b: bool, need_x: bool, need_h0: bool):
+def _layer_backward(g, items: list, rec: _LayerRecord, gh0, need_w: bool, need_b: bool, need_x: bool,
+                    need_h0: bool):
     """One layer's backward, in place in ``g`` (the stack allocated it: keep.py, rule 2). Returns ``(gx, gh0,
-    gw, gb, g_bnw, g_bnb)``; ``gh0`` accumulates ``alpha`` times every layer's mix gradient."""
-    kept_s, kept_o, weight1, bn_weight, *rest = items
-    stats, masks = rest[:rec.n_stats], rest[rec.n_stats:]
+    gw, gb, g_bnw, g_bnb)``; ``gh0`` accumulates ``alpha`` times every layer's mix gradient.
+
+    ``items``: the layer's kept items; this call empties the list and lets go of each item once read (the
+    masks after the dropout step, batch norm's input after its backward, ``s`` after the weight gradient).
+    Where the list was their last holder (rule 8) they are freed before :func:`_mix_backward` allocates the
+    ``h0`` gradient: at the top layer, where every layer's kept tensors are still alive, that is the
+    backward's peak."""
+    kept_s, kept_o, weight1, bn_weight = items[:4]
+    stats, masks = items[4:4 + rec.n_stats], items[4 + rec.n_stats:]
+    items.clear()
     step, ranges = rec.step, rec.ranges
     masked_scale = kernels.get("masked_scale", g.device)
     scale = 1.0 / (1.0 - step.dropout) if step.dropout > 0 else 1.0
-    for (r0, r1), packed in zip(ranges, masks):
-        g[r0:r1] = masked_scale(g[r0:r1], packed, scale, 0.0)
+    for j, (r0, r1) in enumerate(ranges):
+        g[r0:r1] = masked_scale(g[r0:r1], masks[j], scale, 0.0)
+        masks[j] = None
+    del masks
     g_bnw = g_bnb = None
     if kept_o is not None:  # batch norm, from its compressed input in row chunks (as ops.batch_norm)
         mean, invstd = stats
@@ -233,25 +243,34 @@ def _layer_backward(g, items, rec: _LayerRecord, gh0, need_w: bool, need_b: bool
             g.mul_(w)
         if bn_weight is not None:
             g_bnw, g_bnb = sum_gxhat.to(bn_weight.dtype), sum_g.to(bn_weight.dtype)
+    kept_o = o = None
     gw = gb = None
     if need_w:
         for r0, r1, s in row_chunks(kept_s):
             part = s.to(g.dtype).t().matmul(g[r0:r1])
             gw = part if gw is None else gw.add_(part)
         gw = gw.mul_(step.beta)
+    kept_s = s = None
     if rec.has_bias and need_b:
         gb = g.sum(0)
     need_x = need_x and not rec.first
     if not (need_x or need_h0):
         return None, gh0, gw, gb, g_bnw, g_bnb
-    for r0, r1 in ranges:  # gs = (1 - beta) g + beta g W^T
+    gh0 = _mix_backward(g, weight1, step, ranges, gh0, need_h0)
+    return g, gh0, gw, gb, g_bnw, g_bnb
+
+
+def _mix_backward(g, weight1, step: GCN2Step, ranges, gh0, need_h0: bool):
+    """``g <- (1 - beta) g + beta g W^T`` in place (the gradient of the mix's input ``s``), and ``alpha g``
+    summed into ``gh0`` (allocated here at the first layer that needs it). Returns ``gh0``."""
+    for r0, r1 in ranges:
         part = g[r0:r1]
         proj = part.matmul(weight1.t()).mul_(step.beta)
         part.mul_(1.0 - step.beta).add_(proj)
         del proj
     if need_h0:
         gh0 = g * step.alpha if gh0 is None else gh0.add_(g, alpha=step.alpha)
-    return g, gh0, gw, gb, g_bnw, g_bnb
+    return gh0
 
 
 class _GCNIIStack(torch.autograd.Function):
@@ -262,7 +281,7 @@ class _GCNIIStack(torch.autograd.Function):
     gradient, which is ``[N, classes]`` and never written."""
 
     @staticmethod
-    def forward(ctx, h0, norm, head_w, head_b, st, steps, bns, cfgs, head_cfg, *params):
+    def forward(ctx, h0, norm, head_w, head_b, st, steps, bns, cfgs, head_cfg, release_h0, *params):
         needs = ctx.needs_input_grad
         # what the stack allocated for a layer's backward (its compressed copies and masks) is held on ctx and
         # dropped layer by layer in the backward where no saved-tensor hook must see it (keep.py, rule 8)
@@ -270,13 +289,15 @@ class _GCNIIStack(torch.autograd.Function):
         x, kept, records, own = None, [], [], []
         for i, (step, bn, cfg) in enumerate(zip(steps, bns, cfgs)):
             w1, b, bw, bb = params[4 * i:4 * i + 4]
-            x, items, rec = _layer_forward(x, h0, w1, b, bw, bb, st, norm, step, bn, cfg, needs[9 + 4 * i])
+            x, items, rec = _layer_forward(x, h0, w1, b, bw, bb, st, norm, step, bn, cfg, needs[10 + 4 * i])
             rec.start = len(kept)
             if private:  # the kept s and o and the masks: made here from x, never returned
                 own.append([items[0], items[1], *items[4 + rec.n_stats:]])
                 items = [None, None, *items[2:4 + rec.n_stats]]
             kept.extend(items)
             records.append(rec)
+        if release_h0:  # donated, and no layer reads it any more; its gradient needs no value (rule 5)
+            release(h0)
         logits = F.linear(x, head_w, head_b)
         # the last layer's output, made here and never overwritten: compressed (or itself when exact)
         kept_head = stash(x, head_cfg, force=True) if needs[2] else None
@@ -313,13 +334,13 @@ class _GCNIIStack(torch.autograd.Function):
             g_head_b = grad.sum(0)
         param_grads: list = [None] * (4 * len(records))
         gh0 = None
-        if needs[0] or any(needs[9:]):
+        if needs[0] or any(needs[10:]):
             g = grad.matmul(head_w.to(grad.dtype))  # allocated here: the loops may write it (rule 2)
             items = _layer_items(ctx, kept, own, records)
             g, gh0 = layers_backward(ctx.st, norm, g, gh0, records, items, range(len(records) - 1, -1, -1),
-                                     needs[0], needs[9:], param_grads)
+                                     needs[0], needs[10:], param_grads)
             del g
-        return (gh0, None, g_head_w, g_head_b, None, None, None, None, None, *param_grads)
+        return (gh0, None, g_head_w, g_head_b, None, None, None, None, None, None, *param_grads)
 
 
 def _layer_items(ctx, kept, own, records) -> list:
@@ -347,9 +368,10 @@ def layers_backward(st, norm, g, gh0, records, items, order, need_h0: bool, para
     for i in order:
         rec = records[i]
         need_x = need_h0 or any(param_needs[:4 * i])
-        g, gh0, gw, gb, gbw, gbb = _layer_backward(g, items[i], rec, gh0, param_needs[4 * i],
+        layer, items[i] = items[i], None  # what this layer kept is freed as soon as it has been read
+        g, gh0, gw, gb, gbw, gbb = _layer_backward(g, layer, rec, gh0, param_needs[4 * i],
                                                    param_needs[4 * i + 1], need_x, need_h0)
-        items[i] = None  # what this layer kept is freed as soon as it has been read
+        del layer
         param_grads[4 * i:4 * i + 4] = [gw, gb, gbw, gbb]
         if g is None:
             return None, gh0
@@ -381,12 +403,18 @@ class GCN2Layer:
 
 
 def gcnii_layers(st, h0: torch.Tensor, layers: List[GCN2Layer], head_weight: torch.Tensor,
-                 head_bias: Optional[torch.Tensor], head_config: CompressionConfig) -> torch.Tensor:
+                 head_bias: Optional[torch.Tensor], head_config: CompressionConfig,
+                 release_h0: bool = False) -> torch.Tensor:
     """GCNII's hidden layers (propagation, mix, batch norm, ReLU, dropout each) and the output linear as one
     op: ``F.linear(h_L, head_weight, head_bias)`` with ``h_l = dropout(relu(BN_l(mix_l(h_{l-1}, h0))))``
     and ``h_0' = dropout(h0, layers[0].step.input_dropout)``. ``st``: the graph's
     :class:`~dgl_exact.ops.structure.GraphStructure` (homogeneous, whole graph). Two layer-sized buffers
-    at the forward's and the backward's peak besides ``h0`` and the kept tensors. Double backward raises."""
+    at the forward's and the backward's peak besides ``h0`` and the kept tensors. Double backward raises.
+
+    ``release_h0``: ``h0`` was donated (:func:`dgl_exact.ops.keep.donate`, rule 5) and the caller checked
+    that it may go (:func:`dgl_exact.nn.conv.gcn2conv.gcnii_stack` does): its memory is released once the
+    last layer has read it, before the output layer, so the forward's end holds one layer-sized buffer,
+    not two."""
     if not layers:
         raise ValueError("gcnii_layers needs at least one layer")
     if any(layer.bn is not None and layer.bn.batch_stats and h0.shape[0] < 2 for layer in layers):
@@ -398,4 +426,4 @@ def gcnii_layers(st, h0: torch.Tensor, layers: List[GCN2Layer], head_weight: tor
         params += [layer.weight1, layer.bias, None if bn is None else bn.weight, None if bn is None else bn.bias]
     return _GCNIIStack.apply(h0, norm, head_weight, head_bias, st, [layer.step for layer in layers],
                              [layer.bn for layer in layers], [layer.config for layer in layers], head_config,
-                             *params)
+                             bool(release_h0), *params)

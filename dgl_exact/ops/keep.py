@@ -533,6 +533,17 @@ def donate(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+def reclaim(x: torch.Tensor) -> torch.Tensor:
+    """Take back a tensor donated to a callee that declined it (did not :func:`release` it, e.g. a fused
+    path that refused and returned None so that the caller runs the modules instead): returns ``x`` itself
+    as a plain tensor again. A released ``x`` raises (its memory is gone); a plain ``x`` is returned as is."""
+    if type(x) is Released:
+        raise RuntimeError("dgl_exact.reclaim: this tensor was released by the op it was donated to")
+    if type(x) is Donated:
+        x.__class__ = torch.Tensor
+    return x
+
+
 def release(x: torch.Tensor) -> bool:
     """Free the memory of a :class:`Donated` tensor ``x`` (its reference to its storage is dropped; the
     memory returns once no view shares it) and make any later use of ``x`` raise. For the callee ``x`` was

@@ -26,7 +26,7 @@ from .. import ops
 from .._compat import import_dgl
 from ..compression import draw_seed
 from ..nn._base import hooks_present
-from ..ops.keep import donate
+from ..ops.keep import donate, reclaim
 from ..ops.recompute import recompute_segment
 from ..nn.conv.gcn2conv import gcnii_stack
 
@@ -271,10 +271,12 @@ class GCNII(nn.Module):
             # the hidden layers as fused in-place ops where they apply (two layer-sized buffers at the
             # step's peak instead of three); else the modules below
             h0 = self._initial(x)
-            out = gcnii_stack(graph, self.convs, self.norms, h0, self.dropout,
+            # h0 is read by the stack only: donated, it goes once the last layer has read it (rule 5)
+            out = gcnii_stack(graph, self.convs, self.norms, donate(h0), self.dropout,
                               self.dropout if self.training else 0.0, self.lin_out)
             if out is not None:
                 return out
+            h0 = reclaim(h0)  # the stack declined it: ours again
             h = self._lib.dropout(h0, self.dropout, self.training)
         else:
             h, h0 = self._input(x)

@@ -425,3 +425,35 @@ def test_explain_names_the_reason():
     assert fused.path("convs.0").startswith("fused GCNII stack") and fused.reason("convs.0") == ""
     assert composed.path("convs.0") == "modules' own calls" and "hooks" in composed.reason("norms.1")
     assert "why not fused" in str(composed)
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.4])
+def test_the_model_donates_h0_to_the_stack_same_step_as_without(dropout, monkeypatch):
+    """GCNII's model hands ``h0`` to the fused stack donated; the stack releases it after the last layer.
+    Output, loss, gradients and batch-norm statistics equal a run whose stack keeps ``h0`` to the end."""
+    g = _graph(12)
+    x, y = _data(12)
+    with dgl_exact.config(bits=2):
+        released = []
+        real = keeping.release
+        monkeypatch.setattr(gcn2, "release", lambda t: released.append(True) or real(t))
+        got = _step(_model("exact", dropout=dropout), g, x, y)
+        assert released == [True]
+        monkeypatch.setattr(gcn2, "release", lambda t: False)
+        want = _step(_model("exact", dropout=dropout), g, x, y)
+    _assert_close(got, want, dict(rtol=0, atol=0))
+
+
+def test_the_model_takes_h0_back_where_the_stack_declines_it():
+    """Eval mode (and anything else the stack refuses): ``h0`` is reclaimed and the modules run on it."""
+    g = _graph(12)
+    x, _ = _data(12)
+    with dgl_exact.config(bits=2):
+        model = _model("exact", dropout=0.3)
+        explained = dgl_exact.explain(model, g, x)
+        assert "donated h0 released" in explained.path("convs.0")
+        model.eval()
+        with torch.no_grad():
+            a, b = model(g, x), model(g, x)
+    assert torch.equal(a, b)
+    assert dgl_exact.explain(model, g, x).path("convs.0") == "modules' own calls"

@@ -192,3 +192,62 @@ def test_private_keeping_and_graph_freed_follow_what_torch_says():
     y.backward(retain_graph=True)
     y.backward()
     assert seen == [False, True]
+
+
+def test_a_layers_own_codes_are_freed_before_its_h0_gradient_is_formed(monkeypatch):
+    """Inside a layer's backward step, its compressed ``s`` and ``o`` go once read (batch norm's backward,
+    the weight gradient), before the mix's backward allocates the ``h0`` gradient: at the top layer, where
+    every layer's codes are alive, that is the backward's peak."""
+    if not TORCH_SAYS:
+        pytest.skip("this torch cannot say whether the graph is retained: nothing is dropped early")
+    st, h0, head, layers, cfg, params = _inputs()
+    kept = []
+    torch.manual_seed(5)
+    with keeping.stash_hook(_recording_stash(kept)):
+        out = gcn2.gcnii_layers(st, h0, layers, head, None, cfg)
+    refs = _packed_refs(kept)
+    del kept
+    seen = []
+    real = gcn2._mix_backward
+
+    def spy(g, weight1, step, *a):
+        gc.collect()
+        seen.append((step.index, [r() is not None for r in refs[:2 * LAYERS]]))
+        return real(g, weight1, step, *a)
+
+    monkeypatch.setattr(gcn2, "_mix_backward", spy)
+    out.square().sum().backward()
+    assert [i for i, _ in seen] == list(range(LAYERS - 1, -1, -1))
+    for i, alive in seen:  # only the layers below i still hold their s and o
+        assert alive == [True] * (2 * i) + [False] * (2 * (LAYERS - i)), i
+
+
+def _donated_run(donate, monkeypatch=None):
+    st, h0, head, layers, cfg, params = _inputs()
+    h = h0 * 1.0  # a tensor of this forward (a leaf that requires grad cannot be donated)
+    types_at_stash = []
+    if monkeypatch is not None:
+        real = gcn2.stash
+
+        def spy(t, *a, **k):
+            types_at_stash.append(type(h))
+            return real(t, *a, **k)
+        monkeypatch.setattr(gcn2, "stash", spy)
+    torch.manual_seed(5)
+    arg = keeping.donate(h) if donate else h
+    out = gcn2.gcnii_layers(st, arg, layers, head, None, cfg, release_h0=donate)
+    grads = torch.autograd.grad(out.square().sum(), params)
+    return out.detach(), grads, h, types_at_stash
+
+
+def test_a_donated_h0_is_released_before_the_output_layer_same_results(monkeypatch):
+    out, grads, h, _ = _donated_run(False)
+    d_out, d_grads, d_h, types = _donated_run(True, monkeypatch)
+    assert torch.equal(out, d_out)
+    for a, b in zip(grads, d_grads):
+        assert torch.equal(a, b)
+    # every layer's stash saw h0 alive; the output layer's (the last stash) saw it released
+    assert types[:-1] == [keeping.Donated] * (len(types) - 1) and types[-1] is keeping.Released
+    assert type(h) is torch.Tensor and type(d_h) is keeping.Released
+    with pytest.raises(RuntimeError, match="donated"):
+        d_h.sum()

@@ -33,3 +33,17 @@ def test_row_chunks_dtypes_and_3d(dtype):
     torch.testing.assert_close(torch.cat([p for _, _, p in parts]), decompress(c), rtol=0, atol=0)
     exact = list(row_chunks(x, 60))
     assert all(p.data_ptr() == x[r0].data_ptr() for r0, _, p in exact)  # exact tensors: views
+
+
+def test_reclaim_takes_back_a_donated_tensor_that_was_not_released():
+    from dgl_exact.ops.keep import Donated, Released, donate, reclaim, release
+    t = torch.randn(3, 2) * 1.0
+    values = t.clone()
+    assert type(donate(t)) is Donated
+    assert reclaim(t) is t and type(t) is torch.Tensor and torch.equal(t, values)
+    plain = torch.ones(2)
+    assert reclaim(plain) is plain and type(plain) is torch.Tensor
+    gone = donate(torch.randn(4) * 1.0)
+    assert release(gone) and type(gone) is Released
+    with pytest.raises(RuntimeError, match="released"):
+        reclaim(gone)

@@ -8,8 +8,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..._compat import compiling, import_dgl
-from ...ops.keep import (DOUBLE_BACKWARD_MESSAGE, autocast_dtype, chunk_rows, create_graph_requested, load_kept,
-                         needs_saving, row_chunks, save_kept, stash)
+from ...ops.keep import (DOUBLE_BACKWARD_MESSAGE, Donated, autocast_dtype, chunk_rows, create_graph_requested,
+                         load_kept, needs_saving, row_chunks, save_kept, stash)
 from ... import ops
 from ...compression_config import CompressionConfig
 from ...ops import captured
@@ -223,7 +223,12 @@ def gcnii_stack(graph, convs, norms, h0: torch.Tensor, dropout: float, input_dro
     failed.
 
     ``recompute``: segments of that many layers (0: off) keep only their input and are re-run in the
-    backward (:func:`dgl_exact.ops.gcn2_recompute.gcnii_layers_recomputed`), under the same conditions."""
+    backward (:func:`dgl_exact.ops.gcn2_recompute.gcnii_layers_recomputed`), under the same conditions.
+
+    ``h0`` may be donated (``gcnii_stack(..., dgl_exact.donate(h0), ...)``, :mod:`dgl_exact.ops.keep` rule 5):
+    where the stack runs without recompute, its memory is released once the last hidden layer has read it,
+    so the output layer runs beside one layer-sized buffer, not two. Where the stack returns None it did not
+    take ``h0``: the caller takes it back with :func:`dgl_exact.ops.keep.reclaim` before using it."""
     reason = _gcnii_stack_refusal(graph, convs, norms, h0, dropout, input_dropout, head)
     mods = list(convs) + (list(norms) if norms is not None else []) + [head]
     name = (f"fused GCNII stack recomputed in segments of {recompute} (ops.gcn2_recompute)" if recompute
@@ -244,9 +249,14 @@ def gcnii_stack(graph, convs, norms, h0: torch.Tensor, dropout: float, input_dro
             bn = BatchNormArgs(m.weight, m.bias, mean, var, batch_stats, momentum, m.eps)
         step = GCN2Step(float(conv.alpha), float(conv.beta), float(dropout), float(input_dropout), i)
         layers.append(GCN2Layer(step, conv.weight1, conv.bias if conv._bias else None, bn, conv._config()))
-    if recompute:
+    if recompute:  # the recomputed segments read h0 again in the backward: a donated h0 is kept
         return gcnii_layers_recomputed(st, h0, layers, head.weight, head.bias, head._config(), recompute)
-    return gcnii_layers(st, h0, layers, head.weight, head.bias, head._config())
+    # a donated h0 (rule 5) goes once the last layer has read it: its gradient needs no value, nothing the
+    # stack keeps refers to it, and a view would free nothing
+    release_h0 = type(h0) is Donated and h0._base is None
+    if release_h0:
+        explain.record(mods, name + ", donated h0 released after the last layer")
+    return gcnii_layers(st, h0, layers, head.weight, head.bias, head._config(), release_h0=release_h0)
 
 
 def _gcnii_stack_refusal(graph, convs, norms, h0, dropout, input_dropout, head) -> Optional[str]:
