@@ -20,13 +20,16 @@ pattern of ``torch.utils.checkpoint``), so every buffer it writes in place was a
 * **forward**: the first layer draws ``dropout(h0)`` into a new buffer, and every layer writes into it: the
   propagation column chunk by column chunk (a column of the output depends only on the same column of the
   input: two ``[N, c]`` temporaries), the mix, batch norm (statistics first, then normalised in place),
-  ReLU and dropout row chunk by row chunk. The output linear reads the buffer last.
+  ReLU and dropout row chunk by row chunk. The output linear reads the buffer last; a donated ``h0``
+  (keep.py, rule 5; GCNII's model donates it) is released before it, so the forward ends with one block.
 * **backward**: the logits' gradient (``[N, classes]``, never written) times the output weight is a new
   buffer; the layers' backward steps run in reverse in place in it, and the ``h0`` gradient of every layer
   is summed in a second one. The ``h0`` gradient and the layers' gradient are the only blocks. Each
-  layer's compressed copies and masks are dropped as soon as its backward step has run, where no
-  saved-tensor hook must see them and the graph is not retained (keep.py, rule 8), as separate
-  per-layer nodes would free them.
+  layer's compressed copies and masks are dropped as soon as its backward step has read them (before the
+  top layer forms the ``h0`` gradient, the backward's peak), where no saved-tensor hook must see them and
+  the graph is not retained (keep.py, rule 8), as separate per-layer nodes would free them. The logits'
+  gradient, ``[N, classes]``, stays alive through the whole backward (autograd holds it until the
+  Function returns).
 
 On a device where a layer is not chunked (a GPU at arxiv size, :func:`.keep.chunk_elements_for`) the
 propagation runs at full width: one sparse product, three blocks, as the composed ops.
