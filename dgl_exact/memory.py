@@ -58,6 +58,7 @@ from typing import Any, Callable, Iterable, Optional
 
 import torch
 
+from .ops.keep import observe_saved
 from .ops.structure import cached_static_tensors
 
 __all__ = ["MemoryReport", "measure", "measure_step", "tensor_bytes", "format_bytes", "CPU_PEAK_METHODS",
@@ -162,12 +163,13 @@ def _saved_tensors():
     """Records ``{storage key: bytes}`` of every tensor saved for backward inside the block."""
     saved = {}
 
-    def pack(t):
+    def record(t):
         key, n = _storage_key(t)
         saved[key] = n
-        return t
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    # an observer (ops.keep, rule 8): what a fused op holds privately is shown to it, and the step runs as
+    # it does in training (a plain saved-tensor hook would make such ops keep everything to the end)
+    with observe_saved(record):
         yield saved
 
 

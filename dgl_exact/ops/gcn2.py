@@ -53,7 +53,7 @@ from ..compression import draw_seed
 from ..compression_config import CompressionConfig
 from .keep import (DOUBLE_BACKWARD_MESSAGE, SECOND_BACKWARD_MESSAGE, chunk_elements_for, chunk_rows,
                    create_graph_requested, graph_freed_after_backward, load_kept, private_keeping_allowed,
-                   release, row_chunks, save_kept, stash)
+                   release, row_chunks, save_kept, show_private, stash)
 
 __all__ = ["BatchNormArgs", "GCN2Layer", "GCN2Step", "degree_norm", "gcnii_layers"]
 
@@ -307,6 +307,8 @@ class _GCNIIStack(torch.autograd.Function):
         del x
         ctx.st, ctx.records, ctx.has_head_bias = st, records, head_b is not None
         ctx.own = [kept_head, *own] if private else None
+        if private:  # a memory meter observing what is kept sees these too (rule 8)
+            show_private(kept_head, *(item for layer in own for item in layer))
         save_kept(ctx, norm, head_w, None if private else kept_head, *kept)
         return logits
 

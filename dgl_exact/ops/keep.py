@@ -44,17 +44,20 @@ the caller's explicit words), never from reference counts or from how a caller h
    copies of its own working buffer, copies of it, the dropout masks it drew) as a reference on ``ctx``
    instead of through ``ctx.save_for_backward``, and drop that reference as soon as the layer's backward
    step has run, instead of when the whole backward returns. Only where both hold: in the forward, no
-   saved-tensor hooks are in force (:func:`private_keeping_allowed`: hooks such as CPU offloading or a
-   memory meter must see everything kept, so then everything goes through ``save_for_backward``; nor while
-   compiling or inside a captured op); in the backward, autograd frees the graph after this pass
-   (:func:`graph_freed_after_backward`: not ``retain_graph``; where torch cannot say, nothing is dropped).
+   saved-tensor hooks are in force (:func:`private_keeping_allowed`: hooks such as CPU offloading must see
+   everything kept, so then everything goes through ``save_for_backward``; nor while compiling or inside a
+   captured op), except a hook that only looks (:func:`observe_saved`, the memory meter's): it changes
+   nothing kept, so rule 8 stays in force under it and the Function shows it what it holds privately
+   (:func:`show_private`), and a measured step runs as it does in training; in the backward, autograd
+   frees the graph after this pass (:func:`graph_freed_after_backward`: not ``retain_graph``; where torch
+   cannot say, nothing is dropped).
    Dropping a reference frees nothing that anybody else holds; tensors the op did not allocate (inputs,
    parameters, running statistics) always go through ``save_for_backward``. A second backward through a
    region that dropped its references raises torch's "backward through the graph a second time" error.
 
 ``save_kept(ctx, ...)`` / ``load_kept(ctx)`` pass any mix of tensors, compressed tensors and ``None``
 through ``ctx.save_for_backward``, so saved-tensor hooks (memory meters, CPU offloading) see everything
-kept (rule 8 holds privately only while no such hook is in force).
+kept (rule 8 holds privately only while no such hook is in force, or an observer that is shown it).
 
 Double backward (``torch.autograd.grad(..., create_graph=True)`` and then a backward through that
 gradient, e.g. a gradient penalty): inside a ``backward``, ``torch.is_grad_enabled()`` is True exactly
@@ -382,20 +385,77 @@ def load_kept(ctx) -> list:
     return out
 
 
-def private_keeping_allowed() -> bool:
-    """In a Function's forward: whether it may hold tensors it allocated on ``ctx`` instead of through
-    ``ctx.save_for_backward`` (rule 8): no default saved-tensor hooks in force (``saved_tensors_hooks``,
-    ``save_on_cpu``, non-reentrant checkpointing, a memory meter, :func:`dgl_exact.compress_saved`), not
-    compiling, not inside a captured op. False where torch cannot say whether hooks are in force."""
-    if compiling() or captured.active() or _own_saved.get() is not None:
-        return False
+# --- observers: saved-tensor hooks that only look (rule 8) ----------------------------------------------------
+_observer: "contextvars.ContextVar[Optional[object]]" = contextvars.ContextVar("dgl_exact_observer", default=None)
+
+
+def _same(t):
+    return t
+
+
+@contextlib.contextmanager
+def observe_saved(record):
+    """Saved-tensor hooks that only look: ``record(t)`` is called for every tensor saved for backward inside
+    the block, and ``t`` is kept as it is (a memory meter: :func:`dgl_exact.memory.measure_step`). Unlike any
+    other saved-tensor hook, an observer leaves rule 8 in force, because nothing it does changes what is
+    kept or when it is freed: a Function that holds tensors privately shows each to it
+    (:func:`show_private`) instead of passing it through ``save_for_backward``."""
+    def pack(t):
+        record(t)
+        return t
+
+    token = _observer.set(pack)
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, _same):
+            yield
+    finally:
+        _observer.reset(token)
+
+
+def _top_hooks():
+    """The innermost saved-tensor hooks in force (None: none), or False where torch cannot say."""
     top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
     if top is None:
         return False
     try:
-        return top(False) is None
+        return top(False)
     except (RuntimeError, TypeError):
         return False
+
+
+def _observing(hooks):
+    """The observer's pack function if the innermost hooks ``hooks`` are an :func:`observe_saved` block's."""
+    pack = _observer.get()
+    return pack if pack is not None and hooks and hooks[0] is pack else None
+
+
+def show_private(*items: Stashed) -> None:
+    """Rule 8: show the tensors a Function holds privately (tensors, compressed tensors, None) to the
+    observer in force (:func:`observe_saved`), as ``save_for_backward`` would have shown them to it. No-op
+    without one."""
+    pack = _observing(_top_hooks())
+    if pack is None:
+        return
+    for item in items:
+        if isinstance(item, CompressedTensor):
+            for t in item.split()[1]:
+                pack(t)
+        elif isinstance(item, torch.Tensor):
+            pack(item)
+
+
+def private_keeping_allowed() -> bool:
+    """In a Function's forward: whether it may hold tensors it allocated on ``ctx`` instead of through
+    ``ctx.save_for_backward`` (rule 8): no default saved-tensor hooks in force (``saved_tensors_hooks``,
+    ``save_on_cpu``, non-reentrant checkpointing, :func:`dgl_exact.compress_saved`) other than an observer
+    (:func:`observe_saved`: a memory meter, shown what is held with :func:`show_private`), not compiling,
+    not inside a captured op. False where torch cannot say whether hooks are in force."""
+    if compiling() or captured.active() or _own_saved.get() is not None:
+        return False
+    hooks = _top_hooks()
+    if hooks is False:
+        return False
+    return hooks is None or _observing(hooks) is not None
 
 
 def graph_freed_after_backward() -> bool:

@@ -251,3 +251,43 @@ def test_a_donated_h0_is_released_before_the_output_layer_same_results(monkeypat
     assert type(h) is torch.Tensor and type(d_h) is keeping.Released
     with pytest.raises(RuntimeError, match="donated"):
         d_h.sum()
+
+
+def test_a_memory_meter_sees_what_is_held_privately_and_the_step_runs_as_in_training(monkeypatch):
+    """``memory.measure_step`` observes saved tensors (``keep.observe_saved``): rule 8 stays in force under
+    it (each layer's codes are dropped early, as in training) and the activation bytes it reports count
+    what the stack holds privately, the same as where everything goes through ``save_for_backward``."""
+    from dgl_exact import memory
+    if not TORCH_SAYS:
+        pytest.skip("this torch cannot say whether saved-tensor hooks are in force")
+
+    def measured(private_allowed):
+        real = gcn2.private_keeping_allowed
+        asked = []
+        monkeypatch.setattr(gcn2, "private_keeping_allowed",
+                            lambda: asked.append(real() and private_allowed) or asked[-1])
+        st, h0, head, layers, cfg, params = _inputs()
+        torch.manual_seed(5)
+        report = memory.measure_step(lambda: gcn2.gcnii_layers(st, h0, layers, head, None, cfg).square().sum(),
+                                     cpu_method="none")
+        monkeypatch.undo()
+        return report.activation_bytes, asked
+
+    held, asked = measured(True)
+    assert asked == [True]  # the meter's observer leaves rule 8 in force
+    saved, _ = measured(False)
+    assert held == saved > 0
+
+
+def test_observe_saved_allows_private_keeping_other_hooks_do_not():
+    if not TORCH_SAYS:
+        pytest.skip("this torch cannot say whether saved-tensor hooks are in force")
+    assert keeping.private_keeping_allowed()
+    with keeping.observe_saved(lambda t: None):
+        assert keeping.private_keeping_allowed()
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+            assert not keeping.private_keeping_allowed()
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+        assert not keeping.private_keeping_allowed()
+        with keeping.observe_saved(lambda t: None):  # innermost hooks rule: the observer's
+            assert keeping.private_keeping_allowed()
