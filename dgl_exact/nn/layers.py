@@ -218,7 +218,8 @@ class LayerNorm(CompressedModuleMixin, nn.LayerNorm):
 
 
 class GELU(CompressedModuleMixin, nn.GELU):
-    """:class:`torch.nn.GELU` keeping its input compressed (backward nonlinear in it: O(step**2) bias)."""
+    """:class:`torch.nn.GELU` keeping its derivative ``gelu'(x)`` compressed (the backward is linear in it:
+    unbiased)."""
 
     def __init__(self, approximate: str = "none", *, compression: Optional[CompressionConfig] = None):
         super().__init__(approximate=approximate)
@@ -237,14 +238,14 @@ class GELU(CompressedModuleMixin, nn.GELU):
         torch.Tensor
             Output of the shape of ``x``.
 
-        Kept for backward: ``x`` compressed.
+        Kept for backward: ``gelu'(x)`` compressed (``x`` itself with compression off).
         """
         return ops.gelu(x, self.approximate, self._config())
 
 
 class SiLU(CompressedModuleMixin, nn.SiLU):
-    """:class:`torch.nn.SiLU` keeping its input compressed (backward nonlinear in it: O(step**2) bias).
-    ``inplace`` is accepted for compatibility; the output is a new tensor."""
+    """:class:`torch.nn.SiLU` keeping its derivative ``silu'(x)`` compressed (the backward is linear in it:
+    unbiased). ``inplace`` is accepted for compatibility; the output is a new tensor."""
 
     def __init__(self, inplace: bool = False, *, compression: Optional[CompressionConfig] = None):
         super().__init__(inplace=inplace)
@@ -263,7 +264,7 @@ class SiLU(CompressedModuleMixin, nn.SiLU):
         torch.Tensor
             Output of the shape of ``x`` (a new tensor).
 
-        Kept for backward: ``x`` compressed.
+        Kept for backward: ``silu'(x)`` compressed (``x`` itself with compression off).
         """
         return ops.silu(x, self._config())
 

@@ -4,7 +4,7 @@
 op              kept for backward (compression on)
 ==============  ====================================================================================
 layer_norm      the input compressed + per-row mean and 1/std (fp32, one pair per normalised row)
-gelu, silu      the input compressed
+gelu, silu      the derivative ``act'(x)`` compressed (the input itself where it is kept exactly)
 prelu           1 bit per element (sign) + the input compressed (only the weight gradient reads it)
 softmax         the output compressed
 log_softmax     the probabilities ``exp(output)`` compressed
@@ -17,12 +17,15 @@ With compression on (stochastic rounding, :mod:`dgl_exact.compression`):
 * **unbiased** where the backward is linear in the kept tensor: prelu (both gradients: the input
   gradient reads only the exact sign bits, the weight gradient is linear in the input), log_softmax
   (``g - p * sum(g)`` is linear in ``p``), layer_norm's weight gradient (``sum(g * (x - mean) * rstd)``
-  with the exact mean and rstd);
+  with the exact mean and rstd), gelu and silu (``g * act'(x)`` with ``act'(x)`` computed exactly in the
+  forward and kept compressed: linear in what is kept; keeping the input instead and evaluating
+  ``act'`` at its decoded copy was biased by 10-25 % of the gradient's norm at INT2, see
+  ``tests/nn/test_layers.py``);
 * **biased, by O(quantization step squared)**, where the backward is nonlinear in the kept tensor:
-  gelu and silu (``g * act'(x)``), softmax (``y * (g - sum(g * y))`` is quadratic in ``y``), layer_norm's
-  input gradient (a product of two terms in the normalised input). The error per element is bounded by
-  the local curvature times the quantization step of the row (``range / (2**bits - 1)``); at INT8 it is
-  negligible, at INT2 it is the price of the memory (as for every nonlinear backward in ActNN / GACT).
+  softmax (``y * (g - sum(g * y))`` is quadratic in ``y``), layer_norm's input gradient (a product of two
+  terms in the normalised input; the quadratic term is one of ``D`` in a row's sum). The error per
+  element is bounded by the local curvature times the quantization step of the row
+  (``range / (2**bits - 1)``); at INT8 it is negligible.
 
 None of these ops projects (``kept_frac`` is ignored: a projection is only unbiased for a linear use).
 Under autocast and while ``torch.compile`` traces, they run torch's functions unchanged (keeping what torch
@@ -40,8 +43,9 @@ import torch.nn.functional as F
 from .._compat import compiling
 from ..compression_config import CompressionConfig, resolve_config
 from ..compression import CompressedTensor
-from .keep import (autocast_dtype, check_double_backward, create_graph_requested, fresh_outputs, load_kept,
-                   needs_chunks, needs_saving, recompute_vjp, row_chunks, save_kept, stash, unstash)
+from .keep import (DOUBLE_BACKWARD_MESSAGE, alive_anyway, autocast_dtype, check_double_backward,
+                   create_graph_requested, fresh_outputs, load_kept, needs_chunks, needs_saving, recompute_vjp,
+                   row_chunks, save_kept, stash, unstash)
 
 __all__ = ["layer_norm", "gelu", "silu", "prelu", "softmax", "log_softmax"]
 
@@ -132,29 +136,48 @@ def layer_norm(x: torch.Tensor, normalized_shape: Sequence[int], weight: Optiona
 
 
 # --- pointwise activations -------------------------------------------------------------------------------
+def _keep_pointwise(ctx, x, cfg, derivative) -> None:
+    """What a pointwise activation ``act`` keeps: ``x`` itself where it would be kept exactly (compression
+    off, or ``x`` alive anyway: rule 1; gradients then equal torch's and double backward works), else its
+    derivative ``act'(x)`` (``derivative(x)``, exact) compressed: the backward ``g * act'(x)`` is linear in
+    it, so the gradient is unbiased; same bytes as a compressed ``x``. ``ctx.kept_derivative`` says which."""
+    cfg = _kept_cfg(cfg)
+    ctx.kept_derivative = cfg.enabled and not alive_anyway(x)
+    save_kept(ctx, stash(derivative(x), cfg, force=True) if ctx.kept_derivative else stash(x, cfg))
+
+
+def _pointwise_grad(ctx, grad, op, fn, act_backward):
+    """The input gradient of a pointwise activation kept by :func:`_keep_pointwise`."""
+    (kept,) = load_kept(ctx)
+    if ctx.kept_derivative:
+        if create_graph_requested():
+            raise RuntimeError(DOUBLE_BACKWARD_MESSAGE.format(op=op))
+        return _pointwise_backward(lambda g, d: g * d, grad, kept)
+    if create_graph_requested():
+        (gx,) = _double_backward(op, (kept,), fn, [kept], [True], [grad])
+        return gx
+    return _pointwise_backward(act_backward, grad, kept)
+
+
 class _GELU(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, approximate, cfg):
         ctx.approximate = approximate
-        save_kept(ctx, stash(x, _kept_cfg(cfg)))
+        _keep_pointwise(ctx, x, cfg, lambda t: torch.ops.aten.gelu_backward(torch.ones_like(t), t,
+                                                                            approximate=approximate))
         return F.gelu(x, approximate=approximate)
 
     @staticmethod
     def backward(ctx, grad):
-        (x_s,) = load_kept(ctx)
-        if create_graph_requested():
-            (gx,) = _double_backward("gelu", (x_s,), lambda x: F.gelu(x, approximate=ctx.approximate), [x_s],
-                                     [True], [grad])
-            return gx, None, None
         approximate = ctx.approximate
-        return _pointwise_backward(lambda g, x: torch.ops.aten.gelu_backward(g, x, approximate=approximate), grad,
-                                   x_s), None, None
+        return _pointwise_grad(ctx, grad, "gelu", lambda x: F.gelu(x, approximate=approximate),
+                               lambda g, x: torch.ops.aten.gelu_backward(g, x, approximate=approximate)), None, None
 
 
 @fresh_outputs
 def gelu(x: torch.Tensor, approximate: str = "none", config: Optional[CompressionConfig] = None) -> torch.Tensor:
-    """``F.gelu`` keeping its input compressed (the backward ``g * gelu'(x)`` is nonlinear in the kept
-    input: biased by O(step**2) with compression on, exact with it off)."""
+    """``F.gelu`` keeping its derivative ``gelu'(x)`` compressed (the backward ``g * gelu'(x)`` is linear in
+    it: unbiased with compression on; the input itself, exact, with it off)."""
     if _plain(x):
         return F.gelu(x, approximate=approximate)
     return _GELU.apply(x, approximate, resolve_config(config))
@@ -163,21 +186,17 @@ def gelu(x: torch.Tensor, approximate: str = "none", config: Optional[Compressio
 class _SiLU(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, cfg):
-        save_kept(ctx, stash(x, _kept_cfg(cfg)))
+        _keep_pointwise(ctx, x, cfg, lambda t: torch.ops.aten.silu_backward(torch.ones_like(t), t))
         return F.silu(x)
 
     @staticmethod
     def backward(ctx, grad):
-        (x_s,) = load_kept(ctx)
-        if create_graph_requested():
-            (gx,) = _double_backward("silu", (x_s,), F.silu, [x_s], [True], [grad])
-            return gx, None
-        return _pointwise_backward(torch.ops.aten.silu_backward, grad, x_s), None
+        return _pointwise_grad(ctx, grad, "silu", F.silu, torch.ops.aten.silu_backward), None
 
 
 @fresh_outputs
 def silu(x: torch.Tensor, config: Optional[CompressionConfig] = None) -> torch.Tensor:
-    """``F.silu`` keeping its input compressed (backward nonlinear in it: see :func:`gelu`)."""
+    """``F.silu`` keeping its derivative compressed (unbiased backward: see :func:`gelu`)."""
     if _plain(x):
         return F.silu(x)
     return _SiLU.apply(x, resolve_config(config))
