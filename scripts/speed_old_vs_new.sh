@@ -3,12 +3,14 @@
 # (benchmarks/cpu-2core/gcn2-fused/speed/ and sage-fused/speed/ were measured this way).
 # usage: bash scripts/speed_old_vs_new.sh OLD_COMMIT OUT_DIR [REPS] [EPOCHS]
 #   (from the repository root, venv active; MODEL=gcn2 LAYERS=16 by default, e.g. MODEL=sage LAYERS=3;
-#   SETTINGS="INT2,INT2 + RP(0.125) + blocks(64) + optimal" by default)
+#   SETTINGS="INT2,INT2 + RP(0.125) + blocks(64) + optimal" by default; WARMUP=2 untimed epochs by default;
+#   CPU=N pins every run to core N with taskset, so two campaigns can run side by side on separate cores)
 # The old commit runs from a temporary git worktree; `dgl-exact bench` refuses a checkout with uncommitted
 # changes to the measured code, so commit first (or set DGL_EXACT_ALLOW_DIRTY=1: the results then say so).
 set -e
 old=$1; out=$2; reps=${3:-2}; epochs=${4:-2}
-model=${MODEL:-gcn2}; layers=${LAYERS:-16}; settings=${SETTINGS:-"INT2,INT2 + RP(0.125) + blocks(64) + optimal"}
+model=${MODEL:-gcn2}; layers=${LAYERS:-16}; warmup=${WARMUP:-2}
+pin=""; [ -n "$CPU" ] && pin="taskset -c $CPU"; settings=${SETTINGS:-"INT2,INT2 + RP(0.125) + blocks(64) + optimal"}
 if [ -z "$old" ] || [ -z "$out" ]; then
   echo "usage: bash scripts/speed_old_vs_new.sh OLD_COMMIT OUT_DIR [REPS] [EPOCHS]" >&2; exit 2
 fi
@@ -26,8 +28,8 @@ for i in $(seq "$reps"); do
   for t in old new; do
     tree=$here; [ "$t" = old ] && tree="$out/old-tree"
     cd "$tree"
-    PYTHONPATH=$tree OMP_NUM_THREADS=1 python -m dgl_exact bench speed --models "$model" --layers "$layers" \
-      --settings "$settings" --epochs "$epochs" -q --out "$out/${t}_$i" \
+    PYTHONPATH=$tree OMP_NUM_THREADS=1 $pin python -m dgl_exact bench speed --models "$model" --layers "$layers" \
+      --settings "$settings" --epochs "$epochs" --warmup "$warmup" -q --out "$out/${t}_$i" \
       2>/dev/null | grep "^| $model" | sed "s/^/$t $i /"
     cd "$here"
   done
