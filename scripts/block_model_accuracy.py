@@ -24,6 +24,10 @@ from dgl_exact.data import load_dataset
 
 dgl = dgl_exact._compat.import_dgl()
 
+#: INT2 everywhere but the output linear, whose input is kept as given
+OUTPUT_SETTINGS = {"INT2, output INT8": dgl_exact.CompressionConfig(bits=8),
+                   "INT2, output fp32": dgl_exact.CompressionConfig(enabled=False)}
+
 #: the block models `dgl-exact bench memory` runs on the graph with one self loop per node
 SELF_LOOPED = ("user-block-gcn", "user-block-gat")
 
@@ -38,7 +42,10 @@ def train_once(name: str, setting: str, seed: int, data, epochs: int, lr: float)
     model = build_user_model(name, feat.shape[1], BLOCK_HIDDEN, data.num_classes, BLOCK_LAYERS, 0.0, False,
                              "dgl" if setting == "fp32" else "exact")
     opt = torch.optim.Adam(model.parameters(), lr=lr)
-    cfg = dgl_exact.CompressionConfig(bits=2) if setting == "INT2" else dgl_exact.CompressionConfig(enabled=False)
+    cfg = (dgl_exact.CompressionConfig(bits=2) if setting.startswith("INT2")
+           else dgl_exact.CompressionConfig(enabled=False))
+    if setting in OUTPUT_SETTINGS:  # the output linear's input kept otherwise (the rest at INT2)
+        model.out.compression = OUTPUT_SETTINGS[setting]
     best_val, test_at_best = -1.0, 0.0
     for _ in range(epochs):
         model.train()
@@ -60,7 +67,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dataset", default="synthetic:num_nodes=10000,avg_degree=8,num_features=128")
     ap.add_argument("--models", default=",".join(BLOCK_MODELS))
-    ap.add_argument("--settings", default="fp32,INT2")
+    ap.add_argument("--settings", default="fp32,INT2", help="comma-separated: fp32, INT2, " + ", ".join(
+        f'"{k}"' for k in OUTPUT_SETTINGS) + " (separate several with ';' when one contains a comma)")
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--epochs", type=int, default=50)
     ap.add_argument("--lr", type=float, default=1e-3)
@@ -70,7 +78,8 @@ def main(argv=None):
           f"classes; {a.epochs} epochs, Adam lr {a.lr}, test accuracy at best validation, {a.seeds} seeds")
     print("| model | setting | mean | std | per seed |\n|---|---|---|---|---|")
     for name in a.models.split(","):
-        for setting in a.settings.split(","):
+        for setting in (a.settings.split(";") if ";" in a.settings or a.settings in OUTPUT_SETTINGS
+                        else a.settings.split(",")):
             t0 = time.perf_counter()
             accs = [train_once(name, setting, seed, data, a.epochs, a.lr) for seed in range(a.seeds)]
             std = statistics.stdev(accs) if len(accs) > 1 else 0.0

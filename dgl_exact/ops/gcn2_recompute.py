@@ -19,6 +19,17 @@ chunk where the layers read it, never whole. Besides the kept tensors the backwa
 layer-sized blocks at most (the gradient, the ``h0`` gradient and the segment's recompute buffer), the
 forward two (``h0`` and the layers' buffer).
 
+**The input layer folded in** (``stem``). GCNII's initial representation is ``h0 = relu(dropout(x) W_in^T +
+b_in)``. Given that layer (:class:`StemArgs`), the stack computes ``h0`` itself from the features ``x``
+and never forms ``h0``'s gradient: every contribution to it (``alpha`` times each layer's mix gradient, and
+the first layer's input gradient) is summed, row chunk by row chunk, straight into ``W_in``'s and ``b_in``'s
+gradients through the ReLU's mask (one bit per element) and the dropout mask (regenerated from its seed).
+The backward then holds two layer-sized blocks, not three. ``x`` is kept as the input layer keeps it
+(itself where it is alive anyway, as the features are; else compressed), so ``W_in``'s gradient reads
+``dropout(x)`` exactly where the modules read a compressed copy of it: the same expectation, less noise.
+The forward (and ``h0``) equals the modules' bit for bit: the dropout mask of ``x`` is drawn as
+:func:`dgl_exact.ops.dropout` draws it.
+
 **What the backward approximates.** The forward is exact. The recompute starts from the decoded boundary
 ``x_hat = x + e`` and decoded ``h0`` (``e``: the quantisation error, zero mean under stochastic rounding),
 so the activations the segment's backward reads are those of ``x_hat``: batch-norm statistics, ReLU masks
@@ -39,12 +50,25 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 
+from .. import kernels
 from ..compression import draw_seed, seed_stream
+from ..kernels.reference import hash_uniform
 from ..compression_config import CompressionConfig
-from .gcn2 import GCN2Layer, _layer_forward, degree_norm, layers_backward
+from .gcn2 import GCN2Layer, _layer_forward, _row_ranges, degree_norm, layers_backward
 from .keep import DOUBLE_BACKWARD_MESSAGE, create_graph_requested, load_kept, row_chunks, save_kept, stash, unstash
 
-__all__ = ["gcnii_layers_recomputed", "segments_of"]
+__all__ = ["StemArgs", "gcnii_layers_recomputed", "segments_of"]
+
+
+@dataclasses.dataclass(frozen=True)
+class StemArgs:
+    """GCNII's input layer ``h0 = relu(dropout(x, dropout) weight^T + bias)`` folded into the recomputed
+    stack (see the module docstring); ``bias`` may be None; ``config``: how ``x`` is kept."""
+
+    weight: torch.Tensor
+    bias: Optional[torch.Tensor]
+    dropout: float
+    config: CompressionConfig
 
 
 def segments_of(n_layers: int, length: int) -> List[Tuple[int, int]]:
@@ -92,7 +116,57 @@ class _Plan:
     bns: tuple
     cfgs: tuple
     segments: tuple
+    stem_dropout: Optional[float] = None   # None: no input layer folded in (h0 given)
+    stem_config: Optional[CompressionConfig] = None
 
+
+def _dropped_rows(x_rows: torch.Tensor, p: float, seed: int, r0: int) -> torch.Tensor:
+    """Rows ``r0:r0 + len(x_rows)`` of ``kernels dropout(x, p, seed)`` (the mask is a hash of the seed and
+    the element's index, so any rows can be drawn again alone)."""
+    if p == 0.0:
+        return x_rows
+    n = x_rows.numel()
+    keep = hash_uniform(seed, r0 * x_rows.shape[1], n, x_rows.device).view(x_rows.shape) >= p
+    return x_rows * keep.to(x_rows.dtype) * (1.0 / (1.0 - p))
+
+
+def _stem_forward(x, w, b, p: float):
+    """``h0 = relu(dropout(x, p) w^T + b)`` in a new buffer, the dropout seed drawn as
+    :func:`dgl_exact.ops.dropout` draws it. Returns ``(h0, seed, relu masks per row chunk)``."""
+    seed = 0
+    xd = x
+    if p > 0:
+        seed = draw_seed()
+        xd = kernels.get("dropout", x.device)(x.contiguous(), p, seed)
+    h0 = F.linear(xd, w, b)
+    del xd
+    relu_ = kernels.get("relu_dropout_inplace", h0.device)
+    masks = [relu_(h0[r0:r1], 0.0, 0) for r0, r1 in _row_ranges(h0)]
+    return h0, seed, masks
+
+
+class _StemGradient:
+    """Stands where the ``h0`` gradient accumulator stands in :func:`.gcn2.layers_backward` (it is only ever
+    ``add_``-ed to) and sums each contribution into the input layer's weight and bias gradients instead,
+    row chunk by row chunk: ``d pre = relu_mask * alpha g``, ``dW += d_pre^T dropout(x)``, ``db += sum
+    d_pre``. Nothing ``[N, D]``-sized is allocated."""
+
+    def __init__(self, x_rows, p: float, seed: int, masks: list, ranges: list, need_w: bool, need_b: bool):
+        self.x_rows, self.p, self.seed, self.masks, self.ranges = x_rows, p, seed, masks, ranges
+        self.need_w, self.need_b = need_w, need_b
+        self.gw = self.gb = None
+
+    def add_(self, g: torch.Tensor, alpha: float = 1.0) -> "_StemGradient":
+        masked_scale = kernels.get("masked_scale", g.device)
+        for j, (r0, r1) in enumerate(self.ranges):
+            d = masked_scale(g[r0:r1], self.masks[j], float(alpha), 0.0)
+            if self.need_w:
+                part = d.t().matmul(_dropped_rows(self.x_rows[r0:r1], self.p, self.seed, r0))
+                self.gw = part if self.gw is None else self.gw.add_(part)
+            if self.need_b:
+                part = d.sum(0)
+                self.gb = part if self.gb is None else self.gb.add_(part)
+        return self
 
 class _GCNIIRecomputed(torch.autograd.Function):
     """The fused GCNII stack keeping only segment boundaries (see the module docstring). Every layer-sized
@@ -100,9 +174,15 @@ class _GCNIIRecomputed(torch.autograd.Function):
     in the backward the gradient ``g W_out``, the ``h0`` gradient and each segment's decoded boundary."""
 
     @staticmethod
-    def forward(ctx, h0, norm, head_w, head_b, st, plan: _Plan, head_cfg, *params):
+    def forward(ctx, h0, norm, head_w, head_b, stem_w, stem_b, st, plan: _Plan, head_cfg, *params):
         needs = ctx.needs_input_grad
-        kept_h0 = stash(h0, plan.cfgs[0])   # read by every recompute; never written
+        stem = None
+        if plan.stem_dropout is not None:   # h0 is the features x: the input layer runs here
+            x_in = h0
+            h0, seed, masks = _stem_forward(x_in, stem_w, stem_b, plan.stem_dropout)
+            stem = (stash(x_in, plan.stem_config), seed, masks, _row_ranges(h0))
+        # read by every recompute; never written (made here when the input layer is folded in: compressed)
+        kept_h0 = stash(h0, plan.cfgs[0], force=stem is not None)
         x, boundaries, seeds, records = None, [], [], []
         for s, e in plan.segments:
             # the layers' buffer is overwritten below: an exactly kept boundary is a copy (keep.py, rule 3)
@@ -118,7 +198,12 @@ class _GCNIIRecomputed(torch.autograd.Function):
         del x
         ctx.st, ctx.plan, ctx.records, ctx.seeds = st, plan, records, seeds
         ctx.has_head_bias, ctx.h0_meta = head_b is not None, (h0.dtype, h0.device)
-        save_kept(ctx, norm, head_w, kept_head, kept_h0, *boundaries, *params)
+        ctx.stem_meta = None if stem is None else (stem[1], stem[3])
+        stem_masks = [] if stem is None else stem[2]
+        ctx.n_params = len(params)
+        del h0
+        save_kept(ctx, norm, head_w, kept_head, kept_h0, None if stem is None else stem[0], stem_w, *boundaries,
+                  *params, *stem_masks)
         return logits
 
     @staticmethod
@@ -127,8 +212,8 @@ class _GCNIIRecomputed(torch.autograd.Function):
             raise RuntimeError(DOUBLE_BACKWARD_MESSAGE.format(op="the recomputed GCNII stack"))
         plan, records = ctx.plan, ctx.records
         n_seg = len(plan.segments)
-        norm, head_w, kept_head, kept_h0, *rest = load_kept(ctx)
-        boundaries, params = rest[:n_seg], rest[n_seg:]
+        norm, head_w, kept_head, kept_h0, kept_x, stem_w, *rest = load_kept(ctx)
+        boundaries, params, masks = rest[:n_seg], rest[n_seg:n_seg + ctx.n_params], rest[n_seg + ctx.n_params:]
         needs = ctx.needs_input_grad
         g_head_w = g_head_b = None
         if needs[2]:
@@ -137,10 +222,17 @@ class _GCNIIRecomputed(torch.autograd.Function):
                 g_head_w = part if g_head_w is None else g_head_w.add_(part)
         if ctx.has_head_bias and needs[3]:
             g_head_b = grad.sum(0)
-        param_needs = needs[7:]
+        param_needs = needs[9:]
         param_grads: list = [None] * len(params)
-        gh0 = None
-        if needs[0] or any(param_needs):
+        gh0 = sink = None
+        need_h0 = needs[0]
+        if ctx.stem_meta is not None:   # the h0 gradient goes straight into the input layer's (see above)
+            need_h0 = needs[4] or needs[5]
+            seed, ranges = ctx.stem_meta
+            if need_h0:
+                gh0 = sink = _StemGradient(_KeptRows(kept_x, stem_w.dtype, stem_w.device), plan.stem_dropout,
+                                           seed, masks, ranges, needs[4], needs[5])
+        if need_h0 or any(param_needs):
             h0 = _KeptRows(kept_h0, *ctx.h0_meta)
             g = grad.matmul(head_w.to(grad.dtype))  # allocated here: the loops may write it (rule 2)
             for k in range(n_seg - 1, -1, -1):
@@ -159,30 +251,37 @@ class _GCNIIRecomputed(torch.autograd.Function):
                         seg_records[i], seg_items[i] = rec, items
                 del x
                 g, gh0 = layers_backward(ctx.st, norm, g, gh0, seg_records, seg_items, range(e - 1, s - 1, -1),
-                                         needs[0], param_needs, param_grads)
+                                         need_h0, param_needs, param_grads)
                 del seg_items
                 if g is None:
                     break
             del g
-        return (gh0, None, g_head_w, g_head_b, None, None, None, *param_grads)
+        if sink is not None:
+            return (None, None, g_head_w, g_head_b, sink.gw, sink.gb, None, None, None, *param_grads)
+        return (gh0, None, g_head_w, g_head_b, None, None, None, None, None, *param_grads)
 
 
 def gcnii_layers_recomputed(st, h0: torch.Tensor, layers: Sequence[GCN2Layer], head_weight: torch.Tensor,
                             head_bias: Optional[torch.Tensor], head_config: CompressionConfig,
-                            segment: int) -> torch.Tensor:
+                            segment: int, stem: Optional[StemArgs] = None) -> torch.Tensor:
     """:func:`dgl_exact.ops.gcn2.gcnii_layers` (same arguments, same logits) keeping only ``h0``, every
     ``segment``-th layer's input and the dropout seeds; the backward re-runs each segment of ``segment``
     layers from its kept input (see the module docstring for what it then approximates). Double backward
-    raises."""
+    raises. ``stem``: the input layer folded in; ``h0`` is then its input ``x`` (which must not need a
+    gradient) and the stack computes ``h0 = relu(dropout(x) W^T + b)`` (see the module docstring)."""
+    if stem is not None and h0.requires_grad:
+        raise ValueError("gcnii_layers_recomputed: with a stem, x must not need a gradient")
     if not layers:
         raise ValueError("gcnii_layers_recomputed needs at least one layer")
     if any(layer.bn is not None and layer.bn.batch_stats and h0.shape[0] < 2 for layer in layers):
         raise ValueError("Expected more than 1 value per channel when training (batch norm over 1 row)")
     norm = degree_norm(st, h0.dtype)
-    params = []
+    params: list = []
     for layer in layers:
         bn = layer.bn
         params += [layer.weight1, layer.bias, None if bn is None else bn.weight, None if bn is None else bn.bias]
     plan = _Plan(tuple(layer.step for layer in layers), tuple(layer.bn for layer in layers),
-                 tuple(layer.config for layer in layers), tuple(segments_of(len(layers), segment)))
-    return _GCNIIRecomputed.apply(h0, norm, head_weight, head_bias, st, plan, head_config, *params)
+                 tuple(layer.config for layer in layers), tuple(segments_of(len(layers), segment)),
+                 None if stem is None else float(stem.dropout), None if stem is None else stem.config)
+    return _GCNIIRecomputed.apply(h0, norm, head_weight, head_bias, None if stem is None else stem.weight,
+                                  None if stem is None else stem.bias, st, plan, head_config, *params)

@@ -227,7 +227,10 @@ class GCNII(nn.Module):
     the fused stack applies; else the modules through :func:`dgl_exact.ops.recompute.recompute_segment`):
     only each segment's input and ``h0`` (once) are
     kept, compressed under the layers' configuration, and the backward re-runs each segment from the
-    decoded copy; memory no longer grows with the depth's kept activations. The forward is exact; the
+    decoded copy; memory no longer grows with the depth's kept activations. The fused form also folds the
+    input layer in (``h0 = relu(lin_in(dropout(x)))`` computed inside it, ``h0``'s gradient summed straight
+    into ``lin_in``'s: one layer-sized block less in the backward) where ``lin_in`` has no hooks and ``x``
+    needs no gradient. The forward is exact; the
     gradients are exact with compression off and otherwise read activations recomputed from the decoded
     boundary (see :mod:`dgl_exact.ops.recompute`). Taken with dgl_exact layers, no ``residual``, no
     ``dropout2``, no edge weights and no hooks on the hidden layers; elsewhere the layers run as above.
@@ -262,7 +265,12 @@ class GCNII(nn.Module):
         if (self.recompute and edge_weight is None and not self.residual and self._lib.impl == "exact"
                 and not self._lib.dropout2 and self.training and torch.is_grad_enabled()
                 and not hooks_present(*self.convs, *(self.norms or []))):
-            # the fused stack in recomputed segments where it applies, else the modules in segments
+            # the fused stack in recomputed segments with the input layer folded in where it applies (h0's
+            # gradient is summed straight into lin_in's), else without it, else the modules in segments
+            out = gcnii_stack(graph, self.convs, self.norms, x, self.dropout, self.dropout, self.lin_out,
+                              recompute=self.recompute, stem=self.lin_in, stem_dropout=self.dropout)
+            if out is not None:
+                return out
             h0 = self._initial(x)
             out = gcnii_stack(graph, self.convs, self.norms, h0, self.dropout, self.dropout, self.lin_out,
                               recompute=self.recompute)

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 import dgl_exact
 from dgl_exact.ops import gcn2, gcn2_recompute
+from dgl_exact.nn.conv import gcn2conv
 from dgl_exact.ops import keep as keeping
 from dgl_exact.training.models import GCNII
 
@@ -76,7 +77,7 @@ def _step(recompute, layers=5, dropout=0.0, batch_norm=True, hidden=7, seed=1, e
 def _spy_apply(monkeypatch):
     calls = []
     real = gcn2_recompute._GCNIIRecomputed.apply
-    monkeypatch.setattr(gcn2_recompute._GCNIIRecomputed, "apply", lambda *a: calls.append(a[5]) or real(*a))
+    monkeypatch.setattr(gcn2_recompute._GCNIIRecomputed, "apply", lambda *a: calls.append(a[7]) or real(*a))
     return calls
 
 
@@ -88,9 +89,13 @@ def test_forward_bit_identical_and_exactly_kept_gradients_equal(length, dropout,
     o1, g1, m1 = _step(0, dropout=dropout, batch_norm=batch_norm, exact=True)
     o2, g2, m2 = _step(length, dropout=dropout, batch_norm=batch_norm, exact=True)
     assert len(calls) == 1 and calls[0].segments == tuple(gcn2_recompute.segments_of(5, length))
+    assert calls[0].stem_dropout == dropout   # the input layer folded in
     assert torch.equal(o1, o2)
-    for a, b in zip(g1, g2):
-        assert torch.equal(a, b)
+    for (name, _), a, b in zip(m1.named_parameters(), g1, g2):
+        if name.startswith("lin_in."):   # h0's gradient summed into it per contribution: another order
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+        else:
+            assert torch.equal(a, b), name
     for a, b in zip(m1.buffers(), m2.buffers()):   # running statistics updated once, not twice
         assert torch.equal(a, b)
     # compressed: the forward is still the fused stack's bit for bit
@@ -216,3 +221,53 @@ def test_retain_graph_gives_the_same_gradient_twice():
         second = torch.autograd.grad(loss, list(m.parameters()))
     for a, b in zip(first, second):
         assert torch.equal(a, b)
+
+
+def test_input_layer_folded_in_forms_no_h0_gradient(monkeypatch):
+    """With the input layer folded in, every ``h0`` gradient contribution goes into the input layer's
+    gradients (the accumulator ``layers_backward`` gets is the stem's, never an ``[N, D]`` tensor), and the
+    model's gradients are those of the unfolded recompute up to float summation order."""
+    seen = []
+    real = gcn2_recompute.layers_backward
+
+    def spy(st, norm, g, gh0, *a):
+        seen.append(type(gh0))
+        out = real(st, norm, g, gh0, *a)
+        seen.append(type(out[1]))
+        return out
+
+    monkeypatch.setattr(gcn2_recompute, "layers_backward", spy)
+    _, folded, _ = _step(2, dropout=0.3, batch_norm=True, exact=True)
+    assert seen and set(seen) == {gcn2_recompute._StemGradient}
+    monkeypatch.setattr(gcn2conv, "_stem_refusal", lambda *a: "refused for the test")
+    seen.clear()
+    _, unfolded, m = _step(2, dropout=0.3, batch_norm=True, exact=True)
+    assert torch.Tensor in seen
+    for (name, _), a, b in zip(m.named_parameters(), folded, unfolded):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("why", ["x needs a gradient", "a hook on the input layer", "input layer in eval mode"])
+def test_input_layer_not_folded_where_it_would_change_what_is_seen(why, monkeypatch):
+    """Where folding the input layer in would hide its own call (a hook), leave a needed gradient out (``x``
+    needs one) or differ from the module (eval mode), the stack takes ``h0`` from the modules instead."""
+    calls = _spy_apply(monkeypatch)
+    g, x, y = _data()
+    x = x.clone()
+    torch.manual_seed(0)
+    m = GCNII(x.shape[1], 7, 3, layers=4, dropout=0.3, batch_norm=True, recompute=2)
+    seen = []
+    if why == "x needs a gradient":
+        x.requires_grad_()
+    elif why == "a hook on the input layer":
+        m.lin_in.register_forward_hook(lambda mod, a, out: seen.append(out.shape))
+    else:
+        m.lin_in.eval()
+    with dgl_exact.config(enabled=True, bits=2):
+        F.cross_entropy(m(g, x), y).backward()
+    assert len(calls) == 1 and calls[0].stem_dropout is None
+    if why == "x needs a gradient":
+        assert x.grad is not None and torch.isfinite(x.grad).all() and x.grad.abs().sum() > 0
+    if why == "a hook on the input layer":
+        assert seen == [(x.shape[0], 7)]
+    assert m.lin_in.weight.grad is not None

@@ -14,7 +14,7 @@ from ... import ops
 from ...compression_config import CompressionConfig
 from ...ops import captured
 from ...ops.gcn2 import BatchNormArgs, GCN2Layer, GCN2Step, gcnii_layers
-from ...ops.gcn2_recompute import gcnii_layers_recomputed
+from ...ops.gcn2_recompute import StemArgs, gcnii_layers_recomputed
 from ..layers import BatchNorm1d, Linear
 from .. import paths as explain
 from .._base import (CompressedModuleMixin, check_feature_rows, check_zero_in_degree, compressed_activation,
@@ -206,7 +206,7 @@ class _MixGCN2(torch.autograd.Function):
 
 
 def gcnii_stack(graph, convs, norms, h0: torch.Tensor, dropout: float, input_dropout: float, head: nn.Module,
-                recompute: int = 0):
+                recompute: int = 0, stem: Optional[nn.Module] = None, stem_dropout: float = 0.0):
     """GCNII's hidden layers ``h_l = dropout(relu(BN_l(conv_l(h_{l-1}, h0))))``, ``h_0' = dropout(h0,
     input_dropout)``, and the output layer ``head(h_L)`` as one op (:func:`dgl_exact.ops.gcn2.gcnii_layers`:
     two layer-sized buffers at the step's peak instead of three); returns the logits, or None where that
@@ -224,13 +224,20 @@ def gcnii_stack(graph, convs, norms, h0: torch.Tensor, dropout: float, input_dro
 
     ``recompute``: segments of that many layers (0: off) keep only their input and are re-run in the
     backward (:func:`dgl_exact.ops.gcn2_recompute.gcnii_layers_recomputed`), under the same conditions.
+    With ``recompute``, ``stem`` (a dgl_exact ``Linear``) folds the input layer in: ``h0`` is then the
+    features ``x`` (needing no gradient) and the stack computes ``h0 = relu(stem(dropout(x, stem_dropout)))``
+    itself, summing ``h0``'s gradient straight into the stem's (one layer-sized block less in the backward;
+    :mod:`dgl_exact.ops.gcn2_recompute`). Under the same conditions for the stem (dgl_exact's own
+    ``Linear``, no hooks, training, compression on).
 
     ``h0`` may be donated (``gcnii_stack(..., dgl_exact.donate(h0), ...)``, :mod:`dgl_exact.ops.keep` rule 5):
     where the stack runs without recompute, its memory is released once the last hidden layer has read it,
     so the output layer runs beside one layer-sized buffer, not two. Where the stack returns None it did not
     take ``h0``: the caller takes it back with :func:`dgl_exact.ops.keep.reclaim` before using it."""
-    reason = _gcnii_stack_refusal(graph, convs, norms, h0, dropout, input_dropout, head)
-    mods = list(convs) + (list(norms) if norms is not None else []) + [head]
+    reason = _gcnii_stack_refusal(graph, convs, norms, h0, dropout, input_dropout, head, stem)
+    if reason is None and stem is not None:
+        reason = _stem_refusal(stem, h0, stem_dropout, recompute, convs[0].weight1.shape[0])
+    mods = list(convs) + (list(norms) if norms is not None else []) + [head] + ([stem] if stem is not None else [])
     name = (f"fused GCNII stack recomputed in segments of {recompute} (ops.gcn2_recompute)" if recompute
             else "fused GCNII stack (ops.gcn2.gcnii_layers)")
     explain.record(mods, name if reason is None else None, reason)
@@ -250,7 +257,9 @@ def gcnii_stack(graph, convs, norms, h0: torch.Tensor, dropout: float, input_dro
         step = GCN2Step(float(conv.alpha), float(conv.beta), float(dropout), float(input_dropout), i)
         layers.append(GCN2Layer(step, conv.weight1, conv.bias if conv._bias else None, bn, conv._config()))
     if recompute:  # the recomputed segments read h0 again in the backward: a donated h0 is kept
-        return gcnii_layers_recomputed(st, h0, layers, head.weight, head.bias, head._config(), recompute)
+        stem_args = None if stem is None else StemArgs(stem.weight, stem.bias, float(stem_dropout), stem._config())
+        return gcnii_layers_recomputed(st, h0, layers, head.weight, head.bias, head._config(), recompute,
+                                       stem=stem_args)
     # a donated h0 (rule 5) goes once the last layer has read it: its gradient needs no value, nothing the
     # stack keeps refers to it, and a view would free nothing
     release_h0 = type(h0) is Donated and h0._base is None
@@ -259,7 +268,30 @@ def gcnii_stack(graph, convs, norms, h0: torch.Tensor, dropout: float, input_dro
     return gcnii_layers(st, h0, layers, head.weight, head.bias, head._config(), release_h0=release_h0)
 
 
-def _gcnii_stack_refusal(graph, convs, norms, h0, dropout, input_dropout, head) -> Optional[str]:
+def _stem_refusal(stem, x, p: float, recompute: int, hidden: int) -> Optional[str]:
+    """Why :func:`gcnii_stack` cannot fold the input layer ``stem`` in (None: it can)."""
+    if not recompute:
+        return "an input layer is folded in only with recompute"
+    if type(stem) is not Linear:
+        return "the input layer is not a dgl_exact Linear"
+    if hooks_present(stem):
+        return "a module has hooks (they must see the modules' own calls)"
+    if not stem.training:
+        return "eval mode"
+    if not stem._config().enabled:
+        return "compression off (exactly kept tensors: the modules keep double backward exact)"
+    if x.requires_grad:
+        return "the input layer's input needs a gradient"
+    if not 0.0 <= p < 1.0:
+        return "dropout outside [0, 1)"
+    if x.dim() != 2 or x.shape[1] != stem.in_features or stem.out_features != hidden:
+        return "the input layer's shapes do not match"
+    if x.dtype != stem.weight.dtype:
+        return "mixed dtypes"
+    return None
+
+
+def _gcnii_stack_refusal(graph, convs, norms, h0, dropout, input_dropout, head, stem=None) -> Optional[str]:
     """Why :func:`gcnii_stack` cannot replace the modules here (None: it can)."""
     if not convs:
         return "no layers"
@@ -292,7 +324,7 @@ def _gcnii_stack_refusal(graph, convs, norms, h0, dropout, input_dropout, head) 
         return "h0 is not a contiguous fp32/fp64 [N, D] tensor"
     if norms is not None and h0.shape[0] < 2:
         return "batch norm over one row (the modules raise)"
-    params = [p for m in mods for p in m.parameters()]
+    params = [p for m in mods + ([stem] if stem is not None else []) for p in m.parameters()]
     if not all(p.dtype == h0.dtype for p in params):
         return "mixed dtypes"
     if not needs_saving(h0, *params):
