@@ -97,8 +97,8 @@ def main(argv=None):
     names = groups(model)
     pname = {id(p): n for n, p in model.named_parameters()}
     cfg = dgl_exact.CompressionConfig(bits=a.bits, levels=a.levels)
-    print(f"{a.model}, {a.dataset}, after {a.pretrain} fp32 epochs; INT{a.bits} ({a.levels} levels), {a.draws} draws per variant; "
-          f"noise floor of rel_bias ~ rel_err / {math.sqrt(a.draws):.1f}")
+    print(f"{a.model}, {a.dataset}, after {a.pretrain} fp32 epochs; INT{a.bits} ({a.levels} levels), "
+          f"{a.draws} draws per variant; noise floor of rel_bias ~ rel_err / {math.sqrt(a.draws):.1f}")
     keys = list(names) + ["all"]
     print("| variant | " + " | ".join(f"{k} err / bias" for k in keys) + " |")
     print("|---|" + "---|" * len(keys))
