@@ -3,10 +3,11 @@ epoch times of every alternating pair, new / old per pair, and the median and me
 
     python scripts/speed_pairs_table.py OUT_A.txt OUT_B.txt ...
 """
-import re
-import sys
-import statistics
 import collections
+import re
+import statistics
+import sys
+
 rows = collections.defaultdict(dict)
 for f in sys.argv[1:]:
     for line in open(f):
