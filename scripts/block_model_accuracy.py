@@ -32,7 +32,8 @@ OUTPUT_SETTINGS = {"INT2, output INT8": dgl_exact.CompressionConfig(bits=8),
 SELF_LOOPED = ("user-block-gcn", "user-block-gat")
 
 
-def train_once(name: str, setting: str, seed: int, data, epochs: int, lr: float) -> float:
+def train_once(name: str, setting: str, seed: int, data, epochs: int, lr: float) -> tuple:
+    """Test accuracy at the best-validation epoch, and that epoch (1-based)."""
     g = data.graph
     if name in SELF_LOOPED:  # as `dgl-exact bench memory` runs them (GATConv refuses 0-in-degree nodes)
         g = dgl.add_self_loop(dgl.remove_self_loop(g))
