@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 
 import torch
@@ -83,7 +84,11 @@ def main(argv=None):
         for setting in (a.settings.split(";") if ";" in a.settings or a.settings in OUTPUT_SETTINGS
                         else a.settings.split(",")):
             t0 = time.perf_counter()
-            runs = [train_once(name, setting, seed, data, a.epochs, a.lr) for seed in range(a.seeds)]
+            runs = []
+            for seed in range(a.seeds):  # each seed as it ends (on stderr), so a stopped run keeps what it did
+                runs.append(train_once(name, setting, seed, data, a.epochs, a.lr))
+                print(f"  {name} | {setting} | seed {seed}: {100 * runs[-1][0]:.2f} at epoch {runs[-1][1]} "
+                      f"({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
             accs, best_epochs = [r[0] for r in runs], [r[1] for r in runs]
             std = statistics.stdev(accs) if len(accs) > 1 else 0.0
             print(f"| {name} | {setting} | {100 * statistics.mean(accs):.2f} | {100 * std:.2f} | "
