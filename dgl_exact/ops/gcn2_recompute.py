@@ -23,11 +23,14 @@ forward two (``h0`` and the layers' buffer).
 b_in)``. Given that layer (:class:`StemArgs`), the stack computes ``h0`` itself from the features ``x``
 and never forms ``h0``'s gradient: every contribution to it (``alpha`` times each layer's mix gradient, and
 the first layer's input gradient) is summed, row chunk by row chunk, straight into ``W_in``'s and ``b_in``'s
-gradients through the ReLU's mask (one bit per element) and the dropout mask (regenerated from its seed).
-The backward then holds two layer-sized blocks, not three. ``x`` is kept as the input layer keeps it
-(itself where it is alive anyway, as the features are; else compressed), so ``W_in``'s gradient reads
-``dropout(x)`` exactly where the modules read a compressed copy of it: the same expectation, less noise.
-The forward (and ``h0``) equals the modules' bit for bit: the dropout mask of ``x`` is drawn as
+gradients through the ReLU's mask and the dropout mask of ``x`` (one bit per element each, packed in
+the forward: ``N * in_feats / 8`` bytes). The backward then holds two layer-sized blocks, not three, at
+the price of one ``[in_feats, N] x [N, hidden]`` product per layer (where the modules do it once), which is
+why :func:`dgl_exact.nn.gcnii_stack` folds the input layer in only where ``in_feats <= hidden``. ``x`` is
+kept as the input layer keeps it (itself where it is alive anyway, as the features are; else compressed),
+so ``W_in``'s gradient reads ``dropout(x)`` exactly where the modules read a compressed copy of it: the
+same expectation, less noise. The forward (and ``h0``) equals the modules' bit for bit: the dropout mask
+of ``x`` is drawn as
 :func:`dgl_exact.ops.dropout` draws it.
 
 **What the backward approximates.** The forward is exact. The recompute starts from the decoded boundary
@@ -52,7 +55,6 @@ import torch.nn.functional as F
 
 from .. import kernels
 from ..compression import draw_seed, seed_stream
-from ..kernels.reference import hash_uniform
 from ..compression_config import CompressionConfig
 from .gcn2 import GCN2Layer, _layer_forward, _row_ranges, degree_norm, layers_backward
 from .keep import DOUBLE_BACKWARD_MESSAGE, create_graph_requested, load_kept, row_chunks, save_kept, stash, unstash
@@ -120,29 +122,23 @@ class _Plan:
     stem_config: Optional[CompressionConfig] = None
 
 
-def _dropped_rows(x_rows: torch.Tensor, p: float, seed: int, r0: int) -> torch.Tensor:
-    """Rows ``r0:r0 + len(x_rows)`` of ``kernels dropout(x, p, seed)`` (the mask is a hash of the seed and
-    the element's index, so any rows can be drawn again alone)."""
-    if p == 0.0:
-        return x_rows
-    n = x_rows.numel()
-    keep = hash_uniform(seed, r0 * x_rows.shape[1], n, x_rows.device).view(x_rows.shape) >= p
-    return x_rows * keep.to(x_rows.dtype) * (1.0 / (1.0 - p))
-
-
 def _stem_forward(x, w, b, p: float):
     """``h0 = relu(dropout(x, p) w^T + b)`` in a new buffer, the dropout seed drawn as
-    :func:`dgl_exact.ops.dropout` draws it. Returns ``(h0, seed, relu masks per row chunk)``."""
-    seed = 0
+    :func:`dgl_exact.ops.dropout` draws it. Returns ``(h0, relu masks, dropout masks)``, one packed mask per
+    row chunk of ``h0`` each (no dropout masks where ``p == 0``). A dropout mask's bit is ``dropout(x) !=
+    0``: ``masked_scale(x, bit, 1 / (1 - p), 0)`` is then ``dropout(x)`` bit for bit for finite ``x`` (where
+    ``x == 0`` the bit does not matter), read in the backward without drawing the mask again."""
     xd = x
     if p > 0:
-        seed = draw_seed()
-        xd = kernels.get("dropout", x.device)(x.contiguous(), p, seed)
+        xd = kernels.get("dropout", x.device)(x.contiguous(), p, draw_seed())
     h0 = F.linear(xd, w, b)
+    ranges = _row_ranges(h0)
+    pack = kernels.get("pack_mask", x.device)
+    drop_masks = [pack(xd[r0:r1] != 0) for r0, r1 in ranges] if p > 0 else []
     del xd
     relu_ = kernels.get("relu_dropout_inplace", h0.device)
-    masks = [relu_(h0[r0:r1], 0.0, 0) for r0, r1 in _row_ranges(h0)]
-    return h0, seed, masks
+    masks = [relu_(h0[r0:r1], 0.0, 0) for r0, r1 in ranges]
+    return h0, masks, drop_masks
 
 
 class _StemGradient:
@@ -151,8 +147,9 @@ class _StemGradient:
     row chunk by row chunk: ``d pre = relu_mask * alpha g``, ``dW += d_pre^T dropout(x)``, ``db += sum
     d_pre``. Nothing ``[N, D]``-sized is allocated."""
 
-    def __init__(self, x_rows, p: float, seed: int, masks: list, ranges: list, need_w: bool, need_b: bool):
-        self.x_rows, self.p, self.seed, self.masks, self.ranges = x_rows, p, seed, masks, ranges
+    def __init__(self, x_rows, p: float, masks: list, drop_masks: list, ranges: list, need_w: bool,
+                 need_b: bool):
+        self.x_rows, self.p, self.masks, self.drop_masks, self.ranges = x_rows, p, masks, drop_masks, ranges
         self.need_w, self.need_b = need_w, need_b
         self.gw = self.gb = None
 
@@ -161,7 +158,10 @@ class _StemGradient:
         for j, (r0, r1) in enumerate(self.ranges):
             d = masked_scale(g[r0:r1], self.masks[j], float(alpha), 0.0)
             if self.need_w:
-                part = d.t().matmul(_dropped_rows(self.x_rows[r0:r1], self.p, self.seed, r0))
+                x = self.x_rows[r0:r1]
+                if self.p > 0:   # dropout(x) from the forward's mask (see _stem_forward)
+                    x = masked_scale(x.contiguous(), self.drop_masks[j], 1.0 / (1.0 - self.p), 0.0)
+                part = d.t().matmul(x)
                 self.gw = part if self.gw is None else self.gw.add_(part)
             if self.need_b:
                 part = d.sum(0)
@@ -179,8 +179,8 @@ class _GCNIIRecomputed(torch.autograd.Function):
         stem = None
         if plan.stem_dropout is not None:   # h0 is the features x: the input layer runs here
             x_in = h0
-            h0, seed, masks = _stem_forward(x_in, stem_w, stem_b, plan.stem_dropout)
-            stem = (stash(x_in, plan.stem_config), seed, masks, _row_ranges(h0))
+            h0, masks, drop_masks = _stem_forward(x_in, stem_w, stem_b, plan.stem_dropout)
+            stem = (stash(x_in, plan.stem_config), masks + drop_masks, _row_ranges(h0))
         # read by every recompute; never written (made here when the input layer is folded in: compressed)
         kept_h0 = stash(h0, plan.cfgs[0], force=stem is not None)
         x, boundaries, seeds, records = None, [], [], []
@@ -198,8 +198,8 @@ class _GCNIIRecomputed(torch.autograd.Function):
         del x
         ctx.st, ctx.plan, ctx.records, ctx.seeds = st, plan, records, seeds
         ctx.has_head_bias, ctx.h0_meta = head_b is not None, (h0.dtype, h0.device)
-        ctx.stem_meta = None if stem is None else (stem[1], stem[3])
-        stem_masks = [] if stem is None else stem[2]
+        ctx.stem_meta = None if stem is None else stem[2]   # the row chunks: one ReLU and one dropout mask each
+        stem_masks = [] if stem is None else stem[1]
         ctx.n_params = len(params)
         del h0
         save_kept(ctx, norm, head_w, kept_head, kept_h0, None if stem is None else stem[0], stem_w, *boundaries,
@@ -228,10 +228,10 @@ class _GCNIIRecomputed(torch.autograd.Function):
         need_h0 = needs[0]
         if ctx.stem_meta is not None:   # the h0 gradient goes straight into the input layer's (see above)
             need_h0 = needs[4] or needs[5]
-            seed, ranges = ctx.stem_meta
+            ranges = ctx.stem_meta
             if need_h0:
                 gh0 = sink = _StemGradient(_KeptRows(kept_x, stem_w.dtype, stem_w.device), plan.stem_dropout,
-                                           seed, masks, ranges, needs[4], needs[5])
+                                           masks[:len(ranges)], masks[len(ranges):], ranges, needs[4], needs[5])
         if need_h0 or any(param_needs):
             h0 = _KeptRows(kept_h0, *ctx.h0_meta)
             g = grad.matmul(head_w.to(grad.dtype))  # allocated here: the loops may write it (rule 2)

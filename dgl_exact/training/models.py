@@ -229,8 +229,9 @@ class GCNII(nn.Module):
     kept, compressed under the layers' configuration, and the backward re-runs each segment from the
     decoded copy; memory no longer grows with the depth's kept activations. The fused form also folds the
     input layer in (``h0 = relu(lin_in(dropout(x)))`` computed inside it, ``h0``'s gradient summed straight
-    into ``lin_in``'s: one layer-sized block less in the backward) where ``lin_in`` has no hooks and ``x``
-    needs no gradient. The forward is exact; the
+    into ``lin_in``'s: one layer-sized block less in the backward) where ``lin_in`` has no hooks, ``x``
+    needs no gradient and ``in_feats <= hidden`` (each layer's backward then pays an ``[in_feats, N] x [N,
+    hidden]`` product for it). The forward is exact; the
     gradients are exact with compression off and otherwise read activations recomputed from the decoded
     boundary (see :mod:`dgl_exact.ops.recompute`). Taken with dgl_exact layers, no ``residual``, no
     ``dropout2``, no edge weights and no hooks on the hidden layers; elsewhere the layers run as above.

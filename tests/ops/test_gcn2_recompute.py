@@ -247,6 +247,43 @@ def test_input_layer_folded_in_forms_no_h0_gradient(monkeypatch):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
 
 
+def test_folded_input_layer_with_zero_features_reads_the_forwards_dropout(monkeypatch):
+    """The folded input layer's backward reads ``dropout(x)`` through the mask packed in the forward (bit:
+    ``dropout(x) != 0``): with bag-of-words-like features (mostly exact zeros) and heavy dropout, its
+    gradients are the unfolded recompute's (which reads the modules' own ``dropout(x)``)."""
+    g, x, y = _data()
+    torch.manual_seed(3)
+    xz = x * (torch.rand_like(x) < 0.3)
+
+    def step():
+        torch.manual_seed(0)
+        m = GCNII(x.shape[1], 7, 3, layers=4, dropout=0.6, batch_norm=False, recompute=2)
+        torch.manual_seed(5)
+        with dgl_exact.config(enabled=True, bits=2), _exact_kept():
+            F.cross_entropy(m(g, xz), y).backward()
+        return [p.grad.clone() for p in m.parameters()], m
+
+    calls = _spy_apply(monkeypatch)
+    folded, _ = step()
+    monkeypatch.setattr(gcn2conv, "_stem_refusal", lambda *a: "refused for the test")
+    unfolded, m = step()
+    assert [c.stem_dropout for c in calls] == [0.6, None]
+    for (name, _), a, b in zip(m.named_parameters(), folded, unfolded):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_input_layer_wider_than_hidden_not_folded(monkeypatch):
+    """Folded, every layer's backward would pay an ``[in_feats, N] x [N, hidden]`` product: with more input
+    features than hidden units (Cora: 1433 against 64) ``h0``'s gradient is kept instead."""
+    calls = _spy_apply(monkeypatch)
+    g, x, y = _data()
+    m = GCNII(x.shape[1], x.shape[1] - 1, 3, layers=4, dropout=0.3, batch_norm=False, recompute=2)
+    with dgl_exact.config(enabled=True, bits=2):
+        F.cross_entropy(m(g, x), y).backward()
+    assert len(calls) == 1 and calls[0].stem_dropout is None
+    assert "in_feats 6 > hidden 5" in gcn2conv._stem_refusal(m.lin_in, x, 0.3, 2, 5)
+
+
 @pytest.mark.parametrize("why", ["x needs a gradient", "a hook on the input layer", "input layer in eval mode"])
 def test_input_layer_not_folded_where_it_would_change_what_is_seen(why, monkeypatch):
     """Where folding the input layer in would hide its own call (a hook), leave a needed gradient out (``x``

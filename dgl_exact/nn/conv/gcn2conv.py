@@ -228,7 +228,8 @@ def gcnii_stack(graph, convs, norms, h0: torch.Tensor, dropout: float, input_dro
     features ``x`` (needing no gradient) and the stack computes ``h0 = relu(stem(dropout(x, stem_dropout)))``
     itself, summing ``h0``'s gradient straight into the stem's (one layer-sized block less in the backward;
     :mod:`dgl_exact.ops.gcn2_recompute`). Under the same conditions for the stem (dgl_exact's own
-    ``Linear``, no hooks, training, compression on).
+    ``Linear``, no hooks, training, compression on) and where its input is no wider than the layers
+    (``in_feats <= hidden``: folded, every layer's backward pays an ``[in_feats, N] x [N, hidden]`` product).
 
     ``h0`` may be donated (``gcnii_stack(..., dgl_exact.donate(h0), ...)``, :mod:`dgl_exact.ops.keep` rule 5):
     where the stack runs without recompute, its memory is released once the last hidden layer has read it,
@@ -288,6 +289,9 @@ def _stem_refusal(stem, x, p: float, recompute: int, hidden: int) -> Optional[st
         return "the input layer's shapes do not match"
     if x.dtype != stem.weight.dtype:
         return "mixed dtypes"
+    if stem.in_features > hidden:   # folded, every layer's backward pays an [in, N] x [N, hidden] product
+        return (f"in_feats {stem.in_features} > hidden {hidden}: folding the input layer in would cost every "
+                f"layer's backward more than the layer (h0's gradient is kept instead)")
     return None
 
 
