@@ -109,7 +109,7 @@ def measure_spec(spec: PlanSpec, setting: Setting, seed: int = 5) -> Dict:
 
     memory.prepare_cpu_peak()
     g, feat, y, idx = _sample_graph(spec, spec.nodes, spec.edges, seed, setting.impl)
-    model = build_for(spec, setting.impl)
+    model = build_for(spec, setting.impl, recompute=setting.recompute)
     model.train()
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
     loss_of = loss_fn(setting.impl)

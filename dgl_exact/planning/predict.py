@@ -279,12 +279,25 @@ def _sample_graph(spec: PlanSpec, n: int, e: int, seed: int = 0, impl: str = "ex
     return g, feat, label[idx].clone(), idx
 
 
-def build_for(spec: PlanSpec, impl: str = "exact", seed: int = 0):
+def build_for(spec: PlanSpec, impl: str = "exact", seed: int = 0, recompute=None):
+    """The planned model (``recompute``: GCNII's segment length, as the setting names it)."""
     from ..training.models import build_model
 
+    if recompute and spec.model != "gcn2":
+        raise ValueError(f"recompute is a GCNII (gcn2) setting; {spec.model} has none (plan another setting)")
     torch.manual_seed(seed)
     return build_model(spec.model, spec.features, spec.classes, hidden=spec.hidden_size, layers=spec.layers,
-                       dropout=spec.dropout, batch_norm=spec.batch_norm, heads=spec.heads, impl=impl)
+                       dropout=spec.dropout, batch_norm=spec.batch_norm, heads=spec.heads, impl=impl,
+                       recompute=recompute)
+
+
+def describe_setting(spec: PlanSpec, setting) -> str:
+    """What a setting keeps, for a plan's record: its compression and, with recompute, the segment length."""
+    from ..training.models import recompute_length
+
+    text = setting.compression.describe() if setting.compression else "none (plain autograd)"
+    length = recompute_length(setting.recompute, spec.layers) if setting.recompute else 0
+    return text + (f"; recomputed in segments of {length} layers" if length else "")
 
 
 def loss_fn(impl: str):
@@ -369,7 +382,7 @@ class SampleGraph:
 
     def model_and_optimizer(self, setting: Setting):
         """A fresh model and Adam with its state created (as after a first step), no step taken."""
-        model = build_for(self.spec, setting.impl, self.seed)
+        model = build_for(self.spec, setting.impl, self.seed, setting.recompute)
         model.train()
         opt = torch.optim.Adam(model.parameters(), lr=0.01)
         for p in model.parameters():
@@ -499,8 +512,7 @@ def predict(spec: PlanSpec, setting: Setting, device_total: Optional[int] = None
     settings; ``hook``: a stash hook factory, see :meth:`SampleGraph.record`)."""
     g1, g2 = samples or samples_for(spec, gpu, sample_nodes)
     r1, r2 = g1.record(setting, hook), g2.record(setting, hook)
-    return combine(spec, setting.name, r1, r2, g1.scale, g2.scale, device_total,
-                   setting.compression.describe() if setting.compression else "none (plain autograd)")
+    return combine(spec, setting.name, r1, r2, g1.scale, g2.scale, device_total, describe_setting(spec, setting))
 
 
 def combine(spec: PlanSpec, name: str, r1: "SampleRun", r2: "SampleRun", s1: float, s2: float,
@@ -532,6 +544,9 @@ def plan(spec: PlanSpec, device: str = "cpu", settings: Optional[Sequence[str]] 
     total, _ = device_bytes(device)
     gpu = str(device).startswith("cuda")
     chosen = select(",".join(settings if settings is not None else DEFAULT_SETTINGS))
+    for s in chosen:   # before any sample is recorded
+        if s.recompute and spec.model != "gcn2":
+            raise ValueError(f"{s.name!r} is a GCNII (gcn2) setting; {spec.model} has no recompute mode")
     with single_thread():
         samples = samples_for(spec, gpu, sample_nodes)
         return [predict(spec, s, total, gpu, samples=samples) for s in chosen]

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Dict, List, Optional, Union
 
 from ..compression_config import CompressionConfig
@@ -58,10 +59,29 @@ STANDARD: List[Setting] = [
     Setting("INT1", "exact", OPTIONS["INT1"]),
 ]
 PYG = Setting("PyG fp32", "pyg", None)
-#: settings named explicitly only (not in the default comparison): GCNII's depth-flat recompute mode
+#: settings named explicitly only (not in the default comparison): GCNII's depth-flat recompute mode, its
+#: segment length chosen (round(sqrt(layers))) unless named: ``INT2 + recompute(4)``; any dgl_exact setting
+#: takes ``+ recompute`` (:func:`select`)
 EXTRA: List[Setting] = [
     Setting("INT2 + recompute", "exact", OPTIONS["INT2"], recompute="auto"),
 ]
+_RECOMPUTE = re.compile(r"^(?P<base>.+?)\s*\+\s*recompute\s*(?:\(\s*(?P<length>[^)]*?)\s*\))?$")
+
+
+def _with_recompute(part: str) -> Optional[Setting]:
+    """``<dgl_exact setting> + recompute`` or ``... + recompute(L)`` (L a positive int or ``auto``)."""
+    m = _RECOMPUTE.match(part)
+    if m is None:
+        return None
+    base = select(m.group("base"))
+    length = (m.group("length") or "auto").lower()
+    if len(base) != 1 or base[0].impl != "exact" or base[0].budget_of or base[0].recompute:
+        raise ValueError(f"{part!r}: recompute applies to one dgl_exact setting (e.g. 'INT2 + recompute(4)')")
+    if length != "auto" and not (length.isdigit() and int(length) > 0):
+        raise ValueError(f"{part!r}: the segment length must be a positive integer or 'auto'")
+    suffix = " + recompute" if length == "auto" else f" + recompute({int(length)})"
+    return Setting(base[0].name + suffix, "exact", base[0].compression,
+                   recompute="auto" if length == "auto" else int(length))
 
 
 BUDGET_PREFIX = "budget="
@@ -87,6 +107,10 @@ def select(names: Optional[str], budgets: bool = False) -> List[Setting]:
             if not budgets:
                 raise ValueError(f"{part!r}: budgeted plans are measured only by `dgl-exact bench memory`")
             chosen.append(budget_setting(part[len(BUDGET_PREFIX):].strip()))
+            continue
+        recomputed = _with_recompute(part)
+        if recomputed is not None:
+            chosen.append(recomputed)
             continue
         known = STANDARD + [PYG] + EXTRA
         matches = [s for s in known if s.name.lower() == part] or [s for s in known if s.name.lower().startswith(part)]

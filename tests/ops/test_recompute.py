@@ -136,3 +136,18 @@ def test_setting_and_train_config():
         TrainConfig(model="gcn", recompute="2")
     with pytest.raises(ValueError, match="recompute"):
         TrainConfig(model="gcn2", recompute="-3")
+
+
+def test_setting_names_a_segment_length_or_any_dgl_exact_setting():
+    from dgl_exact.planning.settings import select
+
+    (s,) = select("int2 + recompute(4)")
+    assert (s.name, s.recompute, s.compression.bits) == ("INT2 + recompute(4)", 4, 2)
+    (s,) = select("INT4 + RECOMPUTE(auto)")
+    assert (s.name, s.recompute, s.compression.bits) == ("INT4 + recompute", "auto", 4)
+    (s,) = select("INT2 + RP(0.125) + recompute(2)")
+    assert s.compression.kept_frac == 0.125 and s.recompute == 2
+    for bad, why in [("DGL fp32 + recompute", "one dgl_exact setting"), ("INT2 + recompute(0)", "positive"),
+                     ("INT2 + recompute(x)", "positive"), ("INT2 + recompute + recompute", "one dgl_exact")]:
+        with pytest.raises(ValueError, match=why):
+            select(bad)

@@ -17,7 +17,7 @@ REQUIRED = {"setting", "static_bytes", "activation_bytes", "step_peak_bytes", "t
 def _measured_activation(spec, setting, seed=5):
     """Activation bytes of a real training forward on a random graph of the spec's full size."""
     g, feat, y, idx = P._sample_graph(spec, spec.nodes, spec.edges, seed)
-    model = P.build_for(spec, setting.impl)
+    model = P.build_for(spec, setting.impl, recompute=setting.recompute)
     model.train()
     loss_of = P.loss_fn(setting.impl)
     from dgl_exact.compression_config import config
@@ -72,6 +72,21 @@ def test_activation_prediction_is_exact_at_sample_size(model):
         setting = select(name)[0]
         rec = P.predict(spec, setting, sample_nodes=300)
         assert rec.activation_bytes == _measured_activation(spec, setting)
+
+
+def test_recompute_prediction_is_the_recomputed_models():
+    """``INT2 + recompute`` is planned with GCNII's recompute mode on: its activations (the segments'
+    boundaries and ``h0``) exactly as measured at sample size, a fraction of plain INT2's at 12 layers; the
+    record says the segment length; other models refuse the setting before sampling anything."""
+    spec = P.PlanSpec(model="gcn2", nodes=500, edges=2500, features=16, classes=5, hidden=24, layers=12)
+    plain, auto, two = (P.predict(spec, select(n)[0], sample_nodes=300)
+                        for n in ("INT2", "INT2 + recompute", "INT2 + recompute(2)"))
+    for rec, name in ((auto, "INT2 + recompute"), (two, "INT2 + recompute(2)")):
+        assert rec.activation_bytes == _measured_activation(spec, select(name)[0])
+    assert auto.activation_bytes < two.activation_bytes < plain.activation_bytes / 2
+    assert "segments of 3 layers" in auto.compression and "segments of 2 layers" in two.compression
+    with pytest.raises(ValueError, match="GCNII"):
+        P.plan(P.PlanSpec(model="sage", nodes=500, edges=2500, features=16, classes=5), settings=["INT2 + recompute"])
 
 
 def test_activation_prediction_extrapolates():
