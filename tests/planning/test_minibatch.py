@@ -102,6 +102,7 @@ def test_cli_auto_table(tmp_path):
     (["--batch-size", "auto", "--memory-budget", "1KiB"], "even batch size 1 needs"),
     (["--batch-size", "zero"], "--batch-size must be a positive int or 'auto'"),
     (["--fanouts", "15,x"], "fanouts must be comma-separated ints"),
+    (["--settings", "INT2 + recompute"], "recompute is GCNII's"),
 ])
 def test_cli_errors_are_one_line(tmp_path, args, message):
     res = CliRunner().invoke(cli, ["plan", "--dataset", TINY, "--data-root", str(tmp_path), "--sampler", "neighbor",
