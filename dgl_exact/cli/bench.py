@@ -128,7 +128,7 @@ def bench_minibatch(dataset, settings, fanouts, hidden, memory_budget, max_batch
     from ..bench.report import machine_line
     from ..bench.results import ResultSink
     from ..data import load_dataset
-    from ..planning.minibatch import MinibatchPlanner
+    from ..planning.minibatch import MinibatchPlanner, refuse_recompute
     from ..planning.settings import select
     from ..training.neighbor import parse_fanouts
     from ._common import parse_size
@@ -138,6 +138,7 @@ def bench_minibatch(dataset, settings, fanouts, hidden, memory_budget, max_batch
     try:
         budget = parse_size(memory_budget, "--memory-budget")
         chosen = select(settings)
+        refuse_recompute(chosen)
         fan = parse_fanouts(fanouts)
         ds = load_dataset(dataset, data_root)
         planner = MinibatchPlanner(ds, "sage", fan, hidden=hidden)

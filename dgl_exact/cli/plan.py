@@ -117,7 +117,7 @@ def _plan_minibatch(dataset, nodes, model, hidden, dropout, batch_norm, heads, d
     from .. import memory
     from ..data import load_dataset
     from ..planning import predict as P
-    from ..planning.minibatch import MinibatchPlanner, format_batch_table, largest_batch
+    from ..planning.minibatch import MinibatchPlanner, format_batch_table, largest_batch, refuse_recompute
     from ..planning.settings import select
     from ..training.neighbor import parse_fanouts
 
@@ -141,9 +141,7 @@ def _plan_minibatch(dataset, nodes, model, hidden, dropout, batch_norm, heads, d
         limit = parse_size(memory_budget, "--memory-budget") if memory_budget is not None else None
         total, what = P.device_bytes(device)
         chosen = select(settings or "DGL fp32," + ",".join(P.DEFAULT_SETTINGS))
-        if any(s.recompute for s in chosen):
-            raise ValueError("recompute is GCNII's, which trains on whole graphs, not on sampled blocks: plan it "
-                             "with --sampler full")
+        refuse_recompute(chosen)
         planner = MinibatchPlanner(load_dataset(dataset, data_root), model, fan, hidden=hidden or 256,
                                    dropout=dropout, batch_norm=batch_norm, heads=heads)
         if auto:

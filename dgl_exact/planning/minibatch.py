@@ -175,6 +175,14 @@ class _null:
         return False
 
 
+def refuse_recompute(settings: Sequence[Setting]) -> None:
+    """Mini-batch steps run on sampled blocks; the recompute mode is GCNII's, which needs whole graphs."""
+    for s in settings:
+        if s.recompute:
+            raise ValueError(f"{s.name!r}: recompute is GCNII's, which trains on whole graphs, not on sampled "
+                             "blocks (plan it with --sampler full)")
+
+
 def largest_batch(planner: MinibatchPlanner, setting: Setting, budget: int, tolerance: float = 0.05,
                   log: Optional[Callable[[str], None]] = None) -> BatchPrediction:
     """The largest batch size whose predicted step peak is at most ``budget`` bytes: doubling from 1, then
