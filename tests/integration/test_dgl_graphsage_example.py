@@ -20,9 +20,12 @@ dgl = import_dgl()
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-EPOCHS = 8
+# 20 epochs (100 steps): both converged. At 8 epochs INT2 is still behind (measured over 8 seeds: dgl.nn 80.3 +-
+# 1.4, INT2 78.5 +- 2.8, one run at 73.0): the 3-point margin over 3 seeds failed there in CI (2026-12-03); at
+# 20 epochs dgl.nn 79.8 +- 1.5, INT2 79.6 +- 1.2 (this module's run_pair(cora, range(8), epochs), one thread).
+EPOCHS = 20
 BATCH = 32
-SEEDS = (0, 1, 2)
+SEEDS = (0, 1, 2, 3, 4)
 
 
 # ---- the example's pattern: only ``dglnn`` differs between the runs -----------------------------------
@@ -142,8 +145,10 @@ def test_example_runs_with_dgl_exact_in_place_of_dgl_nn(cora):
 
 @pytest.mark.slow
 def test_example_reaches_dgl_accuracy(cora):
-    """Three seeds, eight epochs (about 40 s): INT2 within 3 points of DGL's mean test accuracy (one run's
-    spread on Cora's 1,000 test nodes is about 2 points)."""
+    """Five seeds, twenty epochs (about 40 s): INT2's mean test accuracy within 3 points of DGL's. The margin
+    from the spread: one run's standard deviation at 20 epochs is about 1.5 points (measured, see EPOCHS), so
+    the difference of two 5-seed means has a standard error of about 1.5 * sqrt(2 / 5) = 0.95 points and 3
+    points is 3.2 of them (a false failure about once in 1,400 runs where INT2 matches DGL)."""
     reference, int2 = run_pair(cora, SEEDS, EPOCHS)
     print(f"test accuracy, dgl.nn: {reference}; dgl_exact INT2: {int2}")
     assert statistics.fmean(reference) > 0.7, reference  # the pattern trains (about 0.8 on Cora)
