@@ -73,19 +73,21 @@ def main(argv=None):
     ap.add_argument("--settings", default="fp32,INT2", help="comma-separated: fp32, INT2, converted off, " + ", ".join(
         f'"{k}"' for k in OUTPUT_SETTINGS) + " (separate several with ';' when one contains a comma)")
     ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--first-seed", type=int, default=0,
+                    help="run seeds first-seed .. first-seed + seeds - 1 (to split the seeds over processes)")
     ap.add_argument("--epochs", type=int, default=120)
     ap.add_argument("--lr", type=float, default=1e-3)
     a = ap.parse_args(argv)
     data = load_dataset(a.dataset, quiet=True)
     print(f"{a.dataset}: {data.graph.num_nodes()} nodes, {data.graph.num_edges()} edges, {data.num_classes} "
-          f"classes; {a.epochs} epochs, Adam lr {a.lr}, test accuracy at best validation, {a.seeds} seeds")
+          f"classes; {a.epochs} epochs, Adam lr {a.lr}, test accuracy at best validation, {a.seeds} seeds from seed {a.first_seed}")
     print("| model | setting | mean | std | per seed | best-validation epoch per seed |\n|---|---|---|---|---|---|")
     for name in a.models.split(","):
         for setting in (a.settings.split(";") if ";" in a.settings or a.settings in OUTPUT_SETTINGS
                         else a.settings.split(",")):
             t0 = time.perf_counter()
             runs = []
-            for seed in range(a.seeds):  # each seed as it ends (on stderr), so a stopped run keeps what it did
+            for seed in range(a.first_seed, a.first_seed + a.seeds):  # each seed as it ends (on stderr), so a stopped run keeps what it did
                 runs.append(train_once(name, setting, seed, data, a.epochs, a.lr))
                 print(f"  {name} | {setting} | seed {seed}: {100 * runs[-1][0]:.2f} at epoch {runs[-1][1]} "
                       f"({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
