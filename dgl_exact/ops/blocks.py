@@ -72,6 +72,7 @@ def _pointwise_backward(fn, grad, x_s):
     out = torch.empty_like(grad)
     for r0, r1, x in row_chunks(x_s):
         out[r0:r1] = fn(grad[r0:r1], x.to(grad.dtype))
+        del x  # before the next chunk is decoded (see row_chunks)
     return out
 
 
@@ -117,6 +118,7 @@ class _LayerNorm(torch.autograd.Function):
                 gw += b
             if gb is not None:
                 gb += c
+            del x, a, b, c  # before the next chunk is decoded (see row_chunks)
         return gx, None, gw, gb, None, None
 
 

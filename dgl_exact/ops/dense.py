@@ -49,6 +49,7 @@ class _Linear(torch.autograd.Function):
                 x, g = x.to(grad.dtype), grad[r0:r1]
                 part = g.reshape(-1, g.shape[-1]).t().matmul(x.reshape(-1, x.shape[-1]))
                 gw = part if gw is None else gw.add_(part)
+                del x, g, part  # before the next chunk is decoded (see row_chunks)
         elif ctx.needs_input_grad[1]:
             x = unstash(x_s).to(grad.dtype)
             gw = grad.reshape(-1, grad.shape[-1]).t().matmul(x.reshape(-1, x.shape[-1]))
@@ -205,7 +206,7 @@ class _BatchNorm(torch.autograd.Function):
         for r0, r1, x in row_chunks(x_s):
             t = centred(x)
             sum_gxhat += t.mul_(invstd).mul_(g[r0:r1]).sum(0)
-            del t
+            del t, x  # before the next chunk is decoded (see row_chunks)
         w = invstd if weight is None else weight.to(cdt) * invstd
         gx = None
         if ctx.needs_input_grad[0]:
@@ -222,7 +223,7 @@ class _BatchNorm(torch.autograd.Function):
                         out.sub_(t).mul_(w)
                     else:  # half-precision gradient: the arithmetic in cdt, as ATen does, then rounded once
                         gx[r0:r1] = t.neg_().add_(g[r0:r1]).sub_(mean_g).mul_(w)
-                    del t
+                    del t, x
             elif gx.dtype == cdt:
                 torch.mul(g, w, out=gx)
             else:

@@ -76,6 +76,7 @@ def _node_sum(grad: torch.Tensor, item, dtype: torch.dtype, rows: int) -> torch.
         r1 = min(r1, rows)
         part = torch.einsum("nh,nhd->hd", grad[r0:r1].to(dtype), x[: r1 - r0].to(dtype))
         out = part if out is None else out.add_(part)
+        del x, part  # before the next chunk is decoded (see row_chunks)
     if out is None:  # no rows
         out = torch.zeros((grad.shape[1], item.shape[-1]), dtype=dtype, device=grad.device)
     return out

@@ -236,12 +236,14 @@ def _layer_backward(g, items: list, rec: _LayerRecord, gh0, need_w: bool, need_b
         sum_gxhat = torch.zeros_like(sum_g)
         for r0, r1, o in row_chunks(kept_o):
             sum_gxhat += (g[r0:r1] * ((o.to(g.dtype) - mean) * invstd)).sum(0)
+            del o  # before the next chunk is decoded (see row_chunks)
         w = invstd if bn_weight is None else bn_weight * invstd
         if rec.bn_batch_stats:
             n = g.shape[0]
             mean_g, proj = sum_g / n, sum_gxhat * invstd / n
             for r0, r1, o in row_chunks(kept_o):
                 g[r0:r1].sub_(mean_g).sub_((o.to(g.dtype) - mean) * proj).mul_(w)
+                del o
         else:
             g.mul_(w)
         if bn_weight is not None:
@@ -252,6 +254,7 @@ def _layer_backward(g, items: list, rec: _LayerRecord, gh0, need_w: bool, need_b
         for r0, r1, s in row_chunks(kept_s):
             part = s.to(g.dtype).t().matmul(g[r0:r1])
             gw = part if gw is None else gw.add_(part)
+            del s, part  # before the next chunk is decoded (see row_chunks)
         gw = gw.mul_(step.beta)
     kept_s = s = None
     if rec.has_bias and need_b:

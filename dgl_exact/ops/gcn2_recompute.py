@@ -220,6 +220,7 @@ class _GCNIIRecomputed(torch.autograd.Function):
             for r0, r1, x in row_chunks(kept_head):
                 part = grad[r0:r1].t().matmul(x.to(grad.dtype))
                 g_head_w = part if g_head_w is None else g_head_w.add_(part)
+                del x, part  # before the next chunk is decoded (see row_chunks)
         if ctx.has_head_bias and needs[3]:
             g_head_b = grad.sum(0)
         param_needs = needs[9:]

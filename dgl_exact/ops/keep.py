@@ -311,7 +311,11 @@ def row_chunks(item: Stashed, chunk_elements: Optional[int] = None):
     work from a compressed activation without a full-size decompressed copy. Each chunk decodes exactly
     as the same rows of :func:`unstash`: chunks start at block (group) boundaries and at whole bytes of
     the packed codes, and hold at least one whole block (the non-uniform level table depends on the group
-    size); a projected item is unprojected row by row. An exact tensor is sliced (views, no copy)."""
+    size); a projected item is unprojected row by row. An exact tensor is sliced (views, no copy).
+
+    The next chunk is decoded when the loop asks for it, while the loop's own names still hold the previous
+    one: a loop body ends with ``del x`` (and whatever else holds the chunk), or two decoded chunks are alive
+    at once at the backward's peak."""
     if item is None:
         return
     n = item.shape[0] if len(item.shape) else 1

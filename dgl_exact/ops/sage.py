@@ -59,6 +59,7 @@ def _weight_grad(grad: torch.Tensor, item) -> torch.Tensor:
     for r0, r1, x in row_chunks(item):
         part = grad[r0:r1].t().matmul(x.to(grad.dtype))
         gw = part if gw is None else gw.add_(part)
+        del x, part  # before the next chunk is decoded (see row_chunks)
     return gw
 
 
@@ -168,6 +169,7 @@ class _SAGEMean(torch.autograd.Function):
                     if ctx.needs_input_grad[3]:
                         part = m[r0:r1].t().matmul(x)
                         gwn = part if gwn is None else gwn.add_(part)
+                    del x  # before the next chunk is decoded (see row_chunks)
             if ctx.needs_input_grad[0] and n_src != n:  # a block: W_self's term on the destination rows only
                 gx = m.matmul(w_neigh.to(grad.dtype)).to(xd)
                 gx[:n].add_(grad.matmul(w_self.to(grad.dtype)).to(xd))

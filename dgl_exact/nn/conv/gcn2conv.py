@@ -199,6 +199,7 @@ class _MixGCN2(torch.autograd.Function):
             for r0, r1, s in row_chunks(kept):
                 part = s.to(grad.dtype).reshape(r1 - r0, -1).t().matmul(grad[r0:r1])
                 gw = part if gw is None else gw.add_(part)
+                del s, part  # before the next chunk is decoded (see row_chunks)
             gw = gw.mul_(ctx.beta)
         if ctx.has_bias and needs[3]:
             gb = grad.sum(0)
