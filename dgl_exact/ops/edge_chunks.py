@@ -24,6 +24,7 @@ import torch
 
 from .. import kernels
 from ..kernels import reference as kernel_reference
+from .keep import _chunk_scale
 
 __all__ = ["DEFAULT_EDGE_CHUNK", "EDGE_DOMINANCE", "edge_chunk_budget", "chunk_budget_for", "edge_chunks",
            "chunk_bounds", "ChunkCSR", "csc_chunks",
@@ -55,13 +56,22 @@ def edge_chunk_budget() -> Optional[int]:
 def chunk_budget_for(num_edges: int, num_src: int, width: int) -> Optional[int]:
     """The edge budget for a graph of ``num_edges`` edges whose source features are ``[num_src, H, width]``:
     the one set by :func:`edge_chunks` (chunks wherever the graph has more edges than it), else the default
-    where the per-edge tensors dominate (:data:`EDGE_DOMINANCE`); None: no chunks."""
+    where the per-edge tensors dominate (:data:`EDGE_DOMINANCE`); None: no chunks.
+
+    In a planner's sample run (:mod:`dgl_exact.planning.predict`: a graph ``s`` times the full one) the
+    decision is taken for the full graph (``num_edges / s`` edges, ``num_src / s`` sources) and the budget is
+    ``s`` times the full one, so that the sample runs as many chunks as the full graph, each ``s`` times as
+    large, and every point of its memory timeline extrapolates linearly."""
+    scale = _chunk_scale.get()
+    full_edges, full_src = num_edges / scale, num_src / scale
     value = _budget.get()
-    if value != _AUTO:
-        return value if value is not None and num_edges > value else None
-    if num_edges > DEFAULT_EDGE_CHUNK and num_edges > EDGE_DOMINANCE * num_src * width:
-        return DEFAULT_EDGE_CHUNK
-    return None
+    if value == _AUTO:
+        if not (full_edges > DEFAULT_EDGE_CHUNK and full_edges > EDGE_DOMINANCE * full_src * width):
+            return None
+        value = DEFAULT_EDGE_CHUNK
+    elif value is None or full_edges <= value:
+        return None
+    return value if scale == 1.0 else max(1, round(value * scale))
 
 
 @contextlib.contextmanager

@@ -161,21 +161,30 @@ def mark_fresh(t: torch.Tensor) -> torch.Tensor:
 _stash_hook: contextvars.ContextVar = contextvars.ContextVar("dgl_exact_stash_hook", default=None)
 
 
+#: whether the hook set by :func:`stash_hook` in this context may keep something else than :func:`default_stash`
+_hook_chooses: contextvars.ContextVar = contextvars.ContextVar("dgl_exact_stash_hook_chooses", default=False)
+
+
 @contextlib.contextmanager
-def stash_hook(fn):
+def stash_hook(fn, *, records_only: bool = False):
     """Within this scope every :func:`stash` call is answered by ``fn(x, cfg, force)`` (``x`` not None),
     which may call :func:`default_stash` with another config. Used by :mod:`dgl_exact.planning` to record
-    each kept activation and to choose a compression per kept activation."""
-    token = _stash_hook.set(fn)
+    each kept activation and to choose a compression per kept activation. ``records_only``: ``fn`` returns
+    what :func:`default_stash` returns for the same arguments (it only looks), so the ops run as without a
+    hook (:func:`stash_hook_active` is False): a planner's prediction records the step a run takes."""
+    tokens = (_stash_hook.set(fn), _hook_chooses.set(not records_only))
     try:
         yield fn
     finally:
-        _stash_hook.reset(token)
+        _stash_hook.reset(tokens[0])
+        _hook_chooses.reset(tokens[1])
 
 
 def stash_hook_active() -> bool:
-    """Whether a :func:`stash_hook` answers :func:`stash` calls in this context."""
-    return _stash_hook.get() is not None
+    """Whether a :func:`stash_hook` that may choose what is kept answers :func:`stash` calls in this context
+    (then ops that act on what :func:`default_stash` would keep, such as releasing a donated input once it is
+    kept compressed or compressing an output for the next op, take their plain path)."""
+    return _stash_hook.get() is not None and _hook_chooses.get()
 
 
 def stash(x: Optional[torch.Tensor], cfg: CompressionConfig, force: bool = False,

@@ -12,6 +12,7 @@ from typing import Dict
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.weak import WeakIdKeyDictionary
 
 
 def _tensors(tree, out=None) -> list:
@@ -101,6 +102,7 @@ class _Timeline(TorchDispatchMode):
         self.touched = touched
         self.pending = {}   # storage -> (bytes, index of the operator that allocated it): not used yet
         self.partial = {}   # storage -> (bytes, written page ranges): filled piece by piece
+        self.refs = WeakIdKeyDictionary()  # tensor -> [(storage, its finalizer)]: what set_ takes away
 
     def _count_whole(self, key, upto: int) -> int:
         """A pending storage counted whole from its allocation up to operator ``upto`` (exclusive)."""
@@ -152,7 +154,19 @@ class _Timeline(TorchDispatchMode):
                 self.total += covered - self.live[key][0]
                 self.live[key][0] = covered
 
+    def _unref(self, t: torch.Tensor) -> None:
+        """``t`` no longer holds the storage it held (``set_``: :func:`dgl_exact.ops.keep.release` frees a
+        donated tensor's memory this way while the tensor object lives on)."""
+        key = t.untyped_storage().data_ptr()
+        held = self.refs.get(t, [])
+        for k, fin in [(k, fin) for k, fin in held if k == key]:
+            if fin.detach() is not None:
+                self._drop(k)
+        self.refs[t] = [(k, fin) for k, fin in held if k != key]
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket is torch.ops.aten.set_ and args and isinstance(args[0], torch.Tensor):
+            self._unref(args[0])
         out = func(*args, **(kwargs or {}))
         if self.touched and (self.pending or self.partial):
             self._use(func, args, kwargs)
@@ -176,7 +190,12 @@ class _Timeline(TorchDispatchMode):
                 else:
                     self.live[key] = [n, 1]
                     self.total += n
-            weakref.finalize(t, self._drop, key)
+            fin = weakref.finalize(t, self._drop, key)
+            held = self.refs.get(t)
+            if held is None:
+                self.refs[t] = [(key, fin)]
+            else:
+                held.append((key, fin))
         self.totals.append(self.total)
         self.names.append(func.__name__)
         return out

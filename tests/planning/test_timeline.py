@@ -126,3 +126,28 @@ def test_extrapolated_peak_aligns_loops_of_different_lengths():
     assert extrapolated_peak(a, b, 1.0, 2.0) == int(want)
     same = SimpleNamespace(names=list(a.names), timeline=[2 * t for t in a.timeline])
     assert extrapolated_peak(a, same, 1.0, 2.0) == max(int(_extrapolate(x, 2 * x, 1.0, 2.0)) for x in a.timeline)
+
+
+@pytest.mark.parametrize("touched", [False, True])
+def test_released_donation_leaves_the_timeline(touched):
+    """``dgl_exact.release`` frees a donated tensor with ``set_`` while the tensor object lives on: its bytes
+    leave the timeline then, not when the object dies (GATConv releases its donated input; counting it kept
+    the dense-graph GAT prediction 23 % above the measured peak). A view made before keeps the memory."""
+    from dgl_exact.ops.keep import donate, release
+
+    def run(keep_view: bool):
+        a = torch.ones(MIB // 4)        # 1 MiB
+        b = a * 2                       # 2 MiB alive
+        c = a + 1                       # 3 MiB (nothing allocated after the release: no address reuse)
+        view = b[: MIB // 8] if keep_view else None
+        release(donate(b))              # b's memory goes, unless the view holds it
+        return a, b, c, view            # b (released) and the view live on as objects
+
+    for keep_view, left in ((False, 2.0), (True, 3.0)):
+        tl = _Timeline(touched=touched)
+        with tl:
+            held = run(keep_view)
+            tl.totals.append(tl.total)  # after the release
+        assert max(tl.totals) / MIB == pytest.approx(3.0, abs=0.01)
+        assert tl.totals[-1] / MIB == pytest.approx(left, abs=0.01)
+        del held
