@@ -80,14 +80,16 @@ def main(argv=None):
     a = ap.parse_args(argv)
     data = load_dataset(a.dataset, quiet=True)
     print(f"{a.dataset}: {data.graph.num_nodes()} nodes, {data.graph.num_edges()} edges, {data.num_classes} "
-          f"classes; {a.epochs} epochs, Adam lr {a.lr}, test accuracy at best validation, {a.seeds} seeds from seed {a.first_seed}")
+          f"classes; {a.epochs} epochs, Adam lr {a.lr}, test accuracy at best validation, {a.seeds} seeds from "
+          f"seed {a.first_seed}")
     print("| model | setting | mean | std | per seed | best-validation epoch per seed |\n|---|---|---|---|---|---|")
     for name in a.models.split(","):
         for setting in (a.settings.split(";") if ";" in a.settings or a.settings in OUTPUT_SETTINGS
                         else a.settings.split(",")):
             t0 = time.perf_counter()
             runs = []
-            for seed in range(a.first_seed, a.first_seed + a.seeds):  # each seed as it ends (on stderr), so a stopped run keeps what it did
+            # each seed as it ends (on stderr), so a stopped run keeps what it did
+            for seed in range(a.first_seed, a.first_seed + a.seeds):
                 runs.append(train_once(name, setting, seed, data, a.epochs, a.lr))
                 print(f"  {name} | {setting} | seed {seed}: {100 * runs[-1][0]:.2f} at epoch {runs[-1][1]} "
                       f"({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
