@@ -36,9 +36,13 @@ def measured_peak(planner: MinibatchPlanner, setting: Setting, batch_size: int) 
         y = b.node_data["label"]
         idx = torch.arange(y.shape[0])
         lf = loss_fn(setting.impl)
+        feat = b.node_data["feat"]
         with _scope(setting):
-            rep = memory.measure_step(lambda: lf(model(b.blocks, b.node_data["feat"]), y, idx), opt,
-                                      modules=[model])
+            # the batch's features, labels and rows exist before the step (the planner counts them as batch
+            # data, not activations): excluded, or a first layer keeping its input features by reference
+            # counts them as activations, more than the step's high-water mark rises, and no peak is read
+            rep = memory.measure_step(lambda: lf(model(b.blocks, feat), y, idx), opt, modules=[model],
+                                      exclude=[feat, y, idx])
         if rep.peak_bytes is None:
             return None
         peaks.append(rep.peak_bytes)
