@@ -343,18 +343,55 @@ def row_chunks(item: Stashed, chunk_elements: Optional[int] = None):
     align = math.lcm(item.block_rows, 8)  # 8 rows of codes always end on a byte
     step = (max(align, (chunk_elements // per_row) // align * align) if chunk_elements is not None
             else chunk_rows(n, per_row, device, align))
-    bytes_per_row = item.width * item.bits  # in bits; byte offset of row r: r * bytes_per_row // 8
-    starts = list(range(0, n, step))
-    if len(starts) > 1 and n - starts[-1] < item.block_rows:
-        starts.pop()  # a last chunk shorter than a block would pick another level table: merge it
+    starts = _chunk_starts(n, step, item.block_rows)
     for i, r0 in enumerate(starts):
         r1 = starts[i + 1] if i + 1 < len(starts) else n
-        b0 = r0 * bytes_per_row // 8
-        b1 = r1 * bytes_per_row // 8 if r1 < n else item.packed.numel()
-        g0, g1 = r0 // item.block_rows, -(-r1 // item.block_rows)
-        part = dataclasses.replace(item, shape=torch.Size((r1 - r0,) + tuple(item.shape[1:])), n_rows=r1 - r0,
-                                   packed=item.packed[b0:b1], lo=item.lo[g0:g1], step=item.step[g0:g1])
-        yield r0, r1, decompress(part)
+        yield r0, r1, _decode_rows(item, r0, r1)
+
+
+def _chunk_starts(n: int, step: int, block_rows: int) -> list:
+    starts = list(range(0, n, step))
+    if len(starts) > 1 and n - starts[-1] < block_rows:
+        starts.pop()  # a last chunk shorter than a block would pick another level table: merge it
+    return starts
+
+
+def _row_wise(item: Stashed) -> bool:
+    """Whether rows of ``item`` decode on their own (:func:`_decode_rows`) rather than from a whole copy."""
+    return (isinstance(item, CompressedTensor) and item.packed is not None and len(item.shape) >= 2
+            and item.n_rows == item.shape[0] and item.n_rows * item.width > 0)
+
+
+def _decode_rows(item: CompressedTensor, r0: int, r1: int) -> torch.Tensor:
+    """Rows ``r0:r1`` of a row-wise compressed item (:func:`_row_wise`), decoded as the same rows of
+    :func:`unstash`: ``r0`` on a block boundary and a whole byte, ``r1`` too or the last row."""
+    n = item.n_rows
+    bits_per_row = item.width * item.bits  # byte offset of row r: r * bits_per_row // 8
+    b0 = r0 * bits_per_row // 8
+    b1 = r1 * bits_per_row // 8 if r1 < n else item.packed.numel()
+    g0, g1 = r0 // item.block_rows, -(-r1 // item.block_rows)
+    part = dataclasses.replace(item, shape=torch.Size((r1 - r0,) + tuple(item.shape[1:])), n_rows=r1 - r0,
+                               packed=item.packed[b0:b1], lo=item.lo[g0:g1], step=item.step[g0:g1])
+    return decompress(part)
+
+
+def rows_together(items, n_rows: int, device):
+    """``(r0, r1, [rows r0:r1 of each item])`` over row chunks common to several kept items of ``n_rows``
+    rows each (``None`` items give ``None``), for a backward that combines them row by row: each item's rows
+    decode exactly as the same rows of :func:`unstash` (chunks start on every compressed item's block
+    boundaries and at multiples of 8 rows: whole bytes of codes and of one-bit masks over any width), and
+    the decoded chunks of all items together stay within :func:`chunk_rows`' budget. The rule of
+    :func:`row_chunks` holds: the loop body ends with ``del`` of every chunk."""
+    wise = [_row_wise(it) for it in items]
+    whole = [None if it is None or w else unstash(it) for it, w in zip(items, wise)]
+    per_row = sum(max(1, _item_numel_device(it)[0] // max(n_rows, 1)) for it in items if it is not None)
+    blocks = [it.block_rows for it, w in zip(items, wise) if w]
+    align = math.lcm(8, *blocks)
+    starts = _chunk_starts(n_rows, chunk_rows(n_rows, max(per_row, 1), device, align), max(blocks, default=1))
+    for i, r0 in enumerate(starts):
+        r1 = starts[i + 1] if i + 1 < len(starts) else n_rows
+        yield r0, r1, [_decode_rows(it, r0, r1) if w else (None if x is None else x[r0:r1])
+                       for it, w, x in zip(items, wise, whole)]
 
 
 #: inside a ``dgl_exact.compress_saved`` scope: the storages (data pointers) dgl_exact's own ops keep, which

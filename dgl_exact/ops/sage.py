@@ -71,6 +71,31 @@ def column_chunks(n_rows: int, width: int, device) -> int:
     return width if n_rows * width <= chunk_elements_for(device) else min(width, COLUMN_CHUNK)
 
 
+def aggregate_then_project(x: torch.Tensor, w_neigh: torch.Tensor, st, cfg: CompressionConfig, keep_s: bool):
+    """``(s W_neigh^T, kept s)`` with ``s = mean_{u -> v} x[u]`` (``[N_dst, D_in]``), kept compressed where
+    ``keep_s`` (``W_neigh``'s gradient reads it), the product written into ``s``'s own rows where ``W_neigh``
+    is square and ``s`` is not kept by reference (rule 2): one ``[N_dst, D]`` buffer at a time."""
+    n, d_in = st.num_dst, x.shape[1]
+    cd = w_neigh.dtype
+    s = st.aggregate(x.unsqueeze(1)).view(n, d_in)
+    s.div_(_degrees(st, s.dtype))
+    kept_s = stash(s, cfg, force=True) if keep_s else None
+    # overwrite s only where backward does not read it (kept compressed, or not kept at all)
+    owned = kept_s is None or isinstance(kept_s, CompressedTensor)
+    rows = chunk_rows(n, d_in, s.device)
+    if owned and s.dtype == cd and w_neigh.shape[0] == d_in and needs_chunks(s):
+        for r0 in range(0, n, rows):
+            part = s[r0:r0 + rows]
+            part.copy_(part.matmul(w_neigh.t()))
+        return s, kept_s
+    if s.dtype != cd:  # cast row chunk by row chunk: no full-size cast copy of s
+        out = s.new_empty((n, w_neigh.shape[0]), dtype=cd)
+        for r0 in range(0, n, rows):
+            torch.matmul(s[r0:r0 + rows].to(cd), w_neigh.t(), out=out[r0:r0 + rows])
+        return out, kept_s
+    return s.matmul(w_neigh.t()), kept_s
+
+
 class _SAGEMean(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w_self, b_self, w_neigh, st, cfg: CompressionConfig):
@@ -93,24 +118,7 @@ class _SAGEMean(torch.autograd.Function):
             out.div_(_degrees(st, out.dtype))
             xc = x_dst if x.dtype == cd else x_dst.to(cd)
         else:
-            s = st.aggregate(x.unsqueeze(1)).view(n, d_in)
-            s.div_(_degrees(st, s.dtype))
-            kept_s = stash(s, cfg, force=True) if ctx.needs_input_grad[3] else None
-            # overwrite s only where backward does not read it (kept compressed, or not kept at all)
-            owned = kept_s is None or isinstance(kept_s, CompressedTensor)
-            rows = chunk_rows(n, d_in, s.device)
-            if owned and s.dtype == cd and w_neigh.shape[0] == d_in and needs_chunks(s):
-                for r0 in range(0, n, rows):
-                    part = s[r0:r0 + rows]
-                    part.copy_(part.matmul(w_neigh.t()))
-                out = s
-            elif s.dtype != cd:  # cast row chunk by row chunk: no full-size cast copy of s
-                out = s.new_empty((n, w_neigh.shape[0]), dtype=cd)
-                for r0 in range(0, n, rows):
-                    torch.matmul(s[r0:r0 + rows].to(cd), w_neigh.t(), out=out[r0:r0 + rows])
-            else:
-                out = s.matmul(w_neigh.t())
-            del s
+            out, kept_s = aggregate_then_project(x, w_neigh, st, cfg, keep_s=ctx.needs_input_grad[3])
             xc = x_dst if x.dtype == cd else x_dst.to(cd)
         out.addmm_(xc, w_self.t())
         del xc

@@ -2,7 +2,10 @@
 users have today) or from dgl_exact's (``impl='exact'``) with identical parameters and ``state_dict``.
 
 Every hidden layer is ``conv -> BatchNorm (optional) -> ReLU -> Dropout``; dgl_exact fuses the last two
-into one op keeping a single bit per element.
+into one op keeping a single bit per element. A first GraphSAGE layer on input features (the largest hidden
+rows of a neighbour-sampled step) runs with its BatchNorm, ReLU and Dropout as one op where that computes
+what the modules compute (:meth:`dgl_exact.SAGEConv.forward_bn_relu_dropout`: one layer-sized buffer at the
+forward's and the backward's peak instead of two).
 
 ``dropout2`` (EXACT's ``--dropout2``, its ``QDropout2``) turns every dropout of a model into the original,
 non-inverted dropout: kept values are not scaled by ``1 / (1 - p)`` while training, and evaluation
@@ -145,6 +148,15 @@ class StackedGNN(nn.Module):
         weights = edge_weight if isinstance(edge_weight, (list, tuple)) else [edge_weight] * len(self.convs)
         h = self._input(x)
         for i, (conv, g, w) in enumerate(zip(self.convs, blocks, weights)):
+            if i == 0 and w is None and self._first_fusable():
+                # the first layer with its batch norm, ReLU and dropout as one op where that computes what
+                # the modules compute (one layer-sized buffer at its peaks instead of two); else None
+                nxt = blocks[1]
+                out = conv.forward_bn_relu_dropout(g, h, self.norms[0], self.dropout,
+                                                   compress_for=self._next_keeps(0, nxt, h))
+                if out is not None:
+                    h = out
+                    continue
             # a hidden representation nothing else reads: donated to the conv, which may free it once kept
             h = conv(g, donate(h) if i > 0 and self._lib.impl == "exact" else h, edge_weight=w)
             nxt = blocks[i + 1] if i + 1 < len(blocks) else None
@@ -158,6 +170,13 @@ class StackedGNN(nn.Module):
 
     def _input(self, x):
         return self._lib.dropout(x, self.input_dropout, self.training) if self.input_dropout > 0 else x
+
+    def _first_fusable(self) -> bool:
+        """Whether the first conv may run with its batch norm, ReLU and dropout as one op (dgl_exact layers,
+        a hidden first layer with batch norm, inverted dropout; the conv decides the rest)."""
+        return (self._lib.impl == "exact" and not self._lib.dropout2 and self.norms is not None
+                and len(self.convs) > 1 and self.training
+                and hasattr(self.convs[0], "forward_bn_relu_dropout"))
 
     def _drop_edges(self, graph, edge_weight):
         """The graph with a random ``1 - edge_drop`` of its edges (in their order) and their edge weights."""

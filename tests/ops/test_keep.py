@@ -6,6 +6,8 @@ import pytest
 import torch
 
 from dgl_exact.compression import compress, decompress
+from dgl_exact import CompressionConfig
+from dgl_exact.ops import keep as keeping
 from dgl_exact.ops.keep import row_chunks
 from tests.ops._helpers import CONFIGS, _cfg
 
@@ -47,3 +49,36 @@ def test_reclaim_takes_back_a_donated_tensor_that_was_not_released():
     assert release(gone) and type(gone) is Released
     with pytest.raises(RuntimeError, match="released"):
         reclaim(gone)
+
+
+@pytest.mark.parametrize("chunk", [40, 1000, 10 ** 6])
+def test_rows_together_decodes_each_item_as_unstash(chunk, monkeypatch):
+    """Common row chunks over several kept items (different block sizes, a projected one, an exact tensor,
+    None): each item's chunks put together are its :func:`unstash` bit for bit, chunks start on multiples of
+    8 rows and of every item's block rows, and a short tail is merged. (A projected item's rows are
+    unprojected by a product per chunk: equal up to the product's summation order.)"""
+    from dgl_exact.ops.keep import rows_together, unstash
+
+    monkeypatch.setattr(keeping, "CHUNK_ELEMENTS", chunk)
+    torch.manual_seed(0)
+    n = 247
+    items = [compress(torch.randn(n, 9), CompressionConfig(bits=2, block_rows=3)),
+             compress(torch.randn(n, 16), CompressionConfig(bits=4, block_rows=5, levels="optimal")),
+             compress(torch.randn(n, 32), CompressionConfig(bits=2, kept_frac=0.25)),
+             torch.randn(n, 4), None]
+    parts = [[] for _ in items]
+    last = 0
+    for r0, r1, rows in rows_together(items, n, "cpu"):
+        assert r0 == last and r0 % 120 == 0 and r1 > r0
+        last = r1
+        for acc, r in zip(parts, rows):
+            acc.append(r)
+        del rows
+    assert last == n
+    for item, acc in zip(items, parts):
+        if item is None:
+            assert all(r is None for r in acc)
+        elif getattr(item, "proj_seed", None) is not None:
+            torch.testing.assert_close(torch.cat(acc), unstash(item), rtol=1e-6, atol=1e-6)
+        else:
+            assert torch.equal(torch.cat(acc), unstash(item))

@@ -5,6 +5,7 @@ import warnings
 from typing import Optional
 
 import torch
+import torch.nn as nn
 
 from ..._compat import import_dgl
 from ... import ops
@@ -12,7 +13,8 @@ from ..._compat import compiling
 from ...ops import captured
 from ...ops.keep import autocast_dtype, mark_fresh, needs_saving
 from ...compression_config import CompressionConfig
-from .._base import (CompressedModuleMixin, apply_dropout, apply_linear, compressed_activation, into,
+from .. import paths as explain
+from .._base import (CompressedModuleMixin, hooks_present, apply_dropout, apply_linear, compressed_activation, into,
                      plain_dropout_p, plain_linear as _plain_linear)
 
 dgl = import_dgl()
@@ -120,6 +122,61 @@ class SAGEConv(CompressedModuleMixin, dgl.nn.SAGEConv):
                      or (autocast_dtype(x.device.type) is not None and x.is_floating_point()))
                 and needs_saving(x, self.fc_self.weight, self.fc_self.bias, self.fc_neigh.weight)
                 and not captured.active() and not compiling())
+
+    def forward_bn_relu_dropout(self, graph, feat, bn: nn.Module, p: float, *,
+                                compress_for: Optional[CompressionConfig] = None) -> Optional[torch.Tensor]:
+        """``dropout(relu(bn(self(graph, feat))), p)`` as one op (:func:`dgl_exact.ops.sage_mean_bn_relu_dropout`:
+        one layer-sized buffer at the forward's and the backward's peak instead of two) where that computes
+        what the modules compute: a training forward with grad of this module's fused mean path on input
+        features that need no gradient, ``D_out >= D_in``, no feature dropout, activation or norm of its own,
+        ``bn`` a dgl_exact :class:`~dgl_exact.nn.BatchNorm1d` over the output in training mode with this
+        module's compression, no hooks on either, neither subclassed; ``p``: the dropout probability in force,
+        ``compress_for``: how the next module keeps the output (see :func:`dgl_exact.ops.relu_dropout`).
+        Else None, before anything is computed or counted: the caller runs the modules."""
+        from ..layers import BatchNorm1d
+
+        why = self._bn_refusal(graph, feat, bn, p, BatchNorm1d)
+        explain.record([self, bn], "SAGE mean + batch norm + ReLU + dropout as one op" if why is None else None,
+                       why)
+        if why is not None:
+            return None
+        bn._check_input_dim(feat.new_empty(0, bn.num_features))
+        track, track_var, _, momentum = bn.batch_norm_args()  # counts the batch, as the module does
+        return ops.sage_mean_bn_relu_dropout(graph, feat, self.fc_self.weight, self.fc_self.bias,
+                                             self.fc_neigh.weight, bn.weight, bn.bias, track, track_var,
+                                             momentum, bn.eps, p, config=self._config(), compress_for=compress_for)
+
+    def _bn_refusal(self, graph, feat, bn, p, batch_norm_type) -> Optional[str]:
+        """Why :meth:`forward_bn_relu_dropout` runs the modules (None: it fuses)."""
+        if not isinstance(feat, torch.Tensor) or feat.dim() != 2 or feat.dtype != torch.float32:
+            return "not one fp32 [N, D] feature tensor"
+        if feat.requires_grad:
+            return "the input needs a gradient"
+        if not (self.training and bn.training and torch.is_grad_enabled()):
+            return "not a training forward with grad"
+        if type(self).forward is not SAGEConv.forward or type(bn) is not batch_norm_type:
+            return "a subclass"
+        if hooks_present(self, bn, self.fc_self, self.fc_neigh):
+            return "a module has hooks"
+        if (self.activation is not None or self.norm is not None or plain_dropout_p(self.feat_drop) != 0
+                or self.fc_neigh.weight.shape[0] < feat.shape[1]):
+            return "an activation, norm or feature dropout of the conv's own, or D_out < D_in"
+        if not 0.0 <= float(p) < 1.0:
+            return "dropout probability 1"
+        cfg = self._config()
+        if bn._config() != cfg:
+            return "batch norm's compression differs from the conv's"
+        if bn.num_features != self.fc_self.weight.shape[0] or (bn.weight is not None
+                                                              and bn.weight.dtype != torch.float32):
+            return "batch norm over another width or dtype"
+        st = ops.structure_of(graph, feat.device)
+        if st.num_dst < 2:
+            return "one row under batch norm"
+        if autocast_dtype(feat.device.type) is not None:
+            return "autocast"
+        if not self._fused_mean(cfg, feat, feat, st, None):
+            return "the conv's own fused path does not apply"
+        return None
 
     def forward(self, graph, feat, edge_weight=None):
         r"""Compute GraphSAGE layer.
