@@ -32,7 +32,7 @@ import torch
 
 from .. import kernels
 from .._compat import compiling
-from ..compression import compress, draw_seed
+from ..compression import CompressedTensor, compress, draw_seed
 from ..compression_config import CompressionConfig, resolve_config
 from .keep import (DOUBLE_BACKWARD_MESSAGE, alive_anyway, create_graph_requested, fresh_outputs, load_kept,
                    offer_compressed, rows_together, save_kept, stash, stash_hook_active)
@@ -88,18 +88,25 @@ class _SAGEMeanBNReLUDropout(torch.autograd.Function):
             # chunks start at multiples of 8 rows (rows_together): whole bytes of the one-bit mask
             return masked_scale(grad[r0:r1], packed[r0 * width // 8:-(-(r1 * width) // 8)], ctx.scale, 0.0)
 
+        # a decoded chunk of the compressed z is this backward's own buffer (rule 2): centred in place; rows
+        # of an exact copy are views of a kept tensor and get a temporary
+        fresh = isinstance(z_s, CompressedTensor) and (z_s.raw is None or z_s.proj_seed is not None)
+
+        def centred(z):
+            return z.sub_(mean) if fresh else torch.sub(z, mean)
+
         sum_g = grad.new_zeros(width)
         sum_gxhat = grad.new_zeros(width)
         for r0, r1, (z,) in rows_together([z_s], n, grad.device):
             g = g_rows(r0, r1)
             sum_g += g.sum(0)
-            sum_gxhat += torch.sub(z, mean).mul_(invstd).mul_(g).sum(0)
+            sum_gxhat += centred(z).mul_(invstd).mul_(g).sum(0)
             del g, z  # before the next chunk is decoded (see row_chunks)
         w = invstd if bn_weight is None else bn_weight * invstd
         mean_g, proj = sum_g / n, sum_gxhat * invstd / n
         gws = gwn = gb = None
         for r0, r1, (z, s, xd) in rows_together([z_s, s_s, x_s], n, grad.device):
-            dz = g_rows(r0, r1).sub_(mean_g).sub_(torch.sub(z, mean).mul_(proj)).mul_(w)
+            dz = g_rows(r0, r1).sub_(mean_g).sub_(centred(z).mul_(proj)).mul_(w)
             del z
             part = dz.t().matmul(xd.to(dz.dtype))
             gws = part if gws is None else gws.add_(part)
