@@ -155,7 +155,7 @@ class StackedGNN(nn.Module):
                 out = conv.forward_bn_relu_dropout(g, h, self.norms[0], self.dropout,
                                                    compress_for=self._next_keeps(0, nxt, h))
                 if out is not None:
-                    h = out
+                    h, out = out, None  # no second name on the output: the next conv's call is its last use
                     continue
             # a hidden representation nothing else reads: donated to the conv, which may free it once kept
             h = conv(g, donate(h) if i > 0 and self._lib.impl == "exact" else h, edge_weight=w)

@@ -208,3 +208,34 @@ def test_the_op_refuses_what_it_does_not_cover():
     with pytest.raises(ValueError, match="compression must be on"):
         dgl_exact.ops.sage_mean_bn_relu_dropout(b, x.detach(), w6, None, w6, None, None, None, None,
                                                 config=dgl_exact.CompressionConfig(enabled=False))
+
+
+@pytest.mark.parametrize("on_blocks", [True, False], ids=["blocks", "graph"])
+def test_model_peaks_not_above_the_composed_modules(on_blocks, monkeypatch):
+    """The project model with the op: neither the forward's nor the backward's peak above the modules' own
+    calls (the first layer's output goes once the next conv has kept it, as the composed path's does)."""
+    from dgl_exact.bench.census import Census
+
+    g, blocks = _blocks(n=3000, seeds=1500, fanouts=(4, 3, 2))
+    x = torch.randn(g.num_nodes(), 16)
+    y = torch.randint(0, 5, (g.num_nodes(),))
+    graph = blocks if on_blocks else g
+    if on_blocks:
+        x, y = x[blocks[0].srcdata[dgl.NID]], y[blocks[-1].dstdata[dgl.NID]]
+    rows = blocks[0].num_dst_nodes() if on_blocks else g.num_nodes()
+    big = rows * 64 * 4
+    monkeypatch.setattr(keeping, "CHUNK_ELEMENTS", big // 4 // 8)
+    fused, composed = _model_pair(in_feats=16, hidden=64)
+
+    def peaks(model):
+        census = Census(min_bytes=big // 8)
+        torch.manual_seed(11)
+        with dgl_exact.config(bits=2), census:
+            census.phase = "forward"
+            loss = F.cross_entropy(model(graph, x), y)
+            census.phase = "backward"
+            loss.backward()
+        return census.best["forward"] / big, census.best["backward"] / big
+
+    (ff, fb), (cf, cb) = peaks(fused), peaks(composed)
+    assert ff <= cf + 0.05 and fb <= cb + 0.05, ((ff, fb), (cf, cb))
