@@ -16,12 +16,13 @@ from . import memory, nn, ops  # noqa: E402
 from .nn import GATConv, GCN2Conv, GraphConv, SAGEConv, compress_model  # noqa: E402
 from .nn.paths import explain  # noqa: E402
 from .ops.keep import donate  # noqa: E402
+from .ops.structure import mark_symmetric  # noqa: E402
 from .saved_tensors import compress_saved, keep_exact  # noqa: E402
 
 __version__ = "0.1.0"
 
 __all__ = ["CompressionConfig", "config", "get_config", "set_config", "compress", "decompress",
-           "CompressedTensor", "backend", "donate", "explain", "compress_saved", "keep_exact",
+           "CompressedTensor", "backend", "donate", "mark_symmetric", "explain", "compress_saved", "keep_exact",
            "GraphConv", "SAGEConv", "GATConv", "GCN2Conv", "compress_model", "ops", "nn",
            "memory",
            "__version__"]

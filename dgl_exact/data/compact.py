@@ -3,7 +3,10 @@
 DGL stores node and edge ids as int64 by default; a graph below ``2**31`` nodes and edges fits int32
 (``g.int()``), which halves every structure array (COO, CSR, CSC, edge ids). Message passing needs two
 sparse formats at most (CSC for the forward aggregation over in-edges, CSR for the transposed one of
-backward): once they exist, the COO the loaders built can go (``g.formats([...])``).
+backward): once they exist, the COO the loaders built can go (``g.formats([...])``). A graph that equals
+its transpose (an undirected graph stored with both directions, as every full-graph dataset here) needs
+its CSC alone, without even an edge-id array (:func:`csc_graph`, :func:`training_graph`): the transposed
+aggregations of backward that have no edge weights run on it (:func:`dgl_exact.ops.mark_symmetric`).
 """
 from __future__ import annotations
 
@@ -11,8 +14,12 @@ from typing import Optional, Sequence
 
 import torch
 
+from .._compat import import_dgl
+
+dgl = import_dgl()
+
 __all__ = ["INT32_LIMIT", "index_dtype", "compact_graph", "structure_bytes", "describe_structure",
-           "TRAINING_FORMATS", "allow_all_formats"]
+           "TRAINING_FORMATS", "allow_all_formats", "csc_graph", "training_graph", "CSC_ONLY_MODELS"]
 
 #: node and edge counts strictly below this fit int32 ids
 INT32_LIMIT = 2 ** 31
@@ -48,6 +55,50 @@ def compact_graph(g, formats: Optional[Sequence[str]] = None):
     return g
 
 
+#: the trainer's models whose backward needs no transposed aggregation with edge weights (GAT's attention
+#: is one): on a symmetric graph they train from its CSC alone
+CSC_ONLY_MODELS = ("gcn", "sage", "gcn2")
+
+
+def csc_graph(g):
+    """``g`` rebuilt from its CSC alone, in the narrowest id type (:func:`index_dtype`), with no edge-id
+    array: edges are renumbered in CSC order (grouped by destination, each node's in-edges in ``g``'s
+    order), edge data is permuted to match, node data is shared. Only the CSC is allowed: code that
+    needs a COO or CSR fails on it (DGL's error), so it is for ops that read the CSC only, e.g. dgl_exact's
+    full-graph GCN, SAGE and GCNII on a graph marked symmetric (:func:`dgl_exact.ops.mark_symmetric`).
+    Structure bytes: ``(N + 1 + E)`` ids, against ``2 (N + 1 + 2 E)`` for CSC and CSR with edge ids."""
+    g = compact_graph(g)
+    created = g.formats()["created"]
+    if created == ["csc"] and g._graph.adjacency_matrix_tensors(0, True, "csr")[4].numel() == 0:
+        return g
+    # from the COO when there is one (the same per-node edge order as the CSC a COO-built graph creates)
+    src_g = g if "coo" in created or not created or "csc" in created else g.formats(["coo", "csr", "csc"])
+    indptr, indices, eids = src_g._graph.adjacency_matrix_tensors(0, True, "csr")[2:]
+    out = dgl.graph(("csc", (indptr, indices, indices.new_empty(0))), num_nodes=g.num_nodes(), idtype=g.idtype)
+    out = out.formats(["csc"])
+    for k, v in g.ndata.items():
+        out.ndata[k] = v
+    if g.edata:
+        order = eids.long() if eids is not None and eids.numel() else None
+        for k, v in g.edata.items():
+            out.edata[k] = v if order is None else v[order]
+    return out
+
+
+def training_graph(g, csc_only: bool = True):
+    """The graph full-graph training holds (int32 ids when they fit): with ``csc_only`` and a symmetric
+    ``g``, its CSC alone (:func:`csc_graph`), marked symmetric; else CSC and CSR
+    (:data:`TRAINING_FORMATS`). The symmetry test (:func:`~dgl_exact.ops.is_symmetric`) runs once, here."""
+    from ..ops.structure import mark_symmetric
+
+    if csc_only:
+        c = csc_graph(g)
+        if mark_symmetric(c):
+            return c
+        del c
+    return compact_graph(g, TRAINING_FORMATS)
+
+
 def allow_all_formats(g):
     """``g`` (the same structure, shared) allowing every sparse format: one that ``g`` lacks is created
     only when some DGL code asks for it. For handing a graph restricted to the training formats (e.g.
@@ -58,11 +109,15 @@ def allow_all_formats(g):
 
 def structure_bytes(g) -> int:
     """Bytes of the sparse formats ``g`` holds: COO ``2E`` ids, CSR / CSC ``N + 1 + 2E`` (offsets, indices,
-    edge ids), each id in ``g.idtype``."""
+    edge ids; ``N + 1 + E`` without an edge-id array, see :func:`csc_graph`), each id in ``g.idtype``."""
     item = 4 if g.idtype == torch.int32 else 8
     total = 0
     for fmt in g.formats()["created"]:
-        total += item * (2 * g.num_edges() if fmt == "coo" else g.num_nodes() + 1 + 2 * g.num_edges())
+        if fmt == "coo":
+            total += item * 2 * g.num_edges()
+            continue
+        arrays = g._graph.adjacency_matrix_tensors(0, fmt == "csc", "csr")[2:]
+        total += item * sum(int(a.numel()) for a in arrays)
     return total
 
 

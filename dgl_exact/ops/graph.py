@@ -140,6 +140,43 @@ def copy_u_mean(g, x: torch.Tensor) -> torch.Tensor:
     return captured.apply("_CopyUReduce", x, st, True)
 
 
+# --- sum weighted by a source-node normalisation ----------------------------------------------------------
+@captured.capturable
+class _SrcNormSum(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, st: GraphStructure, degrees: str, kind: str):
+        x3 = _as3(x)
+        # the node factors spread over the edges (cached per graph): the forward aggregates x itself, no
+        # layer-sized ``x * norm``
+        out = st.aggregate(x3, st.src_edge_norm(degrees, kind, x3.dtype).unsqueeze(1))
+        ctx.st, ctx.degrees, ctx.kind, ctx.xshape = st, degrees, kind, x.shape
+        return _node_output(out, (st.num_dst,) + tuple(x.shape[1:]))
+
+    @staticmethod
+    def backward(ctx, grad):
+        st = ctx.st
+        g = _as3(grad.contiguous())
+        norm = st.node_norm(ctx.degrees, ctx.kind, g.dtype).view(-1, 1, 1)
+        if create_graph_requested():  # linear: nothing kept, always exact
+            return (_spmm_ref(st, g, transpose=True) * norm).reshape(ctx.xshape), None, None, None
+        # every edge out of u carries u's factor: the transposed sum needs no edge weights (so a symmetric
+        # graph's CSC serves it), and the factor scales the sum's own buffer in place
+        return st.aggregate(g, transpose=True).mul_(norm).view(ctx.xshape), None, None, None
+
+
+@fresh_outputs
+def src_norm_sum(g, x: torch.Tensor, kind: str = "sqrt", degrees: str = "out") -> torch.Tensor:
+    """``out[v] = sum_{u -> v} n(u) x[u]`` with ``n(u) = deg(u)^-1/2`` (``kind`` 'sqrt') or ``1 / deg(u)``
+    ('inv'), ``deg`` the out-degree (``degrees`` 'out') or in-degree ('in'), clamped at 1: GraphConv's
+    source normalisation inside the aggregation. Keeps nothing for backward; the per-edge factors are cached
+    with the graph's structure, and backward needs only the transposed sum without edge weights."""
+    if kind not in ("sqrt", "inv") or degrees not in ("out", "in"):
+        raise ValueError(f"src_norm_sum: kind is 'sqrt' or 'inv' and degrees 'out' or 'in', got {kind!r}, {degrees!r}")
+    st = structure_of(g, x.device)
+    _check_nodes(st, x)
+    return captured.apply("_SrcNormSum", x, st, degrees, kind)
+
+
 # --- u_mul_e sum ------------------------------------------------------------------------------------
 def _pad_feature_shapes(xs: tuple, ws: tuple):
     """DGL's ``reshape_lhs_rhs``: the shorter feature shape padded with leading 1s (numpy's right alignment)."""

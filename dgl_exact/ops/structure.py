@@ -33,7 +33,7 @@ from .._compat import import_dgl
 
 dgl = import_dgl()
 __all__ = ["GraphStructure", "structure_of", "clear_cache", "cache_size", "device_kernels_only",
-           "MAX_CACHED_GRAPHS"]
+           "MAX_CACHED_GRAPHS", "mark_symmetric", "is_symmetric"]
 
 #: Most graphs whose structure is cached at once (least recently used evicted first). Entries of deleted
 #: graphs go at once anyway; this bounds what graphs kept alive by the caller can pin (device copies).
@@ -44,11 +44,12 @@ class _Record:
     """The cache entry of one graph: its structure per device, and the finalizer that drops the entry
     when the graph's structure object dies (holds the key only weakly)."""
 
-    __slots__ = ("per_device", "finalizer")
+    __slots__ = ("per_device", "finalizer", "symmetric")
 
     def __init__(self):
         self.per_device: Dict[str, "GraphStructure"] = {}
         self.finalizer = None
+        self.symmetric = False  # checked and recorded by mark_symmetric
 
 
 _cache: "collections.OrderedDict[int, _Record]" = collections.OrderedDict()
@@ -77,8 +78,11 @@ def _check_graph(g) -> None:
 class GraphStructure:
     """CSC/CSR index tensors of one single-edge-type graph (or block) on one device."""
 
-    def __init__(self, g, device: torch.device):
+    def __init__(self, g, device: torch.device, symmetric: bool = False):
         self.device = torch.device(device)
+        #: the graph equals its transpose (checked by :func:`mark_symmetric`): transposed aggregations without
+        #: edge weights run on the forward's format (CSC), so a graph may hold that format alone
+        self.symmetric = symmetric
         self.num_src = g.num_src_nodes()
         self.num_dst = g.num_dst_nodes()
         self.num_edges = g.num_edges()
@@ -139,7 +143,12 @@ class GraphStructure:
         """Degrees on the graph's device: in-degrees of the destination nodes or out-degrees of the sources."""
         if side == "in":
             return self._gidx.in_degrees(0, self._node_ids(self.num_dst))
-        return self._gidx.out_degrees(0, self._node_ids(self.num_src))
+        if _allows(self._gidx, "coo", "csr"):
+            return self._gidx.out_degrees(0, self._node_ids(self.num_src))
+        # a graph holding its CSC alone (DGL computes out-degrees from a COO or CSR only): count each source
+        # among the CSC's indices
+        indices = _adj_tensors(self._gidx, "csc")[1]
+        return torch.bincount(indices, minlength=self.num_src).to(indices.dtype)
 
     def _node_ids(self, n: int) -> torch.Tensor:
         dtype = torch.int32 if self._gidx.dtype == "int32" else torch.int64
@@ -162,6 +171,13 @@ class GraphStructure:
             self._out_deg = self._graph_degrees("out").to(self.device)
         return self._out_deg
 
+    def node_norm(self, degrees: str, kind: str, dtype: torch.dtype) -> torch.Tensor:
+        """Per node, ``deg^-1/2`` (``kind`` 'sqrt') or ``1 / deg`` ('inv'), ``deg`` its out-degree (``degrees``
+        'out') or in-degree ('in'), clamped at 1: the factors :meth:`src_edge_norm` spreads over the edges.
+        Not cached (one value per node)."""
+        deg = (self.out_degrees() if degrees == "out" else self.in_degrees()).to(dtype).clamp(min=1)
+        return torch.pow(deg, -0.5) if kind == "sqrt" else 1.0 / deg
+
     def src_edge_norm(self, degrees: str, kind: str, dtype: torch.dtype) -> torch.Tensor:
         """Per edge (edge-id order), its source node's normalisation: ``deg^-1/2`` (``kind`` 'sqrt') or
         ``1 / deg`` ('inv'), with ``deg`` the node's out-degree (``degrees`` 'out') or in-degree ('in',
@@ -170,8 +186,7 @@ class GraphStructure:
         layer-sized copy. Cached (one value per edge, like the index tensors)."""
         key = (degrees, kind, dtype)
         if key not in self._edge_norms:
-            deg = (self.out_degrees() if degrees == "out" else self.in_degrees()).to(dtype).clamp(min=1)
-            norm = torch.pow(deg, -0.5) if kind == "sqrt" else 1.0 / deg
+            norm = self.node_norm(degrees, kind, dtype)
             # the sources in edge-id order, only for this gather unless something else cached them: DGL holds
             # the structure, the cache keeps only the values it does not
             src = self._src if self._src is not None else _endpoints(self._gidx, "src").to(self.device)
@@ -208,6 +223,8 @@ class GraphStructure:
     def aggregate(self, x: torch.Tensor, w: Optional[torch.Tensor] = None, transpose: bool = False) -> torch.Tensor:
         """``out[v] = sum_{(u, v)} w[e] * x[u]`` (``transpose``: from destinations back to sources).
         ``x [n, H, D]``; ``w [E, H]`` or None. Returns ``[n_out, H, D]``."""
+        if transpose and w is None and self.symmetric:
+            transpose = False  # A^T == A: the forward's format (CSC) serves; sums in another order only
         n_out = self.num_src if transpose else self.num_dst
         fn, graph = self._kernel("spmm_sum", transpose)
         # kernels compute in the dtype they are given: autocast must not recast their internal products
@@ -239,8 +256,8 @@ def _adj_tensors(gidx, fmt):
         indptr, indices, eids = gidx.adjacency_matrix_tensors(0, True, "csr")[2:]
     else:
         indptr, indices, eids = gidx.adjacency_matrix_tensors(0, False, fmt)[2:]
-    if eids is not None and eids.numel() and bool((eids == torch.arange(eids.numel())).all()):
-        eids = None  # identity permutation: skip the gather in kernels
+    if eids is not None and (eids.numel() == 0 or bool((eids == torch.arange(eids.numel())).all())):
+        eids = None  # no edge-id array (ids are positions, see csc_graph) or the identity: no gather in kernels
     return indptr, indices, eids
 
 
@@ -249,15 +266,24 @@ def _endpoints(gidx, side: str) -> torch.Tensor:
     read from the COO when the graph holds or may create one, else from its CSR ('src') or CSC ('dst'),
     whose rows are those nodes (a graph restricted to CSC and CSR, see
     :func:`~dgl_exact.data.compact.compact_graph`)."""
-    formats = gidx.formats()
-    if "coo" in formats["created"] or "coo" in formats["not created"]:
+    if _allows(gidx, "coo"):
         src, dst, _ = gidx.edges(0, "eid")
         return src if side == "src" else dst
-    indptr, _, eids = _adj_tensors(gidx, "csr" if side == "src" else "csc")
-    rows = reference.csr_rows(indptr, gidx.num_edges(0))
+    rows_fmt = "csr" if side == "src" else "csc"  # the format whose rows are those nodes
+    if _allows(gidx, rows_fmt):
+        indptr, _, eids = _adj_tensors(gidx, rows_fmt)
+        values = reference.csr_rows(indptr, gidx.num_edges(0))
+    else:  # the other one (a graph holding its CSC alone): those nodes are its indices
+        _, values, eids = _adj_tensors(gidx, "csc" if side == "src" else "csr")
     if eids is None:
-        return rows
-    return torch.empty_like(rows).index_put_((eids.long() if eids.dtype != torch.int64 else eids,), rows)
+        return values
+    return torch.empty_like(values).index_put_((eids.long() if eids.dtype != torch.int64 else eids,), values)
+
+
+def _allows(gidx, *fmts: str) -> bool:
+    """Whether ``gidx`` holds or may create one of the sparse formats ``fmts``."""
+    have = gidx.formats()
+    return any(f in have["created"] or f in have["not created"] for f in fmts)
 
 
 def _torch_device(ctx) -> torch.device:
@@ -296,13 +322,16 @@ def structure_of(g, device) -> GraphStructure:
             record.finalizer = weakref.finalize(gidx, _forget, key, record)
             record.finalizer.atexit = False
             _cache[key] = record
-            while len(_cache) > max(1, MAX_CACHED_GRAPHS):
-                evicted.append(_cache.popitem(last=False)[1])
+            # least recently used first; a graph marked symmetric is not evicted (the mark is a checked
+            # statement that cannot be rebuilt from the graph cheaply); its entry still dies with the graph
+            excess = max(0, len(_cache) - max(1, MAX_CACHED_GRAPHS))
+            for old_key in [k for k, r in _cache.items() if not r.symmetric][:excess]:
+                evicted.append(_cache.pop(old_key))
         else:
             _cache.move_to_end(key)
         entry = record.per_device.get(dev_key)
         if entry is None:
-            entry = GraphStructure(g, device)
+            entry = GraphStructure(g, device, record.symmetric)
             record.per_device[dev_key] = entry
     for old in evicted:  # outside the lock: detach runs no callback, but dropping entries may run the GC
         old.finalizer.detach()
@@ -330,6 +359,67 @@ def _drop_pending() -> None:
     """With the lock held: remove entries whose graphs died while the lock was taken."""
     while _pending:
         _drop(*_pending.pop())
+
+
+def _edge_pairs(gidx) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(src, dst)`` of every edge, in some order, read from a format ``gidx`` has created (none is created)."""
+    created = gidx.formats()["created"]
+    if "coo" in created or not created:
+        src, dst, _ = gidx.edges(0, "eid")
+        return src, dst
+    fmt = "csc" if "csc" in created else "csr"
+    indptr, indices, _ = _adj_tensors(gidx, fmt)
+    rows = reference.csr_rows(indptr, gidx.num_edges(0))
+    return (indices, rows) if fmt == "csc" else (rows, indices)
+
+
+def is_symmetric(g) -> bool:
+    """Whether the graph equals its transpose: its edges, as a multiset of ``(src, dst)`` pairs, are their own
+    reverses (an undirected graph stored with both directions; self loops allowed). An exact test, read from
+    a format the graph has created (none is created): degrees first, then the sorted pair keys (two int64
+    arrays of the edge count, e.g. 2 GiB for 126 M edges, for the length of the call). Blocks and bipartite
+    graphs are not symmetric."""
+    _check_graph(g)
+    if g.is_block or g.num_src_nodes() != g.num_dst_nodes():
+        return False
+    n = g.num_nodes()
+    src, dst = _edge_pairs(g._graph)
+    if not torch.equal(torch.bincount(src, minlength=n), torch.bincount(dst, minlength=n)):
+        return False
+    import numpy as np
+
+    def keys(hi, lo):
+        k = hi.numpy().astype(np.int64)
+        k *= n
+        k += lo.numpy()
+        k.sort()  # in place: no index array
+        return k
+
+    forward = keys(dst, src)
+    return bool(np.array_equal(forward, keys(src, dst)))
+
+
+def mark_symmetric(g) -> bool:
+    """Check that ``g`` equals its transpose (:func:`is_symmetric`) and, if it does, record it for ``g``'s
+    structure: from then on the transposed aggregations of backward that have no edge weights (or only
+    node factors, as GraphConv's and GCN2Conv's normalisation) run on the forward's CSC, so a graph holding
+    its CSC alone (:func:`dgl_exact.data.compact.csc_graph`) trains without a CSR. Returns whether ``g`` is
+    symmetric (nothing is recorded when not). The record lives as long as ``g``'s structure object (shared
+    by ``local_scope`` views; a format or id-type conversion makes a new one, to be marked again)."""
+    if not is_symmetric(g):
+        return False
+    gidx = g._graph
+    with _lock:
+        record = _cache.get(id(gidx))
+        if record is None:
+            record = _Record()
+            record.finalizer = weakref.finalize(gidx, _forget, id(gidx), record)
+            record.finalizer.atexit = False
+            _cache[id(gidx)] = record
+        record.symmetric = True
+        for entry in record.per_device.values():
+            entry.symmetric = True
+    return True
 
 
 def clear_cache() -> None:

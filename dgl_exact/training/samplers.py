@@ -683,7 +683,10 @@ def with_degrees(g):
     """``g`` with its in- and out-degrees as node data (``_deg_in``, ``_deg_out``: GraphSAINT's aggregation
     normalisation needs the full graph's inside every batch), on a local view: DGL's format and id-type
     conversions share the node-data frame, so writing on ``g`` itself could change a caller's graph."""
+    from ..ops import structure_of
+
     g = g.local_var()
-    g.ndata["_deg_in"] = g.in_degrees().float()
-    g.ndata["_deg_out"] = g.out_degrees().float()
+    st = structure_of(g, "cpu")  # out-degrees also of a graph holding its CSC alone (DGL needs a COO or CSR)
+    g.ndata["_deg_in"] = st.in_degrees().float()
+    g.ndata["_deg_out"] = st.out_degrees().float()
     return g

@@ -21,7 +21,7 @@ from .._compat import import_dgl
 from .._progress import progress_bar
 from ..compression_config import config as compression_scope
 from ..data import GraphDataset, load_dataset
-from ..data.compact import TRAINING_FORMATS, allow_all_formats, compact_graph, describe_structure
+from ..data.compact import CSC_ONLY_MODELS, allow_all_formats, compact_graph, describe_structure, training_graph
 from .checkpoint import RunState, remove_stale_temporaries
 from .config import TrainConfig
 from .models import build_model, exact_log_loss, layerwise_inference
@@ -181,9 +181,14 @@ class Trainer:
         if loops and not ds.info.get("self_loop"):  # with it, the graph has one self loop per node already
             g = dgl.add_self_loop(dgl.remove_self_loop(g))
         # int32 ids when the counts allow; full-graph training without layer-wise evaluation needs CSC and
-        # CSR only (samplers and layer-wise inference read the COO): the COO goes once they exist
+        # CSR only (samplers and layer-wise inference read the COO): the COO goes once they exist; on a
+        # symmetric graph, for models whose backward has no edge-weighted transposed aggregation, the CSC
+        # alone without edge ids (edge dropping and the inductive subgraph read a COO)
         full = cfg.sampler == "full" and cfg.eval_batch_size is None
-        g = compact_graph(g, TRAINING_FORMATS if full else None)
+        if full:
+            g = training_graph(g, csc_only=cfg.model in CSC_ONLY_MODELS and not cfg.edge_drop and not cfg.inductive)
+        else:
+            g = compact_graph(g)
         #: the run header's line on the graph structure (id type, formats, bytes)
         self.structure_note = describe_structure(g)
         # The graph once: the trainer keeps no reference to the dataset's own graph (the structure it was

@@ -102,7 +102,7 @@ def test_structure_cache_keeps_no_copy_of_the_structure():
     assert torch.equal(st.src, src) and torch.equal(st.dst, dst)
 
 
-def test_loader_compacts_on_request_and_trainer_keeps_int32_csc_csr(tmp_path):
+def test_loader_compacts_on_request_and_trainer_keeps_int32_structure(tmp_path):
     """``load_dataset`` gives DGL's int64 ids unless asked (``compact=True``, as the trainer loads); the
     trainer prepares its own int32 CSC+CSR graph from a user's int64 dataset, leaving the dataset as it was."""
     from dgl_exact.training.config import TrainConfig
@@ -114,9 +114,14 @@ def test_loader_compacts_on_request_and_trainer_keeps_int32_csc_csr(tmp_path):
     full = Trainer(TrainConfig(dataset=SMALL, data_root=str(tmp_path), epochs=1, hidden=8), dataset=ds,
                    progress=False, log=None)
     assert full.graph.idtype == torch.int32
-    assert sorted(full.graph.formats()["created"]) == ["csc", "csr"]
-    assert full.structure_note.startswith("int32 ids, ")
+    # the synthetic graph is symmetric: GCN trains from its CSC alone, GAT's attention needs the CSR too
+    assert full.graph.formats()["created"] == ["csc"]
+    assert full.structure_note.startswith("int32 ids, csc, ")
     full.fit()
+    gat = Trainer(TrainConfig(dataset=SMALL, data_root=str(tmp_path), epochs=1, hidden=8, model="gat", heads=2),
+                  dataset=ds, progress=False, log=None)
+    assert sorted(gat.graph.formats()["created"]) == ["csc", "csr"]
+    gat.fit()
     sampled = Trainer(TrainConfig(dataset=SMALL, data_root=str(tmp_path), epochs=1, hidden=8, sampler="cluster",
                                   num_parts=4, parts_per_batch=2), dataset=ds, progress=False, log=None)
     assert "coo" in sampled.graph.formats()["created"]  # samplers read the COO
@@ -129,3 +134,153 @@ def test_planner_counts_formats_in_the_trainers_id_type():
 
     assert _format_bytes(["csc", "csr"], 100, 1000) == 2 * 4 * (101 + 2000)
     assert _format_bytes(["coo"], 2 ** 31, 10) == 8 * 20
+
+
+# --- a symmetric graph from its CSC alone ----------------------------------------------------------------
+def _symmetric(n=60, e=300, seed=0):
+    """An undirected multigraph stored with both directions, self loops added (as the trainer's GCN sees it)."""
+    gen = torch.Generator().manual_seed(seed)
+    src, dst = torch.randint(0, n, (e,), generator=gen), torch.randint(0, n, (e,), generator=gen)
+    g = dgl.graph((torch.cat([src, dst]), torch.cat([dst, src])), num_nodes=n)
+    return dgl.add_self_loop(dgl.remove_self_loop(g))
+
+
+def test_is_symmetric_is_exact_in_every_format():
+    from dgl_exact.ops import is_symmetric
+
+    g = _symmetric()
+    for fmts in (["coo"], ["csr"], ["csc"]):
+        h = g.formats(fmts)
+        h.create_formats_()
+        assert is_symmetric(h)
+    assert is_symmetric(dgl.graph(([0, 0, 1, 1], [1, 1, 0, 0]), num_nodes=3))  # multi-edges, both ways
+    assert not is_symmetric(dgl.graph(([0, 0, 1], [1, 1, 0]), num_nodes=3))  # 0->1 twice, 1->0 once
+    # a directed cycle: every node's in- and out-degree is 1, yet no edge has its reverse
+    cycle = dgl.graph(([0, 1, 2], [1, 2, 0]), num_nodes=3)
+    assert not is_symmetric(cycle)
+    assert not is_symmetric(dgl.graph(([0, 1], [1, 2]), num_nodes=3))
+    assert not is_symmetric(dgl.to_block(g, torch.arange(10)))  # blocks never are
+
+
+def test_csc_graph_holds_the_csc_alone_without_edge_ids():
+    g = _symmetric()
+    g.ndata["x"] = torch.randn(g.num_nodes(), 3)
+    g.edata["w"] = torch.randn(g.num_edges())
+    h = compact_mod.csc_graph(g)
+    assert h.idtype == torch.int32
+    assert h.formats() == {"created": ["csc"], "not created": []}
+    indptr, indices, eids = h._graph.adjacency_matrix_tensors(0, True, "csr")[2:]
+    assert eids.numel() == 0  # edge ids are positions: no array
+    assert structure_bytes(h) == 4 * (g.num_nodes() + 1 + g.num_edges())
+    assert h.ndata["x"].data_ptr() == g.ndata["x"].data_ptr()
+    # the same in-edges per node in the same order (the same forward sums), edge data moved with its edge
+    g_indptr, g_indices, g_eids = _adj_tensors(g._graph, "csc")
+    assert torch.equal(indptr.long(), g_indptr) and torch.equal(indices.long(), g_indices)
+    assert torch.equal(h.edata["w"], g.edata["w"][g_eids if g_eids is not None else slice(None)])
+    assert compact_mod.csc_graph(h) is h
+
+
+def test_training_graph_picks_the_csc_alone_only_for_symmetric_graphs():
+    from dgl_exact.ops.structure import structure_of
+
+    sym = compact_mod.training_graph(_symmetric())
+    assert sym.formats()["created"] == ["csc"] and structure_of(sym, "cpu").symmetric
+    directed = compact_mod.training_graph(_graph())
+    assert sorted(directed.formats()["created"]) == ["csc", "csr"] and not structure_of(directed, "cpu").symmetric
+    both = compact_mod.training_graph(_symmetric(), csc_only=False)
+    assert sorted(both.formats()["created"]) == ["csc", "csr"]
+
+
+def test_out_degrees_and_endpoints_of_a_csc_only_graph():
+    """DGL computes out-degrees from a COO or CSR only; the structure counts them from the CSC."""
+    g = compact_graph(_graph(), TRAINING_FORMATS)  # directed: out- and in-degrees differ
+    h = compact_mod.csc_graph(g)
+    st = structure_of(h, "cpu")
+    assert torch.equal(st.out_degrees(), g.out_degrees()) and torch.equal(st.in_degrees(), g.in_degrees())
+    src, dst = h.formats(["coo", "csr", "csc"]).edges(order="eid")
+    assert torch.equal(st.src, src) and torch.equal(st.dst, dst)
+
+
+@pytest.mark.parametrize("path", ["dgl_kernels", "device_kernels"])
+@pytest.mark.parametrize("model", ["gcn", "sage", "gcn2"])
+def test_models_on_the_symmetric_csc_compute_what_they_compute_with_a_csr(model, path):
+    """A fast path never changes what a model computes: INT2 training steps (stochastic rounding seeded alike)
+    on a symmetric graph's CSC alone give the outputs of the CSC+CSR graph bit for bit (the same forward
+    sums) and its gradients up to the summation order of backward's transposed sums."""
+    from dgl_exact import config as compression_scope
+    from dgl_exact.training.models import build_model
+
+    g = _symmetric(n=80, e=400, seed=1)
+    graphs = (compact_graph(g, TRAINING_FORMATS), compact_mod.training_graph(g))
+    assert graphs[1].formats()["created"] == ["csc"]
+    x = torch.randn(g.num_nodes(), 8)
+    results = []
+    for graph in graphs:
+        torch.manual_seed(0)
+        net = build_model(model, 8, 3, hidden=16, layers=3, dropout=0.5, batch_norm=True)
+        scope = device_kernels_only() if path == "device_kernels" else torch.enable_grad()
+        with scope, compression_scope(CompressionConfig(bits=2)):
+            torch.manual_seed(5)
+            out = net(graph, x)
+            out.square().sum().backward()
+        results.append([out.detach()] + [p.grad.clone() for p in net.parameters() if p.grad is not None])
+    assert len(results[0]) == len(results[1]) > 1
+    assert torch.equal(results[0][0], results[1][0])
+    for a, b in zip(results[0][1:], results[1][1:]):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("norm", ["both", "right", "left", "none"])
+def test_graphconv_on_the_symmetric_csc_matches_dgl(norm):
+    """dgl_exact's GraphConv on the CSC alone against DGL's on the int64 COO graph: the same outputs and input
+    gradients (compression off), double backward included."""
+    from dgl_exact import config as compression_scope
+    from dgl_exact.nn import GraphConv
+
+    g = _symmetric(seed=3)
+    h = compact_mod.training_graph(g)
+    torch.manual_seed(0)
+    ours, theirs = GraphConv(6, 6, norm=norm), dgl.nn.GraphConv(6, 6, norm=norm)
+    theirs.load_state_dict(ours.state_dict())
+    x = torch.randn(g.num_nodes(), 6)
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    with compression_scope(enabled=False):
+        ya = ours(h, xa)
+        yb = theirs(g, xb)
+        torch.testing.assert_close(ya, yb)
+        (ga,) = torch.autograd.grad(ya.square().sum(), xa, create_graph=True)
+        (gb,) = torch.autograd.grad(yb.square().sum(), xb, create_graph=True)
+        torch.testing.assert_close(ga, gb)
+        torch.testing.assert_close(torch.autograd.grad(ga.sum(), xa)[0], torch.autograd.grad(gb.sum(), xb)[0])
+
+
+def test_edge_weighted_transpose_on_a_csc_only_graph_stays_exact():
+    """GAT's backward aggregates with per-edge weights, which the symmetric CSC cannot serve: DGL builds the
+    transposed format for it (in the reverse graph the structure holds; no saving, hence the trainer keeps
+    CSC and CSR for GAT), and the gradients are those of the CSC+CSR graph."""
+    from dgl_exact import config as compression_scope
+    from dgl_exact.nn import GATConv
+
+    g = _symmetric()
+    results = []
+    for graph in (compact_mod.training_graph(g), compact_graph(g, TRAINING_FORMATS)):
+        torch.manual_seed(0)
+        conv = GATConv(4, 2, num_heads=2)
+        x = torch.randn(g.num_nodes(), 4, generator=torch.Generator().manual_seed(1), requires_grad=True)
+        with compression_scope(enabled=False):
+            out = conv(graph, x)
+            out.square().sum().backward()
+        results.append((out.detach(), x.grad, conv.attn_l.grad))
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b)
+
+
+def test_a_symmetric_mark_survives_the_cache_bound(monkeypatch):
+    from dgl_exact.ops import structure as structure_mod
+
+    monkeypatch.setattr(structure_mod, "MAX_CACHED_GRAPHS", 2)
+    h = compact_mod.training_graph(_symmetric())
+    others = [compact_graph(_graph(seed=s)) for s in range(4)]
+    for o in others:
+        structure_of(o, "cpu")
+    assert structure_of(h, "cpu").symmetric

@@ -105,7 +105,7 @@ class GCN2Conv(CompressedModuleMixin, dgl.nn.GCN2Conv):
             norm = st.in_degrees().to(feat).clamp(min=1).pow(-0.5).unsqueeze(1)
             if isinstance(st, ops.GraphStructure):  # the source normalisation as a cached edge value: no
                 # normalised copy of the input
-                h = ops.u_mul_e_sum(graph, feat, st.src_edge_norm("in", "sqrt", feat.dtype), config=cfg)
+                h = ops.src_norm_sum(graph, feat, "sqrt", "in")
             else:  # captured for torch.compile: the structure is a handle
                 h = ops.copy_u_sum(graph, feat * norm)
             h = into(h, "mul", norm)

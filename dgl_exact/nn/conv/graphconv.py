@@ -109,8 +109,7 @@ class GraphConv(CompressedModuleMixin, dgl.nn.GraphConv):
             if edge_weight is None and isinstance(st, ops.GraphStructure):  # (not a captured handle)
                 # the source normalisation as an edge value (cached per graph): the same products as
                 # aggregating ``h * norm``, without that layer-sized copy of the input
-                kind = "sqrt" if self._norm == "both" else "inv"
-                return ops.u_mul_e_sum(graph, h, st.src_edge_norm("out", kind, h.dtype), config=cfg)
+                return ops.src_norm_sum(graph, h, "sqrt" if self._norm == "both" else "inv", "out")
             if edge_weight is None:
                 return ops.copy_u_sum(graph, h * src_norm)
             return ops.u_mul_e_sum(graph, h * src_norm if src_norm is not None else h, edge_weight, config=cfg)
