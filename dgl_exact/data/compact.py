@@ -19,7 +19,7 @@ from .._compat import import_dgl
 dgl = import_dgl()
 
 __all__ = ["INT32_LIMIT", "index_dtype", "compact_graph", "structure_bytes", "describe_structure",
-           "TRAINING_FORMATS", "allow_all_formats", "csc_graph", "training_graph", "CSC_ONLY_MODELS"]
+           "TRAINING_FORMATS", "allow_all_formats", "csc_graph", "training_graph", "CSC_ONLY_MODELS", "held_formats"]
 
 #: node and edge counts strictly below this fit int32 ids
 INT32_LIMIT = 2 ** 31
@@ -68,12 +68,15 @@ def csc_graph(g):
     full-graph GCN, SAGE and GCNII on a graph marked symmetric (:func:`dgl_exact.ops.mark_symmetric`).
     Structure bytes: ``(N + 1 + E)`` ids, against ``2 (N + 1 + 2 E)`` for CSC and CSR with edge ids."""
     g = compact_graph(g)
-    created = g.formats()["created"]
+    have = g.formats()
+    created = have["created"]
     if created == ["csc"] and g._graph.adjacency_matrix_tensors(0, True, "csr")[4].numel() == 0:
-        return g
-    # from the COO when there is one (the same per-node edge order as the CSC a COO-built graph creates)
-    src_g = g if "coo" in created or not created or "csc" in created else g.formats(["coo", "csr", "csc"])
+        return g if not have["not created"] else g.formats(["csc"])  # the same arrays, CSC alone allowed
+    # the CSC ``g`` holds, or one created on a new graph object (``g``'s own formats are not changed) from
+    # its COO when it has one (the per-node edge order of the CSC a COO-built graph creates)
+    src_g = g if "csc" in created else g.formats(["coo", "csr", "csc"])
     indptr, indices, eids = src_g._graph.adjacency_matrix_tensors(0, True, "csr")[2:]
+    del src_g
     out = dgl.graph(("csc", (indptr, indices, indices.new_empty(0))), num_nodes=g.num_nodes(), idtype=g.idtype)
     out = out.formats(["csc"])
     for k, v in g.ndata.items():
@@ -119,6 +122,17 @@ def structure_bytes(g) -> int:
         arrays = g._graph.adjacency_matrix_tensors(0, fmt == "csc", "csr")[2:]
         total += item * sum(int(a.numel()) for a in arrays)
     return total
+
+
+def held_formats(g) -> list:
+    """The sparse formats ``g`` holds, by name: ``coo``, ``csr``, ``csc``, a CSR / CSC without an edge-id array
+    named ``csc without edge ids`` (see :func:`csc_graph`; its edge ids are positions)."""
+    names = []
+    for fmt in g.formats()["created"]:
+        if fmt != "coo" and g.num_edges() and g._graph.adjacency_matrix_tensors(0, fmt == "csc", "csr")[4].numel() == 0:
+            fmt += " without edge ids"
+        names.append(fmt)
+    return names
 
 
 def describe_structure(g) -> str:

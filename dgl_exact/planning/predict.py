@@ -20,8 +20,10 @@ How (no per-model formula, so any model built from dgl_exact's ops or torch ops 
    point. Nothing is ever allocated at full size.
 
 Static memory (alive before and after a step) is counted from what the sample shows: DGL's sparse formats
-the step created (COO ``2E``, CSR / CSC ``N + 1 + 2E`` ids each; int32 below ``2**31`` nodes and edges,
-else int64; the trainer keeps CSC and CSR only), dgl_exact's cached structure tensors
+the step created (COO ``2E``, CSR / CSC ``N + 1 + 2E`` ids each, ``N + 1 + E`` without an edge-id array;
+int32 below ``2**31`` nodes and edges, else int64; the trainer keeps CSC and CSR only, or the CSC alone
+without edge ids for a symmetric graph, see :func:`~dgl_exact.data.compact.training_graph`: a spec's
+``symmetric`` makes the samples symmetric too), dgl_exact's cached structure tensors
 (extrapolated), features (fp32), labels and training indices (int64), parameters and the optimizer's state.
 Gradients are part of the step peak (the trainer frees them between steps). Only operator-created storages
 are seen: memory a C++ library allocates behind torch's back is not (``dgl-exact bench plan`` compares the
@@ -49,7 +51,7 @@ from .settings import STANDARD, Setting
 from .timeline import _Timeline
 from ..compression import CompressedTensor
 from ..compression_config import config as compression_scope
-from ..data.compact import TRAINING_FORMATS, compact_graph, index_dtype
+from ..data.compact import CSC_ONLY_MODELS, compact_graph, held_formats, index_dtype, training_graph
 from ..ops import keep as keeping
 from ..ops.structure import cached_static_tensors
 
@@ -86,6 +88,9 @@ class PlanSpec:
     batch_norm: bool = True
     heads: int = 3
     name: str = "graph"
+    #: the graph equals its transpose (undirected, both directions stored: every dataset here): the samples
+    #: are symmetric too, and dgl_exact's GCN, SAGE and GCNII train from the CSC alone as the trainer does
+    symmetric: bool = False
 
     def __post_init__(self):
         if self.nodes < 2 or self.edges < 0 or self.features < 1 or self.classes < 1:
@@ -207,7 +212,8 @@ def spec_for_dataset(name: str, model: str, data_root: Optional[str] = None, **h
         c = parse_synthetic_name(name)
         return PlanSpec(model=model, nodes=c.num_nodes, edges=int(round(c.num_nodes * c.avg_degree)),
                         features=c.num_features, classes=c.num_classes,
-                        train_nodes=max(1, int(round(c.num_nodes * c.train_frac))), name=name, **hyper)
+                        train_nodes=max(1, int(round(c.num_nodes * c.train_frac))), name=name,
+                        symmetric=True, **hyper)  # the generator stores both directions
     from ..data import load_dataset
 
     ds = load_dataset(name, data_root)
@@ -216,10 +222,13 @@ def spec_for_dataset(name: str, model: str, data_root: Optional[str] = None, **h
 
 def spec_from_graph(graph, features: int, classes: int, train_nodes: int, model: str, name: str = "graph",
                     **hyper) -> PlanSpec:
-    """A :class:`PlanSpec` with the exact counts of ``graph`` (its self loops removed). A graph without a
-    COO is read from its CSR (no COO is created)."""
+    """A :class:`PlanSpec` with the exact counts of ``graph`` (its self loops removed) and whether it is
+    symmetric (:func:`~dgl_exact.ops.is_symmetric`). A graph without a COO is read from its CSR (no COO is
+    created)."""
     src, dst = graph.edges(order="eid" if "coo" in graph.formats()["created"] else "srcdst")
     loops = int((src == dst).sum())
+    del src, dst
+    hyper.setdefault("symmetric", ops.is_symmetric(graph))
     return PlanSpec(model=model, nodes=graph.num_nodes(), edges=graph.num_edges() - loops, features=features,
                     classes=classes, train_nodes=train_nodes, name=name, **hyper)
 
@@ -266,12 +275,17 @@ def _sample_graph(spec: PlanSpec, n: int, e: int, seed: int = 0, impl: str = "ex
     prepares a full graph for dgl_exact's models (int32 ids, CSC and CSR only), or for another ``impl``'s
     (DGL's own modules read a COO) as the benchmarks give it (int32 ids, every format)."""
     gen = torch.Generator().manual_seed(seed)
-    src = torch.randint(0, n, (e,), generator=gen)
-    dst = (src + torch.randint(1, n, (e,), generator=gen)) % n  # no self loops
+    src = torch.randint(0, n, (e // 2 if spec.symmetric else e,), generator=gen)
+    dst = (src + torch.randint(1, n, src.shape, generator=gen)) % n  # no self loops
+    if spec.symmetric:  # both directions of e // 2 pairs
+        src, dst = torch.cat([src, dst]), torch.cat([dst, src])
     g = dgl.graph((src, dst), num_nodes=n)
     if spec.self_loops:
         g = dgl.add_self_loop(g)
-    g = compact_graph(g, TRAINING_FORMATS if impl == "exact" else None)
+    if impl == "exact":  # as the trainer prepares it
+        g = training_graph(g, csc_only=spec.symmetric and spec.model in CSC_ONLY_MODELS)
+    else:
+        g = compact_graph(g)
     feat = torch.randn(n, spec.features, generator=gen)
     label = torch.randint(0, spec.classes, (n,), generator=gen)
     n_train = max(1, min(n, int(round(spec.train_count * n / spec.nodes))))
@@ -448,7 +462,7 @@ class SampleGraph:
         graph = self.graph_for(setting.impl)
         return SampleRun(graph.num_nodes(), graph.num_edges(), timeline.totals, timeline.names, act,
                          stashes, params, memory.tensor_bytes(state), self.structure_bytes[setting.impl],
-                         list(graph.formats()["created"]), time.perf_counter() - t0)
+                         held_formats(graph), time.perf_counter() - t0)
 
 
 # --- extrapolation -----------------------------------------------------------------------------------------
@@ -487,11 +501,15 @@ def extrapolated_peak(r1: SampleRun, r2: SampleRun, s1: float, s2: float) -> int
 
 
 def _format_bytes(formats: Sequence[str], nodes: int, edges: int) -> int:
-    """Bytes of a graph's sparse ``formats`` at full size, in the id type the trainer gives it."""
+    """Bytes of a graph's sparse ``formats`` (names as :func:`~dgl_exact.data.compact.held_formats` gives them)
+    at full size, in the id type the trainer gives it."""
     item = torch.iinfo(index_dtype(nodes, edges)).bits // 8
     total = 0
     for f in formats:
-        total += 2 * edges * item if f == "coo" else (nodes + 1 + 2 * edges) * item
+        if f == "coo":
+            total += 2 * edges * item
+        else:  # offsets, indices and (unless positions serve) edge ids
+            total += (nodes + 1 + (1 if f.endswith("without edge ids") else 2) * edges) * item
     return total
 
 

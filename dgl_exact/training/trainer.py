@@ -21,7 +21,8 @@ from .._compat import import_dgl
 from .._progress import progress_bar
 from ..compression_config import config as compression_scope
 from ..data import GraphDataset, load_dataset
-from ..data.compact import CSC_ONLY_MODELS, allow_all_formats, compact_graph, describe_structure, training_graph
+from ..data.compact import (CSC_ONLY_MODELS, allow_all_formats, compact_graph, describe_structure, structure_bytes,
+                            training_graph)
 from .checkpoint import RunState, remove_stale_temporaries
 from .config import TrainConfig
 from .models import build_model, exact_log_loss, layerwise_inference
@@ -379,10 +380,7 @@ class Trainer:
             if g.device.type != self.device.type:
                 continue
             data_tensors += [t for t in (*g.ndata.values(), *g.edata.values()) if isinstance(t, torch.Tensor)]
-            item = 4 if g.idtype == torch.int32 else 8
-            nodes = g.num_dst_nodes() if g.is_block else g.num_nodes()  # a block's CSC rows: destinations
-            for fmt in g.formats()["created"]:  # COO: src, dst; CSR/CSC: indptr, indices, edge ids
-                structure += item * (2 * g.num_edges() if fmt == "coo" else (nodes + 1 + 2 * g.num_edges()))
+            structure += structure_bytes(g)  # the arrays DGL holds: COO src, dst; CSR/CSC offsets, indices, edge ids
         data_bytes = structure + memory.tensor_bytes(t for t in data_tensors if t.device.type == self.device.type)
         peak = report.peak_bytes
         return {"model_bytes": model_bytes, "data_bytes": data_bytes, "peak_method": report.peak_method,
