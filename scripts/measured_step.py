@@ -106,11 +106,11 @@ def main():
     model, optimizer, scaler = trainer.build(cfg.seed)
     model.train()
     inputs = trainer._batch_inputs(None)
-    # the structure cache as GCN's forward builds it (per-edge source norms, degrees), to count the static part
+    # the structure cache as GCN's forward builds it (degrees; nothing per edge), to count the static part
     # before any step: the same tensors the step's first aggregation caches
     if a.model == "gcn":
         st = structure_of(trainer.graph, trainer.device)
-        st.src_edge_norm("out", "sqrt", torch.float32)
+        st.out_degrees()
         st.in_degrees()
     g = trainer.graph
     data = [trainer.feat, trainer.label, trainer.train_label, *trainer.split.values(),

@@ -146,9 +146,11 @@ class _SrcNormSum(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, st: GraphStructure, degrees: str, kind: str):
         x3 = _as3(x)
-        # the node factors spread over the edges (cached per graph): the forward aggregates x itself, no
+        # the node factors spread over the edges for this call: the forward aggregates x itself, no
         # layer-sized ``x * norm``
-        out = st.aggregate(x3, st.src_edge_norm(degrees, kind, x3.dtype).unsqueeze(1))
+        w = st.src_edge_norm(degrees, kind, x3.dtype).unsqueeze(1)
+        out = st.aggregate(x3, w)
+        del w
         ctx.st, ctx.degrees, ctx.kind, ctx.xshape = st, degrees, kind, x.shape
         return _node_output(out, (st.num_dst,) + tuple(x.shape[1:]))
 
@@ -168,8 +170,9 @@ class _SrcNormSum(torch.autograd.Function):
 def src_norm_sum(g, x: torch.Tensor, kind: str = "sqrt", degrees: str = "out") -> torch.Tensor:
     """``out[v] = sum_{u -> v} n(u) x[u]`` with ``n(u) = deg(u)^-1/2`` (``kind`` 'sqrt') or ``1 / deg(u)``
     ('inv'), ``deg`` the out-degree (``degrees`` 'out') or in-degree ('in'), clamped at 1: GraphConv's
-    source normalisation inside the aggregation. Keeps nothing for backward; the per-edge factors are cached
-    with the graph's structure, and backward needs only the transposed sum without edge weights."""
+    source normalisation inside the aggregation. Keeps nothing for backward. The forward spreads the factors
+    over the edges for the call (``E`` values, freed on return; nothing per edge is cached); backward needs
+    only the transposed sum without edge weights, scaled in place."""
     if kind not in ("sqrt", "inv") or degrees not in ("out", "in"):
         raise ValueError(f"src_norm_sum: kind is 'sqrt' or 'inv' and degrees 'out' or 'in', got {kind!r}, {degrees!r}")
     st = structure_of(g, x.device)

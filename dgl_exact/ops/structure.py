@@ -95,7 +95,6 @@ class GraphStructure:
         self._src = self._dst = None
         self._in_deg = self._out_deg = None
         self._has_zero = None
-        self._edge_norms = {}
 
     def _kernel(self, op: str, transpose: bool = False, side: str = "csc"):
         """``(function, graph arguments)`` for ``op`` as the registry chose it for this device: DGL's graph
@@ -179,19 +178,19 @@ class GraphStructure:
         return torch.pow(deg, -0.5) if kind == "sqrt" else 1.0 / deg
 
     def src_edge_norm(self, degrees: str, kind: str, dtype: torch.dtype) -> torch.Tensor:
-        """Per edge (edge-id order), its source node's normalisation: ``deg^-1/2`` (``kind`` 'sqrt') or
-        ``1 / deg`` ('inv'), with ``deg`` the node's out-degree (``degrees`` 'out') or in-degree ('in',
-        a graph whose sources are its destinations), clamped at 1. GCN's source normalisation as an edge
-        value: aggregating ``x`` with it gives the products of aggregating ``x * norm`` without that
-        layer-sized copy. Cached (one value per edge, like the index tensors)."""
-        key = (degrees, kind, dtype)
-        if key not in self._edge_norms:
-            norm = self.node_norm(degrees, kind, dtype)
-            # the sources in edge-id order, only for this gather unless something else cached them: DGL holds
-            # the structure, the cache keeps only the values it does not
-            src = self._src if self._src is not None else _endpoints(self._gidx, "src").to(self.device)
-            self._edge_norms[key] = norm[src]
-        return self._edge_norms[key]
+        """Per edge (edge-id order), its source node's factor :meth:`node_norm`: GCN's source normalisation
+        as an edge value, so that the forward aggregates ``x`` itself (no layer-sized ``x * norm``). Not
+        cached: built for the call (one value per edge, ``E`` x 4 bytes while the aggregation runs) from the
+        sources DGL holds: a structure cache kept for the whole run would hold it through every step's
+        peak, where backward needs no per-edge value (:func:`~dgl_exact.ops.src_norm_sum`)."""
+        norm = self.node_norm(degrees, kind, dtype)
+        if self._src is not None:
+            src = self._src
+        elif self._csc is not None and self._csc[2] is None:  # edge ids are CSC positions: its indices
+            src = self._csc[1]
+        else:
+            src = _endpoints(self._gidx, "src").to(self.device)
+        return norm[src]
 
     @property
     def reverse_gidx(self):
@@ -206,7 +205,6 @@ class GraphStructure:
             if group is not None:
                 out.extend(t for t in group if t is not None)
         out.extend(t for t in (self._src, self._dst, self._in_deg, self._out_deg) if t is not None)
-        out.extend(self._edge_norms.values())
         return out
 
     def nbytes(self) -> int:

@@ -83,22 +83,24 @@ def test_models_compute_the_same_on_int32_graphs(model, path):
 
 
 def test_structure_cache_keeps_no_copy_of_the_structure():
-    """GCN's per-edge norm is the cache's only per-edge tensor: the edge sources it is gathered with are
-    not kept (DGL holds the structure), and the cache says its size."""
+    """Nothing per edge is cached: GCN's per-edge source norm is built for each forward call and freed (the
+    edge sources it is gathered with are DGL's), and the cache holds only the degrees, as it says."""
     from dgl_exact.nn import GraphConv
 
     h = compact_graph(_graph(), TRAINING_FORMATS)
-    GraphConv(4, 2)(h, torch.randn(h.num_nodes(), 4))
+    x = torch.randn(h.num_nodes(), 4, requires_grad=True)
+    GraphConv(4, 2)(h, x).sum().backward()
     st = structure_of(h, "cpu")
-    norm = st.src_edge_norm("out", "sqrt", torch.float32)
     assert st._src is None and st._dst is None and st._csc is None and st._csr is None
     assert st.in_degrees().dtype == torch.int32 and st.out_degrees().dtype == torch.int32
     held = st.static_tensors()
-    assert any(t is norm for t in held)
     assert st.nbytes() == sum(t.numel() * t.element_size() for t in held)
-    assert st.nbytes() == h.num_edges() * 4 + 2 * h.num_nodes() * 4  # the norm, two int32 degree vectors
-    # the edge endpoints, when an op needs them, come from CSR / CSC in edge-id order
+    assert st.nbytes() == 2 * h.num_nodes() * 4  # two int32 degree vectors
+    norm = st.src_edge_norm("out", "sqrt", torch.float32)
     src, dst = h.int().formats(["coo", "csr", "csc"]).edges(order="eid")
+    assert torch.equal(norm, st.out_degrees().float().clamp(min=1).pow(-0.5)[src.long()])
+    assert not any(t is norm for t in st.static_tensors())
+    # the edge endpoints, when an op needs them, come from CSR / CSC in edge-id order
     assert torch.equal(st.src, src) and torch.equal(st.dst, dst)
 
 
