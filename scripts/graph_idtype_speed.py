@@ -7,10 +7,13 @@ medians to the first variant) and one JSON line per (setting, variant).
                    what training used before the graph was compacted
     int64 csc+csr  int64 ids, the COO dropped
     int32 all      int32 ids, every format (COO kept)
-    int32 csc+csr  int32 ids, the COO dropped: what the trainer trains on now
+    int32 csc+csr  int32 ids, the COO dropped: what the trainer trained on before the CSC alone
+    int32 csc      a symmetric graph's CSC alone, no edge ids, marked symmetric (training_graph): what the
+                   trainer trains GCN, SAGE and GCNII on now (asymmetric graphs: the variant is left out)
 
     python scripts/graph_idtype_speed.py [--dataset synthetic-arxiv] [--model gcn] [--hidden 256] [--layers 3]
                                          [--settings "dgl_exact fp32,INT2"] [--repeats 7] [--warmup 2]
+                                         [--variants "int32 csc+csr,int32 csc"]
 """
 from __future__ import annotations
 
@@ -28,7 +31,7 @@ from dgl_exact._compat import import_dgl
 from dgl_exact.compression_config import config as compression_scope
 from dgl_exact.bench.runner import Workload, training_step
 from dgl_exact.data import load_dataset
-from dgl_exact.data.compact import TRAINING_FORMATS, compact_graph, describe_structure
+from dgl_exact.data.compact import TRAINING_FORMATS, compact_graph, describe_structure, training_graph
 from dgl_exact.planning.settings import select
 
 dgl = import_dgl()
@@ -43,6 +46,7 @@ def variants(g64):
         "int64 csc+csr": csc_csr_64.formats(list(TRAINING_FORMATS)),
         "int32 all": compact_graph(g64),
         "int32 csc+csr": compact_graph(g64, TRAINING_FORMATS),
+        **({"int32 csc": csc} if (csc := training_graph(g64)).formats()["created"] == ["csc"] else {}),
     }
 
 
@@ -60,10 +64,13 @@ def main():
     ap.add_argument("--settings", default="dgl_exact fp32,INT2")
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--variants", default=None, help="comma-separated subset of the graphs (default: all)")
     a = ap.parse_args()
     ds = load_dataset(a.dataset, "unused", quiet=True)
     work = Workload(ds, "cpu", hidden=a.hidden, layers=a.layers)
     graphs = variants(work.graph_for(a.model))
+    if a.variants:
+        graphs = {name: graphs[name] for name in a.variants.split(",")}
     names = list(graphs)
     print(f"# {a.model} {a.layers}x{a.hidden} on {ds.summary()}")
     print(f"# dgl_exact {dgl_exact.__version__} ({dgl_exact.__file__}), torch {torch.__version__}, "
@@ -90,7 +97,7 @@ def main():
                     times[name].append(dt)
         base = statistics.median(times[names[0]])
         print(f"\n{setting.name}: epoch time, {a.repeats} alternating repeats after {a.warmup} warm-up\n")
-        print("| graph | structure after the steps | median ms | min ms | ratio vs int64 coo (medians) |")
+        print(f"| graph | structure after the steps | median ms | min ms | ratio vs {names[0]} (medians) |")
         print("|---|---|---|---|---|")
         for name in names:
             med = statistics.median(times[name])
