@@ -63,6 +63,15 @@ timeout 150 python3 -m dgl_exact bench memory --device cuda --dataset synthetic-
 timeout 120 python3 -m dgl_exact bench speed --device cuda --dataset synthetic-products --models gcn --epochs 3 \
   --warmup 1 --settings "dgl_exact fp32,INT2 + RP(0.125)" --out "$OUT/products" -q
 
+step "products-sized GCN 3x256 totals (issue 31): planned static, step peak and total, then measured by the trainer"
+timeout 120 python3 -m dgl_exact plan --device cuda --dataset synthetic-products --model gcn --hidden 256 --layers 3 \
+  --settings "DGL fp32,dgl_exact fp32,INT2"
+for BITS in "--act-fp" "--bits 2"; do
+  echo "--- train --debug-mem $BITS (model, data = graph + cache + features, activations, step peak, total)"
+  timeout 150 python3 -m dgl_exact train -q --device cuda --dataset synthetic-products --model gcn --layers 3 \
+    --hidden 256 --epochs 1 --debug-mem $BITS
+done
+
 step "arxiv-sized GCN INT2 epoch time: eager vs torch.compile (default mode) vs CUDA graphs (reduce-overhead)"
 for MODE in "" "--compile" "--compile=reduce-overhead"; do
   echo "--- train $MODE"

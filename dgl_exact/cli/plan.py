@@ -102,8 +102,13 @@ def plan_command(dataset, nodes, edges, features, classes, train_nodes, model, h
     for r in records:
         if r.note:
             click.echo(f"{r.setting}: {r.note}")
-    click.echo("static memory: " + ", ".join(f"{k[:-6].replace('_', ' ')} {memory.format_bytes(v)}"
-                                              for k, v in records[0].breakdown.items()))
+    # one line per distinct static part (DGL's modules keep every sparse format, dgl_exact's the ones it reads)
+    groups = {}
+    for r in records:
+        groups.setdefault(tuple(r.breakdown.items()), []).append(r.setting)
+    for items, names in groups.items():
+        click.echo(f"static memory ({', '.join(names)}): " + ", ".join(
+            f"{k[:-6].replace('_', ' ')} {memory.format_bytes(v)}" for k, v in items))
     click.echo(f"predicted from recorded steps on two sample graphs in {time.perf_counter() - t0:.1f} s")
     if json_path:
         os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)  # as train's --json

@@ -169,3 +169,31 @@ def test_static_prediction_does_not_depend_on_the_settings_before_it():
     after_dgl = {r.setting: r for r in P.plan(spec, "cpu", ["DGL fp32", "INT2"], sample_nodes=600)}["INT2"]
     assert alone.breakdown["structure_cache_bytes"] > 0
     assert after_dgl.breakdown == alone.breakdown and after_dgl.static_bytes == alone.static_bytes
+
+
+@pytest.mark.parametrize("model, formats", [("gcn", "csc alone"), ("sage", "csc alone"), ("gat", "csc+csr")])
+def test_a_symmetric_spec_plans_the_trainers_formats(model, formats):
+    """A symmetric graph: dgl_exact's GCN and SAGE train from the CSC alone without edge ids (``N + 1 + E``
+    ids), GAT keeps CSC and CSR with edge ids; a directed graph's spec plans CSC and CSR for every model."""
+    import dataclasses
+
+    from dgl_exact.planning.settings import select
+
+    spec = P.PlanSpec(model=model, nodes=2000, edges=16000, features=8, classes=3, hidden=16, layers=2,
+                      heads=2, symmetric=True)
+    e = spec.model_edges
+    both = 2 * 4 * (spec.nodes + 1 + 2 * e)
+    rec = P.predict(spec, select("INT2")[0])
+    assert rec.breakdown["graph_bytes"] == (4 * (spec.nodes + 1 + e) if formats == "csc alone" else both)
+    directed = P.predict(dataclasses.replace(spec, symmetric=False), select("INT2")[0])
+    assert directed.breakdown["graph_bytes"] == both
+
+
+def test_plan_prints_each_static_part(capsys):
+    from tests.cli._helpers import run
+
+    code, out, err = run(["plan", "--nodes", "600", "--edges", "3000", "--features", "16", "--classes", "4",
+                          "--model", "gcn", "--hidden", "16", "--layers", "2", "--settings", "DGL fp32,INT2"], capsys)
+    assert code == 0, err
+    lines = [ln for ln in out.splitlines() if ln.startswith("static memory (")]
+    assert [ln.split(")")[0] for ln in lines] == ["static memory (DGL fp32", "static memory (INT2"]
