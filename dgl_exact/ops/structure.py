@@ -371,30 +371,49 @@ def _edge_pairs(gidx) -> Tuple[torch.Tensor, torch.Tensor]:
     return (indices, rows) if fmt == "csc" else (rows, indices)
 
 
+#: :func:`is_symmetric` compares the edge keys of node ranges holding about this many edges at a time
+SYMMETRY_CHUNK_EDGES = 1 << 24
+
+
 def is_symmetric(g) -> bool:
     """Whether the graph equals its transpose: its edges, as a multiset of ``(src, dst)`` pairs, are their own
     reverses (an undirected graph stored with both directions; self loops allowed). An exact test, read from
-    a format the graph has created (none is created): degrees first, then the sorted pair keys (two int64
-    arrays of the edge count, e.g. 2 GiB for 126 M edges, for the length of the call). Blocks and bipartite
-    graphs are not symmetric."""
+    a format the graph has created (none is created): in- against out-degrees first, then, node range by
+    node range (about :data:`SYMMETRY_CHUNK_EDGES` edges each), the sorted keys ``dst * N + src`` of the edges
+    into the range against the sorted keys ``src * N + dst`` of the edges out of it. Memory beyond the edge
+    lists: a byte per edge and two int64 key arrays of one range. Blocks and bipartite graphs are not
+    symmetric."""
     _check_graph(g)
     if g.is_block or g.num_src_nodes() != g.num_dst_nodes():
         return False
     n = g.num_nodes()
     src, dst = _edge_pairs(g._graph)
-    if not torch.equal(torch.bincount(src, minlength=n), torch.bincount(dst, minlength=n)):
+    in_deg = torch.bincount(dst, minlength=n)
+    if not torch.equal(in_deg, torch.bincount(src, minlength=n)):
         return False
-    import numpy as np
+    # node ranges of about SYMMETRY_CHUNK_EDGES in-edges each (a node of higher degree is a range of its own)
+    cum = torch.cumsum(in_deg, 0)
+    del in_deg
+    total = int(cum[-1]) if n else 0
+    marks = torch.arange(SYMMETRY_CHUNK_EDGES, max(total, SYMMETRY_CHUNK_EDGES), SYMMETRY_CHUNK_EDGES,
+                         dtype=cum.dtype)
+    cuts = [0] + sorted(set((torch.searchsorted(cum, marks, right=True) + 1).clamp(max=n).tolist())) + [n]
+    del cum, marks
 
-    def keys(hi, lo):
-        k = hi.numpy().astype(np.int64)
+    def keys(hi, lo, a, b):
+        pick = (hi >= a) & (hi < b)
+        k = hi[pick].numpy().astype(np.int64)
         k *= n
-        k += lo.numpy()
+        k += lo[pick].numpy()
         k.sort()  # in place: no index array
         return k
 
-    forward = keys(dst, src)
-    return bool(np.array_equal(forward, keys(src, dst)))
+    import numpy as np
+
+    for a, b in zip(cuts[:-1], cuts[1:]):
+        if b > a and not np.array_equal(keys(dst, src, a, b), keys(src, dst, a, b)):
+            return False
+    return True
 
 
 def mark_symmetric(g) -> bool:

@@ -177,7 +177,8 @@ class Trainer:
         cfg, ds = self.cfg, self.dataset
         #: the run header's line on the dataset as given (its own edges: before self loops are added)
         self.dataset_summary = ds.summary()
-        g = ds.graph
+        # int32 ids first (when the counts allow): the self-loop edits below then copy 32-bit edge lists
+        g = compact_graph(ds.graph)
         loops = cfg.model in ("gcn", "gat", "gcn2")
         if loops and not ds.info.get("self_loop"):  # with it, the graph has one self loop per node already
             g = dgl.add_self_loop(dgl.remove_self_loop(g))

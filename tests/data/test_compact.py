@@ -147,8 +147,13 @@ def _symmetric(n=60, e=300, seed=0):
     return dgl.add_self_loop(dgl.remove_self_loop(g))
 
 
-def test_is_symmetric_is_exact_in_every_format():
+@pytest.mark.parametrize("chunk", [1 << 24, 50, 1])
+def test_is_symmetric_is_exact_in_every_format(monkeypatch, chunk):
+    """Exact at any node-range size (the keys are compared range by range)."""
     from dgl_exact.ops import is_symmetric
+    from dgl_exact.ops import structure as structure_mod
+
+    monkeypatch.setattr(structure_mod, "SYMMETRY_CHUNK_EDGES", chunk)
 
     g = _symmetric()
     for fmts in (["coo"], ["csr"], ["csc"]):
@@ -162,6 +167,12 @@ def test_is_symmetric_is_exact_in_every_format():
     assert not is_symmetric(cycle)
     assert not is_symmetric(dgl.graph(([0, 1], [1, 2]), num_nodes=3))
     assert not is_symmetric(dgl.to_block(g, torch.arange(10)))  # blocks never are
+    assert is_symmetric(dgl.graph(([], []), num_nodes=4))  # no edges
+    # a directed triangle added to a symmetric graph: every degree still matches
+    s, d = g.edges()
+    tri = dgl.graph((torch.cat([s, torch.tensor([0, 1, 2])]), torch.cat([d, torch.tensor([1, 2, 0])])),
+                    num_nodes=g.num_nodes())
+    assert not is_symmetric(tri)
 
 
 def test_csc_graph_holds_the_csc_alone_without_edge_ids():
