@@ -21,6 +21,22 @@ from .saved_tensors import compress_saved, keep_exact  # noqa: E402
 
 __version__ = "0.1.0"
 
+# Subpackages loaded on first attribute access (``dgl_exact.data.load_dataset(...)`` after a plain
+# ``import dgl_exact``): they pull in dataset, training and CLI dependencies that most scripts never use.
+_LAZY_SUBMODULES = ("data", "training", "planning", "bench", "cli", "errors")
+
+
+def __getattr__(name):
+    if name in _LAZY_SUBMODULES:
+        import importlib
+
+        return importlib.import_module(f"{__name__}.{name}")  # the import also binds it as an attribute
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY_SUBMODULES))
+
 __all__ = ["CompressionConfig", "config", "get_config", "set_config", "compress", "decompress",
            "CompressedTensor", "backend", "donate", "mark_symmetric", "explain", "compress_saved", "keep_exact",
            "GraphConv", "SAGEConv", "GATConv", "GCN2Conv", "compress_model", "ops", "nn",

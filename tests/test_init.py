@@ -1,0 +1,55 @@
+"""The package root, dgl_exact/__init__.py: what ``import dgl_exact`` makes reachable."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import dgl_exact
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_fresh(code: str) -> dict:
+    """Run ``code`` in a fresh interpreter (repo importable); it prints one JSON line."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], stdin=subprocess.DEVNULL, capture_output=True,
+                          text=True, timeout=180, cwd=str(REPO), env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_documented_subpackages_reachable_after_plain_import_in_fresh_interpreter():
+    out = run_fresh("""
+        import json, sys
+        import dgl_exact
+        eager = "dgl_exact.data" in sys.modules
+        fns = {
+            "data": dgl_exact.data.load_dataset.__name__,
+            "training": dgl_exact.training.__name__,
+            "planning": dgl_exact.planning.__name__,
+            "bench": dgl_exact.bench.__name__,
+            "cli": dgl_exact.cli.__name__,
+            "errors": dgl_exact.errors.__name__,
+        }
+        print(json.dumps({"eager": eager, "fns": fns, "same": dgl_exact.data is sys.modules["dgl_exact.data"]}))
+    """)
+    assert out["eager"] is False  # loaded on first use, not at import
+    assert out["fns"] == {"data": "load_dataset", "training": "dgl_exact.training",
+                          "planning": "dgl_exact.planning", "bench": "dgl_exact.bench", "cli": "dgl_exact.cli",
+                          "errors": "dgl_exact.errors"}
+    assert out["same"] is True
+
+
+def test_unknown_attribute_still_raises_attribute_error():
+    with pytest.raises(AttributeError, match="no attribute 'not_a_module'"):
+        dgl_exact.not_a_module
+    assert not hasattr(dgl_exact, "datasets")
+
+
+def test_dir_lists_lazy_subpackages():
+    assert {"data", "training", "planning", "bench", "cli", "ops", "nn"} <= set(dir(dgl_exact))
