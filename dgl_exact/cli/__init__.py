@@ -12,6 +12,7 @@ import sys
 
 import click
 
+from .. import _environment
 from ._common import UserError, parse_size
 from .bench import bench
 from .data import datasets, info
@@ -25,6 +26,7 @@ __all__ = ["cli", "main", "example_main", "UserError", "parse_size"]
 @click.version_option(package_name="dgl-exact", prog_name="dgl-exact")
 def cli():
     """Train GNNs on DGL with compressed activations (EXACT / i-EXACT)."""
+    _environment.check()  # every command, before any work (not for --help)
 
 cli.add_command(train)
 cli.add_command(datasets)

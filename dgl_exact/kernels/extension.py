@@ -34,6 +34,7 @@ from typing import Optional
 
 import torch
 
+from .. import _environment
 from . import register
 from .spec import OPS as _SPEC
 from .spec import implemented
@@ -57,7 +58,7 @@ _fakes_done = False
 
 
 def _env_flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+    return _environment.read(name)
 
 
 def source_dir() -> Optional[str]:

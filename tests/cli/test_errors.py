@@ -186,3 +186,17 @@ def test_bench_accuracy_bad_conf(tmp_path, capsys):
     conf = write(tmp_path / "acc.yaml", "bits: 2.7\n")
     assert_one_line_error(run(["bench", "accuracy", "--conf", conf, "--runs", "1", "--epochs", "1", "-q"], capsys),
                           "bits must be an int in {1, 2, 4, 8}, got 2.7 (float)")
+
+
+@pytest.mark.parametrize("command", [["info"], ["datasets"], ["train", "--sampler", "saint", "--dataset", TINY],
+                                     ["plan", "--nodes", "100", "--edges", "200", "--features", "8", "--classes", "3"]])
+@pytest.mark.parametrize("name,value,needle", [
+    ("DGL_EXACT_BACKEND", "bogus", "expected one of ext, numba, dgl, torch"),
+    ("WORLD_SIZE", "abc", "expected an integer from 1 to"),
+    ("MASTER_PORT", "0", "expected a TCP port from 1 to 65535"),
+])
+def test_bad_environment_is_one_line_before_any_work(monkeypatch, capsys, command, name, value, needle):
+    monkeypatch.setenv(name, value)
+    result = run(command, capsys)
+    assert_one_line_error(result, f"environment variable {name}={value!r}", needle)
+    assert result[1] == ""  # nothing ran

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from ... import _environment
 from ..trainer import resolve_device
 
 __all__ = ["DistContext", "DistributedError", "init_distributed", "shutdown", "exit_worker", "in_distributed_env",
@@ -36,13 +37,7 @@ class DistributedError(RuntimeError):
 
 
 def _env_int(name: str, default: int) -> int:
-    value = os.environ.get(name)
-    if value in (None, ""):
-        return default
-    try:
-        return int(value)
-    except ValueError:
-        raise ValueError(f"environment variable {name}={value!r} is not an integer") from None
+    return _environment.read(name, default)
 
 
 def in_distributed_env() -> bool:
@@ -52,17 +47,11 @@ def in_distributed_env() -> bool:
 
 def is_launched_child() -> bool:
     """Whether this process was started by :func:`launch` (``dgl-exact train --nproc``)."""
-    return os.environ.get(CHILD_ENV) == "1"
+    return _environment.read(CHILD_ENV) == "1"
 
 
 def _env_seconds(name: str, default: float) -> float:
-    value = os.environ.get(name)
-    if value in (None, ""):
-        return default
-    try:
-        return float(value)
-    except ValueError:
-        raise ValueError(f"environment variable {name}={value!r} is not a number of seconds") from None
+    return _environment.read(name, default)
 
 
 def rank_seed(seed: int, rank: int, epoch: int) -> int:
@@ -147,6 +136,7 @@ def init_distributed(device: Optional[str] = "auto", timeout: Optional[float] = 
         if missing:
             raise ValueError(f"distributed training needs the environment variables {', '.join(missing)} "
                              "(set by torchrun or dgl-exact train --nproc)")
+        _environment.check()  # ranks below their sizes, a port number
         rank, world_size = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
     local_rank = _env_int("LOCAL_RANK", rank)
     local_world_size = _env_int("LOCAL_WORLD_SIZE", world_size)

@@ -12,6 +12,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
+from ... import _environment
 from ..config import TrainConfig
 from .environment import CHILD_ENV
 
@@ -38,7 +39,7 @@ def _check_cpu_workers(nproc: int) -> None:
     """CPU workers are full training processes (each its own copy of the graph, the model, the activations
     and a torch runtime): more of them than cores only multiply memory and contention."""
     cores = cpu_cores()
-    if nproc > cores and os.environ.get(OVERSUBSCRIBE_ENV) != "1":
+    if nproc > cores and not _environment.read(OVERSUBSCRIBE_ENV):
         raise ValueError(f"--nproc {nproc} on the CPU would start {nproc} training processes on {cores} CPU core(s); "
                          f"each holds its own graph, model and activations, so more processes than cores only add "
                          f"memory and contention: use --nproc {cores} or fewer (or set {OVERSUBSCRIBE_ENV}=1 to "
