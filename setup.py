@@ -20,11 +20,22 @@ CUDA_DIR = os.path.join(HERE, "cuda")
 SOURCE_PATTERNS = ("*.cpp", "*.cu", "*.h", "*.cuh")
 
 
+#: one line run by Python's ``site`` at interpreter start (see _dgl_exact_import_hook.py): it only appends a
+#: finder that acts on the first ``import dgl``
+IMPORT_HOOK_PTH = ("dgl_exact-import-hook.pth", "import _dgl_exact_import_hook; _dgl_exact_import_hook.install()\n")
+
+
 class BuildPyWithSources(build_py):
-    """build_py that also ships the extension sources as package data (dgl_exact/_cuda_src)."""
+    """build_py that also ships the extension sources as package data (dgl_exact/_cuda_src) and puts the
+    import hook's ``.pth`` file at the top of the wheel (site-packages)."""
 
     def run(self):
         super().run()
+        if not self.dry_run:
+            name, line = IMPORT_HOOK_PTH
+            os.makedirs(self.build_lib, exist_ok=True)
+            with open(os.path.join(self.build_lib, name), "w") as f:
+                f.write(line)
         if self.dry_run or not os.path.isdir(CUDA_DIR):
             return
         target = os.path.join(self.build_lib, "dgl_exact", "_cuda_src")

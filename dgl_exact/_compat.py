@@ -23,47 +23,15 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib.util
-import os
 import sys
-import types
 
 __all__ = ["import_dgl", "graphbolt_stubbed", "dgl_supports_device", "patch_numpy_for_numba"]
 
-_GRAPHBOLT = "dgl.graphbolt"
-_STUB_FLAG = "__dgl_exact_stub__"
-
-
-def _graphbolt_library_present() -> bool:
-    """True if DGL's graphbolt shared library exists for the running torch version."""
-    import torch
-
-    spec = importlib.util.find_spec("dgl")
-    if spec is None or not spec.submodule_search_locations:
-        return True  # no DGL at all: nothing to fix, let the import error speak for itself
-    version = torch.__version__.split("+", maxsplit=1)[0]
-    for root in spec.submodule_search_locations:
-        lib_dir = os.path.join(root, "graphbolt")
-        for name in (f"libgraphbolt_pytorch_{version}.so", f"libgraphbolt_pytorch_{version}.dylib",
-                     f"graphbolt_pytorch_{version}.dll"):
-            if os.path.exists(os.path.join(lib_dir, name)):
-                return True
-    return False
-
-
-class _GraphboltUnavailable(types.ModuleType):
-    """Placeholder for ``dgl.graphbolt`` when its native library does not exist for this torch."""
-
-    def __getattr__(self, name: str):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        import torch
-
-        raise ImportError(
-            f"dgl.graphbolt.{name} is unavailable: DGL ships no graphbolt library for torch "
-            f"{torch.__version__}. dgl_exact does not need it; to use graphbolt itself install DGL's "
-            "native stack (torch==2.1.1 dgl==2.1.0 torchdata==0.7.1)."
-        )
+from _dgl_exact_import_hook import GRAPHBOLT as _GRAPHBOLT
+from _dgl_exact_import_hook import STUB_FLAG as _STUB_FLAG
+from _dgl_exact_import_hook import GraphboltUnavailable as _GraphboltUnavailable  # noqa: F401
+from _dgl_exact_import_hook import graphbolt_library_present as _graphbolt_library_present  # noqa: F401
+from _dgl_exact_import_hook import install_placeholder as _install_placeholder
 
 
 def graphbolt_stubbed() -> bool:
@@ -73,16 +41,13 @@ def graphbolt_stubbed() -> bool:
 
 def import_dgl():
     """Import and return ``dgl``, installing the graphbolt placeholder first if (and only if) needed."""
-    stub = None
-    if "dgl" not in sys.modules and _GRAPHBOLT not in sys.modules and not _graphbolt_library_present():
-        stub = _GraphboltUnavailable(_GRAPHBOLT, "placeholder installed by dgl_exact._compat")
-        setattr(stub, _STUB_FLAG, True)
-        sys.modules[_GRAPHBOLT] = stub
+    _install_placeholder()
     if "dgl" not in sys.modules:
         _import_dgl_without_update_check()
     import dgl
 
-    if stub is not None and "graphbolt" not in vars(dgl):
+    stub = sys.modules.get(_GRAPHBOLT)
+    if graphbolt_stubbed() and "graphbolt" not in vars(dgl):
         # a submodule found in sys.modules is not bound on its parent: bind it, so ``dgl.graphbolt.X``
         # raises the explanatory ImportError instead of "module 'dgl' has no attribute 'graphbolt'"
         dgl.graphbolt = stub

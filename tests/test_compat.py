@@ -11,6 +11,7 @@ import numpy
 import pytest
 import torch
 
+import _dgl_exact_import_hook
 import dgl_exact
 from dgl_exact import _compat
 
@@ -18,9 +19,10 @@ REPO = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
 
 
-def run_fresh(code: str, timeout: int = 120) -> dict:
-    """Run ``code`` in a fresh interpreter (stdin closed, repo importable); it prints one JSON line."""
-    env = dict(os.environ)
+def run_fresh(code: str, timeout: int = 120, **environ) -> dict:
+    """Run ``code`` in a fresh interpreter (stdin closed, repo importable, ``environ`` set); it prints one
+    JSON line."""
+    env = {**os.environ, **environ}
     env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     proc = subprocess.run([PYTHON, "-c", textwrap.dedent(code)], stdin=subprocess.DEVNULL, capture_output=True,
                           text=True, timeout=timeout, cwd=str(REPO), env=env)
@@ -122,7 +124,7 @@ def test_shim_decisions_in_fresh_interpreter():
         except ImportError as exc:
             out["msg"] = str(exc)
         print(json.dumps(out))
-    """)
+    """, DGL_EXACT_NO_IMPORT_HOOK="1")
     msg = out.pop("msg", "")
     assert out == {"returned_fake": True, "untouched": True, "stubbed_1": False, "own_kept": True,
                    "stubbed_2": False, "stubbed_3": True, "bound": True}
@@ -133,7 +135,7 @@ def test_library_detection(monkeypatch, tmp_path):
     lib_dir = tmp_path / "graphbolt"
     lib_dir.mkdir()
     spec = types.SimpleNamespace(submodule_search_locations=[str(tmp_path)])
-    monkeypatch.setattr(_compat.importlib.util, "find_spec", lambda name: spec if name == "dgl" else None)
+    monkeypatch.setattr(_dgl_exact_import_hook.importlib.util, "find_spec", lambda name: spec if name == "dgl" else None)
     monkeypatch.setattr(torch, "__version__", "2.1.1+cu121")
     assert _compat._graphbolt_library_present() is False
     (lib_dir / "libgraphbolt_pytorch_2.1.1.so").touch()
@@ -141,7 +143,7 @@ def test_library_detection(monkeypatch, tmp_path):
     monkeypatch.setattr(torch, "__version__", "2.13.0")
     assert _compat._graphbolt_library_present() is False
     # no dgl at all: nothing to fix
-    monkeypatch.setattr(_compat.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(_dgl_exact_import_hook.importlib.util, "find_spec", lambda name: None)
     assert _compat._graphbolt_library_present() is True
 
 
@@ -167,3 +169,67 @@ def test_package_metadata():
     assert dgl_exact.__version__
     for name in dgl_exact.__all__:
         assert hasattr(dgl_exact, name)
+
+
+# --- the import hook: ``import dgl`` first, without dgl_exact ------------------------------------------------
+
+_NEEDS_PLACEHOLDER = not _dgl_exact_import_hook.graphbolt_library_present()
+
+
+def _hook_pth_installed() -> bool:
+    import site
+
+    folders = site.getsitepackages() + [site.getusersitepackages()]
+    return any(os.path.exists(os.path.join(f, "dgl_exact-import-hook.pth")) for f in folders)
+
+
+@pytest.mark.skipif(not _hook_pth_installed(), reason="dgl_exact-import-hook.pth is installed by `pip install .`; "
+                    "this environment has none (a source checkout, or an editable install of an older build)")
+def test_import_dgl_first_in_fresh_interpreter():
+    """What a user's existing DGL script does: ``import dgl`` before (or without) dgl_exact."""
+    out = run_fresh("""
+        import json, sys
+        import dgl
+        g = dgl.graph(([0, 1, 2], [1, 2, 0]))
+        stub = getattr(sys.modules.get("dgl.graphbolt"), "__dgl_exact_stub__", False)
+        print(json.dumps({"edges": int(g.num_edges()), "stub": stub, "dgl_exact": "dgl_exact" in sys.modules,
+                          "bound": getattr(dgl, "graphbolt", None) is sys.modules.get("dgl.graphbolt")}))
+    """)
+    assert out == {"edges": 3, "stub": _NEEDS_PLACEHOLDER, "dgl_exact": False, "bound": True}
+
+
+def test_hook_finder_installs_the_placeholder_on_first_import_of_dgl():
+    """The finder, installed by hand (as the .pth does), acts once on ``import dgl`` and removes itself; it
+    imports nothing at install time."""
+    out = run_fresh("""
+        import json, sys
+        import _dgl_exact_import_hook as hook
+        hook.install(); hook.install()                   # idempotent
+        n_finders = sum(isinstance(f, hook._FirstDGLImport) for f in sys.meta_path)
+        light = "torch" not in sys.modules and "dgl" not in sys.modules
+        import dgl
+        import dgl_exact
+        from dgl_exact import _compat
+        try:
+            dgl.graphbolt.ItemSampler
+            msg = ""
+        except ImportError as exc:
+            msg = str(exc)
+        print(json.dumps({"n_finders": n_finders, "light": light, "stubbed": _compat.graphbolt_stubbed(),
+                          "left": any(isinstance(f, hook._FirstDGLImport) for f in sys.meta_path),
+                          "msg": msg, "edges": int(dgl.graph(([0], [1])).num_edges())}))
+    """, DGL_EXACT_NO_IMPORT_HOOK="0")
+    msg = out.pop("msg")
+    assert out == {"n_finders": 1, "light": True, "stubbed": _NEEDS_PLACEHOLDER, "left": False, "edges": 1}
+    if _NEEDS_PLACEHOLDER:
+        assert "dgl.graphbolt.ItemSampler is unavailable" in msg
+
+
+def test_hook_switched_off_by_environment():
+    out = run_fresh("""
+        import json, sys
+        import _dgl_exact_import_hook as hook
+        hook.install()
+        print(json.dumps({"finders": sum(isinstance(f, hook._FirstDGLImport) for f in sys.meta_path)}))
+    """, DGL_EXACT_NO_IMPORT_HOOK="1")
+    assert out == {"finders": 0}
