@@ -34,6 +34,7 @@ from typing import Optional
 import torch
 
 from ..compression_config import CompressionConfig, resolve_config
+from .dgl_originals import originals
 from .keep import (check_double_backward, create_graph_requested, fresh_outputs, load_kept, needs_saving, save_kept,
                    stash, unstash)
 from . import graph as _graph
@@ -45,12 +46,6 @@ __all__ = ["gspmm", "gsddmm", "copy_u", "copy_v", "copy_e", "segment_reduce", "s
 _TARGETS = {"u": "u", "v": "v", "e": "e"}
 #: binary ops whose gradient for each operand is linear in the other alone (its own value unused)
 _BILINEAR = ("mul", "dot")
-
-
-def _dgl_ops():
-    import dgl.ops
-
-    return dgl.ops
 
 
 def _readable(g):
@@ -131,7 +126,7 @@ def gspmm(g, op: str, reduce_op: str, lhs_data, rhs_data, *, config: Optional[Co
     if homogeneous and op == "copy_lhs":
         out = getattr(_graph, "copy_u_" + reduce_op)(g, lhs_data)
         return _fill_empty(g, out, reduce_op) if reduce_op in ("max", "min") else out
-    dgl_gspmm = _dgl_ops().gspmm
+    dgl_gspmm = originals().gspmm
     if homogeneous and op == "mul" and reduce_op in ("sum", "mean"):
         if reduce_op == "sum" and _graph._mul_layout(tuple(lhs_data.shape[1:]), tuple(rhs_data.shape[1:])):
             return _graph.u_mul_e_sum(g, lhs_data, rhs_data, config=config)
@@ -185,7 +180,7 @@ def gsddmm(g, op: str, lhs_data, rhs_data, lhs_target: str = "u", rhs_target: st
     their operands compressed, the rest run DGL's op."""
     if op not in _SDDMM_OPS:
         raise ValueError(f"gsddmm: op must be one of {_SDDMM_OPS}, got {op!r}")
-    dgl_gsddmm = _dgl_ops().gsddmm
+    dgl_gsddmm = originals().gsddmm
     if op in _BILINEAR and isinstance(lhs_data, torch.Tensor) and isinstance(rhs_data, torch.Tensor):
         dg = _readable(g)
         return _bilinear(lambda a, b: dgl_gsddmm(dg, op, a, b, lhs_target, rhs_target),
@@ -206,35 +201,35 @@ def _make_sddmm(lhs: str, op: str, rhs: str):
 
 def copy_u(g, x):
     """DGL's ``copy_u``: each edge's source feature ``x[src]``; keeps nothing."""
-    return _dgl_ops().copy_u(_readable(g), x)
+    return originals().copy_u(_readable(g), x)
 
 
 def copy_v(g, x):
     """DGL's ``copy_v``: each edge's destination feature ``x[dst]``; keeps nothing."""
-    return _dgl_ops().copy_v(_readable(g), x)
+    return originals().copy_v(_readable(g), x)
 
 
 def copy_e(g, x):
     """DGL's ``copy_e``: the edge features themselves (through DGL's op, as DGL returns them)."""
-    return _dgl_ops().copy_e(_readable(g), x)
+    return originals().copy_e(_readable(g), x)
 
 
 # --- segment ops, gather_mm, edge_softmax --------------------------------------------------------------
 def segment_reduce(seglen, value, reducer: str = "sum"):
     """DGL's ``segment_reduce``; keeps what DGL's op keeps (nothing for sum/mean, indices for max/min)."""
-    return _dgl_ops().segment_reduce(seglen, value, reducer)
+    return originals().segment_reduce(seglen, value, reducer)
 
 
 def segment_softmax(seglen, value):
     """DGL's ``segment_softmax`` (DGL's op: its output kept exactly)."""
-    return _dgl_ops().segment_softmax(seglen, value)
+    return originals().segment_softmax(seglen, value)
 
 
 @fresh_outputs
 def segment_mm(a, b, seglen_a, *, config: Optional[CompressionConfig] = None):
     """DGL's ``segment_mm``: ``a[segment i] @ b[i]``; keeps ``a`` compressed for ``b``'s gradient and ``b``
     (a weight: by reference) for ``a``'s."""
-    dgl_segment_mm = _dgl_ops().segment_mm
+    dgl_segment_mm = originals().segment_mm
     return _bilinear(lambda x, w: dgl_segment_mm(x, w, seglen_a), "segment_mm", a, b, config)
 
 
@@ -242,7 +237,7 @@ def segment_mm(a, b, seglen_a, *, config: Optional[CompressionConfig] = None):
 def gather_mm(a, b, *, idx_b, config: Optional[CompressionConfig] = None):
     """DGL's ``gather_mm``: ``a[i] @ b[idx_b[i]]``; keeps ``a`` compressed for ``b``'s gradient and ``b`` (a
     weight: by reference) for ``a``'s."""
-    dgl_gather_mm = _dgl_ops().gather_mm
+    dgl_gather_mm = originals().gather_mm
     return _bilinear(lambda x, w: dgl_gather_mm(x, w, idx_b=idx_b), "gather_mm", a, b, config)
 
 

@@ -376,9 +376,9 @@ def edge_softmax(graph, logits, eids=ALL, norm_by: str = "dst", *,
         raise ValueError(f"norm_by must be 'dst' or 'src', got {norm_by!r}")
     if isinstance(logits, dict) or not (isinstance(eids, str) and eids == ALL) \
             or len(getattr(graph, "canonical_etypes", ())) > 1:
-        import dgl.ops
+        from .dgl_originals import originals
 
-        return dgl.ops.edge_softmax(graph, logits, eids, norm_by)
+        return originals().edge_softmax(graph, logits, eids, norm_by)
     e = logits
     st = structure_of(graph, e.device)
     if e.shape[0] != st.num_edges:
