@@ -19,7 +19,8 @@ from .._compat import import_dgl
 dgl = import_dgl()
 
 __all__ = ["INT32_LIMIT", "index_dtype", "compact_graph", "structure_bytes", "describe_structure",
-           "TRAINING_FORMATS", "allow_all_formats", "csc_graph", "training_graph", "CSC_ONLY_MODELS", "held_formats"]
+           "TRAINING_FORMATS", "allow_all_formats", "csc_graph", "training_graph", "CSC_ONLY_MODELS", "held_formats",
+           "keep_edges"]
 
 #: node and edge counts strictly below this fit int32 ids
 INT32_LIMIT = 2 ** 31
@@ -100,6 +101,51 @@ def training_graph(g, csc_only: bool = True):
             return c
         del c
     return compact_graph(g, TRAINING_FORMATS)
+
+
+def keep_edges(g, keep: torch.Tensor):
+    """``g`` with only the edges ``keep`` (edge ids, ascending), as ``dgl.edge_subgraph(g, keep,
+    relabel_nodes=False, store_ids=False)`` gives it: every node (node data shared), kept edge ``i`` is
+    ``g``'s edge ``keep[i]`` (edge data gathered), each node's in-edges in ``g``'s order. Without making a
+    format ``g`` does not hold: from ``g``'s COO when it holds one (``dgl.edge_subgraph``), else from the CSC
+    (or CSR) it holds, masked: indices and edge ids of the kept edges in the same order, offsets from the kept
+    counts per node. The result allows the formats ``g`` allows (a training graph restricted to CSC and CSR,
+    :func:`compact_graph`, gives one restricted to them; the other one is created from the held one when
+    first read), and has no edge-id array where ``g`` has none (:func:`csc_graph`)."""
+    have = g.formats()
+    created, allowed = have["created"], have["created"] + have["not created"]
+    if "coo" in created or not ({"csc", "csr"} & set(created)):
+        return dgl.edge_subgraph(g, keep.to(g.device, g.idtype), relabel_nodes=False, store_ids=False)
+    fmt = "csc" if "csc" in created else "csr"
+    indptr, indices, eids = g._graph.adjacency_matrix_tensors(0, fmt == "csc", "csr")[2:]
+    kept = torch.zeros(g.num_edges(), dtype=torch.bool, device=indices.device)
+    kept[keep.to(indices.device).long()] = True
+    if eids is not None and eids.numel():
+        eids = eids.long() if eids.dtype != torch.int64 else eids
+        at = kept[eids]                       # per stored position: is its edge kept
+        # new id of a kept edge: how many kept edges have a smaller id
+        rank = kept.cumsum(0, dtype=indices.dtype).sub_(1)
+        new_eids = rank[eids[at]]
+        del rank
+    else:  # no edge-id array: an edge's id is its position, and kept positions stay in order
+        at, new_eids = kept, indices.new_empty(0)
+    del kept
+    # a node's new offset: the kept edges stored before its old offset
+    before = torch.zeros(at.numel() + 1, dtype=indptr.dtype, device=indptr.device)
+    torch.cumsum(at, 0, dtype=indptr.dtype, out=before[1:])
+    new_indptr = before[indptr.long()]
+    del before
+    out = dgl.graph((fmt, (new_indptr, indices[at], new_eids)), num_nodes=g.num_nodes(), idtype=g.idtype,
+                    device=g.device)
+    if sorted(allowed) != ["coo", "csc", "csr"]:
+        out = out.formats(allowed)
+    for k, v in g.ndata.items():
+        out.ndata[k] = v
+    if g.edata:
+        index = keep.to(g.device).long()
+        for k, v in g.edata.items():
+            out.edata[k] = v[index]
+    return out
 
 
 def allow_all_formats(g):

@@ -28,6 +28,7 @@ from .. import nn as exact_nn
 from .. import ops
 from .._compat import import_dgl
 from ..compression import draw_seed
+from ..data.compact import keep_edges
 from ..nn._base import hooks_present
 from ..ops.keep import donate, reclaim
 from ..ops.recompute import recompute_segment
@@ -184,7 +185,7 @@ class StackedGNN(nn.Module):
             raise ValueError("edge_drop needs whole (sub)graphs, not blocks from a neighbour sampler")
         n = graph.num_edges()
         keep = torch.randperm(n)[int(n * self.edge_drop):].sort().values
-        sub = dgl.edge_subgraph(graph, keep.to(graph.device, graph.idtype), relabel_nodes=False, store_ids=False)
+        sub = keep_edges(graph, keep)  # no format the graph does not hold (a training graph: CSC and CSR only)
         if isinstance(edge_weight, torch.Tensor):
             edge_weight = edge_weight[keep.to(edge_weight.device)]
         return sub, edge_weight

@@ -297,3 +297,52 @@ def test_a_symmetric_mark_survives_the_cache_bound(monkeypatch):
     for o in others:
         structure_of(o, "cpu")
     assert structure_of(h, "cpu").symmetric
+
+
+def _kept(g, frac=0.6, seed=1):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randperm(g.num_edges(), generator=gen)[int(g.num_edges() * frac):].sort().values
+
+
+@pytest.mark.parametrize("held", ["csc+csr", "csc", "csr", "coo"])
+def test_keep_edges_is_the_edge_subgraph_without_a_coo(held):
+    g = _graph().int()
+    g.edata["w"] = torch.rand(g.num_edges(), generator=torch.Generator().manual_seed(2))
+    g.ndata["x"] = torch.arange(g.num_nodes())
+    keep = _kept(g)
+    ref = dgl.edge_subgraph(g, keep.int(), relabel_nodes=False, store_ids=False)
+    t = {"csc+csr": lambda: compact_graph(g, TRAINING_FORMATS), "csc": lambda: compact_graph(g, ["csc"]),
+         "csr": lambda: compact_graph(g, ["csr"]), "coo": lambda: g}[held]()
+    before = t.formats()
+    out = compact_mod.keep_edges(t, keep)
+    assert t.formats() == before                                   # nothing created on the graph given
+    assert sorted(out.formats()["created"] + out.formats()["not created"]) == sorted(
+        before["created"] + before["not created"])                 # the formats it allows, no others
+    if held != "coo":
+        assert "coo" not in out.formats()["created"]
+    assert out.num_nodes() == g.num_nodes() and out.num_edges() == keep.numel() and out.idtype == g.idtype
+    assert out.ndata["x"].data_ptr() == g.ndata["x"].data_ptr()   # node data shared
+    assert torch.equal(out.edata["w"], ref.edata["w"])
+    every = compact_mod.allow_all_formats(out)
+    for a, b in zip(every.edges(order="eid"), ref.edges(order="eid")):  # edge i of both: the same endpoints
+        assert torch.equal(a, b)
+    held_fmt = "csr" if held == "csr" else "csc"                    # masked in its order: the same arrays
+    for a, b in zip(out.adj_tensors(held_fmt), ref.adj_tensors(held_fmt)):
+        assert torch.equal(a, b)
+
+
+def test_keep_edges_without_edge_ids_and_with_empty_rows():
+    g = _graph(n=80, e=60)          # nodes without in-edges besides their self loop, and a symmetric CSC alone
+    g = dgl.graph((torch.cat([g.edges()[0], g.edges()[1]]), torch.cat([g.edges()[1], g.edges()[0]])),
+                  num_nodes=82)     # two isolated nodes at the end
+    c = compact_mod.csc_graph(g)
+    assert compact_mod.held_formats(c) == ["csc without edge ids"]
+    keep = _kept(c, frac=0.5)
+    out = compact_mod.keep_edges(c, keep)
+    assert compact_mod.held_formats(out) == ["csc without edge ids"] and out.formats()["not created"] == []
+    ref = dgl.edge_subgraph(compact_mod.allow_all_formats(c), keep.int(), relabel_nodes=False, store_ids=False)
+    for a, b in zip(out.adj_tensors("csc")[:2], ref.adj_tensors("csc")[:2]):
+        assert torch.equal(a, b)
+    assert torch.equal(ref.adj_tensors("csc")[2].long(), torch.arange(keep.numel()))
+    none = compact_mod.keep_edges(c, keep[:0])
+    assert none.num_edges() == 0 and none.num_nodes() == 82
