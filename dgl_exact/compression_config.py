@@ -20,10 +20,14 @@ from typing import Iterator, Optional
 
 from . import tracing
 
-__all__ = ["CompressionConfig", "get_config", "set_config", "config", "resolve_config", "VALID_BITS",
+__all__ = ["CompressionConfig", "get_config", "set_config", "config", "resolve_config", "VALID_BITS", "MAX_BLOCK_ROWS",
            "VALID_LEVELS"]
 
 VALID_BITS = (1, 2, 4, 8)
+# the kernels index groups in 64 bits, but the reference backend expands a group's (lo, step) to its rows
+# (repeat_interleave) and the compiled one divides in 32 bits when it can; a block of a tensor's rows or more
+# is one group per tensor anyway, so no tensor needs more (torch tensors past 2**31 rows are not trained on)
+MAX_BLOCK_ROWS = 2 ** 31 - 1
 VALID_LEVELS = ("uniform", "optimal")
 
 
@@ -40,7 +44,8 @@ class CompressionConfig:
         otherwise a D-wide activation is stored as ``ceil(kept_frac * D)`` projected columns.
     block_rows : int, default 1
         Consecutive rows that share one (min, step) pair. 1 is EXACT's per-row grouping; larger values
-        are i-EXACT's block-wise quantization (less metadata, wider ranges).
+        are i-EXACT's block-wise quantization (less metadata, wider ranges). At most ``MAX_BLOCK_ROWS``
+        (2**31 - 1).
     levels : {"uniform", "optimal"}, default "uniform"
         Quantization levels in code space. "optimal" uses levels that minimise the expected stochastic
         rounding variance under i-EXACT's clipped-normal model, for any bit width.
@@ -77,8 +82,11 @@ class CompressionConfig:
         if not (0.0 < kept <= 1.0) or math.isnan(kept):
             raise ValueError(f"kept_frac must be in (0, 1] (1.0 disables projection), got {self.kept_frac!r}")
         object.__setattr__(self, "kept_frac", kept)
-        if isinstance(self.block_rows, bool) or not isinstance(self.block_rows, int) or self.block_rows < 1:
-            raise ValueError(f"block_rows must be an integer >= 1 (1 = one group per row), got {self.block_rows!r}")
+        if (isinstance(self.block_rows, bool) or not isinstance(self.block_rows, int)
+                or not 1 <= self.block_rows <= MAX_BLOCK_ROWS):
+            raise ValueError(f"block_rows must be an integer from 1 to {MAX_BLOCK_ROWS} (2**31 - 1; 1 = one group "
+                             f"per row, a block of at least a tensor's rows = one group per tensor), got "
+                             f"{self.block_rows!r}")
         if self.levels not in VALID_LEVELS:
             raise ValueError(f"levels must be one of {VALID_LEVELS}, got {self.levels!r}")
         if not isinstance(self.stochastic, bool):

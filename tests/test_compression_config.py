@@ -64,10 +64,25 @@ def test_kept_frac_normalised_to_float(good):
     assert type(cfg.kept_frac) is float and cfg.kept_frac == pytest.approx(float(good))
 
 
-@pytest.mark.parametrize("bad", [0, -1, 1.0, 64.0, "64", None, True])
+@pytest.mark.parametrize("bad", [0, -1, 1.0, 64.0, "64", None, True, 2 ** 31, 10 ** 30, -10 ** 30])
 def test_bad_block_rows(bad):
-    with pytest.raises(ValueError, match=r"block_rows must be an integer >= 1"):
+    with pytest.raises(ValueError, match=r"block_rows must be an integer from 1 to 2147483647 \(2\*\*31 - 1"):
         CompressionConfig(block_rows=bad)
+
+
+@pytest.mark.parametrize("backend", ["numba", "dgl", "torch", "ext"])
+def test_largest_block_rows_compresses_as_one_group(backend):
+    """The bound is one every kernel handles: ``MAX_BLOCK_ROWS`` rows per block is one group for a small
+    tensor, the same codes as a block of exactly its rows."""
+    import dgl_exact.kernels as kernels
+    from dgl_exact.compression import core
+    from dgl_exact.compression_config import MAX_BLOCK_ROWS
+
+    x = torch.randn(37, 5, generator=torch.Generator().manual_seed(0))
+    with kernels.use_backend(backend):
+        huge = core.compress(x, CompressionConfig(bits=4, block_rows=MAX_BLOCK_ROWS), seed=3)
+        exact = core.compress(x, CompressionConfig(bits=4, block_rows=37), seed=3)
+        assert torch.equal(core.decompress(huge), core.decompress(exact))
 
 
 @pytest.mark.parametrize("bad", ["Uniform", "nonuniform", "", None, 2])
