@@ -1,0 +1,17 @@
+"""PyTorch Geometric drop-ins with compressed saved activations (``pip install "dgl-exact[pyg]"``).
+
+Each conv subclasses PyG's (same constructor, ``forward`` signature, parameters and ``state_dict``, so a PyG
+checkpoint loads into it and back) and computes the same output; in training the activations it keeps for
+backward are compressed under its ``compression`` (or the configuration in force), on dgl_exact's own
+aggregation kernels over the graph read from ``edge_index`` (:mod:`.structure`), without a DGL graph.
+"""
+try:
+    import torch_geometric  # noqa: F401
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError("dgl_exact.pyg needs PyTorch Geometric: pip install 'dgl-exact[pyg]' "
+                      "(torch_geometric>=2.8)") from exc
+
+from .gcn_conv import GCNConv
+from .structure import EdgeStructure
+
+__all__ = ["GCNConv", "EdgeStructure"]

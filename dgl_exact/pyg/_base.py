@@ -1,0 +1,117 @@
+"""What the PyG drop-ins share: their compression setting, the graph given as PyG gives it (``edge_index``
+or a ``torch.sparse`` adjacency) read into a cached :class:`~.structure.EdgeStructure`, and the aggregation
+ops they run on it (dgl_exact's autograd graph ops, which keep only what backward needs)."""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from ..compression_config import CompressionConfig, resolve_config
+from ..ops.graph import _CopyUReduce, _UMulESum
+from ..ops.keep import fresh_outputs, needs_saving
+from .structure import EdgeStructure, edge_structure
+
+_DISABLED = CompressionConfig(enabled=False)
+
+
+class CompressedMixin:
+    """``compression`` (a :class:`~dgl_exact.CompressionConfig` or None: the configuration in force) and the
+    configuration a forward runs under (compression off outside training: nothing is kept then anyway)."""
+
+    def _init_compression(self, compression: Optional[CompressionConfig]) -> None:
+        if compression is not None and not isinstance(compression, CompressionConfig):
+            raise TypeError("compression must be a dgl_exact.CompressionConfig or None, "
+                            f"got {type(compression).__name__}")
+        self.compression = compression
+
+    def _config(self) -> CompressionConfig:
+        if not self.training:
+            return _DISABLED
+        return resolve_config(self.compression)
+
+
+def materialize(lin: torch.nn.Module, x: Tensor) -> None:
+    """Initialise a lazy PyG ``Linear`` (``in_channels=-1``) from ``x`` as its own first call would: its
+    forward pre-hook reads the input width (an empty batch of rows computes nothing)."""
+    if torch.nn.parameter.is_lazy(lin.weight):
+        with torch.no_grad():
+            lin(x[:0])
+
+
+def check_adjacency(edge_index) -> None:
+    if isinstance(edge_index, Tensor):
+        if edge_index.is_sparse or edge_index.layout in (torch.sparse_csr, torch.sparse_csc):
+            return
+        if edge_index.dim() != 2 or edge_index.shape[0] != 2 or edge_index.is_floating_point():
+            raise ValueError(f"edge_index must be an integer tensor of shape [2, num_edges], got "
+                             f"{edge_index.dtype} {tuple(edge_index.shape)}")
+        return
+    raise NotImplementedError(
+        f"dgl_exact.pyg takes the graph as an edge_index tensor [2, E] or a torch.sparse adjacency, not "
+        f"{type(edge_index).__name__}; convert a torch_sparse SparseTensor with adj_t.to_torch_sparse_csr_tensor()")
+
+
+def is_sparse(adj) -> bool:
+    return isinstance(adj, Tensor) and (adj.is_sparse or adj.layout in (torch.sparse_csr, torch.sparse_csc))
+
+
+def sparse_edges(adj_t: Tensor) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
+    """``(src, dst, values)`` of a ``torch.sparse`` adjacency ``adj_t`` indexed ``[target, source]`` (PyG's
+    convention for sparse adjacencies), in the order ``torch_geometric.utils.to_edge_index`` lists them."""
+    from torch_geometric.utils import to_edge_index
+
+    if adj_t.layout == torch.sparse_csc:
+        adj_t = adj_t.to_sparse_csr()
+    ei, values = to_edge_index(adj_t)
+    return ei[1], ei[0], values
+
+
+def structure(edge_index, variant: str, num_src: int, num_dst: int, device, flow: str = "source_to_target",
+              key: Optional[Tensor] = None) -> EdgeStructure:
+    """The cached structure of ``edge_index`` (a ``[2, E]`` tensor read with PyG's ``flow``, or a ``torch.sparse``
+    adjacency indexed ``[target, source]``), keyed on ``key`` (default: ``edge_index`` itself) and ``variant``:
+    ``edge_index`` must be the same function (named by ``variant``) of ``key`` on every call."""
+    check_adjacency(edge_index)
+    if flow not in ("source_to_target", "target_to_source"):
+        raise ValueError(f"flow must be 'source_to_target' or 'target_to_source', got {flow!r}")
+
+    def endpoints():
+        if is_sparse(edge_index):
+            src, dst, _ = sparse_edges(edge_index)
+            return src, dst
+        return (edge_index[0], edge_index[1]) if flow == "source_to_target" else (edge_index[1], edge_index[0])
+
+    if flow == "target_to_source":
+        variant += "|target_to_source"
+    return edge_structure(edge_index if key is None else key, variant, num_src, num_dst, device, endpoints)
+
+
+@fresh_outputs
+def weighted_sum(st: EdgeStructure, x: Tensor, edge_weight: Optional[Tensor], cfg: CompressionConfig) -> Tensor:
+    """``out[v] = sum_{e = (u, v)} w[e] x[u]`` (``w`` 1 without ``edge_weight [E]``); ``x [N_src, *F]``. Keeps
+    nothing without edge weights; with them, the weights exactly and, where they need a gradient, ``x``
+    compressed under ``cfg`` (PyG keeps the ``[E, *F]`` messages)."""
+    if x.shape[0] != st.num_src:
+        raise ValueError(f"features have {x.shape[0]} rows but the graph has {st.num_src} source nodes")
+    if edge_weight is None:
+        return _CopyUReduce.apply(x, st, False)
+    if edge_weight.numel() != st.num_edges:
+        raise ValueError(f"edge_weight has {edge_weight.numel()} values but the graph has {st.num_edges} edges")
+    out_shape = tuple(x.shape[1:])
+    dim = x[0].numel() if x.shape[0] else int(torch.Size(out_shape).numel())
+    w = edge_weight.reshape(st.num_edges, 1)
+    if not needs_saving(x, w):
+        out = st.aggregate(x.reshape(x.shape[0], 1, dim), w.to(x.dtype))
+        return out.view((st.num_dst,) + out_shape)
+    return _UMulESum.apply(x, w, st, out_shape, 1, dim, cfg)
+
+
+@fresh_outputs
+def mean(st: EdgeStructure, x: Tensor) -> Tensor:
+    """``out[v] = mean_{(u, v)} x[u]`` (0 without in-edges; a duplicate edge counts twice, as PyG's mean
+    aggregation counts it); keeps nothing."""
+    if x.shape[0] != st.num_src:
+        raise ValueError(f"features have {x.shape[0]} rows but the graph has {st.num_src} source nodes")
+    return _CopyUReduce.apply(x, st, True)

@@ -1,0 +1,117 @@
+"""GCNConv with compressed activations, a drop-in for :class:`torch_geometric.nn.GCNConv`."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch_geometric.nn as pyg_nn
+from torch import Tensor
+from torch_geometric.nn.conv.gcn_conv import gcn_norm
+
+from ..compression_config import CompressionConfig
+from ..ops import linear
+from ._base import CompressedMixin, check_adjacency, is_sparse, materialize, sparse_edges, structure, weighted_sum
+
+__all__ = ["GCNConv"]
+
+
+class GCNConv(CompressedMixin, pyg_nn.GCNConv):
+    r"""Graph convolution (Kipf and Welling, ICLR 2017), a drop-in for :class:`torch_geometric.nn.GCNConv`.
+
+    .. math::
+        \mathbf{x}^{\prime}_i = \mathbf{\Theta}^{\top} \sum_{j \in \mathcal{N}(i) \cup \{ i \}}
+        \frac{e_{j,i}}{\sqrt{\hat{d}_j \hat{d}_i}} \mathbf{x}_j + \mathbf{b}
+
+    with :math:`\hat{d}_i = 1 + \sum_{j \in \mathcal{N}(i)} e_{j,i}` (self loops of weight 1, or 2 with
+    ``improved``, added where missing).
+
+    Same constructor, forward signature, parameters (``lin.weight`` of shape ``(out_channels, in_channels)``,
+    ``bias``), initialisation, ``state_dict`` and output as PyG's (its ``gcn_norm``: normalisation and self
+    loops); during training the activations kept for backward are compressed. PyG keeps the layer input and
+    the ``[E, out_channels]`` messages; this module keeps the input of the linear compressed (by reference
+    where it is alive anyway: input features) and the ``E`` normalised edge weights, and the features of the
+    aggregation (compressed) only when the edge weights need a gradient.
+
+    Parameters
+    ----------
+    in_channels, out_channels : int
+        Input and output feature sizes (``in_channels=-1``: lazy, as in PyG).
+    improved : bool, default False
+        Self loops of weight 2.
+    cached : bool, default False
+        Keep the normalised graph of the first call (transductive learning), as PyG does.
+    add_self_loops : bool, optional
+        Add self loops (default: ``normalize``).
+    normalize : bool, default True
+        Symmetric normalisation (with self loops) on the fly.
+    bias : bool, default True
+        Learnable bias.
+    compression : CompressionConfig, optional
+        This module's compression; default: the configuration in force.
+    **kwargs
+        :class:`torch_geometric.nn.MessagePassing`'s arguments (``flow``; ``aggr`` must stay ``'add'``).
+
+    Example
+    -------
+    >>> import torch, dgl_exact.pyg
+    >>> edge_index = torch.randint(0, 100, (2, 500))
+    >>> conv = dgl_exact.pyg.GCNConv(16, 8, compression=dgl_exact.CompressionConfig(bits=2))
+    >>> conv(torch.randn(100, 16), edge_index).shape
+    torch.Size([100, 8])
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, improved: bool = False, cached: bool = False,
+                 add_self_loops: Optional[bool] = None, normalize: bool = True, bias: bool = True, *,
+                 compression: Optional[CompressionConfig] = None, **kwargs):
+        super().__init__(in_channels, out_channels, improved=improved, cached=cached, add_self_loops=add_self_loops,
+                         normalize=normalize, bias=bias, **kwargs)
+        if self.aggr != "add" or self.decomposed_layers != 1:
+            raise NotImplementedError("dgl_exact.pyg.GCNConv supports aggr='add' and decomposed_layers=1 only; "
+                                      "use torch_geometric.nn.GCNConv for other settings")
+        self._init_compression(compression)
+
+    def forward(self, x: Tensor, edge_index, edge_weight: Optional[Tensor] = None) -> Tensor:
+        """``x [N, in_channels]``, ``edge_index [2, E]`` (or a ``torch.sparse`` adjacency ``[N, N]`` indexed
+        ``[target, source]``), ``edge_weight [E]``; returns ``[N, out_channels]``."""
+        if isinstance(x, (tuple, list)):
+            raise ValueError(f"'{self.__class__.__name__}' received a tuple of node features as input while this "
+                             f"layer does not support bipartite message passing. Please try other layers such as "
+                             f"'SAGEConv' or 'GraphConv' instead")
+        check_adjacency(edge_index)
+        n = x.size(self.node_dim)
+        graph, weight, key, variant = normalized_graph(self, edge_index, edge_weight, n, self.improved, x.dtype)
+        st = structure(graph, variant, n, n, x.device, self.flow, key=key)
+        if is_sparse(graph):
+            weight = sparse_edges(graph)[2]
+        cfg = self._config()
+        materialize(self.lin, x)
+        h = linear(x, self.lin.weight, self.lin.bias, cfg)
+        out = weighted_sum(st, h, weight, cfg)
+        del h
+        if self.bias is not None:
+            out = out + self.bias
+        return out
+
+
+def normalized_graph(conv, edge_index, edge_weight, num_nodes: int, improved: bool, dtype):
+    """PyG's ``gcn_norm`` as GCNConv and GCN2Conv call it (their ``cached``, ``normalize`` and
+    ``add_self_loops``): ``(graph, edge weights, structure key, variant)``, where the graph's structure is the
+    function ``variant`` of ``key`` (see :func:`._base.structure`)."""
+    if not conv.normalize:
+        return edge_index, edge_weight, edge_index, "as_is"
+    if is_sparse(edge_index):
+        cache = conv._cached_adj_t
+        if cache is not None:
+            return cache, None, cache, "as_is"
+        adj, _ = gcn_norm(edge_index, edge_weight, num_nodes, improved, conv.add_self_loops, conv.flow, dtype)
+        if conv.cached:
+            conv._cached_adj_t = adj
+            return adj, None, adj, "as_is"
+        return adj, None, edge_index, "gcn_norm" if conv.add_self_loops else "as_is"
+    cache = conv._cached_edge_index
+    if cache is not None:
+        return cache[0], cache[1], cache[0], "as_is"
+    ei, ew = gcn_norm(edge_index, edge_weight, num_nodes, improved, conv.add_self_loops, conv.flow, dtype)
+    if conv.cached:
+        conv._cached_edge_index = (ei, ew)
+        return ei, ew, ei, "as_is"
+    return ei, ew, edge_index, "gcn_norm" if conv.add_self_loops else "as_is"

@@ -1,0 +1,146 @@
+"""The sparse structure of a PyG graph (``edge_index`` or a ``torch.sparse`` adjacency), without a DGL graph.
+
+:class:`EdgeStructure` is a :class:`~dgl_exact.ops.structure.GraphStructure` built from the two endpoint
+vectors of the edges: CSC (in-edges grouped by destination: forward aggregation), CSR (out-edges grouped by
+source: backward) and degrees, exported lazily, exactly what dgl_exact's autograd graph ops read. Its
+aggregations run on dgl_exact's own kernels (the registry's chain without the ``dgl`` backend, whose
+kernels take a DGL graph index): the reference kernels on the CPU, the extension's on a GPU.
+
+PyG's convention (``flow='source_to_target'``): ``edge_index[0]`` holds the source and ``edge_index[1]`` the
+target of each edge, and messages flow from source to target; a sparse adjacency ``adj_t`` is indexed
+``[target, source]``. Edge order is kept (edge ``e`` of the structure is column ``e`` of ``edge_index``), so
+per-edge values in PyG's order (edge weights, attention) are the structure's edge values.
+
+:func:`edge_structure` caches one structure per ``(edge_index object, variant, sizes, device)``, holding the
+``edge_index`` only weakly: repeated layers (and epochs) over the same ``edge_index`` tensor build it once,
+and an entry dies with its tensor. ``variant`` names a deterministic function of ``edge_index`` (PyG's
+self-loop edits, say) whose result the structure is built from: the result is computed by the caller on
+every call, as PyG does, but the structure only on the first.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Callable, Dict, Optional, Tuple
+
+import torch
+from torch.utils.weak import WeakIdKeyDictionary
+
+from .. import kernels
+from ..ops.structure import GraphStructure
+
+__all__ = ["EdgeStructure", "edge_structure", "clear_cache", "cache_size"]
+
+
+def _compressed(rows: torch.Tensor, cols: torch.Tensor, n_rows: int):
+    """``(indptr, indices, eids)`` grouping the edges by ``rows`` (stable: edge order within a row);
+    ``eids`` is None where the edges are already grouped (their ids are their positions)."""
+    counts = torch.bincount(rows, minlength=n_rows)
+    indptr = torch.zeros(n_rows + 1, dtype=torch.int64, device=rows.device)
+    torch.cumsum(counts, 0, out=indptr[1:])
+    if rows.numel() < 2 or bool((rows[1:] >= rows[:-1]).all()):
+        return indptr, cols, None
+    perm = torch.sort(rows, stable=True).indices
+    return indptr, cols[perm], perm
+
+
+class EdgeStructure(GraphStructure):
+    """CSC/CSR index tensors of a graph given by its edges' endpoints (no DGL graph), on one device.
+
+    Parameters
+    ----------
+    src, dst : torch.Tensor
+        ``[E]`` integer source and destination node of every edge, in edge-id order.
+    num_src, num_dst : int
+        Numbers of source and destination nodes (equal for a graph, different for a bipartite one).
+    device : torch.device
+        Where the index tensors live (the features' device).
+    """
+
+    def __init__(self, src: torch.Tensor, dst: torch.Tensor, num_src: int, num_dst: int, device):
+        # no GraphStructure.__init__: it reads a DGL graph index
+        self.device = torch.device(device)
+        self.symmetric = False
+        self.num_src, self.num_dst = int(num_src), int(num_dst)
+        self.num_edges = int(src.numel())
+        self.is_block = False
+        self._gidx = self._rev = None
+        # own copies: the cache of edge_structure holds its key (the user's edge_index) weakly, and a view
+        # would keep it alive through ``_base``
+        self._src = src.to(self.device, torch.int64, copy=True)
+        self._dst = dst.to(self.device, torch.int64, copy=True)
+        if self.num_edges and (int(self._src.min()) < 0 or int(self._dst.min()) < 0
+                               or int(self._src.max()) >= self.num_src or int(self._dst.max()) >= self.num_dst):
+            raise ValueError(f"edge_index refers to nodes outside the graph: sources must be in [0, {self.num_src}) "
+                             f"and targets in [0, {self.num_dst}); pass as many feature rows as nodes (or `size`)")
+        self._csc = self._csr = None
+        self._in_deg = self._out_deg = None
+        self._has_zero = None
+
+    def _kernel(self, op: str, transpose: bool = False, side: str = "csc"):
+        """``(function, CSR triple)``: dgl_exact's kernels (no DGL graph index to hand to the ``dgl`` backend)."""
+        with kernels.exclude("dgl"):
+            fn = kernels.get(op, self.device)
+        return fn, (self.csr if transpose else self.csc)
+
+    @property
+    def csc(self) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+        if self._csc is None:
+            self._csc = _compressed(self._dst, self._src, self.num_dst)
+        return self._csc
+
+    @property
+    def csr(self) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+        if self._csr is None:
+            self._csr = _compressed(self._src, self._dst, self.num_src)
+        return self._csr
+
+    def _graph_degrees(self, side: str) -> torch.Tensor:
+        if side == "in":
+            return torch.bincount(self._dst, minlength=self.num_dst)
+        return torch.bincount(self._src, minlength=self.num_src)
+
+    def src_edge_norm(self, degrees: str, kind: str, dtype: torch.dtype) -> torch.Tensor:
+        return self.node_norm(degrees, kind, dtype)[self._src]
+
+    @property
+    def reverse_gidx(self):
+        raise TypeError("an EdgeStructure has no DGL graph index; its kernels take the CSR tensors")
+
+
+_cache: "WeakIdKeyDictionary" = WeakIdKeyDictionary()
+_lock = threading.Lock()
+
+
+def edge_structure(key: torch.Tensor, variant: str, num_src: int, num_dst: int, device,
+                   endpoints: Callable[[], Tuple[torch.Tensor, torch.Tensor]]) -> EdgeStructure:
+    """The cached :class:`EdgeStructure` of the graph ``endpoints()`` returns (``(src, dst)``), a deterministic
+    function of the tensor ``key`` named by ``variant``; ``endpoints`` is called only when no structure for
+    ``(key, variant, num_src, num_dst, device)`` is cached, or ``key`` was written in place since. ``key`` is
+    held weakly."""
+    sub = (variant, int(num_src), int(num_dst), str(torch.device(device)))
+    # ``_version`` counts in-place writes: an edge_index edited in place is a new graph
+    version = key._version
+    with _lock:
+        per_key: Optional[Dict[tuple, Tuple[int, EdgeStructure]]] = _cache.get(key)
+        hit = None if per_key is None else per_key.get(sub)
+    if hit is not None and hit[0] == version:
+        return hit[1]
+    src, dst = endpoints()
+    entry = EdgeStructure(src, dst, num_src, num_dst, device)
+    with _lock:
+        per_key = _cache.get(key)
+        if per_key is None:
+            per_key = _cache[key] = {}
+        per_key[sub] = (version, entry)
+    return entry
+
+
+def clear_cache() -> None:
+    with _lock:
+        _cache.clear()
+
+
+def cache_size() -> int:
+    """Number of ``edge_index`` tensors whose structures are cached (entries of deleted tensors are gone)."""
+    with _lock:
+        return len(_cache)
