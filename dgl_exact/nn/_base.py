@@ -68,12 +68,18 @@ def hooks_present(*modules: nn.Module) -> bool:
     input released early would change what it sees. Fast paths run only where this is False."""
     from torch.nn.modules import module as _module
 
-    if any(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks
-           for m in modules):
+    if any(_observing(m._forward_hooks) or _observing(m._forward_pre_hooks) or m._backward_hooks
+           or m._backward_pre_hooks for m in modules):
         return True
     return any(getattr(_module, name, None) for name in (
         "_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
         "_global_backward_pre_hooks"))
+
+
+def _observing(hooks) -> bool:
+    """Whether ``hooks`` hold a hook other than the configuration scope of a converted model (``compress_model``
+    marks its pair ``dgl_exact_scope_hook``: they see no input or output)."""
+    return any(not getattr(h, "dgl_exact_scope_hook", False) for h in hooks.values())
 
 
 def compressed_activation(act: Optional[Callable], config: Optional[CompressionConfig] = None) -> Optional[Callable]:

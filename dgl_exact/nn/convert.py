@@ -1,6 +1,8 @@
 """Convert an existing model in place: DGL convs and torch layers become their compressed versions."""
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 from typing import Dict, List, Optional
 
@@ -8,7 +10,8 @@ import torch
 import torch.nn as nn
 
 from .._compat import import_dgl
-from ..compression_config import CompressionConfig
+from ..compression_config import CompressionConfig, get_config
+from ..compression_config import config as config_scope
 from . import layers
 from .conv import GATConv, GCN2Conv, GraphConv, SAGEConv
 from .sequential import Sequential, fusable_runs
@@ -101,13 +104,21 @@ def compress_model(model: nn.Module, config: Optional[CompressionConfig] = None,
     ``GCN2Conv`` or torch's ``Linear``, ``BatchNorm1d``, ``LayerNorm``, ``ReLU``, ``LeakyReLU``, ``ELU``,
     ``GELU``, ``SiLU``, ``PReLU``, ``Softmax``, ``LogSoftmax``, ``Dropout`` (subclasses are left alone: their
     forward may differ). Converted modules keep their train/eval mode. A residual connection
-    (``x + f(x)``) keeps nothing for backward, so it needs no conversion. ``config`` is set as each converted module's
-    ``compression`` (None: follow the configuration in force). With ``fuse``, a ``ReLU`` directly followed
-    by a ``Dropout`` inside an ``nn.Sequential`` becomes one ``ReLUDropout`` keeping a single bit, and an
-    ``nn.Sequential`` (exactly that type) in which a ``BatchNorm1d`` is directly followed by a ``ReLU`` (and
-    ``Dropout``) becomes a :class:`dgl_exact.nn.Sequential`, which runs that run as one op writing ReLU and
-    dropout into batch norm's output (one layer-sized tensor less at the step's peak) wherever that computes
-    what the modules compute (training, no hooks, fp32; else the modules are called one by one).
+    (``x + f(x)``) keeps nothing for backward, so it needs no conversion.
+
+    ``config`` becomes the model's configuration (None: keep the one it has, else follow the configuration in
+    force): every compressed op that runs inside ``model``'s forward runs at it (converted modules take it as
+    their ``compression``; ``dgl_exact.ops`` calls in a custom ``forward`` and the saved-tensor hooks run
+    inside a ``dgl_exact.config(config)`` scope entered by a forward pre-hook and left by an always-called
+    forward hook); a nested model converted with its own configuration keeps it inside its forward; modules
+    given a ``compression`` by the user keep it. :func:`set_model_config` changes it later.
+
+    With ``fuse``, a ``ReLU`` directly followed by a ``Dropout`` inside an ``nn.Sequential`` becomes one
+    ``ReLUDropout`` keeping a single bit, and an ``nn.Sequential`` (exactly that type) in which a
+    ``BatchNorm1d`` is directly followed by a ``ReLU`` (and ``Dropout``) becomes a
+    :class:`dgl_exact.nn.Sequential`, which runs that run as one op writing ReLU and dropout into batch norm's
+    output (one layer-sized tensor less at the step's peak) wherever that computes what the modules compute
+    (training, no hooks, fp32; else the modules are called one by one).
     Activations called functionally inside ``forward`` (``F.relu(x)``) cannot be seen and stay as they are,
     unless ``saved_tensors=True``: then every training forward of ``model`` runs inside
     :func:`dgl_exact.compress_saved` (with ``config``), which compresses what autograd saves for the ops
@@ -122,6 +133,7 @@ def compress_model(model: nn.Module, config: Optional[CompressionConfig] = None,
     if config is not None and not isinstance(config, CompressionConfig):
         raise TypeError(f"config must be a dgl_exact.CompressionConfig or None, got {type(config).__name__}")
     result = ConversionReport()
+    converted = []
     for name, module in list(model.named_modules()):
         target = _CONVERSIONS.get(type(module))
         if target is None:
@@ -129,7 +141,8 @@ def compress_model(model: nn.Module, config: Optional[CompressionConfig] = None,
         old = f"{type(module).__module__.split('.')[0]}.{type(module).__name__}"  # before the class changes
         module.__class__ = target
         if hasattr(target, "_init_compression"):
-            module.compression = config
+            module.compression = None
+            converted.append(module)
         result.converted[name] = f"{old} -> dgl_exact.{target.__name__}"
     if fuse:
         for name, module in list(model.named_modules()):
@@ -140,7 +153,8 @@ def compress_model(model: nn.Module, config: Optional[CompressionConfig] = None,
                 module.__class__ = Sequential  # the same children: only its forward runs the runs as one op
                 result.fused_norm += [f"{name}.{a}+{b}" if name else f"{a}+{b}" for a, b in fusable_runs(module)]
     if saved_tensors:
-        _install_saved_tensor_hooks(model, config)
+        setattr(model, _SAVED_TENSORS, True)
+    _apply_model_config(model, config if config is not None else get_model_config(model), converted)
     for name, module in model.named_modules():
         if name not in result.converted:
             why = _why_fp32(module, saved_tensors)
@@ -149,34 +163,106 @@ def compress_model(model: nn.Module, config: Optional[CompressionConfig] = None,
     return (model, result) if report else model
 
 
-_SCOPES = "_compress_saved_scopes"
+# --- the model's configuration: a scope around its forward ------------------------------------------------
+#: the model's own configuration (None: it follows the configuration in force where it is called)
+MODEL_CONFIG = "_dgl_exact_model_config"
+#: whether its training forwards run inside compress_saved (saved_tensors=True)
+_SAVED_TENSORS = "_dgl_exact_saved_tensors"
+#: the configuration of those saved-tensor hooks (the model's unless changed)
+_SAVED_CONFIG = "_compress_saved_config"
+#: marks a dgl_exact module whose ``compression`` a model's configuration set (not the user)
+_FROM_MODEL = "_dgl_exact_compression_from_model"
+
+# (model, ExitStack) of the converted models whose forward is running in this context, innermost last
+_running: contextvars.ContextVar = contextvars.ContextVar("dgl_exact_model_scopes", default=())
 
 
-def _install_saved_tensor_hooks(model: nn.Module, config: Optional[CompressionConfig]) -> None:
-    """Every training forward of ``model`` (grad mode on) runs inside ``compress_saved(config, model=model)``."""
-    import contextlib
-
+def _enter_model_scope(module: nn.Module, args) -> None:
+    """Forward pre-hook of a converted model: its forward runs inside ``dgl_exact.config(<its config>)``
+    (when it has one; a nested converted model's scope is entered inside, so its own wins there) and, for a
+    training forward with ``saved_tensors=True``, inside ``compress_saved``. Closed by :func:`_leave_model_scope`."""
     from ..saved_tensors import compress_saved
 
-    if getattr(model, _SCOPES, None) is not None:
-        model._compress_saved_config = config
-        return
-    model._compress_saved_config = config
-    setattr(model, _SCOPES, [])
+    stack = contextlib.ExitStack()
+    try:
+        cfg = getattr(module, MODEL_CONFIG, None)
+        if cfg is not None:
+            stack.enter_context(config_scope(cfg))
+        if getattr(module, _SAVED_TENSORS, False) and module.training and torch.is_grad_enabled():
+            stack.enter_context(compress_saved(getattr(module, _SAVED_CONFIG, cfg), model=module))
+    except BaseException:
+        stack.close()
+        raise
+    _running.set(_running.get() + ((module, stack),))
 
-    def enter(module, args):
-        stack = contextlib.ExitStack()
-        if module.training and torch.is_grad_enabled():
-            stack.enter_context(compress_saved(module._compress_saved_config, model=module))
-        getattr(module, _SCOPES).append(stack)
 
-    def leave(module, args, output):
-        scopes = getattr(module, _SCOPES)
-        if scopes:
-            scopes.pop().close()
+def _leave_model_scope(module: nn.Module, args, output) -> None:
+    """Forward hook (also called when the forward raises): closes the scope :func:`_enter_model_scope` opened."""
+    running = _running.get()
+    if running and running[-1][0] is module:
+        _running.set(running[:-1])
+        running[-1][1].close()
 
-    model.register_forward_pre_hook(enter)
-    model.register_forward_hook(leave, always_call=True)
+
+# hooks_present (nn/_base.py) ignores these: they observe no input or output, so fused paths stay allowed
+_enter_model_scope.dgl_exact_scope_hook = True
+_leave_model_scope.dgl_exact_scope_hook = True
+
+
+def _install_model_scope(model: nn.Module) -> None:
+    if any(h is _enter_model_scope for h in model._forward_pre_hooks.values()):
+        return  # (a copy of a converted model has them too: the hooks dict is copied with it)
+    # prepended: no other pre-hook runs (and may raise) before the scope is entered, so the always-called
+    # forward hook closes exactly what was entered
+    model.register_forward_pre_hook(_enter_model_scope, prepend=True)
+    model.register_forward_hook(_leave_model_scope, always_call=True)
+
+
+def _own_modules(model: nn.Module):
+    """``model`` and its submodules, less those inside a nested model with a configuration of its own."""
+    yield model
+    for child in model.children():
+        if getattr(child, MODEL_CONFIG, None) is None:
+            yield from _own_modules(child)
+
+
+def _apply_model_config(model: nn.Module, cfg: Optional[CompressionConfig], converted=()) -> None:
+    """Give ``model`` the configuration ``cfg``: its forward runs in a scope of it, and its dgl_exact modules
+    (those just ``converted``, and any whose ``compression`` is None or came from a model) take it as their
+    ``compression``; modules inside a nested model with its own configuration keep theirs."""
+    setattr(model, MODEL_CONFIG, cfg)
+    setattr(model, _SAVED_CONFIG, cfg)
+    converted = {id(m) for m in converted}
+    for module in _own_modules(model):
+        if not hasattr(type(module), "_init_compression"):
+            continue
+        if id(module) in converted or module.compression is None or getattr(module, _FROM_MODEL, False):
+            module.compression = cfg
+            setattr(module, _FROM_MODEL, cfg is not None)
+    _install_model_scope(model)
+
+
+def set_model_config(model: nn.Module, config: Optional[CompressionConfig] = None, **changes) -> None:
+    """Set the configuration of a model converted by :func:`compress_model` (or give any model one): every
+    compressed op in its forward runs at it (its dgl_exact modules, ``dgl_exact.ops`` calls in a custom
+    ``forward``, message passing, the saved-tensor hooks of ``saved_tensors=True``); a nested model with its
+    own configuration keeps it. ``set_model_config(model, cfg)``, ``set_model_config(model, bits=2)`` (changes
+    to the model's configuration, else to the one in force), ``set_model_config(model, None)``: follow the
+    configuration in force again. Modules given a ``compression`` by the user keep it."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"set_model_config expects a torch.nn.Module, got {type(model).__name__}")
+    if config is not None and not isinstance(config, CompressionConfig):
+        raise TypeError(f"config must be a dgl_exact.CompressionConfig or None, got {type(config).__name__}")
+    if changes:
+        base = config or getattr(model, MODEL_CONFIG, None) or get_config()
+        config = base.replace(**changes)
+    _apply_model_config(model, config)
+
+
+def get_model_config(model: nn.Module) -> Optional[CompressionConfig]:
+    """The configuration set on ``model`` by :func:`compress_model` or :func:`set_model_config` (None: it
+    follows the configuration in force)."""
+    return getattr(model, MODEL_CONFIG, None)
 
 
 def _fuse_relu_dropout(seq: nn.Sequential, prefix: str, report: ConversionReport) -> None:
