@@ -105,6 +105,29 @@ def closed_stdin(monkeypatch):
     monkeypatch.setattr(sys, "stdin", closed)
     monkeypatch.delenv("DGL_REPO", raising=False)
 
+
+@pytest.fixture
+def full_disk(monkeypatch):
+    """Every file dgl_exact writes (all go through ``dgl_exact._files.atomic_write``) lands on a full disk: its
+    temporary file ``.<name>.partial-*`` is opened on ``/dev/full``, whose writes fail with the kernel's own
+    ENOSPC, so the writers' real error paths run (torch's zip writer, numpy, json, matplotlib). The file
+    names stay real: what is left in the folder afterwards is what a full disk leaves."""
+    import tempfile
+
+    if not os.path.exists("/dev/full"):
+        pytest.skip("needs /dev/full (Linux)")
+    real = tempfile.mkstemp
+
+    def mkstemp(*args, **kwargs):
+        fd, path = real(*args, **kwargs)
+        if ".partial-" in os.path.basename(path):
+            os.close(fd)
+            fd = os.open("/dev/full", os.O_WRONLY)
+        return fd, path
+
+    monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
+
+
 # the benchmark commands refuse a checkout with uncommitted changes to the measured code unless told
 # otherwise; tests run them on work in progress (their outputs then say "dirty tree")
 os.environ.setdefault("DGL_EXACT_ALLOW_DIRTY", "1")

@@ -54,6 +54,20 @@ def _check_outputs(files=None, folders=None) -> None:
         seen[real] = option
 
 
+def _hold_outputs(files) -> None:
+    """Lock each output file ``files`` maps an option name to (None: not given) for the rest of the command
+    (:class:`dgl_exact._files.OutputLock`, released when the command ends): a second run on the same file
+    stops here, before any work, in one line naming the pid of the run that holds it."""
+    import click
+
+    from .._files import OutputLock
+
+    ctx = click.get_current_context()
+    for option, path in files.items():
+        if path is not None:
+            ctx.with_resource(OutputLock(path, option))
+
+
 def parse_size(text, option: str) -> int:
     """Bytes of a size given on the command line (``2GiB``, ``512MiB``, ``3e9``): one line naming ``option``
     for anything that is not a representable memory size. Every size option goes through here."""

@@ -16,9 +16,11 @@ import sys
 import click
 from click.core import ParameterSource
 
+from .. import _environment
+from .._files import atomic_write
 from ..training.config import SAINT_MODES, SAMPLERS, TrainConfig, bundled_configs, load_conf
 from ..training.models import MODELS
-from ._common import UserError, _check_dataset, _check_outputs, _int_choice, parse_size
+from ._common import UserError, _check_dataset, _check_outputs, _hold_outputs, _int_choice, parse_size
 
 
 def _train_options(f):
@@ -214,6 +216,9 @@ def train(ctx, conf, debug_mem, test_speed, json_path, checkpoint, resume, check
         raise UserError(f"--dist-timeout must be a finite number of seconds > 0, got {dist_timeout}")
     _check_outputs(files={"--json": json_path, "--checkpoint": checkpoint})
     worker = distributed.in_distributed_env()
+    if not worker or (not distributed.is_launched_child() and _environment.read("RANK") == 0):
+        # one writer per output, for the whole run: the --nproc launcher (not its workers) or torchrun's rank 0
+        _hold_outputs({"--checkpoint": checkpoint, "--json": json_path})
     if download and worker and not distributed.is_launched_child():
         raise UserError(f"--download under torchrun would download once per process; run `dgl-exact datasets "
                         f"--download {cfg.dataset} --data-root {cfg.data_root}` first, then train without it")
@@ -303,7 +308,11 @@ def train(ctx, conf, debug_mem, test_speed, json_path, checkpoint, resume, check
         if trainer.rank == 0:
             _report(results, json_path)
         code = 0
+    except UserError as e:  # a --json that cannot be written: one line, as in one process
+        click.echo(f"error: {e.format_message()}", err=True)
+        code = e.exit_code
     finally:
+        ctx.close()  # releases the outputs' locks: the worker exits without unwinding
         distributed.exit_worker(code)
 
 
@@ -355,10 +364,8 @@ def _report(results, json_path) -> None:
     from ..memory import format_bytes
 
     _print_summary(results, format_bytes)
-    if json_path:
-        folder = os.path.dirname(os.path.abspath(json_path))
-        os.makedirs(folder, exist_ok=True)
-        with open(json_path, "w") as f:
+    if json_path:  # atomically: a failure leaves an earlier file as it was and ends in one line (WriteError)
+        with atomic_write(json_path, "w", encoding="utf-8", shared=True) as f:
             json.dump(results.to_dict(), f, indent=2, default=str)
         click.echo(f"results written to {json_path}")
 

@@ -98,8 +98,10 @@ def save_checkpoint(state: Dict[str, Any], path: str) -> None:
     """Write ``state`` to ``path`` atomically (temporary file in the same folder, fsync, rename).
 
     ``state`` must hold only tensors and plain Python values (see :func:`plain`; ``TypeError`` otherwise).
-    The temporary file is ``.<name>.partial-XXXXXXXX``; stale ones of the same target (a writer killed with
-    SIGKILL) are removed first. Ctrl-C or SIGTERM arriving meanwhile is delivered once the file is in place
+    The temporary file is ``.<name>.partial-<pid>-XXXXXXXX``; those of the same target whose writer no longer
+    runs (killed with SIGKILL) are removed first, never a live writer's. A failure to write (disk full, ...)
+    leaves the previous checkpoint as it was and raises one :class:`~dgl_exact.errors.WriteError` naming the
+    path and the cause. Ctrl-C or SIGTERM arriving meanwhile is delivered once the file is in place
     (:func:`signals_held`).
     """
     payload = plain({"format": FORMAT_VERSION, **state})

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 import statistics
 import sys
@@ -18,6 +19,7 @@ import torch
 
 from .. import memory, ops
 from .._compat import import_dgl
+from .._files import OutputLock
 from .._progress import progress_bar
 from ..compression_config import config as compression_scope
 from ..data import GraphDataset, load_dataset
@@ -34,6 +36,22 @@ dgl = import_dgl()
 __all__ = ["Trainer", "RunResult", "RunState", "TrainResults", "train", "resolve_device", "unwrap_model"]
 
 SPEED_WARMUP = 3  # epochs run before timing with --test-speed
+
+
+def _one_writer(fit):
+    """``fit`` holding its checkpoint's lock (:class:`~dgl_exact._files.OutputLock`), so that a second process
+    on the same path stops at once instead of passing the "never overwrite" check too and mixing the two runs.
+    With several processes (``world_size > 1``) the command line holds it: the ``--nproc`` launcher, or
+    torchrun's rank 0."""
+
+    @functools.wraps(fit)
+    def locked(self, *args, checkpoint: Optional[str] = None, **kwargs):
+        if not checkpoint or self.world_size > 1:
+            return fit(self, *args, checkpoint=checkpoint, **kwargs)
+        with OutputLock(checkpoint, "--checkpoint"):
+            return fit(self, *args, checkpoint=checkpoint, **kwargs)
+
+    return locked
 
 # Fields that may differ between a checkpoint and the run resuming it.
 _RESUMABLE_CHANGES = {"epochs", "runs", "device", "data_root"}
@@ -575,6 +593,7 @@ class Trainer:
         """Hook: refuse to start a new checkpoint over an existing file (distributed: rank 0 decides)."""
         _refuse_existing_checkpoint(checkpoint)
 
+    @_one_writer
     def fit(self, *, checkpoint: Optional[str] = None, resume: bool = False, debug_mem: bool = False,
             test_speed: Optional[int] = None) -> TrainResults:
         """Train runs ``0 .. runs - 1`` (seeds ``seed + run``) and return their results.

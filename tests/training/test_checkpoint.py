@@ -246,19 +246,26 @@ def test_new_checkpoint_never_overwrites_an_existing_file(small, tmp_path, finis
 
 
 def test_stale_temporary_checkpoints_are_removed(small, tmp_path, monkeypatch):
-    """A writer killed mid-save leaves ``.<name>.partial-XXXXXXXX``; the next run on that target removes it."""
+    """A writer killed mid-save leaves ``.<name>.partial-<pid>-XXXXXXXX``; the next run on that target removes
+    it (and the pid-less names of earlier versions), never a live writer's."""
+    import subprocess
+    import sys
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True)
     path = tmp_path / "c.pt"
-    stale = tmp_path / ".c.pt.partial-ab12cd34"
-    keep = [tmp_path / ".other.pt.partial-ab12cd34", tmp_path / ".c.pt.partial-notours", tmp_path / "c.pt.txt"]
-    for p in [stale, *keep]:
+    stale = [tmp_path / ".c.pt.partial-ab12cd34", tmp_path / f".c.pt.partial-{int(dead.stdout)}-ab12cd34"]
+    keep = [tmp_path / ".other.pt.partial-ab12cd34", tmp_path / ".c.pt.partial-notours", tmp_path / "c.pt.txt",
+            tmp_path / f".c.pt.partial-{os.getppid()}-ab12cd34"]  # a live process's: its own
+    for p in [*stale, *keep]:
         p.write_bytes(b"x")
     renamed = []
     real_replace = os.replace
     monkeypatch.setattr(ckpt.os, "replace", lambda src, dst: (renamed.append(os.path.basename(src)),
                                                               real_replace(src, dst)))
     _trainer(small, tmp_path, epochs=1).fit(checkpoint=str(path))
-    assert not stale.exists() and all(p.exists() for p in keep)
-    assert renamed and all(re.fullmatch(r"\.c\.pt\.partial-[a-z0-9_]{8}", n) for n in renamed), renamed
+    assert not any(p.exists() for p in stale) and all(p.exists() for p in keep)
+    assert renamed and all(re.fullmatch(rf"\.c\.pt\.partial-{os.getpid()}-[a-z0-9_]{{8}}", n) for n in renamed), renamed
     assert sorted(os.listdir(tmp_path)) == sorted(["c.pt", *(p.name for p in keep)])  # no temporary left
 
 
