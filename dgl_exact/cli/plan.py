@@ -8,6 +8,7 @@ import time
 
 import click
 
+from ..training.config import MAX_COUNT as _MAX_COUNT
 from ..training.models import MODELS
 from ._common import UserError, _check_outputs, parse_size, provenance_checked
 
@@ -15,20 +16,22 @@ from ._common import UserError, _check_outputs, parse_size, provenance_checked
 @click.command("plan")
 @click.option("--dataset", default=None,
               help="Dataset to plan for (synthetic presets are not generated: their preset counts are used).")
-@click.option("--nodes", type=click.IntRange(min=2), default=None, help="Node count (instead of --dataset).")
-@click.option("--edges", type=click.IntRange(min=0), default=None,
+@click.option("--nodes", type=click.IntRange(min=2, max=2**63 - 1), default=None,
+              help="Node count (instead of --dataset).")
+@click.option("--edges", type=click.IntRange(min=0, max=2**63 - 1), default=None,
               help="Directed edges without self loops (with --nodes).")
-@click.option("--features", type=click.IntRange(min=1), default=None, help="Input feature width (with --nodes).")
-@click.option("--classes", type=click.IntRange(min=1), default=None, help="Classes (with --nodes).")
-@click.option("--train-nodes", type=click.IntRange(min=1), default=None,
+@click.option("--features", type=click.IntRange(min=1, max=_MAX_COUNT), default=None,
+              help="Input feature width (with --nodes).")
+@click.option("--classes", type=click.IntRange(min=1, max=_MAX_COUNT), default=None, help="Classes (with --nodes).")
+@click.option("--train-nodes", type=click.IntRange(min=1, max=2**63 - 1), default=None,
               help="Training nodes (default: the dataset's, or half the nodes).")
 @click.option("--model", type=click.Choice(MODELS), default="sage", show_default=True)
-@click.option("--hidden", type=click.IntRange(min=1), default=None,
+@click.option("--hidden", type=click.IntRange(min=1, max=_MAX_COUNT), default=None,
               help="Hidden size (default: 256 for GCN/GCNII, 128 otherwise, as `dgl-exact bench`).")
-@click.option("--layers", type=click.IntRange(min=1), default=3, show_default=True)
-@click.option("--dropout", type=float, default=0.5, show_default=True)
+@click.option("--layers", type=click.IntRange(min=1, max=_MAX_COUNT), default=3, show_default=True)
+@click.option("--dropout", type=click.FloatRange(0.0, 1.0, max_open=True), default=0.5, show_default=True)
 @click.option("--batch-norm/--no-batch-norm", default=True, show_default=True)
-@click.option("--heads", type=click.IntRange(min=1), default=3, show_default=True, help="GAT heads.")
+@click.option("--heads", type=click.IntRange(min=1, max=_MAX_COUNT), default=3, show_default=True, help="GAT heads.")
 @click.option("--device", default="cpu", show_default=True,
               help="cpu (available memory), cuda / cuda:N (its total memory), or a size such as 80GiB.")
 @click.option("--settings", default="", help="Comma-separated setting names (default: the dgl_exact settings "
@@ -97,6 +100,8 @@ def plan_command(dataset, nodes, edges, features, classes, train_nodes, model, h
             records.append(plan_row(spec, limit, device, uniform={r.setting: r for r in records}))
     except (ValueError, FileNotFoundError) as e:
         raise UserError(str(e).splitlines()[0]) from None
+    except (MemoryError, RuntimeError) as e:
+        _out_of_memory(e)
     click.echo(f"{spec.describe()}; device {what}")
     click.echo(P.format_table(records))
     for r in records:
@@ -114,6 +119,16 @@ def plan_command(dataset, nodes, edges, features, classes, train_nodes, model, h
         os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)  # as train's --json
         with open(json_path, "w") as f:
             json.dump([r.to_dict() for r in records], f, indent=1)
+
+
+def _out_of_memory(e: BaseException):
+    """A sample step that cannot be allocated (widths too large for this machine) is one line; anything
+    else is a bug and goes on as a traceback."""
+    text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    if isinstance(e, MemoryError) or "allocate" in text or "overflow" in text.lower():
+        raise UserError(f"the planner's sample step does not fit in this machine's memory ({text[:200]}); plan "
+                        "smaller widths (--features, --hidden, --heads)") from None
+    raise e
 
 
 def _plan_minibatch(dataset, nodes, model, hidden, dropout, batch_norm, heads, device, settings, data_root, json_path,
@@ -147,6 +162,7 @@ def _plan_minibatch(dataset, nodes, model, hidden, dropout, batch_norm, heads, d
         total, what = P.device_bytes(device)
         chosen = select(settings or "DGL fp32," + ",".join(P.DEFAULT_SETTINGS))
         refuse_recompute(chosen)
+        P.check_depth(len(fan), len(chosen))
         planner = MinibatchPlanner(load_dataset(dataset, data_root), model, fan, hidden=hidden or 256,
                                    dropout=dropout, batch_norm=batch_norm, heads=heads)
         if auto:
@@ -155,6 +171,8 @@ def _plan_minibatch(dataset, nodes, model, hidden, dropout, batch_norm, heads, d
             records = [planner.record(s, size, total) for s in chosen]
     except (ValueError, FileNotFoundError) as e:
         raise UserError(str(e).splitlines()[0]) from None
+    except (MemoryError, RuntimeError) as e:
+        _out_of_memory(e)
     click.echo(f"{planner.spec.describe()}; neighbour sampler, fan-outs {','.join(map(str, fan))}; device {what}")
     if auto:
         click.echo(format_batch_table(rows))

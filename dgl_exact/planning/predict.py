@@ -57,7 +57,8 @@ from ..ops.structure import cached_static_tensors
 
 dgl = import_dgl()
 
-__all__ = ["PlanSpec", "PlanRecord", "SampleRun", "plan", "predict", "parse_bytes", "device_bytes",
+__all__ = ["PlanSpec", "PlanRecord", "SampleRun", "plan", "predict", "parse_bytes", "device_bytes", "check_depth",
+           "MAX_RECORDED_LAYERS",
            "spec_for_dataset", "DEFAULT_SETTINGS", "SampleGraph", "samples_for", "extrapolated_points"]
 
 #: the uniform settings a plan compares (the names ``dgl-exact bench`` uses)
@@ -66,6 +67,24 @@ DEFAULT_HIDDEN = {"gcn": 256, "sage": 128, "gat": 128, "gcn2": 256}  # as dgl-ex
 SELF_LOOP_MODELS = ("gcn", "gat", "gcn2")
 # a multiple of 16 chunks x 64-row blocks: both samples run the same chunked loops (ops.keep.chunk_rows)
 SAMPLE_NODES = 3072
+#: the most layers x settings one plan records: recording is linear in depth, one training step per layer,
+#: setting and sample graph (a GCN layer is about 290 operators; 64 layers of one setting recorded on both
+#: samples took 17 s on 2 loaded cores, so 512 take about 2.5 minutes), and a recorded step keeps every layer's
+#: sample activations alive (memory linear in depth too)
+MAX_RECORDED_LAYERS = 512
+MAX_GRAPH_COUNT = 2**63 - 1   # nodes and edges: DGL's int64 ids
+MAX_SAMPLE_EDGES = 2**31 - 1  # edges of a sample graph (int32 ids, as the trainer's; torch indexes them in int64)
+
+
+def check_depth(layers: int, settings: int) -> None:
+    """Refuse, before any recording, a plan of ``settings`` settings at ``layers`` layers whose recording would
+    exceed :data:`MAX_RECORDED_LAYERS` layer-settings (one line saying the largest depth that is planned)."""
+    if layers * max(1, settings) > MAX_RECORDED_LAYERS:
+        most = MAX_RECORDED_LAYERS // max(1, settings)
+        raise ValueError(f"--layers {layers} with {settings} setting(s): the planner records one training step "
+                         f"per layer and setting on sample graphs, at most {MAX_RECORDED_LAYERS} layers x settings "
+                         f"(a few minutes); plan at most {most} layers with these settings, or name fewer with "
+                         f"--settings")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,6 +114,12 @@ class PlanSpec:
     def __post_init__(self):
         if self.nodes < 2 or self.edges < 0 or self.features < 1 or self.classes < 1:
             raise ValueError(f"need nodes >= 2, edges >= 0, features >= 1, classes >= 1: {self}")
+        if self.nodes > MAX_GRAPH_COUNT or self.edges > MAX_GRAPH_COUNT:
+            raise ValueError(f"nodes and edges must be at most 2**63 - 1 (DGL's int64 ids), got {self.nodes} nodes "
+                             f"and {self.edges} edges")
+        if self.edges > self.nodes * (self.nodes - 1):
+            raise ValueError(f"{self.edges} edges on {self.nodes} nodes: more than nodes x (nodes - 1), the directed "
+                             "edges without self loops a graph can have")
         if self.train_nodes is not None and not 0 < self.train_nodes <= self.nodes:
             raise ValueError(f"train_nodes must be in [1, nodes], got {self.train_nodes}")
 
@@ -517,7 +542,13 @@ def sample_sizes(spec: PlanSpec, sample_nodes: int = SAMPLE_NODES) -> tuple:
     """``((n1, e1), (n2, e2))``: the two sample graphs (the second is the full graph when it is small)."""
     n2 = min(spec.nodes, 2 * sample_nodes)
     n1 = max(2, n2 // 2)
-    return tuple((n, int(round(spec.edges * n / spec.nodes))) for n in (n1, n2))
+    sizes = tuple((n, int(round(Fraction(spec.edges * n, spec.nodes)))) for n in (n1, n2))
+    if sizes[1][1] > MAX_SAMPLE_EDGES:
+        raise ValueError(f"an average degree of {spec.edges / spec.nodes:.4g} gives the {n2}-node sample graph "
+                         f"{sizes[1][1]:,} edges, more than the {MAX_SAMPLE_EDGES:,} a sample may hold; plan a "
+                         "graph of at most "
+                         f"{MAX_SAMPLE_EDGES // n2:,} edges per node")
+    return sizes
 
 
 def samples_for(spec: PlanSpec, gpu: bool = False, sample_nodes: int = SAMPLE_NODES) -> tuple:
@@ -563,6 +594,7 @@ def plan(spec: PlanSpec, device: str = "cpu", settings: Optional[Sequence[str]] 
     total, _ = device_bytes(device)
     gpu = str(device).startswith("cuda")
     chosen = select(",".join(settings if settings is not None else DEFAULT_SETTINGS))
+    check_depth(spec.layers, len(chosen))
     for s in chosen:   # before any sample is recorded
         if s.recompute and spec.model != "gcn2":
             raise ValueError(f"{s.name!r} is a GCNII (gcn2) setting; {spec.model} has no recompute mode")

@@ -19,7 +19,7 @@ from typing import Any, Dict, Optional, Tuple
 
 import yaml
 
-from ..compression_config import VALID_BITS, VALID_LEVELS, CompressionConfig
+from ..compression_config import MAX_BLOCK_ROWS, VALID_BITS, VALID_LEVELS, CompressionConfig
 from .models import MODELS, recompute_length
 
 SAMPLERS = ("full", "saint", "cluster", "neighbor")
@@ -28,6 +28,10 @@ CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file
 
 
 MAX_SEED = 2**64 - 1  # torch.manual_seed takes up to 64 bits; numpy's SeedSequence any non-negative int
+# sizes and counts (widths, heads, batch and sampler sizes, epochs): int32, what DGL's and torch's kernels index
+# a dimension with in places, and far above anything trainable
+MAX_COUNT = 2**31 - 1
+_POWERS = {2**64 - 1: "2**64 - 1", 2**31 - 1: "2**31 - 1"}  # bounds as messages write them
 
 DEFAULT_COMPRESSION = CompressionConfig(bits=2)
 # The options that set TrainConfig.compression: CompressionConfig's fields, with act_fp for "not enabled"
@@ -89,7 +93,7 @@ class Rule:
         lo, hi = self.lo, self.hi
         if lo is not None and hi is not None:
             if self.kind == "int":
-                return f" in [{lo}, {'2**64 - 1' if hi == 2**64 - 1 else hi}]"
+                return f" in [{lo}, {_POWERS.get(hi, hi)}]"
             return f" in {'(' if self.lo_open else '['}{lo:g}, {hi:g}{')' if self.hi_open else ']'}"
         if lo is not None:
             return f" {'>' if self.lo_open else '>='} {lo:g}"
@@ -145,31 +149,33 @@ FIELD_RULES: Dict[str, Rule] = {
     "sampler": Rule("choice", choices=SAMPLERS),
     "bits": Rule("int", choices=VALID_BITS),
     "kept_frac": Rule("number", 0.0, 1.0, lo_open=True, note="1 disables random projection"),
-    "block_rows": Rule("int", 1, note="rows sharing one min/scale; 1 = one per row"),
+    "block_rows": Rule("int", 1, MAX_BLOCK_ROWS, note="rows sharing one min/scale; 1 = one per row"),
     "levels": Rule("choice", choices=VALID_LEVELS),
     "stochastic": Rule("bool", note="false: round to the nearest level (biased; for ablations)"),
     "nonfinite": Rule("choice", choices=("propagate", "raise")), "act_fp": Rule("bool"),
-    "hidden": Rule("int", 1), "layers": Rule("int", 1), "heads": Rule("int", 1),
+    "hidden": Rule("int", 1, MAX_COUNT), "layers": Rule("int", 1, MAX_COUNT), "heads": Rule("int", 1, MAX_COUNT),
     "dropout": Rule("number", 0.0, 1.0, hi_open=True), "input_dropout": Rule("number", 0.0, 1.0, hi_open=True),
     "alpha": Rule("number", 0.0, 1.0), "lambda_": Rule("number", 0.0),
     "edge_drop": Rule("number", 0.0, 1.0, hi_open=True, note="fraction of edges dropped per training forward"),
     "mask_rate": Rule("number", 0.0, 1.0, lo_open=True, hi_open=True,
                       note="use_labels: fraction of training nodes whose labels are inputs each epoch"),
-    "lr_warmup": Rule("int", 0, note="epochs of linear learning-rate warm-up; 0: none"),
+    "lr_warmup": Rule("int", 0, MAX_COUNT, note="epochs of linear learning-rate warm-up; 0: none"),
     "optimizer": Rule("choice", choices=("adam", "rmsprop", "sgd")),
     "loss": Rule("choice", choices=("ce", "exact_log"), note="exact_log: EXACT's arxiv objective"),
     "lr": Rule("number", 0.0, lo_open=True), "weight_decay": Rule("number", 0.0),
     "grad_norm": Rule("number", 0.0, lo_open=True, optional=True),
-    "epochs": Rule("int", 1), "eval_every": Rule("int", 1), "runs": Rule("int", 1),
-    "eval_batch_size": Rule("int", 1, optional=True,
+    "epochs": Rule("int", 1, MAX_COUNT), "eval_every": Rule("int", 1, MAX_COUNT), "runs": Rule("int", 1, MAX_COUNT),
+    "eval_batch_size": Rule("int", 1, MAX_COUNT, optional=True,
                             note="layer-wise evaluation in batches of this many nodes; null: whole graph at once"),
     "seed": Rule("int", 0, MAX_SEED, note="torch takes 64-bit seeds; run r uses seed + r"),
-    "saint_mode": Rule("choice", choices=SAINT_MODES), "saint_budget": Rule("int", 1), "walk_length": Rule("int", 1),
-    "sample_coverage": Rule("int", 0, note="0 skips GraphSAINT's normalisation pre-sampling"),
-    "saint_steps": Rule("int", 1, optional=True, note="GraphSAINT subgraphs per epoch; null: from the budget"),
-    "num_parts": Rule("int", 1), "parts_per_batch": Rule("int", 1),
+    "saint_mode": Rule("choice", choices=SAINT_MODES), "saint_budget": Rule("int", 1, MAX_COUNT),
+    "walk_length": Rule("int", 1, MAX_COUNT),
+    "sample_coverage": Rule("int", 0, MAX_COUNT, note="0 skips GraphSAINT's normalisation pre-sampling"),
+    "saint_steps": Rule("int", 1, MAX_COUNT, optional=True,
+                        note="GraphSAINT subgraphs per epoch; null: from the budget"),
+    "num_parts": Rule("int", 1, MAX_COUNT), "parts_per_batch": Rule("int", 1, MAX_COUNT),
     "fanouts": Rule("str", optional=True, note="neighbor sampler: one fan-out per layer such as 15,10,5; -1: all"),
-    "batch_size": Rule("int", 1, optional=True, note="neighbor sampler: seed nodes per batch; null: 1024"),
+    "batch_size": Rule("int", 1, MAX_COUNT, optional=True, note="neighbor sampler: seed nodes per batch; null: 1024"),
     "device": Rule("str"), "data_root": Rule("str"),
     "recompute": Rule("str", optional=True,
                       note="GCNII: layers per recomputed segment (an int or auto = round(sqrt(layers))); null: off"),

@@ -48,6 +48,9 @@ DEFAULT_EVAL_BATCH_SIZE = 4096
 _STREAM_NEIGHBOR = 2  # a stream of the base seed of its own (the samplers module uses 0 and 1)
 
 
+MAX_FANOUT = 2**31 - 1  # a fan-out above a node's in-degree takes all its in-neighbours; DGL's take int64
+
+
 def parse_fanouts(text: Any) -> List[int]:
     """Fan-outs from ``"15,10,5"`` (or a list/tuple of ints): one int per layer, each positive or ``-1`` (all
     in-neighbours, as DGL). ValueError saying what to write otherwise."""
@@ -68,9 +71,9 @@ def parse_fanouts(text: Any) -> List[int]:
                 value = int(str(item))
             except ValueError:
                 value = None
-        if value is None or not (value >= 1 or value == -1):
-            raise ValueError(f"fanouts must be comma-separated ints, each >= 1 or -1 (all neighbours), such as "
-                             f"15,10,5; got {text!r}")
+        if value is None or not (1 <= value <= MAX_FANOUT or value == -1):
+            raise ValueError(f"fanouts must be comma-separated ints, each from 1 to {MAX_FANOUT} or -1 (all "
+                             f"neighbours), such as 15,10,5; got {text!r}")
         out.append(value)
     if not out:
         raise ValueError("fanouts must name one fan-out per layer, such as 15,10,5")

@@ -125,3 +125,40 @@ def test_budget_report_says_by_how_much_a_measured_step_is_over():
     assert over["measured_total_bytes"] == 1100 and over["over_budget_bytes"] == 100
     assert budget_report(plan, 600)["over_budget_bytes"] == 0
     assert budget_report(plan, None)["measured_step_peak_bytes"] is None
+
+
+BIG = str(10**30)
+
+
+@pytest.mark.parametrize("args, needles", [
+    (["train", "--dataset", TINY, "--block-rows", BIG], ["block-rows must be an int in [1, 2**31 - 1]"]),
+    (["train", "--dataset", TINY, "--hidden", BIG], ["hidden must be an int in [1, 2**31 - 1]"]),
+    (["train", "--dataset", TINY, "--layers", BIG], ["layers must be an int in [1, 2**31 - 1]"]),
+    (["train", "--dataset", TINY, "--model", "gat", "--heads", BIG], ["heads must be an int in [1, 2**31 - 1]"]),
+    (["train", "--dataset", TINY, "--epochs", BIG], ["epochs must be an int in [1, 2**31 - 1]"]),
+    (["train", "--dataset", TINY, "--sampler", "neighbor", "--batch-size", BIG], ["batch-size must be an int in"]),
+    (["train", "--dataset", TINY, "--sampler", "neighbor", "--fanouts", f"5,{BIG}"], ["each from 1 to 2147483647"]),
+    (["train", "--dataset", TINY, "--sampler", "saint", "--saint-budget", BIG], ["saint-budget must be an int in"]),
+    (["train", "--dataset", TINY, "--sampler", "cluster", "--num-parts", BIG], ["num-parts must be an int in"]),
+    (["plan", "--nodes", BIG, "--edges", "10", "--features", "8", "--classes", "3"], ["--nodes", "2<=x<="]),
+    (["plan", "--nodes", "100", "--edges", BIG, "--features", "8", "--classes", "3"], ["--edges"]),
+    (["plan", "--nodes", "100", "--edges", str(2**62), "--features", "8", "--classes", "3"],
+     ["more than nodes x (nodes - 1)"]),
+    (["plan", "--nodes", str(10**10), "--edges", str(2**62), "--features", "8", "--classes", "3"],
+     ["sample graph", "edges per node"]),
+    (["plan", "--nodes", "100", "--edges", "10", "--features", BIG, "--classes", "3"], ["--features"]),
+    (["plan", "--nodes", "100", "--edges", "10", "--features", "8", "--classes", "3", "--hidden", BIG], ["--hidden"]),
+    (["plan", "--nodes", "100", "--edges", "10", "--features", "8", "--classes", "3", "--layers", "100000"],
+     ["plan at most 73 layers"]),
+])
+def test_sizes_past_what_the_program_handles_are_one_line(capsys, args, needles):
+    assert_one_line_error(run(args, capsys), *needles)
+
+
+def test_plan_sample_step_that_cannot_be_allocated_is_one_line(capsys, monkeypatch):
+    """Widths within bounds whose sample step does not fit this machine: one line, not a traceback."""
+    def no_memory(*args, **kwargs):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory")
+
+    monkeypatch.setattr(P, "plan", no_memory)
+    assert_one_line_error(run([*PLAN[:-2], "--hidden", str(2**31 - 1)], capsys), "does not fit in this machine's memory")

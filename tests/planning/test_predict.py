@@ -64,6 +64,31 @@ def test_plan_refuses_missing_counts():
     assert res.exit_code == 2 and "missing" in res.output
 
 
+@pytest.mark.parametrize("layers, settings, refused", [(1000, None, True), (74, None, True), (73, None, False),
+                                                      (512, "INT2", False), (513, "INT2", True)])
+def test_deep_plans_are_refused_before_any_recording(monkeypatch, layers, settings, refused):
+    """Recording is linear in depth (one step per layer, setting and sample): a plan whose layers x settings pass
+    MAX_RECORDED_LAYERS is refused in one line naming the deepest plan allowed, before a sample is made."""
+    made = []
+    monkeypatch.setattr(P, "samples_for", lambda *a, **k: made.append(a) or (_ for _ in ()).throw(RuntimeError("ran")))
+    spec = P.PlanSpec(model="gcn", nodes=1000, edges=2000, features=16, classes=4, layers=layers)
+    if refused:
+        most = P.MAX_RECORDED_LAYERS // (1 if settings else len(P.DEFAULT_SETTINGS))
+        with pytest.raises(ValueError, match=rf"--layers {layers} .* plan at most {most} layers"):
+            P.plan(spec, settings=[settings] if settings else None)
+        assert not made
+    else:
+        with pytest.raises(RuntimeError, match="ran"):
+            P.plan(spec, settings=[settings] if settings else None)
+
+
+def test_deep_plan_command_is_one_line():
+    res = CliRunner().invoke(cli, ["plan", "--nodes", "1000", "--edges", "2000", "--features", "16", "--classes",
+                                   "4", "--layers", "1000"])
+    assert res.exit_code == 2 and "plan at most 73 layers" in res.output, res.output
+    assert len(res.output.strip().splitlines()) == 1
+
+
 @pytest.mark.parametrize("model", ["sage", "gat"])
 def test_activation_prediction_is_exact_at_sample_size(model):
     """The second sample graph is the full graph when it is small: compressed bytes match exactly."""

@@ -159,7 +159,7 @@ def _restore_global_config():
     ("lr", "1e-3", "lr must be a number > 0, got '1e-3' (str)"),
     ("lr", float("nan"), "got nan (float)"),
     ("lr", True, "got True (bool)"),
-    ("epochs", 2.5, "epochs must be an int >= 1, got 2.5 (float)"),
+    ("epochs", 2.5, "epochs must be an int in [1, 2**31 - 1], got 2.5 (float)"),
     ("epochs", 0, "got 0 (int)"),
     ("dataset", 5, "dataset must be a string, got 5 (int)"),
     ("model", "GCN", "model must be one of gcn"),
@@ -170,7 +170,14 @@ def _restore_global_config():
     ("seed", 2**64, "seed must be an int in [0, 2**64 - 1]"),
     ("seed", -1, "seed must be an int in [0, 2**64 - 1]"),
     ("lambda_", -0.5, "lambda must be a number >= 0"),
-    ("sample_coverage", 0.5, "sample-coverage must be an int >= 0"),
+    ("sample_coverage", 0.5, "sample-coverage must be an int in [0, 2**31 - 1]"),
+    ("hidden", 2**31, "hidden must be an int in [1, 2**31 - 1], got 2147483648 (int)"),
+    ("heads", 10**30, "heads must be an int in [1, 2**31 - 1]"),
+    ("block_rows", 10**30, "block-rows must be an int in [1, 2**31 - 1]"),
+    ("batch_size", 2**31, "batch-size must be an int in [1, 2**31 - 1] or null"),
+    ("saint_budget", 2**63, "saint-budget must be an int in [1, 2**31 - 1]"),
+    ("num_parts", 2**40, "num-parts must be an int in [1, 2**31 - 1]"),
+    ("epochs", 2**31, "epochs must be an int in [1, 2**31 - 1]"),
 ])
 def test_train_config_types_are_strict(field, bad, needle):
     """``TrainConfig(bits=2.7)`` used to train INT2, ``act_fp="false"`` turned compression off, ``lr="1e-3"``

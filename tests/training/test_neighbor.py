@@ -75,9 +75,10 @@ def test_reproducible_and_resumable(graph):
 def test_fanout_parsing_and_bad_arguments(graph):
     assert parse_fanouts("15, 10,5") == [15, 10, 5] and parse_fanouts([-1, 3]) == [-1, 3]
     assert format_fanouts([15, 10, 5]) == "15,10,5"
-    for bad in ("", "0", "10,-2", "a", "1.5", [True]):
+    for bad in ("", "0", "10,-2", "a", "1.5", [True], "5," + "1" + "0" * 30, [2**31]):
         with pytest.raises(ValueError, match="fanouts"):
             parse_fanouts(bad)
+    assert parse_fanouts([2**31 - 1]) == [2**31 - 1]  # above every in-degree: all in-neighbours
     with pytest.raises(ValueError, match="batch_size"):
         NeighborSampler(graph, [2], 0)
     with pytest.raises(ValueError, match="empty"):
