@@ -11,7 +11,15 @@ if not torch.cuda.is_available():
 import dgl_exact  # noqa: E402, F401  (installs the DGL compatibility shim before tests import dgl)
 
 
+def pytest_addoption(parser):
+    parser.addoption("--reverse", action="store_true", default=False,
+                     help="run the collected tests in reverse order (a check that no test depends on another's "
+                          "state; see tests/README.md)")
+
+
 def pytest_collection_modifyitems(config, items):
+    if config.getoption("--reverse"):
+        items.reverse()
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs an NVIDIA GPU (none visible to torch)")
@@ -46,10 +54,89 @@ def kernel_path(request):
         yield request.param
 
 
+#: the seed every test starts from, in every random generator a test may draw from unseeded
+TEST_SEED = 0
+
+
+def _package_state() -> dict:
+    """What one test may change and the next would inherit: the ambient compression configuration and its
+    scopes, every context variable of dgl_exact's modules (stash hooks, chunk policies, seed streams, edge
+    chunks, ...), the kernel backend forced or excluded, torch's threads, default dtype and grad mode."""
+    import contextvars
+    import sys
+
+    from dgl_exact import compression_config, kernels
+
+    state = {"compression_config._global_config": compression_config._global_config,
+             "kernels forced": getattr(kernels._local, "forced", None),
+             "kernels excluded": getattr(kernels._local, "excluded", frozenset()),
+             "torch threads": torch.get_num_threads(), "torch default dtype": torch.get_default_dtype(),
+             "torch grad mode": torch.is_grad_enabled()}
+    for name, module in list(sys.modules.items()):
+        if name.startswith("dgl_exact") and module is not None:
+            for attr, value in list(vars(module).items()):
+                if isinstance(value, contextvars.ContextVar):
+                    try:
+                        state[f"{name}.{attr}"] = (value, value.get())  # its value, or its default
+                    except LookupError:  # no value and no default
+                        state[f"{name}.{attr}"] = (value, _UNSET)
+    return state
+
+
+_UNSET = object()
+
+
+def _restore(name: str, value) -> None:
+    from dgl_exact import compression_config, kernels
+
+    if name == "compression_config._global_config":
+        compression_config._global_config = value
+    elif name == "kernels forced":
+        kernels._local.forced = value
+    elif name == "kernels excluded":
+        kernels._local.excluded = value
+    elif name == "torch threads":
+        torch.set_num_threads(value)
+    elif name == "torch default dtype":
+        torch.set_default_dtype(value)
+    elif name == "torch grad mode":
+        torch.set_grad_enabled(value)
+    else:
+        var, old = value
+        if old is not _UNSET:  # (one without a default cannot be unset again: none of dgl_exact's)
+            var.set(old)  # a variable first created during the test has no entry here and stays as it is
+
+
 @pytest.fixture(autouse=True)
-def _seed():
-    torch.manual_seed(0)
+def _seed_and_isolate():
+    """Every test starts from the same random state (torch, numpy, Python's ``random``, DGL's own generator,
+    which ``dgl.rand_graph`` and DGL's samplers draw from) and leaves dgl_exact's global state as it found it:
+    a test that changes it (a ``set_config`` or a scope left open, a context variable set and not reset, a
+    backend forced) is restored and reported as an error, so no test depends on the order the suite runs in
+    (``pytest --reverse`` runs it backwards)."""
+    import random
+
+    import numpy as np
+
+    import dgl
+
+    torch.manual_seed(TEST_SEED)
+    np.random.seed(TEST_SEED)
+    random.seed(TEST_SEED)
+    dgl.seed(TEST_SEED)
+    before = _package_state()
     yield
+    after = _package_state()
+    leaked = []
+    for name, value in before.items():
+        now = after.get(name)
+        same = (now[1] is value[1]) if isinstance(value, tuple) else (now == value or now is value)
+        if not same:
+            leaked.append(name)
+            _restore(name, value)
+    if leaked:
+        pytest.fail(f"the test left global state changed (restored now): {', '.join(leaked)}; undo it in the test "
+                    "(a with-block, monkeypatch or a fixture)", pytrace=False)
 
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
