@@ -12,6 +12,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
                       "(torch_geometric>=2.8)") from exc
 
 from .gcn_conv import GCNConv
+from .sage_conv import SAGEConv
 from .structure import EdgeStructure
 
-__all__ = ["GCNConv", "EdgeStructure"]
+__all__ = ["GCNConv", "SAGEConv", "EdgeStructure"]

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from ..compression_config import CompressionConfig, resolve_config
-from ..ops.graph import _CopyUReduce, _UMulESum
+from ..ops.graph import _CopyUMinMax, _CopyUReduce, _UMulESum
 from ..ops.keep import fresh_outputs, needs_saving
 from .structure import EdgeStructure, edge_structure
 
@@ -115,3 +115,20 @@ def mean(st: EdgeStructure, x: Tensor) -> Tensor:
     if x.shape[0] != st.num_src:
         raise ValueError(f"features have {x.shape[0]} rows but the graph has {st.num_src} source nodes")
     return _CopyUReduce.apply(x, st, True)
+
+
+@fresh_outputs
+def plain_sum(st: EdgeStructure, x: Tensor) -> Tensor:
+    """``out[v] = sum_{(u, v)} x[u]``; keeps nothing."""
+    if x.shape[0] != st.num_src:
+        raise ValueError(f"features have {x.shape[0]} rows but the graph has {st.num_src} source nodes")
+    return _CopyUReduce.apply(x, st, False)
+
+
+@fresh_outputs
+def maximum(st: EdgeStructure, x: Tensor) -> Tensor:
+    """``out[v] = max_{(u, v)} x[u]`` (0 without in-edges, as PyG's max aggregation); keeps the winning source
+    per element (the narrowest integer type that holds it), PyG the ``[E, *F]`` messages."""
+    if x.shape[0] != st.num_src:
+        raise ValueError(f"features have {x.shape[0]} rows but the graph has {st.num_src} source nodes")
+    return _CopyUMinMax.apply(x, st, "max")

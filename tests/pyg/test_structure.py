@@ -42,7 +42,7 @@ def test_cache_per_edge_index_object():
     ei = random_graph(20)
     calls = []
 
-    def endpoints():
+    def endpoints(ei=ei):
         calls.append(1)
         return ei[0], ei[1]
 
@@ -52,7 +52,7 @@ def test_cache_per_edge_index_object():
     assert edge_structure(ei.clone(), "as_is", 20, 20, "cpu", endpoints) is not first  # another tensor
     ei[0, 0] = (ei[0, 0] + 1) % 20  # edited in place: a new graph
     assert edge_structure(ei, "as_is", 20, 20, "cpu", endpoints) is not first
-    del ei
+    del ei, endpoints
     gc.collect()
     assert pyg_structure.cache_size() == 0  # held weakly: the entries died with their tensors
 
@@ -60,7 +60,7 @@ def test_cache_per_edge_index_object():
 def test_structure_does_not_keep_its_key_alive():
     pyg_structure.clear_cache()
     ei = random_graph(20)
-    st = edge_structure(ei, "as_is", 20, 20, "cpu", lambda: (ei[0], ei[1]))
+    st = edge_structure(ei, "as_is", 20, 20, "cpu", lambda e=ei: (e[0], e[1]))
     del ei
     gc.collect()
     assert pyg_structure.cache_size() == 0
