@@ -18,7 +18,7 @@ from click.core import ParameterSource
 
 from .. import _environment
 from .._files import atomic_write
-from ..training.config import SAINT_MODES, SAMPLERS, TrainConfig, bundled_configs, load_conf
+from ..training.config import COMPRESSION_OPTIONS, SAINT_MODES, SAMPLERS, TrainConfig, bundled_configs, load_conf
 from ..training.models import MODELS
 from ._common import UserError, _check_dataset, _check_outputs, _hold_outputs, _int_choice, parse_size
 
@@ -152,7 +152,12 @@ def _pick_batch(trainer, budget: int) -> TrainConfig:
               help="Time N training epochs after 3 warm-up epochs (no evaluation) and report epochs/s.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write machine-readable results here.")
 @click.option("--checkpoint", type=click.Path(dir_okay=False), help="Save a checkpoint here after every epoch.")
-@click.option("--resume", is_flag=True, help="Continue from --checkpoint where it stopped.")
+@click.option("--resume", is_flag=True, help="Continue from --checkpoint where it stopped (refused, in one line, where "
+              "this run's settings differ from those the checkpoint records; see --resume-mismatch-ok).")
+@click.option("--resume-mismatch-ok", is_flag=True,
+              help="With --resume: continue even where this run's settings differ from the checkpoint's (model, "
+                   "data, compression and the --memory-budget plan, sampler, number of processes, seeds, ...), "
+                   "with one warning line per difference; the checkpoint then records this run's settings.")
 @click.option("--checkpoint-batches", type=int, default=None, metavar="N",
               help="Also save --checkpoint every N batches inside an epoch (mini-batch samplers, one process): "
                    "--resume continues at the next batch, with the batches an uninterrupted run would see.")
@@ -175,8 +180,8 @@ def _pick_batch(trainer, budget: int) -> TrainConfig:
               help="Run the model under torch.compile (dgl_exact's ops as captured custom ops); optionally the "
                    "mode, e.g. --compile=reduce-overhead (CUDA graphs). Full-graph training only.")
 @click.pass_context
-def train(ctx, conf, debug_mem, test_speed, json_path, checkpoint, resume, checkpoint_batches, quiet, nproc,
-          dist_timeout, download, memory_budget, compile_mode, **params):
+def train(ctx, conf, debug_mem, test_speed, json_path, checkpoint, resume, resume_mismatch_ok, checkpoint_batches,
+          quiet, nproc, dist_timeout, download, memory_budget, compile_mode, **params):
     """Train a model; with no options, a GCN with INT2 activations on the bundled Cora graph."""
     params["conf"] = conf
     auto_batch = False
@@ -205,6 +210,8 @@ def train(ctx, conf, debug_mem, test_speed, json_path, checkpoint, resume, check
 
     if resume and not checkpoint:
         raise UserError("--resume needs --checkpoint PATH")
+    if resume_mismatch_ok and not resume:
+        raise UserError("--resume-mismatch-ok goes with --resume (it lets a resumed run differ from its checkpoint)")
     if checkpoint_batches is not None and (checkpoint_batches < 1 or not checkpoint or cfg.sampler == "full"):
         raise UserError("--checkpoint-batches needs N >= 1, --checkpoint PATH and a mini-batch sampler "
                         "(--sampler saint, cluster or neighbor)")
@@ -244,6 +251,8 @@ def train(ctx, conf, debug_mem, test_speed, json_path, checkpoint, resume, check
     signal.signal(signal.SIGTERM, _raise_interrupt)
     signal.signal(signal.SIGINT, _raise_interrupt)
     if not worker and (nproc or 1) > 1:
+        if resume and not resume_mismatch_ok:  # one line here rather than one per worker
+            _check_resume_before_launch(checkpoint, cfg, nproc)
         try:
             code = distributed.launch(nproc, cfg, _worker_args(ctx), log=lambda m: click.echo(m, err=True))
         except ValueError as e:
@@ -258,6 +267,8 @@ def train(ctx, conf, debug_mem, test_speed, json_path, checkpoint, resume, check
             trainer = Trainer(cfg, dataset=dataset, progress=False if quiet else None, log=click.echo)
             trainer.compile_mode = compile_mode
             trainer.checkpoint_batches = checkpoint_batches
+        trainer.memory_budget = memory_budget  # recorded in the checkpoint, checked by --resume
+        trainer.warn = lambda message: click.echo(f"warning: {message}", err=True)
         if trainer.rank == 0:
             click.echo(trainer.dataset_summary)
             click.echo(f"model {cfg.model}, {cfg.layers} layers x {cfg.hidden}, sampler {cfg.sampler}, "
@@ -265,14 +276,20 @@ def train(ctx, conf, debug_mem, test_speed, json_path, checkpoint, resume, check
                        f"graph {trainer.structure_note}"
                        + (f", {trainer.ctx.describe()}" if worker else ""))
         budget_plan = None
+        if resume and memory_budget is not None and not resume_mismatch_ok:
+            # before the search or the plan (probe steps), what they do not decide: refused at once if it differs
+            trainer.check_resume(trainer.read_checkpoint(checkpoint), checkpoint,
+                                 skip=("batch_size",) if auto_batch else ("memory_plan", *COMPRESSION_OPTIONS))
         if auto_batch:
             trainer.cfg = _pick_batch(trainer, memory_budget)
         elif memory_budget is not None:  # a per-tensor plan (dgl_exact.planning.budget); the step peak is measured
             from ..planning.budget import budget_report, plan_for_training
 
             budget_plan, debug_mem = plan_for_training(trainer, memory_budget, log=click.echo), True
+            trainer.memory_plan = budget_plan.choices()
         with budget_plan.active() if budget_plan is not None else contextlib.nullcontext():
-            results = trainer.fit(checkpoint=checkpoint, resume=resume, debug_mem=debug_mem, test_speed=test_speed)
+            results = trainer.fit(checkpoint=checkpoint, resume=resume, debug_mem=debug_mem, test_speed=test_speed,
+                                  resume_mismatch_ok=resume_mismatch_ok)
         if budget_plan is not None:
             from ..memory import format_bytes
 
@@ -335,6 +352,20 @@ def _worker_args(ctx) -> list:
             continue
         args += [param.opts[0]] if param.is_flag else [param.opts[0], str(value)]
     return args
+
+
+def _check_resume_before_launch(checkpoint: str, cfg: TrainConfig, nproc: int) -> None:
+    """``--nproc N --resume``: the checkpoint's settings against this run's config and world size, before any
+    worker starts (the workers check the rest: the data's fingerprint)."""
+    from ..training.checkpoint import RunState
+    from ..training.resume import check_resume
+
+    try:
+        state = RunState.load(checkpoint)
+        check_resume(state.config, state.recorded, {**cfg.to_dict(), "world_size": nproc, "memory_budget": None,
+                                                    "memory_plan": None}, checkpoint)
+    except (FileNotFoundError, ValueError) as e:
+        raise UserError(str(e).splitlines()[0]) from None
 
 
 def _download_dataset(cfg, quiet: bool = False):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 
 from .. import memory
@@ -44,6 +44,11 @@ class BudgetPlan:
             if s.index == index:
                 return OPTIONS[s.choice]
         return None
+
+    def choices(self) -> List[List[Any]]:
+        """The plan per tensor as plain values, ``[[slot index, option name], ...]`` (what a training checkpoint
+        records and ``--resume`` compares: :mod:`dgl_exact.training.resume`)."""
+        return [[int(s.index), str(s.choice)] for s in self.slots]
 
     def hook(self, fallback=None):
         """A stash hook applying the plan; the slot counter restarts after the last slot. A kept activation

@@ -150,7 +150,9 @@ def load_checkpoint(path: str) -> Dict[str, Any]:
 def check_trainer_state(state: Dict[str, Any], path: str) -> None:
     """``ValueError`` unless ``state`` holds every key the trainer resumes from, with the right type."""
     bad = [k for k, t in _REQUIRED.items() if not isinstance(state.get(k), t) or isinstance(state.get(k), bool)]
-    if not bad and (state["epoch"] < 0 or state["run"] < 0):
+    # epoch -1: saved inside the first epoch (--checkpoint-batches), after ``batch`` > 0 of its batches
+    inside_first = type(state.get("batch")) is int and state["batch"] > 0
+    if not bad and (state["epoch"] < (-1 if inside_first else 0) or state["run"] < 0):
         bad = ["epoch" if state["epoch"] < 0 else "run"]
     if bad:
         raise ValueError(f"checkpoint {path} is incomplete or damaged (bad or missing: {', '.join(bad)}); delete it "
@@ -170,7 +172,9 @@ class RunState:
     ``activation_bytes`` / ``peak_bytes``: the ``--debug-mem`` measurement, once made. ``batch``: saved
     inside epoch ``epoch + 1`` (``--checkpoint-batches``), the number of its batches already trained, with
     their losses in ``batch_losses`` (0 and empty at an epoch's end); the weights and random state are then
-    those after that batch.
+    those after that batch. ``config`` (the run's options) and ``recorded`` (its world size, memory budget and
+    plan, data fingerprint; None in checkpoints written before it existed) are what ``--resume`` checks
+    (:mod:`.resume`).
     """
 
     config: Dict[str, Any]
@@ -188,6 +192,7 @@ class RunState:
     peak_bytes: Optional[int] = None
     batch: int = 0
     batch_losses: List[float] = dataclasses.field(default_factory=list)
+    recorded: Optional[Dict[str, Any]] = None
 
     def to_checkpoint(self) -> Dict[str, Any]:
         """The checkpoint's dict (what :func:`save_checkpoint` writes)."""

@@ -13,6 +13,7 @@ import os
 import statistics
 import sys
 import time
+import warnings
 from typing import Any, Callable, Dict, List, Optional
 
 import torch
@@ -29,6 +30,7 @@ from .checkpoint import RunState, remove_stale_temporaries
 from .config import TrainConfig
 from .models import build_model, exact_log_loss, layerwise_inference
 from .neighbor import DEFAULT_BATCH_SIZE, DEFAULT_EVAL_BATCH_SIZE, NeighborSampler
+from .resume import ResumeMismatchWarning, check_resume, data_record
 from .samplers import ClusterGCNSampler, SAINTSampler, with_degrees
 
 dgl = import_dgl()
@@ -52,9 +54,6 @@ def _one_writer(fit):
             return fit(self, *args, checkpoint=checkpoint, **kwargs)
 
     return locked
-
-# Fields that may differ between a checkpoint and the run resuming it.
-_RESUMABLE_CHANGES = {"epochs", "runs", "device", "data_root"}
 
 
 def resolve_device(spec: str) -> torch.device:
@@ -156,7 +155,8 @@ class Trainer:
     Hooks for subclasses (the distributed trainer and its one-process emulator override these, and only
     these): :meth:`make_sampler`, :meth:`build`, :meth:`wrap_model`, :meth:`train_epoch` (one epoch of
     steps), :meth:`optimizer_step` (apply the accumulated gradients: AMP unscaling, clipping, step),
-    :meth:`evaluate`, :meth:`finish_run`, :meth:`read_checkpoint` and :meth:`check_new_checkpoint`.
+    :meth:`evaluate`, :meth:`finish_run`, :meth:`read_checkpoint`, :meth:`check_new_checkpoint` and
+    :meth:`recorded`.
 
     Attributes: ``cfg``, ``device``, ``dataset`` (the dataset over the graph trained on: with one self loop
     per node for GCN, GAT and GCNII, int32 ids when the counts allow, sharing ``graph``'s structure; the
@@ -172,6 +172,14 @@ class Trainer:
     #: with a checkpoint, also save it every this many batches inside an epoch (``--checkpoint-batches``);
     #: a resumed run continues at the next batch of that epoch with the same batches. None: after epochs only
     checkpoint_batches: Optional[int] = None
+    #: the memory budget (bytes) and the per-tensor plan it resolved to (``BudgetPlan.choices()``) that this
+    #: run's training forwards apply (``dgl-exact train --memory-budget``; the caller enters the plan): recorded
+    #: in the checkpoint and checked on resume (:mod:`.resume`). None: none, uniform compression
+    memory_budget: Optional[int] = None
+    memory_plan: Optional[List[List[Any]]] = None
+    #: where a resume allowed to differ from its checkpoint (``fit(resume_mismatch_ok=True)``) says how, one
+    #: line per difference; None: a :class:`~.resume.ResumeMismatchWarning`
+    warn: Optional[Callable[[str], None]] = None
 
     def __init__(self, config: TrainConfig, dataset: Optional[GraphDataset] = None, progress: Optional[bool] = None,
                  log: Callable[[str], None] = print, rank: int = 0, world_size: int = 1):
@@ -195,6 +203,8 @@ class Trainer:
         cfg, ds = self.cfg, self.dataset
         #: the run header's line on the dataset as given (its own edges: before self loops are added)
         self.dataset_summary = ds.summary()
+        #: the data's fingerprint a checkpoint records (:func:`~.resume.data_record`), of the dataset as given
+        self.data_record = data_record(ds)
         # int32 ids first (when the counts allow): the self-loop edits below then copy 32-bit edge lists
         g = compact_graph(ds.graph)
         loops = cfg.model in ("gcn", "gat", "gcn2")
@@ -463,9 +473,9 @@ class Trainer:
         model, optimizer, scaler = self.build(self.run_seed)
         model = self.wrap_model(model)
         if state is None:
-            state = RunState(config=self.cfg.to_dict(), run=run)
+            state = RunState(config=self.cfg.to_dict(), run=run, recorded=self.recorded())
         else:
-            state = dataclasses.replace(state, config=self.cfg.to_dict())
+            state = dataclasses.replace(state, config=self.cfg.to_dict(), recorded=self.recorded())
             unwrap_model(model).load_state_dict(state.model)
             optimizer.load_state_dict(state.optimizer)
             if scaler is not None and state.scaler:
@@ -593,9 +603,25 @@ class Trainer:
         """Hook: refuse to start a new checkpoint over an existing file (distributed: rank 0 decides)."""
         _refuse_existing_checkpoint(checkpoint)
 
+    def recorded(self) -> Dict[str, Any]:
+        """Hook: this run's values of :data:`~.resume.RUN_FIELDS` (its checkpoint's ``recorded``; what
+        ``--resume`` compares besides the config): world size, memory budget and plan, data fingerprint."""
+        plan = None if self.memory_plan is None else [list(slot) for slot in self.memory_plan]
+        return {"world_size": self.world_size, "memory_budget": self.memory_budget, "memory_plan": plan,
+                **self.data_record}
+
+    def check_resume(self, state: RunState, checkpoint: str, mismatch_ok: bool = False, skip=()) -> None:
+        """``ValueError`` in one line unless ``state`` (read from ``checkpoint``) was written with this run's
+        config and :meth:`recorded` values, those :data:`~.resume.MAY_CHANGE` and ``skip`` aside
+        (:func:`~.resume.check_resume`); with ``mismatch_ok``, one warning line per difference instead
+        (:attr:`warn`; rank 0)."""
+        warn = self.warn or (lambda message: warnings.warn(message, ResumeMismatchWarning, stacklevel=4))
+        check_resume(state.config, state.recorded, {**self.cfg.to_dict(), **self.recorded()}, checkpoint,
+                     mismatch_ok=mismatch_ok, warn=warn if self.rank == 0 else None, skip=skip)
+
     @_one_writer
     def fit(self, *, checkpoint: Optional[str] = None, resume: bool = False, debug_mem: bool = False,
-            test_speed: Optional[int] = None) -> TrainResults:
+            test_speed: Optional[int] = None, resume_mismatch_ok: bool = False) -> TrainResults:
         """Train runs ``0 .. runs - 1`` (seeds ``seed + run``) and return their results.
 
         ``checkpoint``: after every epoch the run's state (model, optimizer, random state, history) is written
@@ -611,7 +637,11 @@ class Trainer:
         With ``epochs == E`` a finished run stays as it is and the next run starts. ``ValueError`` (and no
         training) if ``epochs < E``, if other finished runs were trained for a different number of epochs
         (their models are not in the checkpoint, and runs of different lengths would be averaged together),
-        if ``runs`` is below the number of runs the checkpoint holds, or if the file is not a checkpoint.
+        if ``runs`` is below the number of runs the checkpoint holds, if the file is not a checkpoint, or if it
+        was written with other settings (:mod:`.resume`: the config, the world size, memory budget and plan,
+        the data's fingerprint; one line naming each field and both values) unless ``resume_mismatch_ok``
+        (then one warning line per difference: :attr:`warn`). The log gets one line saying where the resumed
+        training continues.
         """
         cfg = self.cfg
         epochs = cfg.epochs if test_speed is None else SPEED_WARMUP + test_speed
@@ -627,8 +657,11 @@ class Trainer:
             remove_stale_temporaries(checkpoint)
         if resume:
             state = self.read_checkpoint(checkpoint)
-            _check_resumable(state.config, cfg)
+            self.check_resume(state, checkpoint, resume_mismatch_ok)
+            saved = state
             results, first_run, state = _resume_plan(state, checkpoint, epochs, cfg.runs)
+            if self.log and self.rank == 0:
+                self.log(_resume_line(checkpoint, saved, results, first_run, epochs, cfg.runs))
         for run in range(first_run, cfg.runs):
             resume_state = state if (state is not None and run == state.run) else None
             result = self.run(run, checkpoint=checkpoint, resume=resume_state, debug_mem=debug_mem,
@@ -688,14 +721,22 @@ def _resume_plan(state: RunState, path: str, epochs: int, runs: int):
     return others, run, state
 
 
-def _check_resumable(saved: Dict[str, Any], cfg: TrainConfig) -> None:
-    current = cfg.to_dict()
-    defaults = TrainConfig().to_dict()  # a key the checkpoint predates had its default value then
-    diff = [k for k in current if k not in _RESUMABLE_CHANGES and saved.get(k, defaults[k]) != current[k]]
-    if diff:
-        details = ", ".join(f"{k}: checkpoint {saved.get(k)!r} vs now {current[k]!r}" for k in diff)
-        raise ValueError(f"the checkpoint was made with different settings ({details}); resume with the same "
-                         "options or start a new checkpoint")
+def _resume_line(path: str, saved: RunState, finished: List[RunResult], first_run: int, epochs: int,
+                 runs: int) -> str:
+    """``resuming from PATH: epoch 12 of 50 done`` (with the run, the batches inside the next epoch, the
+    finished runs where they apply)."""
+    done = saved.epoch + 1
+    where = f"resuming from {path}: "
+    if first_run != saved.run:  # the checkpoint's run is finished
+        if first_run >= runs:
+            return where + f"all {runs} run(s) finished ({done} epochs each): nothing to train"
+        return where + f"run {saved.run + 1} of {runs} finished ({done} epochs); starting run {first_run + 1}"
+    text = f"epoch {done} of {epochs} done"
+    if saved.batch:
+        text += f", and {saved.batch} batch(es) of epoch {done + 1}"
+    if runs > 1:
+        text = f"run {saved.run + 1} of {runs}, {text}" + (f" ({len(finished)} run(s) finished)" if finished else "")
+    return where + text
 
 
 def _run_line(r: RunResult, metric: str) -> str:

@@ -187,12 +187,12 @@ def test_workers_get_every_option_but_the_config(monkeypatch, tmp_path):
     with pytest.raises(SystemExit) as e:
         main(["train", "--nproc", "2", *SAINT, "--bits", "4", "-q", "--debug-mem", "--test-speed", "2",
               "--json", str(tmp_path / "r.json"), "--checkpoint", str(tmp_path / "c.pt"), "--resume",
-              "--dist-timeout", "7", "--data-root", str(tmp_path)])
+              "--resume-mismatch-ok", "--dist-timeout", "7", "--data-root", str(tmp_path)])
     assert e.value.code == 0
     assert seen["nproc"] == 2 and seen["cfg"].compression.bits == 4 and seen["cfg"].sampler == "saint"
     assert sorted(seen["args"]) == sorted(["--debug-mem", "--test-speed", "2", "--json", str(tmp_path / "r.json"),
                                            "--checkpoint", str(tmp_path / "c.pt"), "--resume", "--quiet",
-                                           "--dist-timeout", "7.0"])
+                                           "--resume-mismatch-ok", "--dist-timeout", "7.0"])
 
 
 def _children(pid):
@@ -419,6 +419,36 @@ def test_dead_rank_then_resume(cluster_run, capfd, fault):
         expected["environment"]["distributed"]["replica_hashes"]
     assert losses(resumed) == losses(expected)
     print(f"rank 0 exited {elapsed:.1f} s after rank 1 died")
+
+
+@pytest.mark.slow
+def test_two_process_checkpoint_is_not_resumed_in_one(cluster_run, tmp_path, capsys):
+    """The checkpoint records the world size: `--resume` in one process (which would continue with other
+    global steps) is one error line naming it, before any training; with the flag, one warning line."""
+    import shutil
+    import signal
+
+    root, full, _ = cluster_run
+    path = tmp_path / "ckpt.pt"
+    shutil.copy(full / "ckpt.pt", path)
+    assert load_checkpoint(path)["recorded"]["world_size"] == 2
+    handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    args = ["train", *CLUSTER[:-4], "--epochs", "5", "--device", "cpu", "-q", "--data-root", str(root),
+            "--checkpoint", str(path),
+            "--resume"]
+    try:
+        with pytest.raises(SystemExit) as e:
+            main(args)
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and err.count("\n") == 1, err
+        assert f"checkpoint {path} was written with world_size=2, this run has world_size=1;" in err
+        main(args + ["--resume-mismatch-ok"])
+    finally:
+        signal.signal(signal.SIGINT, handlers[0])
+        signal.signal(signal.SIGTERM, handlers[1])
+    out, err = capsys.readouterr()
+    assert err.count("warning: ") == 1 and "world_size=2, this run has world_size=1" in err, err
+    assert f"resuming from {path}: epoch 4 of 5 done" in out
 
 
 @pytest.mark.nightly

@@ -48,6 +48,10 @@ class GlobalBatchTrainer(Trainer):
                              f"{self.global_batch}")
         return self.shares[0]
 
+    def recorded(self):
+        """The checkpoint's record of this run: that of a ``global_batch``-process run (its steps are theirs)."""
+        return {**super().recorded(), "world_size": self.global_batch}
+
     def _rng_state(self):
         return (torch.get_rng_state(), torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None)
 

@@ -1,0 +1,227 @@
+"""What a ``--resume`` checks: everything that decides a run's result is recorded in its checkpoint, and a
+resumed run whose own values differ is refused before it trains, in one line naming each field and both values.
+
+The record, one table (:func:`recorded_fields`):
+
+* every :class:`~dgl_exact.training.config.TrainConfig` option (the checkpoint's ``config``): model and its
+  widths, layers, heads, dropout, ...; the dataset name and its preprocessing (``standardize``); the
+  compression (``bits``, ``kept_frac``, ``block_rows``, ``levels``, ``stochastic``, ``nonfinite``, ``act_fp``)
+  and ``amp``; the sampler and its settings (``batch_size``, ``fanouts``, ``saint_*``, ``num_parts``, ...);
+  the recipe flags (``edge_drop``, ``use_labels``, ``mask_rate``, ``inductive``, ...); the optimizer
+  (``optimizer``, ``lr``, ``lr_warmup``, ``weight_decay``, ``grad_norm``, ``loss``); evaluation
+  (``eval_every``, ``eval_batch_size``); ``seed``;
+* the run's own values, :data:`RUN_FIELDS` (the checkpoint's ``recorded``): the world size of a data-parallel
+  run, the memory budget and the per-tensor compression plan it resolved to, and a fingerprint of the data
+  (node, edge, feature and class counts, split sizes).
+
+:data:`MAY_CHANGE` lists the recorded fields a resumed run may change, and why. Options that are not
+recorded at all do not change what is computed: output paths (``--checkpoint``, ``--json``),
+``--checkpoint-batches``, ``--quiet``, ``--debug-mem``, ``--compile``, ``--dist-timeout``, ``--download``.
+
+A difference is a ``ValueError`` (the CLI: ``error: ...``, exit 2) unless the caller allows it
+(``--resume-mismatch-ok``); then each difference is one warning line, training continues with the resumed
+run's values, and the checkpoint records those from then on. A checkpoint written before the run fields were
+recorded (no ``recorded``) is refused the same way, naming the fields it cannot be checked against: an
+unchecked resume is what mixed a budgeted run with uniform INT2, or two processes' steps with one's. Config
+options newer than a checkpoint are taken to have had their default value (what the code did before them).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+
+from .. import memory
+from .config import TrainConfig
+
+__all__ = ["RunField", "RUN_FIELDS", "MAY_CHANGE", "MISMATCH_FLAG", "recorded_fields", "checked_fields",
+           "data_record", "compare", "check_resume", "ResumeMismatchWarning"]
+
+#: the ``dgl-exact train`` flag (and :meth:`Trainer.fit` argument, ``resume_mismatch_ok``) that continues anyway
+MISMATCH_FLAG = "--resume-mismatch-ok"
+
+
+class ResumeMismatchWarning(UserWarning):
+    """A resumed run differs from its checkpoint, and the caller allowed it (``resume_mismatch_ok``)."""
+
+
+def _show(value: Any) -> str:
+    """A recorded value as messages write it (``none``, ``true``, ``cora``, ``0.01``)."""
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)
+
+
+def _show_bytes(value: Any) -> str:
+    return "none" if value is None else memory.format_bytes(value).replace(" ", "")
+
+
+def _show_split(value: Any) -> str:
+    if not isinstance(value, (list, tuple)) or len(value) != 3:
+        return _show(value)
+    return "train {:,}, val {:,}, test {:,}".format(*value)
+
+
+def _show_plan(value: Any) -> str:
+    """A per-tensor plan (``[[slot, option], ...]``) as its option counts: ``12 tensors: fp32 1, INT2 11``."""
+    if value is None:
+        return "none (uniform compression)"
+    try:
+        counts: Dict[str, int] = {}
+        for _, option in value:
+            counts[option] = counts.get(option, 0) + 1
+    except (TypeError, ValueError):
+        return _show(value)
+    return (f"{len(value)} tensor{'s' if len(value) != 1 else ''}: "
+            + ", ".join(f"{name} {n}" for name, n in sorted(counts.items())))
+
+
+def _plan_difference(saved: Any, now: Any) -> Optional[Tuple[str, str]]:
+    """Two plans with the same option counts, told apart by their first differing slot."""
+    try:
+        pairs = [(tuple(a), tuple(b)) for a, b in zip(saved, now)]
+    except TypeError:
+        return None
+    if len(saved) != len(now):
+        return None
+    for a, b in pairs:
+        if a != b:
+            return f"slot {a[0]} kept as {a[1]}", f"slot {b[0]} kept as {b[1]}"
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class RunField:
+    """A value a checkpoint records about its run besides the :class:`TrainConfig` options."""
+
+    name: str
+    doc: str
+    show: Callable[[Any], str] = _show
+
+
+#: The run's own recorded values (the checkpoint's ``recorded`` dict), in the order messages name them.
+RUN_FIELDS: Tuple[RunField, ...] = (
+    RunField("world_size", "processes of a data-parallel run (--nproc, torchrun's WORLD_SIZE; the one-process "
+             "emulator's global batch); 1 otherwise"),
+    RunField("memory_budget", "--memory-budget in bytes (None: none)", _show_bytes),
+    RunField("memory_plan", "the per-tensor compression the budget resolved to, [[slot, option], ...] "
+             "(dgl_exact.planning.budgeted.BudgetPlan.choices; None: uniform)", _show_plan),
+    RunField("data_nodes", "nodes of the dataset as loaded"),
+    RunField("data_edges", "edges of the dataset as loaded (before self loops are added)"),
+    RunField("data_features", "input features per node"),
+    RunField("data_classes", "classes (labels per node for multi-label data)"),
+    RunField("data_split", "training, validation and test nodes", _show_split),
+)
+
+#: The recorded fields a resumed run may change (everything else recorded must match), and why.
+MAY_CHANGE: Dict[str, str] = {
+    "epochs": "a larger value extends the last run, the same continues it",
+    "runs": "a larger value adds runs",
+    "device": "the same computation on another device (CPU <-> GPU: the same recipe, rounded differently)",
+    "data_root": "where the dataset is read from; the data itself is checked by its fingerprint (data_*)",
+}
+
+_RUN_BY_NAME = {f.name: f for f in RUN_FIELDS}
+
+
+def recorded_fields() -> List[str]:
+    """Every recorded field's name: the :class:`TrainConfig` options, then :data:`RUN_FIELDS`."""
+    return list(TrainConfig.fields()) + [f.name for f in RUN_FIELDS]
+
+
+def checked_fields() -> List[str]:
+    """The recorded fields a resumed run must match (:func:`recorded_fields` less :data:`MAY_CHANGE`)."""
+    return [name for name in recorded_fields() if name not in MAY_CHANGE]
+
+
+def data_record(dataset) -> Dict[str, Any]:
+    """The data fingerprint of :data:`RUN_FIELDS` for a :class:`~dgl_exact.data.GraphDataset` (as loaded):
+    counts only, cheap on any graph."""
+    return {"data_nodes": dataset.num_nodes, "data_edges": dataset.num_edges, "data_features": dataset.num_features,
+            "data_classes": int(dataset.num_classes),
+            "data_split": [int(dataset.mask(s).sum()) for s in ("train", "val", "test")]}
+
+
+def _shown(name: str, saved: Any, now: Any) -> Tuple[str, str]:
+    """(saved, now) as a message writes them, told apart where they would read the same."""
+    field = _RUN_BY_NAME.get(name)
+    show = field.show if field is not None else _show
+    a, b = show(saved), show(now)
+    if a == b and name == "memory_plan":
+        a, b = _plan_difference(saved, now) or (a, b)
+    if a == b:
+        a, b = repr(saved), repr(now)
+    return a, b
+
+
+def compare(saved_config: Dict[str, Any], saved_run: Optional[Dict[str, Any]], current: Dict[str, Any],
+            skip: Iterable[str] = ()) -> Tuple[List[Tuple[str, str, str]], List[str]]:
+    """The recorded fields on which a checkpoint and a resumed run differ, and those it does not record.
+
+    ``saved_config``: the checkpoint's ``config``; ``saved_run``: its ``recorded`` (None: written before run
+    fields were recorded); ``current``: the resumed run's values of :func:`recorded_fields` (a field it
+    lacks, or one in ``skip``, is not compared). Returns ``(differences, unrecorded)``: ``(name, saved, now)``
+    as messages write the values, in the order of :func:`recorded_fields`; the run fields the checkpoint
+    does not record.
+    """
+    skip = set(skip) | set(MAY_CHANGE)
+    defaults = TrainConfig().to_dict()  # an option newer than the checkpoint had its default value then
+    run_names = {f.name for f in RUN_FIELDS}
+    differences, unrecorded = [], []
+    for name in recorded_fields():
+        if name in skip or name not in current:
+            continue
+        if name in run_names:
+            if saved_run is None or name not in saved_run:
+                unrecorded.append(name)
+                continue
+            saved = saved_run[name]
+        else:
+            saved = saved_config.get(name, defaults[name])
+        if saved != current[name]:
+            differences.append((name, *_shown(name, saved, current[name])))
+    return differences, unrecorded
+
+
+def check_resume(saved_config: Dict[str, Any], saved_run: Optional[Dict[str, Any]], current: Dict[str, Any],
+                 path: str, *, mismatch_ok: bool = False, warn: Optional[Callable[[str], None]] = None,
+                 skip: Iterable[str] = ()) -> None:
+    """Refuse to resume the checkpoint at ``path`` with values that differ from those it records
+    (:func:`compare`): one ``ValueError`` line naming every differing field with both values, or the fields
+    an older checkpoint does not record. With ``mismatch_ok``, ``warn`` gets one line per difference (and
+    one for the unrecorded fields) instead, and nothing is raised."""
+    if saved_run is not None and not isinstance(saved_run, dict):
+        raise ValueError(f"checkpoint {path} is incomplete or damaged (bad: recorded); delete it or pass another "
+                         "--checkpoint path to start over (without --resume)")
+    differences, unrecorded = compare(saved_config, saved_run, current, skip)
+    if not differences and not unrecorded:
+        return
+    where = f"--resume: checkpoint {path}"
+    if mismatch_ok:
+        if warn is not None:
+            for name, saved, now in differences:
+                warn(f"{where} was written with {name}={saved}, this run has {name}={now}; continuing with this "
+                     f"run's ({MISMATCH_FLAG})")
+            if unrecorded:
+                warn(f"{where} does not record {', '.join(unrecorded)} (written by an older dgl_exact): they are "
+                     f"not checked ({MISMATCH_FLAG})")
+        return
+    parts = []
+    if differences:
+        if len(differences) == 1:
+            name, saved, now = differences[0]
+            parts.append(f"was written with {name}={saved}, this run has {name}={now}")
+        else:
+            parts.append("was written with " + ", ".join(f"{name}={saved} (this run: {now})"
+                                                         for name, saved, now in differences))
+    if unrecorded:
+        parts.append(f"{'; it ' if differences else ''}does not record {', '.join(unrecorded)} (written by an older "
+                     "dgl_exact, they cannot be checked)")
+    if differences:
+        fix = (f"resume with the settings it was written with, start a new checkpoint (another --checkpoint path), "
+               f"or add {MISMATCH_FLAG} to continue with this run's")
+    else:
+        fix = (f"if this run has the settings it was written with, add {MISMATCH_FLAG} to continue it; otherwise "
+               "start a new checkpoint (another --checkpoint path)")
+    raise ValueError(f"{where} {''.join(parts)}; {fix}")
