@@ -51,6 +51,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from .._files import atomic_write
 from .._progress import progress_bar
 from . import provenance
 
@@ -362,10 +363,9 @@ def count_grid(work, models, settings, sink=None, out_dir=None, warmup: int = 1,
         row.update(ops=counts.ops, syncs=counts.syncs, bytes=counts.bytes, MiB=counts.bytes / 2**20,
                    host_reads=counts.host_reads)
         if out_dir is not None:
-            os.makedirs(out_dir, exist_ok=True)
             safe = "".join(ch if ch.isalnum() else "_" for ch in setting.name).strip("_")
             path = os.path.join(out_dir, f"opcount_{model_name}_{safe}.txt")
-            with open(path, "w") as f:
+            with atomic_write(path, "w", encoding="utf-8", shared=True) as f:
                 f.write(f"{model_name} / {setting.name}: one training step on the GPU code path "
                         f"(counts, not times)\ncode: {provenance.stamp()['code']}\n")
                 f.write(counts.table())

@@ -213,7 +213,7 @@ def format_rows(rows: Sequence[Dict]) -> str:
 def plot_budget(rows: Sequence[Dict], path: str) -> str:
     """Test accuracy (mean and std over seeds) against the step peak (measured where available, else
     predicted) for uniform settings and budgeted plans."""
-    from .plot import _plt
+    from .plot import _plt, save_figure
 
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
@@ -231,6 +231,4 @@ def plot_budget(rows: Sequence[Dict], path: str) -> str:
     ax.set_ylabel("test accuracy")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

@@ -4,6 +4,8 @@ from __future__ import annotations
 import os
 from typing import Dict, List
 
+from .._files import atomic_write
+
 
 def _plt():
     try:
@@ -14,6 +16,18 @@ def _plt():
     except ImportError:
         raise ImportError("plots need matplotlib: pip install 'dgl-exact[plot]'") from None
     return plt
+
+
+def save_figure(fig, path: str) -> str:
+    """Write ``fig`` to ``path`` (format from its extension), atomically (a failure leaves an earlier file as
+    it was: :class:`~dgl_exact.errors.WriteError`), and close it; returns ``path``."""
+    plt = _plt()
+    try:
+        with atomic_write(path, shared=True) as f:
+            fig.savefig(f, format=os.path.splitext(path)[1][1:] or "png", dpi=120)
+    finally:
+        plt.close(fig)
+    return path
 
 
 def _by_model(rows):
@@ -53,9 +67,7 @@ def plot_memory(rows: List[Dict], path: str) -> str:
         ax.set_title(f"{model}{shape}: activations and step peak per setting")
         ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def plot_speed(rows: List[Dict], path: str) -> str:
@@ -74,9 +86,7 @@ def plot_speed(rows: List[Dict], path: str) -> str:
             if r.get("ratio_vs_baseline"):
                 ax.text(i, r["epoch_ms"] * 1.02, f"{r['ratio_vs_baseline']:.2f}x", ha="center", va="bottom", fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def plot_tradeoff(accuracy_rows: List[Dict], memory_rows: List[Dict], path: str) -> str:
@@ -99,9 +109,7 @@ def plot_tradeoff(accuracy_rows: List[Dict], memory_rows: List[Dict], path: str)
     ax.set_title("accuracy vs activation memory")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def save_all(out_dir: str, memory_rows=None, speed_rows=None, accuracy_rows=None) -> List[str]:

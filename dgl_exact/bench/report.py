@@ -9,6 +9,7 @@ from typing import Optional
 
 import torch
 
+from .._files import atomic_write
 from .results import markdown_table
 from .runner import published_rows
 
@@ -66,7 +67,7 @@ def assemble(root: str = "benchmarks", out: str = "BENCHMARKS.md") -> str:
         with open(report) as f:
             parts.append(f.read())
     text = "\n".join(parts)
-    with open(out, "w") as f:
+    with atomic_write(out, "w", encoding="utf-8", shared=True) as f:
         f.write(text)
     return out
 
@@ -84,6 +85,6 @@ def write_report(folder: str, label: str, command: str, sections, figures, devic
         rel = os.path.relpath(fig, link_base or os.getcwd())  # as linked from BENCHMARKS.md
         lines += [f"![{os.path.basename(fig)}]({rel})", ""]
     path = os.path.join(folder, "REPORT.md")
-    with open(path, "w") as f:
+    with atomic_write(path, "w", encoding="utf-8", shared=True) as f:
         f.write("\n".join(lines))
     return path

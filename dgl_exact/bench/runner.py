@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from .. import kernels, memory, ops
 from .._compat import dgl_supports_device, import_dgl
+from .._files import atomic_write
 from .._progress import progress_bar
 from ..compression import compress, decompress
 from ..compression_config import CompressionConfig
@@ -433,7 +434,7 @@ def profile_grid(work: Workload, models: Sequence[str], settings: Sequence[Setti
         table = averages.table(sort_by=sort, row_limit=row_limit)
         safe = "".join(ch if ch.isalnum() else "_" for ch in setting.name).strip("_")
         path = os.path.join(out_dir, f"profile_{model_name}_{safe}.txt")
-        with open(path, "w") as f:
+        with atomic_write(path, "w", encoding="utf-8", shared=True) as f:
             f.write(f"{model_name} / {setting.name} on {work.device}, {steps} profiled steps after {warmup} warm-up\n"
                     f"code: {provenance.stamp()['code']}\n")
             f.write(table)

@@ -8,6 +8,7 @@ import sys
 
 import click
 
+from .._files import atomic_write
 from ..training.config import TrainConfig, load_conf
 from ..training.models import MODELS
 from ._common import UserError, _check_dataset, _check_outputs, provenance_checked
@@ -219,8 +220,7 @@ def bench_profile(dataset, models, settings, hidden, layers, device, data_root, 
                                _bench_header("profile --emulate-gpu", work)))
         click.echo(f"per-op tables: {os.path.join(out, 'opcount_*.txt')}")
         if json_path:
-            os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)
-            with open(json_path, "w") as f:
+            with atomic_write(json_path, "w", encoding="utf-8", shared=True) as f:
                 json.dump(records_for_json(rows), f, indent=1)
             click.echo(f"records: {json_path}")
         return

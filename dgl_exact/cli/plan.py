@@ -8,6 +8,7 @@ import time
 
 import click
 
+from .._files import atomic_write
 from ..training.config import MAX_COUNT as _MAX_COUNT
 from ..training.models import MODELS
 from ._common import UserError, _check_outputs, parse_size, provenance_checked
@@ -115,9 +116,8 @@ def plan_command(dataset, nodes, edges, features, classes, train_nodes, model, h
         click.echo(f"static memory ({', '.join(names)}): " + ", ".join(
             f"{k[:-6].replace('_', ' ')} {memory.format_bytes(v)}" for k, v in items))
     click.echo(f"predicted from recorded steps on two sample graphs in {time.perf_counter() - t0:.1f} s")
-    if json_path:
-        os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)  # as train's --json
-        with open(json_path, "w") as f:
+    if json_path:  # atomically, as train's --json
+        with atomic_write(json_path, "w", encoding="utf-8", shared=True) as f:
             json.dump([r.to_dict() for r in records], f, indent=1)
 
 
@@ -186,8 +186,7 @@ def _plan_minibatch(dataset, nodes, model, hidden, dropout, batch_norm, heads, d
         out = [r.to_dict() for r in records]
     click.echo(f"predicted from recorded steps on sampled batches in {time.perf_counter() - t0:.1f} s")
     if json_path:
-        os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)
-        with open(json_path, "w") as f:
+        with atomic_write(json_path, "w", encoding="utf-8", shared=True) as f:
             json.dump(out, f, indent=1)
 
 

@@ -15,6 +15,9 @@ import urllib.error
 import urllib.request
 from typing import Iterator
 
+from .._files import atomic_write
+from ..errors import WriteError
+
 __all__ = ["ATTEMPTS", "DownloadError", "fetch", "quiet_output"]
 
 ATTEMPTS = 3
@@ -38,16 +41,15 @@ def quiet_output(quiet: bool) -> Iterator[None]:
 
 def fetch(url: str, path: str, attempts: int = ATTEMPTS, quiet: bool = False, timeout: float = 60.0,
           wait: float = 1.0) -> str:
-    """Download ``url`` to ``path`` (written as ``path + ".partial"`` and renamed when complete); returns
-    ``path``. Progress ("Downloading URL", "Downloaded X MB") on stdout/stderr unless ``quiet``."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    partial = path + ".partial"
+    """Download ``url`` to ``path`` (written atomically, :func:`~dgl_exact._files.atomic_write`); returns
+    ``path``. Progress ("Downloading URL", "Downloaded X MB") on stdout/stderr unless ``quiet``. A failure to
+    write locally (disk full, ...) is not retried: one :class:`~dgl_exact.errors.WriteError`."""
     last = ""
     for attempt in range(1, attempts + 1):
         try:
             if not quiet:
                 print(f"Downloading {url}" + (f" (attempt {attempt} of {attempts})" if attempt > 1 else ""))
-            with urllib.request.urlopen(url, timeout=timeout) as response, open(partial, "wb") as out:
+            with urllib.request.urlopen(url, timeout=timeout) as response, atomic_write(path, shared=True) as out:
                 total = int(response.headers.get("Content-Length") or 0)
                 done = 0
                 while True:
@@ -63,18 +65,15 @@ def fetch(url: str, path: str, attempts: int = ATTEMPTS, quiet: bool = False, ti
                     print(file=sys.stderr)
                 if total and done != total:
                     raise urllib.error.URLError(f"connection closed after {done:,} of {total:,} bytes")
-            os.replace(partial, path)
             return path
+        except WriteError:  # the network did its part: retrying would fail the same way
+            raise
         except urllib.error.HTTPError as err:
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(partial)
             last = f"HTTP {err.code} {err.reason}".strip()
             if err.code < 500:
                 raise DownloadError(f"download of {url} failed: the server answered {last} (attempt {attempt} of "
                                     f"{attempts}; not retried: the answer would be the same)") from None
         except (urllib.error.URLError, OSError, ValueError) as err:
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(partial)
             reason = getattr(err, "reason", None) or err
             last = f"{type(err).__name__}: {reason}"
         if attempt < attempts:

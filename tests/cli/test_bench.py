@@ -197,3 +197,25 @@ def test_fresh_process_round_trip_through_pipes():
     assert _in_fresh_process(dict, {"a": 1.5, "b": None}) == {"a": 1.5, "b": None}
     with pytest.raises(RuntimeError, match="invalid literal"):
         _in_fresh_process(int, "not a number")
+
+
+def test_bench_memory_out_on_a_full_disk_keeps_the_earlier_rows(tmp_path, capsys, monkeypatch, full_disk):
+    """One line naming the file, exit 2, the earlier memory.jsonl as it was and no empty file beside it (the
+    grid is a stand-in that hands one row to the sink: measuring takes fresh processes)."""
+    import dgl_exact.bench.runner as runner
+    from tests.cli._helpers import assert_one_line_error, run
+
+    def grid(work, models, settings, sink, progress=True):
+        row = {"model": models[0], "setting": settings[0].name, "activation_MiB": 1.0}
+        sink.add(row)
+        return [row]
+
+    monkeypatch.setattr(runner, "memory_grid", grid)
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "memory.jsonl").write_text('{"setting": "earlier"}\n')
+    assert_one_line_error(run(["bench", "memory", "--dataset", TINY, "--models", "gcn", "--settings", "INT2",
+                               "--hidden", "8", "--layers", "2", "--out", out, "-q"], capsys),
+                          f"could not write {out / 'memory.jsonl'}", "no space left on device")
+    assert os.listdir(out) == ["memory.jsonl"] and (out / "memory.jsonl").read_text() == '{"setting": "earlier"}\n'

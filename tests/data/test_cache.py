@@ -206,3 +206,19 @@ def test_read_only_root(tmp_path, monkeypatch):
         assert load_dataset("ogbn-arxiv", tmp_path).num_nodes == 40
     with pytest.warns(UserWarning, match="no dgl_exact fingerprint"):
         assert load_dataset("flickr", tmp_path).num_nodes == 30
+
+
+def test_fingerprint_record_on_a_full_disk_keeps_the_previous_one(tmp_path, full_disk):
+    from dgl_exact.data.cache import write_record
+
+    cache_file = tmp_path / "graph.bin"
+    cache_file.write_bytes(b"graph")
+    (tmp_path / "raw").mkdir()
+    (tmp_path / "raw" / "a.csv").write_text("1")
+    record = record_path(str(cache_file))
+    with open(record, "w") as f:
+        f.write("the previous record")
+    assert write_record(str(cache_file), str(tmp_path / "raw"), ["a.csv"]) is False
+    with open(record) as f:
+        assert f.read() == "the previous record"
+    assert sorted(os.listdir(tmp_path)) == sorted(["graph.bin", "raw", os.path.basename(record)])

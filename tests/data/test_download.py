@@ -302,3 +302,32 @@ def test_cli_train_quiet_prints_no_ogb_processing(tmp_path):
     assert out.exit_code == 0, out.output
     text = out.output                                             # stdout and stderr
     assert "Loading necessary files" not in text and "Saving" not in text and "Converting" not in text
+
+
+def test_download_on_a_full_disk_is_one_write_error_not_retried(tmp_path, server, full_disk):
+    """The network did its part: a local disk that is full is said in one line naming the file, at once."""
+    from dgl_exact.data.download import fetch
+    from dgl_exact.errors import WriteError
+
+    base, www, requests = server
+    (www / "x.zip").write_bytes(os.urandom(200_000))
+    target = tmp_path / "data" / "x.zip"
+    target.parent.mkdir()
+    target.write_bytes(b"an earlier download")
+    with pytest.raises(WriteError) as err:
+        fetch(f"{base}/x.zip", str(target), quiet=True, wait=0)
+    assert str(err.value).startswith(f"could not write {target}: no space left on device")
+    assert requests == ["/x.zip"] and target.read_bytes() == b"an earlier download"
+    assert os.listdir(target.parent) == ["x.zip"]
+
+
+def test_download_is_written_whole(tmp_path, server):
+    from dgl_exact.data.download import fetch
+
+    base, www, requests = server
+    payload = os.urandom(300_000)
+    (www / "x.zip").write_bytes(payload)
+    target = tmp_path / "data" / "x.zip"
+    assert fetch(f"{base}/x.zip", str(target), quiet=True) == str(target)
+    assert target.read_bytes() == payload and os.listdir(target.parent) == ["x.zip"]
+    assert target.stat().st_mode & 0o777 == 0o644  # a dataset file others may read

@@ -214,3 +214,14 @@ def test_unwritable_cache_folder_computes_in_memory(kind, how, graph, reference,
     if kind == "saint":
         for a, b in zip(_result(sampler), reference[kind][0]):
             assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("kind", ["saint", "cluster"])
+def test_cache_on_a_full_disk_computes_in_memory_and_leaves_nothing(kind, tmp_path, full_disk):
+    cache_dir = tmp_path / "cache"
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        sampler = MAKERS[kind](_graph(), cache_dir)
+    _one_cache_warning(record, sampler.cache_path, "no space left on device")
+    assert os.listdir(cache_dir) == []  # no temporary file, no cut-off cache
+    assert all(len(r) > 0 for r in _result(sampler))

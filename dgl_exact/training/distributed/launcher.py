@@ -13,6 +13,8 @@ from typing import Callable, Dict, List, Optional, Sequence
 import torch
 
 from ... import _environment
+from ..._files import atomic_write
+from ...errors import WriteError
 from ..config import TrainConfig
 from .environment import CHILD_ENV
 
@@ -97,9 +99,12 @@ def launch(nproc: int, config: TrainConfig, args: Sequence[str] = (), *, grace: 
     base["PYTHONPATH"] = os.pathsep.join([package_root] + [p for p in [base.get("PYTHONPATH")] if p])
     if "OMP_NUM_THREADS" not in base:
         base["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
-    folder = tempfile.mkdtemp(prefix="dgl-exact-launch-")
+    try:
+        folder = tempfile.mkdtemp(prefix="dgl-exact-launch-")
+    except OSError as e:
+        raise WriteError(os.path.join(tempfile.gettempdir(), "dgl-exact-launch-*"), e) from None
     conf = os.path.join(folder, "config.yaml")
-    with open(conf, "w") as f:
+    with atomic_write(conf, "w", encoding="utf-8") as f:
         yaml.safe_dump(config.to_dict(), f)
     command = [sys.executable, "-m", "dgl_exact", "train", "--conf", conf, *args]
     port = free_port()
