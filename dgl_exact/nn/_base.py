@@ -16,8 +16,11 @@ _DISABLED = CompressionConfig(enabled=False)
 
 
 class Dropout(nn.Dropout):
-    """Dropout keeping nothing: backward regenerates the mask from its seed. (Public as
-    :class:`dgl_exact.nn.Dropout`; defined here because :func:`apply_dropout` recognises it.)"""
+    """Dropout keeping nothing: backward regenerates the mask from its seed. With compression off, the mask
+    is torch's own (the same outputs, gradients and generator state as :class:`torch.nn.Dropout` under the
+    same seed; backward replays torch's generator); with compression on, it comes from the kernels' RNG
+    (reproducible under ``torch.manual_seed``, not torch's masks). (Public as :class:`dgl_exact.nn.Dropout`;
+    defined here because :func:`apply_dropout` recognises it.)"""
 
     def forward(self, x):
         r"""Zero each element with probability ``p`` and scale the rest by :math:`1 / (1 - p)` (training mode only).
@@ -32,9 +35,10 @@ class Dropout(nn.Dropout):
         torch.Tensor
             Output of the shape of ``x``.
 
-        Kept for backward: nothing: the backward regenerates the mask from its seed.
+        Kept for backward: nothing: the backward regenerates the mask from its seed (or, compression off,
+        from torch's generator state).
         """
-        return ops.dropout(x, self.p, self.training)
+        return ops.dropout(x, self.p, self.training, like_torch=True)
 
 
 class CompressedModuleMixin:
@@ -180,7 +184,7 @@ def apply_dropout(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     module's own train/eval mode, as calling it would); any replacement (``nn.Identity()``, another
     regulariser) is simply called, as DGL would."""
     if _plain_dropout(module):
-        return ops.dropout(x, module.p, module.training)
+        return ops.dropout(x, module.p, module.training, like_torch=True)
     return module(x)
 
 

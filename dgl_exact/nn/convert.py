@@ -67,6 +67,9 @@ class ConversionReport:
         lines += [f"  {name or '<root>'}: {change}" for name, change in self.converted.items()]
         lines += [f"  fused ReLU+Dropout: {name}" for name in self.fused]
         lines += [f"  fused BatchNorm1d+ReLU(+Dropout), in place where allowed: {name}" for name in self.fused_norm]
+        if any(change.endswith("Dropout") for change in self.converted.values()):
+            lines.append("  dropout masks: torch's own (same seed, same masks) with compression off; with compression "
+                         "on, dgl_exact's kernels draw them (reproducible under torch.manual_seed, not torch's)")
         if self.fp32:
             lines.append(f"  not converted ({len(self.fp32)}):")
             lines += [f"    {name or '<root>'}: {why}" for name, why in self.fp32.items()]

@@ -181,9 +181,10 @@ class ReLUDropout(nn.Module):
         torch.Tensor
             Output of the shape of ``x``.
 
-        Kept for backward: one bit per element for the ReLU and the dropout together.
+        Kept for backward: one bit per element for the ReLU and the dropout together. With compression off,
+        the dropout mask is torch's own (as ``nn.ReLU`` then ``nn.Dropout`` draw it under the same seed).
         """
-        return ops.relu_dropout(x, self.p, self.training)
+        return ops.relu_dropout(x, self.p, self.training, like_torch=True)
 
     def extra_repr(self):
         return f"p={self.p}"

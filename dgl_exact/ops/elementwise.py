@@ -10,8 +10,16 @@ dropout         nothing: the mask is regenerated from the seed that produced it
 relu_dropout    1 bit per element for both (``x > 0 and kept``)
 ==============  =============================================================================
 
-The bits are exact, so these ops cost no accuracy. Masks use the kernels' counter-based RNG, hence
-identical on every backend and reproducible under ``torch.manual_seed``.
+The bits are exact, so these ops cost no accuracy. With compression on, masks use the kernels'
+counter-based RNG, hence identical on every backend and reproducible under ``torch.manual_seed``, but not
+the masks torch's dropout draws. ``like_torch=True`` (what the modules :class:`dgl_exact.nn.Dropout` and
+``ReLUDropout``, and a user's ``nn.Dropout`` inside dgl_exact's convs, pass): with compression off (the
+configuration in force disabled, on CPU or CUDA, not while compiling), ``dropout`` and an unseeded
+``relu_dropout`` draw torch's own masks from torch's generator (the same outputs, gradients and generator
+state as ``torch.nn.functional.dropout``) and still keep nothing: backward replays the draw from the
+generator state saved in the forward. With compression on, matching torch's stream is not possible for the
+fused ops (their kernels draw the mask in the same pass that writes the output and its codes), so all
+masks come from the kernels' RNG then.
 
 Double backward: the masks are exact, so relu, leaky_relu, dropout and relu_dropout support it always
 (their backward is then computed with differentiable torch ops); elu needs its output, hence compression
@@ -71,7 +79,8 @@ def _drop_all(x):
 
 @fresh_outputs
 def relu_dropout(x: torch.Tensor, p: float = 0.0, training: bool = True, *,
-                 compress_for: Optional[CompressionConfig] = None, seed: Optional[int] = None) -> torch.Tensor:
+                 compress_for: Optional[CompressionConfig] = None, seed: Optional[int] = None,
+                 like_torch: bool = False) -> torch.Tensor:
     """``dropout(relu(x), p)`` keeping a single bit per element.
 
     ``seed``: the dropout mask's seed (drawn from torch's CPU generator when None). Given, the mask is the
@@ -83,11 +92,15 @@ def relu_dropout(x: torch.Tensor, p: float = 0.0, training: bool = True, *,
     output's compressed copy comes from the same pass over ``x`` (kernel ``relu_dropout_compress``) and the
     next op's stash takes it instead of reading the output again (``keeping.offer_compressed``): the same
     values and the same compression, drawn here instead of there. Ignored while compiling and under a
-    planner's stash hook (which chooses the kept compression itself)."""
+    planner's stash hook (which chooses the kept compression itself).
+
+    ``like_torch``: unseeded and with compression off, torch's own dropout mask (see the module doc)."""
     _check_p(p)
     p = float(p) if training else 0.0
     if p >= 1.0:
         return _drop_all(x)
+    if like_torch and seed is None and p > 0 and _torch_stream(x, compress_for):  # torch's masks (module doc)
+        return _torch_dropout(relu(x), p, x)  # 1 bit (relu) + nothing (dropout), as fused
     if not needs_saving(x):
         if seed is not None and p > 0:
             return _kernel_for("relu_dropout", x)(x.contiguous(), p, int(seed))[0]
@@ -173,19 +186,76 @@ class _Dropout(torch.autograd.Function):
         return _kernel_for("dropout", grad)(grad.contiguous(), ctx.p, ctx.seed), None, None
 
 
+def _torch_stream(x: torch.Tensor, compress_for: Optional[CompressionConfig] = None) -> bool:
+    """Whether dropout draws torch's own mask (see the module doc): compression off, a device whose generator
+    state can be saved and restored, not while compiling."""
+    return (not resolve_config(None).enabled and (compress_for is None or not compress_for.enabled)
+            and x.device.type in ("cpu", "cuda") and not compiling())
+
+
+def _rng_state(device: torch.device) -> torch.Tensor:
+    return torch.cuda.get_rng_state(device) if device.type == "cuda" else torch.get_rng_state()
+
+
+def _set_rng_state(device: torch.device, state: torch.Tensor) -> None:
+    if device.type == "cuda":
+        torch.cuda.set_rng_state(state, device)
+    else:
+        torch.set_rng_state(state)
+
+
+class _TorchDropout(torch.autograd.Function):
+    """``torch.nn.functional.dropout`` itself (its mask, from torch's generator), keeping only the generator's
+    state and a layout (``like``, a meta tensor: the mask follows the strides torch's dropout would give it
+    on a tensor of that layout): backward draws the same mask again on a tensor of ones of that layout (as
+    ``torch.utils.checkpoint`` replays a forward's randomness) and restores the generator."""
+
+    @staticmethod
+    def forward(ctx, x, p: float, like: torch.Tensor):
+        ctx.p, ctx.like, ctx.state = p, like, _rng_state(x.device)
+        if x.stride() == like.stride():
+            return F.dropout(x, p, training=True)
+        # x * (1 * noise) is x * noise bit for bit (noise: 0 or 1 / (1 - p)), the mask laid out as on ``like``
+        return x * F.dropout(torch.ones_like(like, device=x.device), p, training=True)
+
+    @staticmethod
+    def backward(ctx, grad):
+        now = _rng_state(grad.device)
+        _set_rng_state(grad.device, ctx.state)
+        try:
+            scale = F.dropout(torch.ones_like(ctx.like, device=grad.device), ctx.p, training=True)
+        finally:
+            _set_rng_state(grad.device, now)
+        return grad * scale, None, None
+
+
+def _torch_dropout(x: torch.Tensor, p: float, layout: torch.Tensor) -> torch.Tensor:
+    """torch's dropout of ``x`` with the mask torch would draw for a tensor laid out as ``layout`` (torch's
+    dropout of ``relu(h)`` lays its mask out as ``h``: ``relu`` preserves strides, :func:`relu` does not)."""
+    like = torch.empty_like(layout, device="meta")
+    if needs_saving(x):
+        return _TorchDropout.apply(x, p, like)
+    if x.stride() == like.stride():
+        return F.dropout(x, p, training=True)
+    return x * F.dropout(torch.ones_like(like, device=x.device), p, training=True)
+
+
 def _check_p(p):
     if not 0.0 <= float(p) <= 1.0:
         raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
 
 
 @fresh_outputs
-def dropout(x: torch.Tensor, p: float = 0.5, training: bool = True) -> torch.Tensor:
-    """Dropout that keeps no mask: backward regenerates it from the seed."""
+def dropout(x: torch.Tensor, p: float = 0.5, training: bool = True, *, like_torch: bool = False) -> torch.Tensor:
+    """Dropout that keeps no mask: backward regenerates it from the seed (``like_torch`` and compression off:
+    torch's own mask, replayed from torch's generator state; see the module doc)."""
     _check_p(p)
     if not training or p == 0.0:
         return x
     if p >= 1.0:
         return _drop_all(x)
+    if like_torch and _torch_stream(x):
+        return _torch_dropout(x, float(p), x)
     if not needs_saving(x):
         return _kernel_for("dropout", x)(x.contiguous(), float(p), draw_seed())
     return captured.apply("_Dropout", x, float(p), draw_seed())

@@ -326,3 +326,42 @@ def test_conv_activation_gelu_silu_mapped(act):
     mapped = dgl_exact.nn._base.compressed_activation(act)
     assert mapped is not act
     assert torch.allclose(mine(g, x), ref(g, x), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_converted_dropout_matches_torch_with_compression_off(device):
+    """A converted model with compression off draws torch's dropout masks: the same outputs, gradients and
+    generator state as the torch model under the same seed (plain ``Dropout``, the fused ``ReLUDropout``, and
+    a conv's own ``nn.Dropout``, run by ``_base.apply_dropout``: DGL's ``GATConv`` ``feat_drop``)."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs an NVIDIA GPU")
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Dropout(0.4), nn.Linear(32, 8), nn.Dropout(0.3)).to(device)
+    converted = copy.deepcopy(model)
+    _, report = dgl_exact.compress_model(converted, report=True)
+    assert report.fused and "dropout masks: torch's own" in str(report)
+    x = torch.randn(50, 16, device=device, requires_grad=True)
+
+    def run(m, params):
+        torch.manual_seed(5)
+        x.grad = None
+        for p in params:
+            p.grad = None
+        y = m(x)
+        y.pow(2).sum().backward()
+        return [y.detach(), x.grad.clone(), *(p.grad.clone() for p in params), torch.rand(3, device=device)]
+
+    with dgl_exact.config(enabled=False):
+        for a, b in zip(run(model, list(model.parameters())), run(converted, list(converted.parameters()))):
+            torch.testing.assert_close(b, a, rtol=0, atol=0)
+
+    dgl = pytest.importorskip("dgl")
+    g = dgl.add_self_loop(dgl.rand_graph(30, 90)).to(device)
+    gat = dgl.nn.GATConv(16, 4, 2, feat_drop=0.4).to(device)
+    converted = copy.deepcopy(gat)
+    dgl_exact.compress_model(converted)
+    x = torch.randn(30, 16, device=device, requires_grad=True)
+    with dgl_exact.config(enabled=False):
+        for a, b in zip(run(lambda h: gat(g, h), list(gat.parameters())),
+                        run(lambda h: converted(g, h), list(converted.parameters()))):
+            torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)  # the same masks; DGL's kernels, not ours

@@ -200,6 +200,42 @@ def test_dropout_mask_regenerated_in_backward():
         torch.testing.assert_close(ops.dropout(x, p), y.detach(), rtol=0, atol=0)
 
 
+_DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
+
+
+@pytest.mark.parametrize("device", _DEVICES)
+@pytest.mark.parametrize("op", ["dropout", "relu_dropout"])
+def test_dropout_like_torch_draws_torchs_mask_with_compression_off(device, op):
+    """``like_torch=True`` (the modules' dropout) with compression off: torch's own dropout, bit for bit (the
+    output, the gradient and the generator state after it, for a strided input too), keeping nothing; with
+    compression on, or without ``like_torch``, the kernels' masks."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs an NVIDIA GPU")
+    torch.manual_seed(0)
+    x = torch.randn(64, 300, device=device).t().requires_grad_(True)  # non-contiguous: the mask follows strides
+    p = 0.3
+    ref_fn = F.dropout if op == "dropout" else (lambda h, p: F.dropout(F.relu(h), p))
+    ours = getattr(ops, op)
+
+    def run(fn):
+        torch.manual_seed(5)
+        y = fn(hidden(x), p)
+        (gx,) = torch.autograd.grad(y, x, torch.arange(y.numel(), device=device, dtype=y.dtype).view(y.shape))
+        return y.detach(), gx, torch.rand(4, device=device)  # the generator's state afterwards
+
+    with dgl_exact.config(enabled=False):
+        want = run(ref_fn)
+        with saved_tensors() as kept:
+            got = run(lambda h, p: ours(h, p, like_torch=True))
+        for a, b in zip(want, got):
+            torch.testing.assert_close(b, a, rtol=0, atol=0)
+        assert all(t.dtype == torch.bool or t.numel() * 8 <= x.numel() for t in kept)  # at most relu's bit
+        unlike = run(lambda h, p: ours(h, p))
+    assert not torch.equal(unlike[0], want[0])
+    with dgl_exact.config(bits=8):
+        assert not torch.equal(run(lambda h, p: ours(h, p, like_torch=True))[0], want[0])
+
+
 def test_relu_dropout_is_dropout_of_relu():
     torch.manual_seed(0)
     x = torch.randn(100, 7, requires_grad=True)
