@@ -117,10 +117,10 @@ __global__ void __launch_bounds__(kThreads)
     if (count == V && vec_out) {
       out_t o[V];
 #pragma unroll
-      for (int i = 0; i < V; ++i) o[i] = static_cast<out_t>(v[i]);
+      for (int i = 0; i < V; ++i) o[i] = to_output<out_t>(v[i]);
       store_vec<out_t, V>(out + c * V, o);
     } else {
-      for (int i = 0; i < count; ++i) out[c * V + i] = static_cast<out_t>(v[i]);
+      for (int i = 0; i < count; ++i) out[c * V + i] = to_output<out_t>(v[i]);
     }
   }
 }

@@ -2,8 +2,10 @@
 //
 // Everything here follows the contract in dgl_exact/kernels/reference.py bit for bit:
 //   * hash_uniform: two rounds of MurmurHash3's fmix32 over (seed, element index), 24 random bits;
-//   * quantize_code: t = clamp((x - lo) * inv, 0, M) (NaN -> 0), j = floor / level search, q = j + (u < frac);
-//   * decode_value: lo + L[q] * step, rounded once per operation (no FMA contraction).
+//   * quantize_code: t = clamp((x * pre - a) * inv, 0, M) (NaN -> 0; pre, a, inv: quant_group), j = floor / level
+//     search, q = j + (u < frac);
+//   * decode_value: lo + L[q] * step ((lo + L[q] * |step|) * 16, clamped finite, for a wide group: step < 0),
+//     rounded once per operation (no FMA contraction).
 // Device code uses the explicitly rounded intrinsics (__fmul_rn, ...), so nvcc cannot contract a
 // multiply and an add into an FMA; host code is compiled with -ffp-contract=off for the same reason.
 #pragma once
@@ -96,13 +98,30 @@ DE_HD float rademacher_entry(uint64_t seed, uint64_t e, float v) { return hash_u
 // inv = 1 / step, 0 where step <= 0 (or NaN); the reciprocal is correctly rounded (torch's reciprocal).
 DE_HD float inv_step(float s) { return s > 0.0f ? f_div(1.0f, s) : 0.0f; }
 
+constexpr float kMinNormal = 1.1754943508222875e-38f;  // 2^-126 (reference.MIN_NORMAL)
+constexpr float kTinyScale = 16777216.0f;              // 2^24 (reference.TINY_SCALE)
+constexpr float kWideScale = 16.0f;                    // reference.WIDE_SCALE
+constexpr float kFloatMax = 3.4028234663852886e38f;    // fp32's largest finite value
+
+// A group's quantisation parameters (reference.quant_params): a value's code position is (x * pre - a) * inv.
+// A tiny step (0 < step < 2^-126: 1 / step may overflow) works on values scaled by 2^24; a wide group's
+// metadata (step < 0) is lo / 16, -step / 16, so its values are scaled by 1/16. Powers of two: exact.
+struct QuantGroup {
+  float pre, a, inv;
+};
+DE_HD QuantGroup quant_group(float lo, float step) {
+  if (step < 0.0f) return {1.0f / kWideScale, lo, f_div(1.0f, -step)};
+  if (step > 0.0f && step < kMinNormal) return {kTinyScale, f_mul(lo, kTinyScale), f_div(1.0f, f_mul(step, kTinyScale))};
+  return {1.0f, lo, inv_step(step)};
+}
+
 // Code of x in its group: uniform levels (LEVELS = false) or the ascending table L[0..M] (LEVELS = true).
 // u is the uniform of the element (0.5 for nearest rounding).
 template <int BITS, bool LEVELS>
-DE_HD uint32_t quantize_code(float x, float lo, float inv, const float* L, float u) {
+DE_HD uint32_t quantize_code(float x, const QuantGroup& qg, const float* L, float u) {
   constexpr int M = (1 << BITS) - 1;
   // nan_to_num then clamp: NaN -> 0, +inf -> M, -inf -> 0. fmaxf drops the NaN.
-  float t = f_mul(f_sub(x, lo), inv);
+  float t = f_mul(f_sub(f_mul(x, qg.pre), qg.a), qg.inv);
   t = f_min(f_max(t, 0.0f), static_cast<float>(M));
   float frac;
   uint32_t j;
@@ -132,10 +151,15 @@ DE_HD uint32_t quantize_code(float x, float lo, float inv, const float* L, float
   return j + (u < frac ? 1u : 0u);
 }
 
-// x_hat = lo + L[q] * step (L[q] = q for uniform levels), each operation rounded separately.
+// x_hat = lo + L[q] * step (L[q] = q for uniform levels), each operation rounded separately; a wide group
+// (step < 0, reference.decode_params): (lo + L[q] * -step) * 16, clamped to fp32's finite range.
 template <bool LEVELS>
 DE_HD float decode_value(uint32_t q, float lo, float step, const float* L) {
   const float level = LEVELS ? L[q] : static_cast<float>(q);
+  if (step < 0.0f) {
+    const float v = f_mul(f_add(lo, f_mul(level, -step)), kWideScale);
+    return v > kFloatMax ? kFloatMax : (v < -kFloatMax ? -kFloatMax : v);
+  }
   return f_add(lo, f_mul(level, step));
 }
 
@@ -175,24 +199,37 @@ DE_HD float bf16_floor(float v) {
   if (b & 0x80000000u) b += 0xFFFFu;
   return bits_float(b & 0xFFFF0000u);
 }
-// The smallest bf16 >= max(v, 2^-126), for v >= 0 (a step of at least the smallest normal fp32, so that
-// 1 / step stays finite for a denormal span).
-DE_HD float bf16_ceil_pos(float v) {
-  const uint32_t b = float_bits(v);
-  return bits_float(((b < 0x00800000u ? 0x00800000u : b) + 0xFFFFu) & 0xFFFF0000u);
-}
+// The smallest bf16 >= v, for v >= 0 (inf stays inf).
+DE_HD float bf16_ceil_pos(float v) { return bits_float((float_bits(v) + 0xFFFFu) & 0xFFFF0000u); }
 
 // factor = fp32((1 + 2^-20) / M): step rounded up by a hair more than fp32 rounding can lose.
 inline float meta_factor(int64_t bits) {
   return static_cast<float>((1.0 + 1.0 / 1048576.0) / static_cast<double>((int64_t(1) << bits) - 1));
 }
 
-// Saturation (reference.DECODE_MAX / SATURATE): a finite group whose top code lo + M * step would not decode
-// finite is redone from its min and max clamped to [-kSaturate, kSaturate], which always decodes finite.
+// Wide groups (reference.group_meta): a finite group whose top code lo + M * step would not decode finite, or
+// whose step's reciprocal would not be a normal fp32, is redone from its min and max divided by 16 and
+// stores its step negated; decode_value multiplies back.
 constexpr float kDecodeMax = 3.4028232635611926e38f;  // bits 0x7F7FFFFE: one ulp below fp32's largest
-constexpr float kSaturate = 1.2760588759535192e38f;  // 1.5 * 2^126, bits 0x7EC00000
+constexpr float kWideStep = 8.507059173023462e37f;    // 2^126
 
 DE_HD bool finite_bits(float v) { return (float_bits(v) & 0x7F800000u) != 0x7F800000u; }  // not inf, not NaN
+
+// lo = mn rounded down to bf16, step = (mx - lo) * factor rounded up to bf16 (0 for an empty span); a product
+// below 2^-126 lost bits in fp32: it is taken exactly in fp64 and rounded up to bf16's denormal grid 2^-133.
+DE_HD void meta_lo_step(float mn, float mx, float factor, float& lo, float& step) {
+  lo = bf16_floor(mn);
+  const float span = f_sub(mx, lo);
+  const float p = f_mul(span, factor);
+  if (!(span > 0.0f)) {
+    step = 0.0f;
+  } else if (p < kMinNormal) {
+    const double exact = f_mul(static_cast<double>(span), static_cast<double>(factor));  // exact: 24 x 24 bits
+    step = static_cast<float>(ceil(exact * 0x1p133) * 0x1p-133);
+  } else {
+    step = bf16_ceil_pos(p);
+  }
+}
 
 DE_HD void group_meta_one(float mn, float mx, float factor, float top, float& lo, float& step) {
   if (!finite_bits(mn) || !finite_bits(mx)) {  // the group holds a NaN or an inf
@@ -200,16 +237,12 @@ DE_HD void group_meta_one(float mn, float mx, float factor, float top, float& lo
     step = 0.0f;
     return;
   }
-  for (int attempt = 0; attempt < 2; ++attempt) {
-    lo = bf16_floor(mn);
-    const float span = f_sub(mx, lo);
-    // span > 0 is false for 0; an overflowed span (inf) gives step = inf, which saturates
-    step = span > 0.0f ? bf16_ceil_pos(f_mul(span, factor)) : 0.0f;
-    const float p = f_mul(step, top);
-    if (attempt == 1 || (p <= kDecodeMax && p <= f_sub(kDecodeMax, lo))) return;
-    mn = fminf(fmaxf(mn, -kSaturate), kSaturate);
-    mx = fminf(fmaxf(mx, -kSaturate), kSaturate);
-  }
+  meta_lo_step(mn, mx, factor, lo, step);
+  // an overflowed span (inf) gives step = inf: wide
+  const float p = f_mul(step, top);
+  if (step <= kWideStep && p <= kDecodeMax && p <= f_sub(kDecodeMax, lo)) return;
+  meta_lo_step(f_mul(mn, 1.0f / kWideScale), f_mul(mx, 1.0f / kWideScale), factor, lo, step);
+  step = -step;
 }
 
 // Running minimum and maximum of one group, for group_meta_one (compress_rows: the range and the codes from
@@ -281,18 +314,14 @@ DE_HD uint32_t quantize_word(const Src& src, int64_t w, const CodecShape& sh, co
   const int64_t col = e0 - row * sh.k;
   const int64_t g = sh.block_rows == 1 ? row : div_fast(row, sh.block_rows, sh.small_r);
   const int64_t rb = row - g * sh.block_rows;
-  const float lo_a = lo[g];
-  const float inv_a = inv_step(step[g]);
+  const QuantGroup qg_a = quant_group(lo[g], step[g]);
   uint32_t word = 0;
   if (fast_ok && e0 + EPW <= sh.n && sh.k >= EPW) {
     // the word crosses a row boundary after `split` elements (EPW: it does not); the next row may
     // start the next group
     const int split = col + EPW <= sh.k ? EPW : static_cast<int>(sh.k - col);
-    float lo_b = lo_a, inv_b = inv_a;
-    if (split < EPW && rb + 1 == sh.block_rows) {
-      lo_b = lo[g + 1];
-      inv_b = inv_step(step[g + 1]);
-    }
+    QuantGroup qg_b = qg_a;
+    if (split < EPW && rb + 1 == sh.block_rows) qg_b = quant_group(lo[g + 1], step[g + 1]);
     float v[EPW];
     src.block(e0, v);
 #if defined(__CUDA_ARCH__)
@@ -301,27 +330,24 @@ DE_HD uint32_t quantize_word(const Src& src, int64_t w, const CodecShape& sh, co
     for (int i = 0; i < EPW; ++i) {
       const bool second = i >= split;
       const float u = stochastic ? hash_uniform(seed, static_cast<uint64_t>(e0 + i)) : 0.5f;
-      word |= quantize_code<BITS, LEVELS>(v[i], second ? lo_b : lo_a, second ? inv_b : inv_a, L, u) << (i * BITS);
+      word |= quantize_code<BITS, LEVELS>(v[i], second ? qg_b : qg_a, L, u) << (i * BITS);
     }
     return word;
   }
   int64_t c = col, r = rb, gg = g;
-  float lo_g = lo_a, inv_g = inv_a;
+  QuantGroup qg = qg_a;
 #if defined(__CUDA_ARCH__)
 #pragma unroll 1
 #endif
   for (int i = 0; i < EPW && e0 + i < sh.n; ++i) {
     const float u = stochastic ? hash_uniform(seed, static_cast<uint64_t>(e0 + i)) : 0.5f;
-    word |= quantize_code<BITS, LEVELS>(src.one(e0 + i), lo_g, inv_g, L, u) << (i * BITS);
+    word |= quantize_code<BITS, LEVELS>(src.one(e0 + i), qg, L, u) << (i * BITS);
     if (++c == sh.k) {
       c = 0;
       if (++r == sh.block_rows) {
         r = 0;
         ++gg;
-        if (e0 + i + 1 < sh.n) {
-          lo_g = lo[gg];
-          inv_g = inv_step(step[gg]);
-        }
+        if (e0 + i + 1 < sh.n) qg = quant_group(lo[gg], step[gg]);
       }
     }
   }

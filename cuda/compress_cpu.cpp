@@ -96,7 +96,7 @@ void unpack_dequantize_loop(const uint8_t* packed, const M* lo, const M* step, c
       const int count = static_cast<int>(std::min<int64_t>(V, sh.n - c * V));
       float v[V];
       dequantize_chunk<BITS, LEVELS, V>(packed, c, count, sh, lo, step, L, false, v);
-      for (int i = 0; i < count; ++i) out[c * V + i] = static_cast<out_t>(v[i]);
+      for (int i = 0; i < count; ++i) out[c * V + i] = to_output<out_t>(v[i]);
     }
   });
 }

@@ -17,6 +17,21 @@
 
 namespace dgl_exact {
 
+// A decoded fp32 value as the output type: clamped to that type's finite range first (a level past fp16's or
+// bf16's largest value, in a group near it, decodes to that value instead of inf; reference.unpack_dequantize).
+// NaN passes. fp32 and fp64 outputs: fp32's range (decode_value keeps decodes inside it already).
+template <typename T>
+DE_HD float output_finite_max() { return 3.4028234663852886e38f; }
+template <>
+DE_HD float output_finite_max<c10::Half>() { return 65504.0f; }
+template <>
+DE_HD float output_finite_max<c10::BFloat16>() { return 3.3895313892515355e38f; }
+template <typename T>
+DE_HD T to_output(float v) {
+  const float m = output_finite_max<T>();
+  return static_cast<T>(v > m ? m : (v < -m ? -m : v));
+}
+
 using OptTensor = c10::optional<at::Tensor>;
 
 inline void check_bits(int64_t bits) {

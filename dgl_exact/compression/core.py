@@ -16,12 +16,17 @@ width below one bf16 ulp of its value: unbiased, error under that ulp. Compressi
 the host with the device (``nonfinite="raise"`` excepted: it has to look at the data).
 
 Non-finite values: a group holding a NaN or an inf decodes to NaN throughout (``nonfinite="propagate"``,
-the default: never a finite wrong value; ``"raise"``: ``FloatingPointError``). Finite values whose group
-range bf16 metadata cannot span with a finite decode (e.g. ``[3e38, -3e38]``: the span overflows fp32; a
-minimum below bf16's lowest value -3.39e38; a top code that would decode beyond fp32) saturate: that group is quantised
-as if clamped to ``[-C, C]``, ``C = 1.5 * 2^126`` (~1.28e38), so it decodes finite, values inside stay
-unbiased and values beyond decode near ``+-C``; other groups are unaffected (``kernels.reference``'s
-``group_meta``). fp64 values beyond fp32's range become inf in fp32 and count as non-finite.
+the default: never a finite wrong value; ``"raise"``: ``FloatingPointError``). The NaN/inf positions come
+back non-finite, and so do the group's finite values (a group's codes have no spare value to mark one
+element). fp64 values beyond fp32's range become inf in fp32 and count as non-finite.
+
+Extreme finite values (``kernels.reference``'s ``group_meta``): a group whose range overflows fp32 (e.g.
+``[3e38, -3e38]``) is stored *wide* (metadata of its values / 16, step negated) and decodes finite, within one
+step and unbiased, so a backward that overflows on the exact values overflows on the decoded ones too (a
+GAT input row at 1e38: the same NaN gradients as without compression). Denormal fp32 values are quantised
+unbiased (denormal steps, down to 2^-133). A decoded level past the output dtype's largest finite value
+(fp16/bf16/fp32 values within one step of it) decodes to that value, never to inf: such values are biased
+toward zero by less than one step; all others stay unbiased.
 """
 from __future__ import annotations
 
@@ -170,7 +175,7 @@ def compress(x: torch.Tensor, config: Optional[CompressionConfig] = None,
         # projection without quantisation (EXACT's --act_fp --kept_frac): the projected rows, in x's dtype
         seed = draw_seed() if seed is None else seed
         proj_seed = (seed * 0x9E3779B97F4A7C15 + 1) & 0x7FFFFFFFFFFFFFFF
-        raw = projection.project(rows, k, proj_seed).to(x.dtype)
+        raw = _cast_finite(projection.project(rows, k, proj_seed), x.dtype)
         return CompressedTensor(width=k, proj_seed=proj_seed, raw=raw, **base)
     if seed is None:
         seed = draw_seed()
@@ -253,7 +258,7 @@ def decompress(c: CompressedTensor) -> torch.Tensor:
     if c.raw is not None:
         if c.proj_seed is None:
             return c.raw
-        return projection.unproject(c.raw.float(), c.orig_width, c.proj_seed).to(c.dtype).reshape(c.shape)
+        return _cast_finite(projection.unproject(c.raw.float(), c.orig_width, c.proj_seed), c.dtype).reshape(c.shape)
     if c.packed is None:
         raise ValueError("this CompressedTensor holds no data (a shell from split(); call join() first)")
     lo, step = c.lo, c.step  # bf16: every kernel reads the stored metadata as it is (no converted copy)
@@ -265,8 +270,18 @@ def decompress(c: CompressedTensor) -> torch.Tensor:
     rows = kernels.get("unpack_dequantize", c.device)(c.packed, lo, step, levels, c.bits, c.block_rows,
                                                       c.n_rows, c.width, out_dtype)
     if c.proj_seed is not None:
-        rows = projection.unproject(rows, c.orig_width, c.proj_seed).to(c.dtype)
+        rows = _cast_finite(projection.unproject(rows, c.orig_width, c.proj_seed), c.dtype)
     return rows.reshape(c.shape)
+
+
+def _cast_finite(rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``rows`` as ``dtype``, finite values kept finite: a (un)projected estimate can exceed fp16's or bf16's
+    largest value where the input did not (projection noise); it is clamped there instead of becoming inf.
+    Non-finite values (from a NaN or inf in the input) stay as they are."""
+    if dtype in (torch.float16, torch.bfloat16) and rows.dtype != dtype:
+        big = torch.finfo(dtype).max
+        rows = torch.where(torch.isfinite(rows), rows.clamp(-big, big), rows)
+    return rows.to(dtype)
 
 
 def compressed_nbytes(shape, config: CompressionConfig) -> int:

@@ -132,22 +132,27 @@ def code_levels4_py(xv, lo_g, inv_g, l0, l1, l2, l3, u):
 # spacing) below 2^-126, done exactly in float64 with frexp / ldexp / floor / ceil.
 _TWO_M133 = 2.0**-133
 _MIN_NORMAL = np.float32(2.0**-126)
+_TINY_SCALE = np.float32(2.0**24)  # reference.TINY_SCALE
 _NAN32 = np.float32(np.nan)
 _INF32 = np.float32(np.inf)
 _DECODE_MAX = np.float32(3.4028232635611926e38)  # reference.DECODE_MAX
-_SATURATE = np.float32(1.5 * 2.0**126)  # reference.SATURATE
+_FLOAT_MAX = np.float32(3.4028234663852886e38)  # reference.FLOAT_MAX
+_TWO_133 = 2.0**133
+_WIDE_STEP = np.float32(2.0**126)  # reference.WIDE_STEP
+_WIDE_INV = np.float32(1.0 / 16.0)  # 1 / reference.WIDE_SCALE
 
 
 def group_meta1_py(mnv, mxv, factor, top):
     """(lo, step) of one group from its fp32 min and max (``reference.group_meta``). One function (the
     jitted helpers cannot call plain-Python ones): lo = the largest bf16 <= min (inf and NaN pass through,
-    zeros keep their sign); step = the smallest bf16 >= max(span * factor, 2^-126). A finite group whose
-    top code ``lo + top * step`` would not decode finite (``reference.DECODE_MAX``) is redone once from its
-    min and max clamped to ``[-SATURATE, SATURATE]``, which always decodes finite."""
+    zeros keep their sign); step = the smallest bf16 >= span * factor (a product below 2^-126 computed
+    exactly in fp64, rounded up to bf16's denormal grid 2^-133). A finite group whose top code
+    ``lo + top * step`` would not decode finite (``reference.DECODE_MAX``) or whose step's reciprocal would not
+    be normal is wide: redone once from its min and max divided by 16, its step returned negated."""
     if mnv - mnv != _ZERO or mxv - mxv != _ZERO:  # the group holds a NaN or an inf
         return _NAN32, _ZERO
     lo = mnv
-    span = step = _ZERO
+    step = _ZERO
     for attempt in range(2):
         lo = mnv
         if mnv != _ZERO:
@@ -166,19 +171,21 @@ def group_meta1_py(mnv, mxv, factor, top):
             step = _ZERO
         else:
             p = span * factor
-            if p < _MIN_NORMAL:
-                step = _MIN_NORMAL
+            if p < _MIN_NORMAL:  # the fp32 product lost bits: exact in fp64, up to a multiple of 2^-133
+                step = np.float32(math.ceil(np.float64(span) * np.float64(factor) * _TWO_133) * _TWO_M133)
             elif p - p != _ZERO:  # overflowed to inf
                 step = p
             else:
                 a = np.float64(p)
                 q = math.ldexp(1.0, math.frexp(a)[1] - 8)
                 step = np.float32(math.ceil(a / q) * q)
+        if attempt == 1:
+            return lo, -step
         p = step * top
-        if attempt == 1 or (p <= _DECODE_MAX and p <= _DECODE_MAX - lo):
+        if step <= _WIDE_STEP and p <= _DECODE_MAX and p <= _DECODE_MAX - lo:
             break
-        mnv = min(max(mnv, -_SATURATE), _SATURATE)
-        mxv = min(max(mxv, -_SATURATE), _SATURATE)
+        mnv = mnv * _WIDE_INV
+        mxv = mxv * _WIDE_INV
     return lo, step
 
 
@@ -211,12 +218,25 @@ def _pack_run(buf, j, n_full, out, bi, BITS):
 
 
 @njit(inline="always", cache=True)
-def _unpack_run(packed, byte0, n_full, out, base, lo_g, step_g, table, BITS):
+def _decode1(lo_g, step_g, post_g, vmax, level):
+    """``reference.unpack_dequantize`` of one code: ``(lo + level * step) * post``, clamped to ``[-vmax, vmax]``
+    (NaN passes)."""
+    v = (lo_g + level * step_g) * post_g
+    if v > vmax:
+        return vmax
+    if v < -vmax:
+        return -vmax
+    return v
+
+
+@njit(inline="always", cache=True)
+def _unpack_run(packed, byte0, n_full, out, base, lo_g, step_g, post_g, vmax, table, BITS):
     """Decode the ``n_full`` whole bytes from ``packed[byte0]`` into ``out[base ...]``."""
     for bb in range(n_full):
         v = np.int64(packed[byte0 + bb])
         for i in range(8 // BITS):
-            out[base + bb * (8 // BITS) + i] = lo_g + table[(v >> (i * BITS)) & ((1 << BITS) - 1)] * step_g
+            out[base + bb * (8 // BITS) + i] = _decode1(lo_g, step_g, post_g, vmax,
+                                                        table[(v >> (i * BITS)) & ((1 << BITS) - 1)])
 
 
 @njit(**_KERNEL)
@@ -230,9 +250,10 @@ def group_meta(mn, mx, factor, top, out, start, end):
 
 
 @njit(**_KERNEL)
-def quantize_pack(x, e0, k, block_rows, lo, inv, levels, has_levels, bits, s_lo, s_hi, stochastic, out,
+def quantize_pack(x, e0, k, block_rows, lo, inv, pre, levels, has_levels, bits, s_lo, s_hi, stochastic, out,
                   start, end):
-    """Codes of ``x`` (fp32, flat elements ``e0 ..``) packed into ``out`` (the bytes of those elements).
+    """Codes of ``x`` (fp32, flat elements ``e0 ..``) packed into ``out`` (the bytes of those elements);
+    ``pre, lo, inv``: each group's ``reference.quant_params`` (code position ``(x * pre - lo) * inv``).
     Units: bytes of ``out``."""
     n = x.size
     per_byte = 8 // bits
@@ -252,21 +273,22 @@ def quantize_pack(x, e0, k, block_rows, lo, inv, levels, has_levels, bits, s_lo,
         g = row // block_rows
         lo_g = lo[g]
         inv_g = inv[g]
+        pre_g = pre[g]
         # u = hash (stochastic) or 0.5 (nearest), written branch-free (both products are exact) so
         # one loop serves both roundings and still vectorizes
         if has_levels and bits == 2:
             l0, l1, l2, l3 = levels[0], levels[1], levels[2], levels[3]
             for j in range(m):
                 u = _hash_u(ge + j, s_lo, s_hi) * u_mul + u_add
-                buf[j] = _code_levels4(x[e + j], lo_g, inv_g, l0, l1, l2, l3, u)
+                buf[j] = _code_levels4(x[e + j] * pre_g, lo_g, inv_g, l0, l1, l2, l3, u)
         elif has_levels:
             for j in range(m):
                 u = _hash_u(ge + j, s_lo, s_hi) * u_mul + u_add
-                buf[j] = _code_levels(x[e + j], lo_g, inv_g, levels, top, u)
+                buf[j] = _code_levels(x[e + j] * pre_g, lo_g, inv_g, levels, top, u)
         else:
             for j in range(m):
                 u = _hash_u(ge + j, s_lo, s_hi) * u_mul + u_add
-                buf[j] = _code_uniform(x[e + j], lo_g, inv_g, top, u)
+                buf[j] = _code_uniform(x[e + j] * pre_g, lo_g, inv_g, top, u)
         # pack: single codes until byte-aligned, then whole bytes, then the tail
         j = 0
         while j < m and sh != 0:
@@ -300,10 +322,11 @@ def quantize_pack(x, e0, k, block_rows, lo, inv, levels, has_levels, bits, s_lo,
 
 
 @njit(**_KERNEL)
-def unpack_dequantize(packed, e0, k, block_rows, lo, step, table, bits, out, start, end):
-    """``out[i] = lo + table[q] * step`` (fp32) for flat elements ``e0 + i``; ``packed`` is the whole
-    buffer, ``table`` the level table (``0, 1, ..., top`` for uniform levels: the same values as
-    ``float(q)``). Units: elements of ``out``."""
+def unpack_dequantize(packed, e0, k, block_rows, lo, step, post, vmax, table, bits, out, start, end):
+    """``out[i] = (lo + table[q] * step) * post`` (fp32) clamped to ``[-vmax, vmax]`` for flat elements
+    ``e0 + i`` (``lo, step, post``: ``reference.decode_params``); ``packed`` is the whole buffer, ``table`` the
+    level table (``0, 1, ..., top`` for uniform levels: the same values as ``float(q)``). Units: elements of
+    ``out``."""
     per_byte = 8 // bits
     mask = (1 << bits) - 1
     e = start
@@ -314,27 +337,28 @@ def unpack_dequantize(packed, e0, k, block_rows, lo, step, table, bits, out, sta
         g = row // block_rows
         lo_g = lo[g]
         step_g = step[g]
+        post_g = post[g]
         bit = ge * bits
         # single codes until byte-aligned, then whole bytes, then the tail
         j = 0
         while j < m and ((bit + j * bits) & 7) != 0:
             b = bit + j * bits
-            out[e + j] = lo_g + table[(np.int64(packed[b >> 3]) >> (b & 7)) & mask] * step_g
+            out[e + j] = _decode1(lo_g, step_g, post_g, vmax, table[(np.int64(packed[b >> 3]) >> (b & 7)) & mask])
             j += 1
         n_full = (m - j) // per_byte
         byte0 = (bit + j * bits) >> 3
         if bits == 1:
-            _unpack_run(packed, byte0, n_full, out, e + j, lo_g, step_g, table, 1)
+            _unpack_run(packed, byte0, n_full, out, e + j, lo_g, step_g, post_g, vmax, table, 1)
         elif bits == 2:
-            _unpack_run(packed, byte0, n_full, out, e + j, lo_g, step_g, table, 2)
+            _unpack_run(packed, byte0, n_full, out, e + j, lo_g, step_g, post_g, vmax, table, 2)
         elif bits == 4:
-            _unpack_run(packed, byte0, n_full, out, e + j, lo_g, step_g, table, 4)
+            _unpack_run(packed, byte0, n_full, out, e + j, lo_g, step_g, post_g, vmax, table, 4)
         else:
-            _unpack_run(packed, byte0, n_full, out, e + j, lo_g, step_g, table, 8)
+            _unpack_run(packed, byte0, n_full, out, e + j, lo_g, step_g, post_g, vmax, table, 8)
         j += n_full * per_byte
         while j < m:
             b = bit + j * bits
-            out[e + j] = lo_g + table[(np.int64(packed[b >> 3]) >> (b & 7)) & mask] * step_g
+            out[e + j] = _decode1(lo_g, step_g, post_g, vmax, table[(np.int64(packed[b >> 3]) >> (b & 7)) & mask])
             j += 1
         e += m
 

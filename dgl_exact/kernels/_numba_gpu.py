@@ -10,7 +10,7 @@ need a GPU context even to compile (tests compile every kernel to PTX on machine
 Under ``NUMBA_ENABLE_CUDASIM=1`` the same kernels run in Numba's CUDA simulator on NumPy arrays (slow:
 one Python thread per CUDA thread; tests keep inputs tiny).
 
-Float contract: decoding computes ``lo + L[q] * step`` with two roundings (the reference's torch ops).
+Float contract: decoding computes ``(lo + L[q] * step) * post`` with three roundings (the reference's torch ops).
 NVVM contracts ``a + b * c`` into an FMA by default, so the product goes through libdevice's
 ``fmul_rn``, which NVVM never contracts.
 """
@@ -56,7 +56,7 @@ def group_meta(mn, mx, factor, top, out):
 
 
 @cuda.jit
-def quantize_pack(x, e0, k, block_rows, lo, inv, levels, has_levels, bits, s_lo, s_hi, stochastic, out):
+def quantize_pack(x, e0, k, block_rows, lo, inv, pre, levels, has_levels, bits, s_lo, s_hi, stochastic, out):
     n = x.size
     per_byte = 8 // bits
     top = (1 << bits) - 1
@@ -72,22 +72,27 @@ def quantize_pack(x, e0, k, block_rows, lo, inv, levels, has_levels, bits, s_lo,
             else:
                 u = _HALF
             if has_levels:
-                q = _code_levels(x[e + i], lo[g], inv[g], levels, top, u)
+                q = _code_levels(_fmul(x[e + i], pre[g]), lo[g], inv[g], levels, top, u)
             else:
-                q = _code_uniform(x[e + i], lo[g], inv[g], top, u)
+                q = _code_uniform(_fmul(x[e + i], pre[g]), lo[g], inv[g], top, u)
             acc |= q << (i * bits)
         out[b] = acc
 
 
 @cuda.jit
-def unpack_dequantize(packed, e0, k, block_rows, lo, step, table, bits, out):
+def unpack_dequantize(packed, e0, k, block_rows, lo, step, post, vmax, table, bits, out):
     mask = (1 << bits) - 1
     for e in range(cuda.grid(1), out.size, cuda.gridsize(1)):
         ge = e0 + e
         g = (ge // k) // block_rows
         b = ge * bits
         q = (np.int64(packed[b >> 3]) >> (b & 7)) & mask
-        out[e] = lo[g] + _fmul(table[q], step[g])
+        v = _fmul(lo[g] + _fmul(table[q], step[g]), post[g])
+        if v > vmax:
+            v = vmax
+        if v < -vmax:
+            v = -vmax
+        out[e] = v
 
 
 @cuda.jit

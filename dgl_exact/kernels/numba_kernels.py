@@ -286,19 +286,19 @@ class _TorchOps:
         out = torch.empty(-(-n * bits // 8), dtype=torch.uint8, device=x.device)
         if n == 0:
             return out
-        step = step.float()  # bf16 metadata is read as the fp32 values it holds
-        inv = torch.where(step > 0, 1.0 / step, torch.zeros_like(step)).contiguous()
-        lo32 = lo.float().contiguous()
+        from .reference import quant_params
+
+        pre, lo32, inv = (t.contiguous() for t in quant_params(lo, step))  # bf16 metadata read as fp32
         lv, has_levels = self._levels(levels, x.device)
         s_lo, s_hi = _seed_words(seed)
         flat = x.contiguous().view(-1)
         eng = self.engine
         with eng.scope(x.device):
-            a_lo, a_inv, a_lv = self._a(lo32), self._a(inv), self._a(lv)
+            a_lo, a_inv, a_pre, a_lv = self._a(lo32), self._a(inv), self._a(pre), self._a(lv)
             for a, b, xc in _f32_chunks(flat):
                 oc = out[a * bits // 8: -(-b * bits // 8)]
                 eng.launch("quantize_pack", oc.numel(), x.device, self._a(xc), a, k, block_rows, a_lo, a_inv,
-                           a_lv, has_levels, bits, s_lo, s_hi, bool(stochastic), self._a(oc))
+                           a_pre, a_lv, has_levels, bits, s_lo, s_hi, bool(stochastic), self._a(oc))
         return out
 
     def compress_rows(self, x, levels, bits, block_rows, seed, stochastic):
@@ -325,17 +325,20 @@ class _TorchOps:
         out = torch.empty((n_rows, k), dtype=dtype, device=packed.device)
         if n == 0:
             return out
-        lo32, step32 = lo.float().contiguous(), step.float().contiguous()
+        from .reference import _finite_max, decode_params
+
+        lo32, step32, post = (t.contiguous() for t in decode_params(lo, step))
+        vmax = _f32(_finite_max(dtype))
         table = self._table(levels, bits, packed.device)
         flat = out.view(-1)
         eng = self.engine
         with eng.scope(packed.device):
             a_packed, a_table = self._a(packed.contiguous()), self._a(table)
-            a_lo, a_step = self._a(lo32), self._a(step32)
+            a_lo, a_step, a_post = self._a(lo32), self._a(step32), self._a(post)
 
             def decode(e0, dst):
                 eng.launch("unpack_dequantize", dst.numel(), packed.device, a_packed, e0, k, block_rows, a_lo, a_step,
-                           a_table, bits, self._a(dst))
+                           a_post, vmax, a_table, bits, self._a(dst))
 
             if dtype == torch.float32:
                 decode(0, flat)

@@ -5,7 +5,10 @@ Compression (``quantize_pack`` / ``unpack_dequantize``)
     blocks of ``block_rows`` consecutive rows; group ``g = row // block_rows`` has fp32 ``lo[g]`` and
     ``step[g]`` (already rounded to their storage precision by the caller). With ``M = 2**bits - 1``:
 
-    * ``inv = 1 / step`` (``0`` where ``step == 0``), ``t = clamp((x - lo) * inv, 0, M)``;
+    * ``(pre, a, inv) = quant_params(lo, step)``, ``t = clamp((x * pre - a) * inv, 0, M)`` (NaN -> 0): for an
+      ordinary group ``(1, lo, 1 / step)`` (``inv = 0`` where ``step == 0``); a tiny step (``0 < step <
+      2^-126``, whose reciprocal may overflow) scales values by 2^24, a wide group (``step < 0``, below) by
+      1/16 (powers of two: the code position is the one exact-exponent fp32 arithmetic would give);
     * uniform levels: ``j = min(floor(t), M - 1)``, ``frac = t - j``; with a level table ``L`` (fp32,
       ascending, ``L[0] = 0``, ``L[M] = M``): ``j`` is the last index with ``L[j] <= t`` capped at
       ``M - 1``, ``frac = (t - L[j]) / (L[j + 1] - L[j])``;
@@ -14,7 +17,11 @@ Compression (``quantize_pack`` / ``unpack_dequantize``)
     * code ``e`` occupies bits ``[(e * bits) % 8, +bits)`` of byte ``(e * bits) // 8`` (little-endian
       within the byte); the buffer is ``ceil(N * k * bits / 8)`` bytes, unused high bits are zero.
 
-    Decoding: ``x_hat = lo + L[q] * step`` (``L[q] = q`` for uniform levels), cast to ``dtype``.
+    Decoding: ``x_hat = lo + L[q] * step`` (``L[q] = q`` for uniform levels); a wide group:
+    ``(lo + L[q] * |step|) * 16``; then clamped to the finite range of ``dtype`` (fp32's for fp32/fp64) and
+    cast. The clamp only moves a level that lies past that range (a group within one step of fp16's, bf16's
+    or fp32's largest value): values whose neighbouring levels are both finite stay unbiased, the others
+    are biased toward zero by less than one step (``decode_params``, ``_finite_max``).
 
     ``lo`` and ``step`` may be fp32 or bf16 tensors (the values are read as fp32 either way; compression
     keeps bf16 metadata, and the kernels read it directly instead of a converted copy).
@@ -27,18 +34,19 @@ Fused compression (``compress_rows``): ``(packed, meta)`` for ``x`` from the val
 Group metadata (``group_meta``): from the fp32 per-group minimum ``mn`` and maximum ``mx``, ``[2, G]``
     fp32 rows ``lo``, ``step`` (values bf16 holds exactly). On the fp32 bit patterns, ``lo`` is ``mn``
     rounded down to bf16 (``b + 0xFFFF`` first when the sign bit is set, then ``& 0xFFFF0000``);
-    ``span = mx - lo``; ``step`` is ``span * f`` rounded up to bf16
-    (``(max(b, 0x00800000) + 0xFFFF) & 0xFFFF0000``: at least 2^-126, so ``1 / step`` stays finite), with
-    ``f = fp32((1 + 2^-20) / M)`` (so every value lands in ``[0, M]`` despite fp32 rounding). Where
-    ``mn`` or ``mx`` is not finite (the group holds a NaN or an inf) ``lo = NaN, step = 0``; where
-    ``span == 0`` (a constant group bf16 holds) ``step = 0``.
-    Saturation: a finite group whose decoded range would not stay finite (``p = M * step`` in fp32, with
-    ``step`` already 0 for ``span == 0``, and ``p <= B`` and ``p <= B - lo`` (fp32) not both true, ``B``
-    = ``DECODE_MAX``, one fp32 ulp below fp32's largest value: the span overflowed fp32, ``mn`` is below
-    bf16's lowest (``lo = -inf``), or the top code would decode beyond ``B``; e.g. ``[3e38, -3e38]``)
-    gets ``lo, step`` computed as above from ``mn, mx`` clamped to ``[-C, C]``, ``C = 1.5 * 2^126``
-    (about 1.28e38): every code then decodes finite (``2C`` plus rounding stays far below ``B``), values
-    inside ``[-C, C]`` stay unbiased, values beyond decode near ``+-C``. Every other group is unaffected.
+    ``span = mx - lo``; ``step`` is ``p = span * f`` (fp32) rounded up to bf16 (``(b + 0xFFFF) & 0xFFFF0000``),
+    with ``f = fp32((1 + 2^-20) / M)`` (so every value lands in ``[0, M]`` despite fp32 rounding); where
+    ``p < 2^-126`` (the fp32 product lost bits) ``step = ceil(span * f * 2^133) * 2^-133`` in fp64 (exact:
+    the smallest multiple of bf16's denormal spacing covering the range, so denormal values are quantised
+    unbiased). Where ``mn`` or ``mx`` is not finite (the group holds a NaN or an inf) ``lo = NaN,
+    step = 0``; where ``span == 0`` (a constant group bf16 holds) ``step = 0``.
+    Wide groups: a finite group whose codes the above cannot decode finite, or whose ``1 / step`` would not
+    be a normal fp32 (``p = M * step`` in fp32, and ``step <= 2^126``, ``p <= B`` and ``p <= B - lo`` not
+    all true, ``B = DECODE_MAX``, one fp32 ulp below fp32's largest value: the span overflowed fp32, ``mn``
+    is below bf16's lowest (``lo = -inf``), or the top code would decode beyond ``B``; e.g.
+    ``[3e38, -3e38]``) stores ``lo, -step`` computed as above from ``mn / 16, mx / 16``: the sign of the step
+    marks it, decoding multiplies by 16 again, so its values decode finite, within one step and unbiased
+    (fp32's largest value aside, above). Every other group is unaffected.
 
 Masks (``pack_mask`` / ``unpack_mask``): one bit per element, same bit order as 1-bit codes.
 
@@ -147,7 +155,6 @@ def unpack_codes(packed: torch.Tensor, bits: int, n: int) -> torch.Tensor:
 
 _LOW16 = 0xFFFF
 _HIGH16 = -65536  # 0xFFFF0000 as int32: bf16 keeps the top 16 bits of an fp32
-_MIN_NORMAL = 0x00800000  # bits of the smallest normal fp32, 2^-126
 
 
 def meta_factor(bits: int) -> float:
@@ -156,18 +163,31 @@ def meta_factor(bits: int) -> float:
 
 
 DECODE_MAX = 3.4028232635611926e38  # bits 0x7F7FFFFE: one ulp below fp32's largest (no tie rounds to inf)
-# bits 0x7EC00000, about 1.28e38: a saturated group's range is clamped to [-SATURATE, SATURATE]
-SATURATE = 1.5 * 2.0**126
+FLOAT_MAX = 3.4028234663852886e38  # fp32's largest finite value
+MIN_NORMAL = 2.0**-126  # steps below it are "tiny": quantised with x and lo scaled up by TINY_SCALE
+TINY_SCALE = 2.0**24
+WIDE_STEP = 2.0**126  # the largest step whose reciprocal is a normal fp32
+WIDE_SCALE = 16.0  # a wide group's metadata is lo / 16, -step / 16 (see the module docstring)
 
 
 def _lo_step(mn: torch.Tensor, mx: torch.Tensor, factor: float):
-    """``lo`` (mn rounded down to bf16), ``span``, ``step`` (span * factor rounded up to bf16, >= 2^-126)."""
+    """``lo`` (mn rounded down to bf16), ``span``, ``step`` (span * factor rounded up to bf16). A product below
+    2^-126 is redone exactly in fp64 (the fp32 one lost bits) and rounded up to bf16's denormal grid 2^-133."""
     b = mn.contiguous().view(torch.int32)
     lo = torch.where(b < 0, b + _LOW16, b).bitwise_and_(_HIGH16).view(torch.float32)
     span = mx - lo
-    # at least the smallest normal fp32 (a bf16): 1 / step must not overflow for a denormal span
-    step = (span * factor).view(torch.int32).clamp_(min=_MIN_NORMAL).add_(_LOW16).bitwise_and_(_HIGH16)
-    return lo, span, step.view(torch.float32)
+    p = span * factor
+    step = (p.view(torch.int32) + _LOW16).bitwise_and_(_HIGH16).view(torch.float32)
+    tiny = p.abs() < MIN_NORMAL  # (NaN spans: overwritten by the caller)
+    exact = (span.double() * factor * 2.0**133).ceil_().mul_(2.0**-133).float()  # fp32 x fp32 is exact in fp64
+    return lo, span, torch.where(tiny, exact, step)
+
+
+def _finite_max(dtype: torch.dtype) -> float:
+    """The largest finite value a decode to ``dtype`` may produce (fp32's for fp32 and fp64: decoding is fp32)."""
+    if dtype in (torch.float16, torch.bfloat16):
+        return float(torch.finfo(dtype).max)
+    return FLOAT_MAX
 
 
 @register("group_meta", "torch")
@@ -177,12 +197,37 @@ def group_meta(mn: torch.Tensor, mx: torch.Tensor, bits: int) -> torch.Tensor:
     finite = torch.isfinite(mn) & torch.isfinite(mx)
     lo, span, step = _lo_step(mn, mx, factor)
     p = torch.where(span > 0, step, torch.zeros_like(step)) * top  # the top code's offset (NaN, inf: False)
-    saturate = finite & ~((p <= DECODE_MAX) & (p <= DECODE_MAX - lo))
-    mn, mx = (torch.where(saturate, v.clamp(-SATURATE, SATURATE), v) for v in (mn, mx))
-    lo, span, step = _lo_step(mn, mx, factor)  # unchanged where not saturated
-    step = torch.where(finite & (span > 0), step, torch.zeros_like(step))
+    wide = finite & ~((step <= WIDE_STEP) & (p <= DECODE_MAX) & (p <= DECODE_MAX - lo))
+    # a wide group: the same from mn / 16, mx / 16 (exact but for denormal results), step stored negated
+    lo_w, span_w, step_w = _lo_step(mn * (1.0 / WIDE_SCALE), mx * (1.0 / WIDE_SCALE), factor)
+    lo = torch.where(wide, lo_w, lo)
+    step = torch.where(wide, -step_w, torch.where(finite & (span > 0), step, torch.zeros_like(step)))
     lo = torch.where(finite, lo, torch.full_like(lo, float("nan")))
     return torch.stack([lo, step])
+
+
+def quant_params(lo: torch.Tensor, step: torch.Tensor):
+    """Per group ``(pre, a, inv)`` with which a value's code position is ``t = (x * pre - a) * inv``:
+    ``(1, lo, 1 / step)`` (``inv = 0`` where ``step == 0``); a tiny step (``0 < step < 2^-126``, whose
+    reciprocal may overflow): ``(2^24, lo * 2^24, 1 / (step * 2^24))``; a wide group (``step < 0``):
+    ``(1 / 16, lo, 1 / -step)``. Every scaling is by a power of two: exact where it matters."""
+    lo, step = lo.float(), step.float()
+    wide = step < 0
+    tiny = (step > 0) & (step < MIN_NORMAL)
+    one = torch.ones_like(step)
+    pre = torch.where(wide, one / WIDE_SCALE, torch.where(tiny, one * TINY_SCALE, one))
+    a = torch.where(tiny, lo * TINY_SCALE, lo)
+    s = torch.where(wide, -step, torch.where(tiny, step * TINY_SCALE, step))
+    inv = torch.where(s > 0, 1.0 / s, torch.zeros_like(s))
+    return pre, a, inv
+
+
+def decode_params(lo: torch.Tensor, step: torch.Tensor):
+    """Per group ``(lo, s, post)``: a code decodes to ``(lo + L[q] * s) * post`` (then clamped to the output
+    dtype's finite range): ``s = |step|``, ``post = 16`` for a wide group (``step < 0``), else 1."""
+    lo, step = lo.float(), step.float()
+    post = torch.where(step < 0, torch.full_like(step, WIDE_SCALE), torch.ones_like(step))
+    return lo, step.abs(), post
 
 
 @register("quantize_pack", "torch")
@@ -190,15 +235,14 @@ def quantize_pack(x: torch.Tensor, lo: torch.Tensor, step: torch.Tensor, levels:
                   bits: int, block_rows: int, seed: int, stochastic: bool) -> torch.Tensor:
     n_rows, k = x.shape
     top = (1 << bits) - 1
-    lo, step = lo.float(), step.float()  # bf16 metadata is read as the fp32 values it holds
-    inv_all = torch.where(step > 0, 1.0 / step, torch.zeros_like(step))
+    pre_all, a_all, inv_all = quant_params(lo, step)  # bf16 metadata is read as the fp32 values it holds
     out = []
     # row chunks bound the fp32 temporaries; the uint8 codes of all chunks are concatenated and packed once
     for start, end in _chunks(n_rows, k):
         xs = x[start:end].float()
         rows = torch.arange(start, end, device=x.device) // block_rows
-        lo_r, inv_r = lo[rows][:, None], inv_all[rows][:, None]
-        t = ((xs - lo_r) * inv_r).nan_to_num_(0.0).clamp_(0.0, float(top))
+        pre_r, a_r, inv_r = pre_all[rows][:, None], a_all[rows][:, None], inv_all[rows][:, None]
+        t = ((xs * pre_r - a_r) * inv_r).nan_to_num_(0.0).clamp_(0.0, float(top))
         if levels is None:
             j = t.floor().clamp_(max=top - 1)
             frac = t - j
@@ -222,9 +266,11 @@ def quantize_pack(x: torch.Tensor, lo: torch.Tensor, step: torch.Tensor, levels:
 def unpack_dequantize(packed: torch.Tensor, lo: torch.Tensor, step: torch.Tensor, levels: Optional[torch.Tensor],
                       bits: int, block_rows: int, n_rows: int, k: int, dtype: torch.dtype) -> torch.Tensor:
     q = unpack_codes(packed, bits, n_rows * k).view(n_rows, k)
-    lo, step = lo.float(), step.float()  # bf16 metadata (as compression keeps it) holds fp32 values exactly
+    lo, s, post = decode_params(lo, step)  # bf16 metadata (as compression keeps it) holds fp32 values exactly
     vals = q.float() if levels is None else levels.float()[q]
-    return (_group_expand(lo, n_rows, block_rows) + vals * _group_expand(step, n_rows, block_rows)).to(dtype)
+    v = (_group_expand(lo, n_rows, block_rows) + vals * _group_expand(s, n_rows, block_rows))
+    vmax = _finite_max(dtype)  # a level past the dtype's largest value (a group near it) decodes to that value
+    return (v * _group_expand(post, n_rows, block_rows)).clamp_(-vmax, vmax).to(dtype)
 
 
 def _aminmax(rows: torch.Tensor):
