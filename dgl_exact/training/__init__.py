@@ -11,6 +11,8 @@ Where things are:
   runs :meth:`~.trainer.Trainer.run` per seed, which restores, trains, evaluates and saves each epoch.
 * :mod:`.checkpoint` -- :class:`~.checkpoint.RunState`, what a checkpoint holds, written atomically and
   read back weights-only.
+* :mod:`.resume` -- what a checkpoint records about its run and ``--resume`` checks: one table of fields,
+  those that may change, the one-line refusal.
 * :mod:`.distributed` -- data-parallel training: the worker environment, the DDP trainer, its
   one-process emulator and the ``--nproc`` launcher.
 """
