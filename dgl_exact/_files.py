@@ -268,12 +268,9 @@ class OutputLock:
             if current is None or (current.st_dev, current.st_ino) != (mine.st_dev, mine.st_ino):
                 os.close(fd)
                 continue
-            try:
+            with contextlib.suppress(OSError):  # the pid only informs the next run (a full disk: "pid unknown")
                 os.ftruncate(fd, 0)
                 os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-            except OSError as e:
-                os.close(fd)
-                raise WriteError(self.lock_file, e) from None
             return fd
 
     def release(self) -> None:

@@ -252,3 +252,16 @@ def test_without_fcntl_outputs_are_not_locked(tmp_path, monkeypatch):
     monkeypatch.setattr(_files, "fcntl", None)
     with lock_output(str(tmp_path / "ck.pt")), lock_output(str(tmp_path / "ck.pt")):
         _only(tmp_path)
+
+
+def test_a_full_disk_does_not_keep_the_lock_from_being_taken(tmp_path, monkeypatch):
+    """Creating the lock file takes an inode, no data block; its pid only informs a second run (which then
+    says "pid unknown"): the output's own write is the one that reports the full disk."""
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(_files.os, "pwrite", full)
+    with lock_output(str(tmp_path / "ck.pt")):
+        assert (tmp_path / ".ck.pt.lock").read_bytes() == b""
+    _only(tmp_path)
+    assert "(pid unknown)" in str(OutputInUseError("x", None))
