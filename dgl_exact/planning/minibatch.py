@@ -8,8 +8,10 @@ step peak is the largest point over the sampled batches. Static memory is what l
 (its created sparse formats), features, labels, parameters and Adam's state, plus the largest batch's own
 data (input-node features, seed labels, the blocks' structure), which exists before its step starts.
 
-:func:`largest_batch` searches the batch size: doubling from 1 while the predicted step peak fits the budget,
-then bisection between the last size that fits and the first that does not, to within ``tolerance``.
+:func:`largest_batch` searches the batch size, recording few sizes: the step peak is close to affine in the
+sampled batch's elements (rows times widths, and edges: :func:`batch_elements`, sampling only), so a line
+through the recorded peaks names the next size to record, until a size that fits and one at most
+``tolerance`` larger that does not are recorded.
 """
 from __future__ import annotations
 
@@ -26,7 +28,8 @@ from .timeline import _Timeline
 from ..compression_config import config as compression_scope
 from ..training.neighbor import NeighborSampler
 
-__all__ = ["BatchPrediction", "MinibatchPlanner", "largest_batch", "format_batch_table", "pick_training_batch"]
+__all__ = ["BatchPrediction", "MinibatchPlanner", "largest_batch", "batch_elements", "format_batch_table",
+           "pick_training_batch"]
 
 #: sampled batches per predicted batch size (the largest step peak of them is taken)
 DEFAULT_BATCHES = 3
@@ -183,42 +186,90 @@ def refuse_recompute(settings: Sequence[Setting]) -> None:
                              "blocks (plan it with --sampler full)")
 
 
+def batch_elements(planner: MinibatchPlanner, batch_size: int) -> int:
+    """What a step at ``batch_size`` is made of, in elements: over the blocks of the first sampled batch, the
+    input rows times their width (features at the first layer, the hidden width after), the output rows times
+    the hidden width, and the edges. Sampling only, no step; cached on the planner. The step peak is close to
+    affine in it (every tensor of a step is a block's rows or edges times a width), which
+    :func:`largest_batch` uses to choose the batch sizes it records."""
+    cache = planner.__dict__.setdefault("_elements", {})
+    if batch_size not in cache:
+        batch = next(iter(planner.sampler(batch_size).iter_epoch(0)))
+        hidden, total = planner.spec.hidden_size, 0
+        for i, block in enumerate(batch.blocks):
+            width = planner.spec.features if i == 0 else hidden
+            total += block.num_src_nodes() * width + block.num_dst_nodes() * hidden + block.num_edges()
+        cache[batch_size] = total
+    return cache[batch_size]
+
+
+def _batch_for(planner: MinibatchPlanner, target: float, lo: int, hi: int) -> int:
+    """The largest batch size in ``[lo, hi]`` whose :func:`batch_elements` is at most ``target``: bisection on
+    the sampled sizes (they grow with the batch size), about ``log2(hi - lo)`` samplings, cached."""
+    if batch_elements(planner, hi) <= target:
+        return hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if batch_elements(planner, mid) <= target:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
 def largest_batch(planner: MinibatchPlanner, setting: Setting, budget: int, tolerance: float = 0.05,
-                  log: Optional[Callable[[str], None]] = None) -> BatchPrediction:
-    """The largest batch size whose predicted step peak is at most ``budget`` bytes: doubling from 1, then
-    bisection to within ``tolerance`` (relative). ValueError saying what to do when even batch size 1 does
-    not fit."""
+                  log: Optional[Callable[[str], None]] = None, max_steps: int = 12) -> BatchPrediction:
+    """The largest batch size whose predicted step peak (:meth:`MinibatchPlanner.record`, recorded steps on
+    sampled batches) is at most ``budget`` bytes, to within ``tolerance`` (relative): a batch size that fits
+    and one at most ``tolerance`` larger that does not (or all training nodes).
+
+    The search records few batch sizes: the step peak is close to affine in the sampled batch's elements
+    (:func:`batch_elements`, sampling only), so the line through the two recorded peaks nearest the budget
+    (one recorded peak: proportional to the elements, which overshoots no batch size) names the batch size to
+    record next; it is kept strictly inside the bracket, so the search ends, within ``max_steps`` records
+    (then the bracket is as narrow as they made it). ValueError saying what to do when even batch size 1
+    does not fit."""
     tried: Dict[int, PlanRecord] = {}
+    top = planner.max_batch_size
 
     def peak(b: int) -> int:
         if b not in tried:
             t0 = time.perf_counter()
             tried[b] = planner.record(setting, b)
             if log:
-                log(f"{setting.name}: batch size {b}: step peak {memory.format_bytes(tried[b].step_peak_bytes)} "
+                log(f"{setting.name}: batch size {b:,}: step peak {memory.format_bytes(tried[b].step_peak_bytes)} "
                     f"({time.perf_counter() - t0:.1f} s)")
         return tried[b].step_peak_bytes
 
     if peak(1) > budget:
         raise ValueError(f"{setting.name}: even batch size 1 needs a step peak of {memory.format_bytes(peak(1))}, "
                          f"more than the budget {memory.format_bytes(budget)}; give a larger --memory-budget")
-    top = planner.max_batch_size
-    lo, hi = 1, None
-    while hi is None:
-        nxt = min(2 * lo, top)
-        if nxt == lo:
+    lo, hi = 1, None   # lo fits; hi (None: none known) does not
+    while len(tried) < max_steps:
+        step = max(1, int(lo * tolerance))
+        if lo >= top or (hi is not None and hi - lo <= step):
             break
-        if peak(nxt) <= budget:
-            lo = nxt
+        upper = top if hi is None else hi - 1
+        # the two recorded sizes whose peaks are nearest the budget (a line through them), or the one
+        near = sorted(tried, key=lambda b: abs(tried[b].step_peak_bytes - budget))[:2]
+        xs = [batch_elements(planner, b) for b in near]
+        ys = [tried[b].step_peak_bytes for b in near]
+        if len(near) == 2 and xs[0] != xs[1] and (ys[1] - ys[0]) / (xs[1] - xs[0]) > 0:
+            slope = (ys[1] - ys[0]) / (xs[1] - xs[0])
+            target = xs[0] + (budget - ys[0]) / slope
         else:
-            hi = nxt
-    while hi is not None and hi - lo > max(1, int(lo * tolerance)):
-        mid = (lo + hi) // 2
-        if peak(mid) <= budget:
-            lo = mid
+            target = xs[0] * budget / ys[0]
+        guess = _batch_for(planner, target, lo, upper)
+        low_end, high_end = lo + step, upper - step if hi is not None else upper
+        b = min(max(guess, low_end), max(low_end, high_end), upper)
+        if peak(b) <= budget:
+            lo = b
         else:
-            hi = mid
+            hi = b
     sizes = {b: r.step_peak_bytes for b, r in sorted(tried.items())}
+    if log:
+        log(f"{setting.name}: batch size {lo:,} (step peak {memory.format_bytes(tried[lo].step_peak_bytes)} of "
+            f"{memory.format_bytes(budget)}; {len(tried)} batch sizes recorded)")
     return BatchPrediction(setting.name, lo, budget, tried[lo], sizes)
 
 

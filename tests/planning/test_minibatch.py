@@ -1,6 +1,7 @@
 """The per-batch planner (``dgl-exact plan --sampler neighbor``): predictions against a measured step, the
 batch-size search, and its one-line errors."""
 import contextlib
+import types
 
 import pytest
 import torch
@@ -81,6 +82,50 @@ def test_largest_batch_fits_and_its_double_does_not(tiny_planner):
     assert pick.record.step_peak_bytes <= budget
     assert tiny_planner.record(setting, 2 * pick.batch_size).step_peak_bytes > budget
     assert 16 <= pick.batch_size < tiny_planner.max_batch_size
+
+
+def test_search_records_few_batch_sizes_and_brackets_the_pick(tiny_planner):
+    """The pick fits, a recorded size at most 5 % (the tolerance) above it does not, and few sizes are
+    recorded: doubling from 1 and bisecting would record about log2(pick) + log2(1 / tolerance) of them."""
+    setting = select("INT2")[0]
+    budget = int(1.5 * tiny_planner.record(setting, 16).step_peak_bytes)
+    lines = []
+    pick = largest_batch(tiny_planner, setting, budget, log=lines.append)
+    above = [b for b, p in pick.tried.items() if p > budget]
+    assert pick.tried[pick.batch_size] <= budget and above
+    assert min(above) - pick.batch_size <= max(1, int(0.05 * pick.batch_size))
+    assert all(p <= budget for b, p in pick.tried.items() if b <= pick.batch_size)
+    assert len(pick.tried) <= 8, pick.tried
+    assert len(lines) == len(pick.tried) + 1 and f"batch size {pick.batch_size:,} (step peak" in lines[-1]
+
+
+class _AffinePlanner:
+    """A planner whose step peak is a known function of the batch size (no steps run)."""
+
+    def __init__(self, peak_of, top):
+        self.peak_of, self.max_batch_size, self.records = peak_of, top, []
+
+    def record(self, setting, b):
+        self.records.append(b)
+        return types.SimpleNamespace(step_peak_bytes=int(self.peak_of(b)))
+
+
+@pytest.mark.parametrize("elements, peak, top", [
+    (lambda b: 1000 * b, lambda e: 5e6 + 40 * e, 200_000),                     # affine: exact line
+    (lambda b: 1000 * b ** 0.8, lambda e: 5e6 + 40 * e, 200_000),              # neighbourhoods overlap
+    (lambda b: 1000 * b, lambda e: 5e6 + 40 * e + 1e-4 * e ** 1.5, 200_000),   # a little convex
+    (lambda b: 1000 * b, lambda e: 5e6 + 40 * e, 3000),                        # all training nodes fit
+])
+def test_search_on_the_elements_line_converges_in_few_records(monkeypatch, elements, peak, top):
+    import dgl_exact.planning.minibatch as M
+
+    monkeypatch.setattr(M, "batch_elements", lambda planner, b: int(elements(b)))
+    fake = _AffinePlanner(lambda b: peak(int(elements(b))), top)
+    budget = 2**30
+    pick = largest_batch(fake, select("INT2")[0], budget)
+    truth = max([b for b in range(1, top + 1) if fake.peak_of(b) <= budget], default=1)
+    assert pick.batch_size <= truth and truth - pick.batch_size <= max(1, int(0.05 * pick.batch_size))
+    assert len(fake.records) <= 7, fake.records
 
 
 @pytest.mark.slow
