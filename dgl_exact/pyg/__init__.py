@@ -11,8 +11,9 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("dgl_exact.pyg needs PyTorch Geometric: pip install 'dgl-exact[pyg]' "
                       "(torch_geometric>=2.8)") from exc
 
+from .gat_conv import GATConv
 from .gcn_conv import GCNConv
 from .sage_conv import SAGEConv
 from .structure import EdgeStructure
 
-__all__ = ["GCNConv", "SAGEConv", "EdgeStructure"]
+__all__ = ["GCNConv", "SAGEConv", "GATConv", "EdgeStructure"]

@@ -71,3 +71,16 @@ def assert_unbiased(draw, exact: torch.Tensor, sd: torch.Tensor, n: int, z: floa
     assert bool((err <= bound).all()), f"mean of {n} draws off by {float(worst):.2f} x the {z}-sigma bound"
     # and the draws are not exact (the test would pass vacuously with compression off)
     assert float((draw() - exact).abs().max()) > 0
+
+
+def assert_unbiased_sampled(draw, exact: torch.Tensor, n: int, z: float = 6.0) -> None:
+    """The mean of ``n`` draws of ``draw()`` is within ``z`` standard errors of ``exact``, element by element, the
+    standard error estimated from the draws (for estimators whose variance has no simple closed bound: a
+    gradient through the attention of GAT, which is a product of independently compressed copies)."""
+    draws = torch.stack([draw() for _ in range(n)])
+    se = draws.std(0) / math.sqrt(n)
+    assert float(se.max()) > 0, "the draws do not vary: nothing was compressed"
+    err = (draws.mean(0) - exact).abs()
+    bound = z * se + 1e-6 * exact.abs().max()
+    worst = (err / bound).max()
+    assert bool((err <= bound).all()), f"mean of {n} draws off by {float(worst):.2f} x the {z}-sigma bound"

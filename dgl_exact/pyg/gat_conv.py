@@ -1,0 +1,173 @@
+"""GATConv with compressed activations, a drop-in for :class:`torch_geometric.nn.GATConv`."""
+from __future__ import annotations
+
+from typing import Optional, Tuple, Union
+
+import torch_geometric.nn as pyg_nn
+from torch import Tensor
+from torch_geometric.utils import add_self_loops, remove_self_loops
+
+from .. import kernels
+from ..compression import draw_seed
+from ..compression_config import CompressionConfig
+from ..ops import linear
+from ..ops.gat import _attention, _chunk_budget, _GATAttention, _GATAttentionChunked
+from ..ops.keep import needs_saving
+from ._base import CompressedMixin, check_adjacency, is_sparse, materialize, structure
+
+__all__ = ["GATConv"]
+
+
+def _without_dgl_kernels(function):
+    """``function`` (a dgl_exact autograd Function) whose forward and backward run with the ``dgl`` kernel
+    backend excluded: the edge softmax asks the registry directly, and an :class:`~.structure.EdgeStructure`
+    has no DGL graph index to give DGL's kernel."""
+
+    class WithoutDGL(function):
+        @staticmethod
+        def forward(ctx, *args):
+            with kernels.exclude("dgl"):
+                return function.forward(ctx, *args)
+
+        @staticmethod
+        def backward(ctx, *grads):
+            with kernels.exclude("dgl"):
+                return function.backward(ctx, *grads)
+
+    WithoutDGL.__name__ = WithoutDGL.__qualname__ = f"{function.__name__}WithoutDGL"
+    return WithoutDGL
+
+
+_Attention = _without_dgl_kernels(_GATAttention)
+_AttentionChunked = _without_dgl_kernels(_GATAttentionChunked)
+
+
+class GATConv(CompressedMixin, pyg_nn.GATConv):
+    r"""Graph attention (Veličković et al., ICLR 2018), a drop-in for :class:`torch_geometric.nn.GATConv`.
+
+    .. math::
+        \mathbf{x}^{\prime}_i = \sum_{j \in \mathcal{N}(i) \cup \{ i \}} \alpha_{i,j}\mathbf{\Theta}\mathbf{x}_{j},
+        \qquad \alpha_{i,j} = \mathrm{softmax}_j\big(\mathrm{LeakyReLU}(\mathbf{a}_s^{\top}\mathbf{\Theta}\mathbf{x}_j
+        + \mathbf{a}_t^{\top}\mathbf{\Theta}\mathbf{x}_i)\big)
+
+    Same constructor, forward signature, parameters (``lin`` or ``lin_src``/``lin_dst``, ``att_src``,
+    ``att_dst``, ``res``, ``bias``), initialisation, ``state_dict`` and output as PyG's (self loops removed and
+    added again; heads concatenated or averaged); during training the activations kept for backward are
+    compressed: the input of the linear, and the projected features (twice, independently, for unbiased
+    attention-vector gradients) through :func:`dgl_exact.ops.gat_attention`'s op, which keeps no per-edge
+    tensor (PyG keeps the ``[E, heads, out_channels]`` messages and several ``[E, heads]`` attention tensors).
+    Attention dropout draws its mask from dgl_exact's seeded generator, so with ``dropout > 0`` a training
+    forward equals PyG's in distribution, not draw for draw.
+
+    Not supported (``NotImplementedError``): ``edge_dim`` (edge features in the attention), destination
+    features ``None`` in a bipartite pair, and a sparse adjacency (pass an ``edge_index``).
+
+    Parameters
+    ----------
+    in_channels : int or (int, int)
+        Input feature size (sources, destinations); -1 for lazy initialisation.
+    out_channels : int
+        Output feature size per head.
+    heads : int, default 1
+        Attention heads.
+    concat : bool, default True
+        Concatenate the heads (else average them).
+    negative_slope : float, default 0.2
+        LeakyReLU's slope.
+    dropout : float, default 0.0
+        Attention dropout.
+    add_self_loops : bool, default True
+        Replace the graph's self loops by one per node.
+    bias, residual : bool
+        As in PyG.
+    compression : CompressionConfig, optional
+        This module's compression; default: the configuration in force.
+    **kwargs
+        :class:`torch_geometric.nn.MessagePassing`'s arguments (``flow``).
+
+    Example
+    -------
+    >>> import torch, dgl_exact.pyg
+    >>> edge_index = torch.randint(0, 100, (2, 500))
+    >>> conv = dgl_exact.pyg.GATConv(16, 8, heads=3, compression=dgl_exact.CompressionConfig(bits=2))
+    >>> conv(torch.randn(100, 16), edge_index).shape
+    torch.Size([100, 24])
+    """
+
+    def __init__(self, in_channels: Union[int, Tuple[int, int]], out_channels: int, heads: int = 1,
+                 concat: bool = True, negative_slope: float = 0.2, dropout: float = 0.0, add_self_loops: bool = True,
+                 edge_dim: Optional[int] = None, fill_value="mean", bias: bool = True, residual: bool = False, *,
+                 compression: Optional[CompressionConfig] = None, **kwargs):
+        if edge_dim is not None:
+            raise NotImplementedError("dgl_exact.pyg.GATConv does not support edge_dim (edge features in the "
+                                      "attention); use torch_geometric.nn.GATConv for it")
+        super().__init__(in_channels, out_channels, heads=heads, concat=concat, negative_slope=negative_slope,
+                         dropout=dropout, add_self_loops=add_self_loops, edge_dim=edge_dim, fill_value=fill_value,
+                         bias=bias, residual=residual, **kwargs)
+        if self.aggr != "add" or self.decomposed_layers != 1:
+            raise NotImplementedError("dgl_exact.pyg.GATConv supports aggr='add' and decomposed_layers=1 only")
+        self._init_compression(compression)
+
+    def forward(self, x: Union[Tensor, Tuple[Tensor, Tensor]], edge_index, edge_attr: Optional[Tensor] = None,
+                size: Optional[Tuple[int, int]] = None, return_attention_weights: Optional[bool] = None):
+        """``x [N, in]`` or a pair ``(x_src [N_src, in], x_dst [N_dst, in])``, ``edge_index [2, E]``;
+        returns ``[N_dst, heads * out_channels]`` (``concat``) or ``[N_dst, out_channels]``; with
+        ``return_attention_weights``, also ``(edge_index with self loops, attention [E', heads])``.
+        ``edge_attr`` is ignored, as PyG ignores it without ``edge_dim``."""
+        check_adjacency(edge_index)
+        if is_sparse(edge_index):
+            raise NotImplementedError("dgl_exact.pyg.GATConv takes an edge_index [2, E], not a sparse adjacency; "
+                                      "convert it with torch_geometric.utils.to_edge_index")
+        H, C = self.heads, self.out_channels
+        cfg = self._config()
+        x_src, x_dst = (x, x) if isinstance(x, Tensor) else x
+        if x_dst is None:
+            raise NotImplementedError("dgl_exact.pyg.GATConv needs destination features: pass (x_src, x_dst)")
+        same = x_dst is x_src
+        res = None
+        if self.res is not None:
+            materialize(self.res, x_dst)
+            res = linear(x_dst, self.res.weight, None, cfg)
+        if self.lin is not None:
+            materialize(self.lin, x_src)
+            h_src = linear(x_src, self.lin.weight, None, cfg).view(-1, H, C)
+            h_dst = h_src if same else linear(x_dst, self.lin.weight, None, cfg).view(-1, H, C)
+        else:
+            materialize(self.lin_src, x_src)
+            materialize(self.lin_dst, x_dst)
+            h_src = linear(x_src, self.lin_src.weight, None, cfg).view(-1, H, C)
+            h_dst = linear(x_dst, self.lin_dst.weight, None, cfg).view(-1, H, C)
+        n_src = h_src.size(0) if size is None else size[0]
+        n_dst = h_dst.size(0) if size is None else size[1]
+        graph, variant = edge_index, "as_is"
+        if self.add_self_loops:
+            graph = add_self_loops(remove_self_loops(edge_index)[0], num_nodes=min(n_src, n_dst))[0]
+            variant = "gat_self_loops"
+        st = structure(graph, variant, n_src, n_dst, h_src.device, self.flow, key=edge_index)
+        out, alpha = self._attend(st, h_src, h_dst, cfg, need_attention=bool(return_attention_weights))
+        out = out.reshape(-1, H * C) if self.concat else out.mean(dim=1)
+        if res is not None:
+            out = out + res
+        if self.bias is not None:
+            out = out + self.bias
+        if return_attention_weights:
+            return out, (graph, alpha)
+        return out
+
+    def _attend(self, st, h_src: Tensor, h_dst: Tensor, cfg: CompressionConfig, need_attention: bool):
+        """``(out [N_dst, H, C], attention [E, H] or None)``: :func:`dgl_exact.ops.gat_attention`'s dispatch on an
+        :class:`~.structure.EdgeStructure` (edge chunks on graphs whose per-edge tensors outweigh the features)."""
+        slope = float(self.negative_slope)
+        p = float(self.dropout) if self.training else 0.0
+        att_src, att_dst = self.att_src, self.att_dst
+        with kernels.exclude("dgl"):
+            if not needs_saving(h_src, h_dst, att_src, att_dst):
+                el = (h_src * att_src).sum(dim=-1)
+                er = (h_dst * att_dst).sum(dim=-1)
+                _, _, a = _attention(st, el, er, slope, p, draw_seed() if p > 0 else 0, None)
+                return st.aggregate(h_src, a.to(h_src.dtype)), a
+        budget = _chunk_budget(st, p, h_src)
+        if budget is not None:
+            res = _AttentionChunked.apply(h_src, h_dst, att_src, att_dst, None, st, slope, cfg, budget, need_attention)
+            return res if need_attention else (res, None)
+        return _Attention.apply(h_src, h_dst, att_src, att_dst, None, st, slope, p, draw_seed() if p > 0 else 0, cfg)

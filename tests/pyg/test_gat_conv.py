@@ -1,0 +1,131 @@
+import pytest
+import torch
+
+pyg_nn = pytest.importorskip("torch_geometric.nn", reason="needs torch_geometric (pip install 'dgl-exact[pyg]')")
+
+import dgl_exact  # noqa: E402
+from dgl_exact.pyg import GATConv  # noqa: E402
+from tests.pyg._helpers import assert_unbiased_sampled, copy_of, random_graph, saved_bytes  # noqa: E402
+
+N, D_IN, D_OUT = 30, 8, 5
+OFF = dgl_exact.CompressionConfig(enabled=False)
+INT2 = dgl_exact.CompressionConfig(bits=2)
+
+
+def _pair(in_channels=D_IN, compression=None, seed=0, **kwargs):
+    torch.manual_seed(seed)
+    theirs = pyg_nn.GATConv(in_channels, D_OUT, **kwargs)
+    if theirs.bias is not None:  # PyG initialises it to zero: a nonzero bias is checked too
+        torch.nn.init.normal_(theirs.bias)
+    return theirs, copy_of(GATConv, theirs, in_channels, D_OUT, compression=compression, **kwargs)
+
+
+CASES = [dict(), dict(heads=3), dict(heads=3, concat=False), dict(add_self_loops=False), dict(residual=True, heads=2),
+         dict(bias=False), dict(negative_slope=0.5, heads=2), dict(flow="target_to_source")]
+
+
+def _ids(k):
+    return ",".join(f"{a}={b}" for a, b in k.items()) or "default"
+
+
+@pytest.mark.parametrize("kwargs", CASES, ids=_ids)
+@pytest.mark.parametrize("compression", [None, INT2], ids=["default", "int2"])
+def test_forward_equals_pyg(kwargs, compression):
+    theirs, ours = _pair(compression=compression, **kwargs)
+    ei = random_graph(N)
+    x = torch.randn(N, D_IN, requires_grad=True) * 1.0
+    torch.testing.assert_close(ours(x, ei), theirs(x, ei), rtol=1e-5, atol=1e-6)
+    out, (graph, alpha) = ours(x, ei, return_attention_weights=True)
+    expected, (expected_graph, expected_alpha) = theirs(x, ei, return_attention_weights=True)
+    assert torch.equal(graph, expected_graph)
+    torch.testing.assert_close(alpha, expected_alpha, rtol=1e-5, atol=1e-6)
+
+
+def test_bipartite_equals_pyg():
+    theirs, ours = _pair(in_channels=(D_IN, 3), heads=2)
+    ei = random_graph(N)
+    ei = ei[:, ei[1] < 20]
+    x = (torch.randn(N, D_IN), torch.randn(20, 3))
+    torch.testing.assert_close(ours(x, ei), theirs(x, ei), rtol=1e-5, atol=1e-6)
+
+
+def test_attention_dropout():
+    theirs, ours = _pair(heads=2, dropout=0.5, compression=INT2)
+    ei = random_graph(N)
+    x = torch.randn(N, D_IN)
+    _, (_, alpha) = ours(x, ei, return_attention_weights=True)
+    dropped = float((alpha == 0).float().mean())
+    assert 0.3 < dropped < 0.7  # about half of the attention weights dropped, the rest scaled by 2
+    ours.eval(), theirs.eval()
+    torch.testing.assert_close(ours(x, ei), theirs(x, ei), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("kwargs", [dict(), dict(heads=3, residual=True)], ids=_ids)
+def test_gradients_without_compression_equal_pyg(kwargs):
+    theirs, ours = _pair(compression=OFF, **kwargs)
+    ei = random_graph(N)
+    x0 = torch.randn(N, D_IN, requires_grad=True)
+    r = torch.randn(N, theirs.bias.numel())
+    grads = []
+    for module in (theirs, ours):
+        (module(x0 * 1.5, ei) * r).sum().backward()
+        grads.append([x0.grad.clone()] + [p.grad.clone() for p in module.parameters()])
+        x0.grad = None
+    for a, b in zip(*grads):  # float32 sums in other orders: up to 1e-5 of the largest element
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5 * float(a.abs().max()))
+
+
+def test_int2_gradients_unbiased():
+    torch.manual_seed(0)
+    theirs, ours = _pair(compression=INT2, heads=2)
+    ei = random_graph(N)
+    x0 = torch.randn(N, D_IN, requires_grad=True)
+    r = torch.randn(N, 2 * D_OUT)
+
+    def grads(module):
+        module.zero_grad()
+        (module(x0 * 1.0, ei) * r).sum().backward()
+        return torch.cat([module.lin.weight.grad.flatten(), module.att_src.grad.flatten(),
+                          module.att_dst.grad.flatten()])
+
+    assert_unbiased_sampled(lambda: grads(ours), grads(theirs), n=300)
+
+
+def test_int2_keeps_less_than_pyg():
+    torch.manual_seed(0)
+    ei = random_graph(N, e=400)
+    theirs = pyg_nn.GATConv(64, 16, heads=4)
+    ours = copy_of(GATConv, theirs, 64, 16, heads=4, compression=INT2)
+    x = (torch.randn(N, 64, requires_grad=True) * 1.0).relu()  # an activation: kept by each conv
+    sizes = [saved_bytes(lambda m=m: m(x, ei), exclude=[ei, *m.parameters()]) for m in (theirs, ours)]
+    assert sizes[1] < sizes[0] / 4, sizes
+
+
+def test_unsupported():
+    with pytest.raises(NotImplementedError, match="edge_dim"):
+        GATConv(D_IN, D_OUT, edge_dim=3)
+    ei = random_graph(N)
+    adj_t = torch.sparse_coo_tensor(ei.flip(0), torch.ones(ei.shape[1]), (N, N), check_invariants=True)
+    with pytest.raises(NotImplementedError, match="not a sparse adjacency"):
+        GATConv(D_IN, D_OUT)(torch.randn(N, D_IN), adj_t)
+
+
+@pytest.mark.parametrize("compression", [OFF, INT2], ids=["off", "int2"])
+def test_edge_chunks_equal_pyg(compression):
+    from dgl_exact.ops.edge_chunks import edge_chunks
+
+    theirs, ours = _pair(compression=compression, heads=2)
+    ei = random_graph(N)
+    x0 = torch.randn(N, D_IN, requires_grad=True)
+    r = torch.randn(N, 2 * D_OUT)
+    expected = theirs(x0 * 1.0, ei)
+    (expected * r).sum().backward()
+    expected_grads = [x0.grad.clone()] + [p.grad.clone() for p in theirs.parameters()]
+    x0.grad = None
+    with edge_chunks(16):  # chunks of at most 16 edges in forward and backward
+        out = ours(x0 * 1.0, ei)
+        (out * r).sum().backward()
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
+    if not compression.enabled:
+        for a, b in zip(expected_grads, [x0.grad] + [p.grad for p in ours.parameters()]):
+            torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5 * float(a.abs().max()))
