@@ -171,3 +171,30 @@ def test_nonfinite_values_decode_nonfinite(kind, bits):
     assert torch.isnan(meta[0, :3].float()).all() and torch.all(meta[1, :3] == 0)
     one_step = 2.0 * (1 + 2.0**-7) / ((1 << bits) - 1)  # the range [1, 3] over M levels, bf16-rounded up
     assert torch.isfinite(y[3]).all() and torch.all((y[3] - x[3].cpu()).abs() <= one_step)
+
+
+@pytest.mark.filterwarnings("ignore:.*(overflow|invalid value|underflow):RuntimeWarning")
+@pytest.mark.parametrize("kind", [k for k in KINDS if k != "torch"])
+@pytest.mark.parametrize("bits", [2, 4, 8])
+@pytest.mark.parametrize("block_rows", [1, 3])
+def test_extreme_rows_match_reference_with_levels_and_blocks(kind, bits, block_rows):
+    """Denormal, wide and fp32-maximum groups with i-EXACT's non-uniform levels and multi-row blocks: the
+    backend's metadata, codes and decode are the reference's, bit for bit (on a GPU: decode to rounding)."""
+    from dgl_exact.compression.levels import optimal_levels
+
+    ops = _ops(kind)
+    device = "cuda" if kind.endswith("cuda") else "cpu"
+    rows = torch.tensor([[0.0, 1e-42, 1e-40, -3e-41, 1e-45, 5e-39],
+                         [3e38, -3e38, 1e38, 0.0, 1.0, -3.4e38],
+                         [1e-40, 1.1e-40, 2e-38, 0.0, 0.0, 0.0],
+                         [FP32_MAX, -FP32_MAX, 0.0, 1.0, 2.0, 3.0]]).repeat(5, 1)
+    levels = torch.tensor(optimal_levels(bits, 6 * block_rows), dtype=torch.float32)
+    want_p, want_m = R.compress_rows(rows, levels, bits, block_rows, 99, True)
+    want = R.unpack_dequantize(want_p, want_m[0], want_m[1], levels, bits, block_rows, rows.shape[0], 6,
+                               torch.float32)
+    assert torch.isfinite(want).all()
+    p, m = ops.compress_rows(rows.to(device), levels.to(device), bits, block_rows, 99, True)
+    assert torch.equal(p.cpu(), want_p) and torch.equal(m.cpu().view(torch.int16), want_m.view(torch.int16))
+    got = ops.unpack_dequantize(p, m[0], m[1], levels.to(device), bits, block_rows, rows.shape[0], 6, torch.float32)
+    exact = not kind.endswith("cuda")
+    torch.testing.assert_close(got.cpu(), want, rtol=0 if exact else 1e-6, atol=0, equal_nan=True)
