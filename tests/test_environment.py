@@ -105,3 +105,13 @@ def test_the_readers_give_the_same_line(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "abc")
     with pytest.raises(ValueError, match=r"^environment variable WORLD_SIZE='abc': expected an integer"):
         environment.in_distributed_env()
+
+
+def test_the_kernels_give_the_same_line(monkeypatch):
+    import torch
+
+    import dgl_exact.kernels as kernels
+
+    monkeypatch.setenv("DGL_EXACT_BACKEND", "bogus")
+    with pytest.raises(ValueError, match=r"^environment variable DGL_EXACT_BACKEND='bogus': expected one of ext"):
+        kernels.get("compress_rows", torch.device("cpu"))

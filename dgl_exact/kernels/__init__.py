@@ -70,6 +70,7 @@ from typing import Callable, Dict, Optional
 
 import torch
 
+from .. import _environment
 from .spec import BACKENDS, OPS
 
 __all__ = ["register", "get", "chosen", "backend", "use_backend", "exclude", "BACKENDS", "OPS", "BackendReport",
@@ -151,6 +152,7 @@ def _forced() -> Optional[str]:
         if env is None or env in BACKENDS:
             return env
         if env not in _env_seen:
+            _environment.read(ENV_VAR)  # the one line every reader of the environment gives
             _env_seen[env] = _canonical(env, ENV_VAR)
         forced = _env_seen[env]
     return forced
