@@ -12,8 +12,9 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
                       "(torch_geometric>=2.8)") from exc
 
 from .gat_conv import GATConv
+from .gcn2_conv import GCN2Conv
 from .gcn_conv import GCNConv
 from .sage_conv import SAGEConv
 from .structure import EdgeStructure
 
-__all__ = ["GCNConv", "SAGEConv", "GATConv", "EdgeStructure"]
+__all__ = ["GCNConv", "SAGEConv", "GATConv", "GCN2Conv", "EdgeStructure"]
