@@ -122,7 +122,10 @@ def atomic_write(path, mode: str = "wb", *, encoding: Optional[str] = None, newl
     try:
         raw = _CheckedFile(fd, path)
         if shared:
-            os.chmod(tmp, 0o644)
+            try:
+                os.chmod(tmp, 0o644)
+            except OSError as e:
+                raise WriteError(path, e) from None
         f = io.BufferedWriter(raw)
         if "b" not in mode:
             f = io.TextIOWrapper(f, encoding=encoding, newline=newline)
@@ -143,7 +146,7 @@ def atomic_write(path, mode: str = "wb", *, encoding: Optional[str] = None, newl
                 os.close(fd)
             elif not raw.closed:
                 io.FileIO.close(raw)  # without flushing what the failed block left buffered
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
         failure = _failure_of(exc, path) or _torch_writer_failure(exc, path, folder)
         if failure is not None and failure is not exc:
