@@ -188,9 +188,11 @@ def _pad_feature_shapes(xs: tuple, ws: tuple):
 
 
 def _mul_layout(xs: tuple, ws: tuple) -> Optional[tuple]:
-    """``(out_shape, heads, dim)`` when ``x * w`` (DGL's broadcasting of feature shapes ``xs`` and ``ws``) is the
-    kernel's ``x [n, heads, dim] * w [E, heads, 1]``: ``w``'s feature shape, right-aligned, is a prefix of
-    ``x``'s followed by 1s, and ``x`` is not broadcast. Else None (the general path, :mod:`.dgl_ops`)."""
+    """``(out_shape, heads, dim, heads_last)`` when ``x * w`` (DGL's broadcasting of feature shapes ``xs`` and
+    ``ws``) is the kernel's ``x [n, heads, dim] * w [E, heads, 1]``: ``w``'s feature shape, right-aligned, is a
+    prefix of ``x``'s followed by 1s (``heads_last`` False), or 1s followed by a suffix of ``x``'s (``x [n,
+    dim, heads] * w [E, 1, heads]``, heads last: ``heads_last`` True, run on heads-first copies of the
+    node-sized tensors); and ``x`` is not broadcast. Else None (the general path, :mod:`.dgl_ops`)."""
     xp, wp = _pad_feature_shapes(xs, ws)
     try:
         out = tuple(torch.broadcast_shapes(xp, wp))
@@ -199,18 +201,37 @@ def _mul_layout(xs: tuple, ws: tuple) -> Optional[tuple]:
     if out != xp:
         return None
     j = max((i for i, d in enumerate(wp) if d != 1), default=-1)
-    if wp[: j + 1] != xp[: j + 1]:
-        return None
-    return out, math.prod(xp[: j + 1]), math.prod(xp[j + 1:])
+    if wp[: j + 1] == xp[: j + 1]:
+        return out, math.prod(xp[: j + 1]), math.prod(xp[j + 1:]), False
+    i = min(i for i, d in enumerate(wp) if d != 1)  # exists: j >= 0 here
+    if wp[i:] == xp[i:]:
+        return out, math.prod(xp[i:]), math.prod(xp[:i]), True
+    return None
+
+
+def _heads_first(t: torch.Tensor, heads: int, dim: int, heads_last: bool) -> torch.Tensor:
+    """``t`` (node-sized, features ``heads x dim`` or, ``heads_last``, ``dim x heads``) as ``[n, heads, dim]``:
+    a view, or a contiguous heads-first copy."""
+    if not heads_last:
+        return t.reshape(t.shape[0], heads, dim)
+    return t.reshape(t.shape[0], dim, heads).transpose(1, 2).contiguous()
+
+
+def _heads_back(t: torch.Tensor, heads_last: bool) -> torch.Tensor:
+    """Inverse of :func:`_heads_first` for a ``[n, heads, dim]`` result: ``[n, dim, heads]`` where heads last."""
+    return t.transpose(1, 2).contiguous() if heads_last else t
 
 
 @captured.capturable
 class _UMulESum(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, w, st: GraphStructure, out_shape: tuple, heads: int, dim: int, cfg: CompressionConfig):
-        x3, w2 = x.reshape(x.shape[0], heads, dim), w.reshape(w.shape[0], heads)
-        out = st.aggregate(x3, w2.to(x3.dtype))
+    def forward(ctx, x, w, st: GraphStructure, out_shape: tuple, heads: int, dim: int, cfg: CompressionConfig,
+                heads_last: bool = False):
+        x3, w2 = _heads_first(x, heads, dim, heads_last), w.reshape(w.shape[0], heads)
+        out = _heads_back(st.aggregate(x3, w2.to(x3.dtype)), heads_last)
+        del x3
         ctx.st, ctx.xshape, ctx.wshape, ctx.heads, ctx.dim = st, x.shape, w.shape, heads, dim
+        ctx.heads_last = heads_last
         # stash x itself, not the view x3: views made inside forward have no grad_fn and would pass for
         # tensors alive anyway (kept uncompressed, by reference). The edge values are kept exactly, by
         # reference (the input itself: double backward differentiates through it).
@@ -221,7 +242,9 @@ class _UMulESum(torch.autograd.Function):
     def backward(ctx, grad):
         x_s, w = load_kept(ctx)
         st = ctx.st
-        g = grad.contiguous().reshape(grad.shape[0], ctx.heads, ctx.dim)
+        # heads last: the gradient as a heads-first copy (node-sized), so that the edge gradient is the kernel's
+        # per-edge, per-head dot product: no [E, dim, heads] product is formed
+        g = _heads_first(grad.contiguous(), ctx.heads, ctx.dim, ctx.heads_last)
         gx = gw = None
         if create_graph_requested():
             check_double_backward("u_mul_e_sum", x_s)
@@ -230,20 +253,21 @@ class _UMulESum(torch.autograd.Function):
             aggregate, edge_dot = st.aggregate, st.edge_dot
         if ctx.needs_input_grad[0]:
             w2 = w.reshape(w.shape[0], ctx.heads)
-            gx = aggregate(g, w2.to(g.dtype), transpose=True).reshape(ctx.xshape)
+            gx = _heads_back(aggregate(g, w2.to(g.dtype), transpose=True), ctx.heads_last).reshape(ctx.xshape)
         if ctx.needs_input_grad[1]:
-            x3 = unstash(x_s).reshape(ctx.xshape[0], ctx.heads, ctx.dim)
+            x3 = _heads_first(unstash(x_s), ctx.heads, ctx.dim, ctx.heads_last)
             gw = edge_dot(x3.to(g.dtype), g).reshape(ctx.wshape)
-        return gx, gw, None, None, None, None, None
+        return gx, gw, None, None, None, None, None, None
 
 
 @fresh_outputs
 def u_mul_e_sum(g, x: torch.Tensor, y: torch.Tensor, *, config: Optional[CompressionConfig] = None) -> torch.Tensor:
     """``out[v] = sum_{(u, e, v)} x[u] * y[e]`` (DGL's ``u_mul_e_sum``, its broadcasting: feature shapes
     right-aligned as numpy does); keeps compressed ``x`` (for the edge gradient) and the edge values
-    exactly (for the feature gradient). Shapes the fused kernel does not take (``y`` broadcasting against
-    a trailing feature dim, ``x`` broadcast by ``y``) run the general path of :mod:`.dgl_ops`, which keeps
-    the same."""
+    exactly (for the feature gradient). Heads last (``x [N, D, H]``, ``y [E, H]``) runs heads first on
+    node-sized copies, so that no backward forms an ``[E, D, H]`` product (the edge gradient is a per-edge,
+    per-head dot product). Shapes the fused kernel does not take (``y`` broadcasting against a middle
+    feature dim, ``x`` broadcast by ``y``) run the general path of :mod:`.dgl_ops`, which keeps the same."""
     st = structure_of(g, x.device)
     _check_nodes(st, x)
     if y.shape[0] != st.num_edges:
@@ -253,11 +277,11 @@ def u_mul_e_sum(g, x: torch.Tensor, y: torch.Tensor, *, config: Optional[Compres
         from .dgl_ops import gspmm
 
         return gspmm(g, "mul", "sum", x, y, config=config)
-    out_shape, heads, dim = layout
+    out_shape, heads, dim, heads_last = layout
     if not needs_saving(x, y):
-        out = st.aggregate(x.reshape(x.shape[0], heads, dim), y.reshape(y.shape[0], heads).to(x.dtype))
-        return _node_output(out, (st.num_dst,) + out_shape)
-    return captured.apply("_UMulESum", x, y, st, out_shape, heads, dim, resolve_config(config))
+        out = st.aggregate(_heads_first(x, heads, dim, heads_last), y.reshape(y.shape[0], heads).to(x.dtype))
+        return _node_output(_heads_back(out, heads_last), (st.num_dst,) + out_shape)
+    return captured.apply("_UMulESum", x, y, st, out_shape, heads, dim, resolve_config(config), heads_last)
 
 
 # --- copy_u max / min -------------------------------------------------------------------------------

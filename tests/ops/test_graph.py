@@ -60,7 +60,9 @@ GRAPH_OPS = {
                     True),
 }
 # DGL right-aligns feature shapes: [E, 4] against [N, 3, 4] multiplies the last dim (the general path)
-SHAPES = {"2d": ((5,), (1,)), "3d-heads": ((3, 4), (3, 1)), "3d-w-last": ((3, 4), (4,)), "w-1d": ((5,), ())}
+# ... and [E, 4] (or [E, 1, 4]) against [N, 3, 4] is the heads-last layout: run heads first (ops.graph._mul_layout)
+SHAPES = {"2d": ((5,), (1,)), "3d-heads": ((3, 4), (3, 1)), "3d-w-last": ((3, 4), (4,)), "w-1d": ((5,), ()),
+          "3d-heads-last": ((3, 4), (1, 4)), "4d-heads-last": ((2, 3, 4), (3, 4)), "4d-mixed": ((2, 3, 4), (2, 1, 4))}
 
 
 # edge-value shapes only matter for u_mul_e_sum
@@ -264,3 +266,40 @@ def test_normalize_edge_weight_matches_dgl(norm, graphs, kernel_path):
         ops.normalize_edge_weight(g, torch.zeros(g.num_edges()), "both")
     with pytest.raises(ValueError, match="norm must be"):
         ops.normalize_edge_weight(g, torch.ones(g.num_edges()), "left")
+
+
+def _largest_tensor_made(fn):
+    """The most elements of any tensor an aten op returns while ``fn`` runs (autograd's backward included)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    sizes = [0]
+
+    class Sizes(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            sizes.extend(t.numel() for t in (out if isinstance(out, (tuple, list)) else [out])
+                         if isinstance(t, torch.Tensor))
+            return out
+
+    with Sizes():
+        result = fn()
+    return result, max(sizes)
+
+
+def test_u_mul_e_sum_heads_last_backward_forms_no_edge_by_feature_tensor(graphs):
+    """Heads last (``x [N, D, H]``, ``e [E, H]``): the edge gradient is a per-edge, per-head dot product; the
+    backward forms nothing of ``E x D x H`` elements (DGL's own op does), and its gradients are DGL's."""
+    g = graphs["graph"]
+    n, n_edges, d, h = g.num_nodes(), g.num_edges(), 16, 2
+    x = _feat(n, (d, h))
+    e = _edge_values(g, (h,))
+    r = torch.randn(n, d, h, dtype=torch.float64)
+
+    def grads(op):
+        return lambda: torch.autograd.grad((op(g, hidden(x), hidden(e)) * r).sum(), [x, e])
+
+    (gx, ge), ours = _largest_tensor_made(grads(lambda g, a, b: ops.u_mul_e_sum(g, a, b, config=OFF)))
+    (rx, re), theirs = _largest_tensor_made(grads(dgl.ops.u_mul_e_sum))
+    close(gx, rx, "grad x")
+    close(ge, re, "grad e")
+    assert theirs >= n_edges * d * h > ours, (theirs, ours)
