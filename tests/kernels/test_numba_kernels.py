@@ -452,8 +452,8 @@ def test_cuda_kernels_compile_to_ptx_without_fma_in_decode():
         f32, u8, i64, u64, b, f = T.float32[::1], T.uint8[::1], T.int64, T.uint64, T.boolean, T.float32
         sigs = {
             "group_meta": (f32, f32, f, f, f32),
-            "quantize_pack": (f32, i64, i64, i64, f32, f32, f32, b, i64, u64, u64, b, u8),
-            "unpack_dequantize": (u8, i64, i64, i64, f32, f32, f32, i64, f32),
+            "quantize_pack": (f32, i64, i64, i64, f32, f32, f32, f32, b, i64, u64, u64, b, u8),
+            "unpack_dequantize": (u8, i64, i64, i64, f32, f32, f32, f, f32, i64, f32),
             "pack_mask": (u8, u8), "unpack_mask": (u8, u8),
             "dropout": (f32, i64, f, u64, u64, f, f32),
             "relu_dropout": (f32, i64, b, f, u64, u64, f, f32, u8),
