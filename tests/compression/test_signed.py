@@ -71,3 +71,11 @@ def test_sign_exact_all_zero_nonfinite_and_split_join():
     assert torch.equal(torch.sign(y[rows]), torch.sign(x[rows]))
     with pytest.raises(ValueError, match="join expects"):
         shell.join(parts[:-1])
+
+
+@pytest.mark.parametrize("kw", [dict(bits=2, levels="optimal"), dict(bits=4, block_rows=4), dict(bits=1)])
+def test_sign_exact_under_other_configs(kw):
+    x = _signed_input("mixed_zeros")
+    for seed in range(5):
+        y = decompress_sign_exact(compress_sign_exact(x, CompressionConfig(**kw), seed=seed))
+        assert torch.equal(torch.sign(y), torch.sign(x)) and torch.equal(y == 0, x == 0)

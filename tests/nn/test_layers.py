@@ -354,6 +354,10 @@ def test_converted_dropout_matches_torch_with_compression_off(device):
     with dgl_exact.config(enabled=False):
         for a, b in zip(run(model, list(model.parameters())), run(converted, list(converted.parameters()))):
             torch.testing.assert_close(b, a, rtol=0, atol=0)
+    # compression off as the model's own configuration
+    dgl_exact.compress_model(converted, config=CompressionConfig(enabled=False))
+    for a, b in zip(run(model, list(model.parameters())), run(converted, list(converted.parameters()))):
+        torch.testing.assert_close(b, a, rtol=0, atol=0)
 
     dgl = pytest.importorskip("dgl")
     g = dgl.add_self_loop(dgl.rand_graph(30, 90)).to(device)
