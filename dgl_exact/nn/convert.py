@@ -69,7 +69,8 @@ class ConversionReport:
         lines += [f"  fused BatchNorm1d+ReLU(+Dropout), in place where allowed: {name}" for name in self.fused_norm]
         if any(change.endswith("Dropout") for change in self.converted.values()):
             lines.append("  dropout masks: torch's own (same seed, same masks) with compression off; with compression "
-                         "on, dgl_exact's kernels draw them (reproducible under torch.manual_seed, not torch's)")
+                         "on, and for GATConv's attention dropout (fused into its attention op), dgl_exact's kernels "
+                         "draw them (reproducible under torch.manual_seed, not torch's)")
         if self.fp32:
             lines.append(f"  not converted ({len(self.fp32)}):")
             lines += [f"    {name or '<root>'}: {why}" for name, why in self.fp32.items()]
