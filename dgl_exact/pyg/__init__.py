@@ -4,6 +4,8 @@ Each conv subclasses PyG's (same constructor, ``forward`` signature, parameters 
 checkpoint loads into it and back) and computes the same output; in training the activations it keeps for
 backward are compressed under its ``compression`` (or the configuration in force), on dgl_exact's own
 aggregation kernels over the graph read from ``edge_index`` (:mod:`.structure`), without a DGL graph.
+A conv on which a PyG hook is registered (``register_propagate_forward_hook`` and the like) or ``explain`` is
+set runs PyG's own forward instead (uncompressed): those hooks see per-edge tensors the fused ops never form.
 """
 try:
     import torch_geometric  # noqa: F401

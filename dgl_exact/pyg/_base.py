@@ -31,6 +31,17 @@ class CompressedMixin:
             return _DISABLED
         return resolve_config(self.compression)
 
+    def _runs_as_pyg(self) -> bool:
+        """Whether this call must run PyG's own forward (uncompressed): a hook on ``propagate``, ``message``,
+        ``aggregate``, ``message_and_aggregate`` or ``edge_update`` is registered, or ``explain`` is set. Those see
+        PyG's per-edge tensors, which dgl_exact's fused ops never form."""
+        return bool(self._explain) or any(getattr(self, name) for name in _PYG_HOOKS)
+
+
+_PYG_HOOKS = tuple(f"_{step}_forward{kind}_hooks" for step in ("propagate", "message", "aggregate",
+                                                                "message_and_aggregate", "edge_update")
+                   for kind in ("_pre", ""))
+
 
 def materialize(lin: torch.nn.Module, x: Tensor) -> None:
     """Initialise a lazy PyG ``Linear`` (``in_channels=-1``) from ``x`` as its own first call would: its
@@ -76,6 +87,9 @@ def structure(edge_index, variant: str, num_src: int, num_dst: int, device, flow
     check_adjacency(edge_index)
     if flow not in ("source_to_target", "target_to_source"):
         raise ValueError(f"flow must be 'source_to_target' or 'target_to_source', got {flow!r}")
+    if flow == "target_to_source" and is_sparse(edge_index):
+        raise ValueError("flow 'target_to_source' does not apply to a sparse adjacency (as in PyG): pass the "
+                         "transposed adjacency, adj_t.t(), with the default flow")
 
     def endpoints():
         if is_sparse(edge_index):

@@ -5,6 +5,7 @@ from typing import Optional, Tuple, Union
 
 import torch_geometric.nn as pyg_nn
 from torch import Tensor
+from torch_geometric.typing import OptPairTensor, OptTensor
 from torch_geometric.utils import add_self_loops, remove_self_loops
 
 from .. import kernels
@@ -94,6 +95,12 @@ class GATConv(CompressedMixin, pyg_nn.GATConv):
     torch.Size([100, 24])
     """
 
+    # PyG compiles each class's ``propagate`` from the types its source declares, reading sources cached by class
+    # name: ours share PyG's names (and call no propagate), so PyG's declarations are repeated here, for the
+    # runs that take PyG's own forward (hooks, explain)
+    propagate_type = {"x": OptPairTensor, "alpha": Tensor}
+    edge_updater_type = {"alpha": OptPairTensor, "edge_attr": OptTensor}
+
     def __init__(self, in_channels: Union[int, Tuple[int, int]], out_channels: int, heads: int = 1,
                  concat: bool = True, negative_slope: float = 0.2, dropout: float = 0.0, add_self_loops: bool = True,
                  edge_dim: Optional[int] = None, fill_value="mean", bias: bool = True, residual: bool = False, *,
@@ -114,6 +121,8 @@ class GATConv(CompressedMixin, pyg_nn.GATConv):
         returns ``[N_dst, heads * out_channels]`` (``concat``) or ``[N_dst, out_channels]``; with
         ``return_attention_weights``, also ``(edge_index with self loops, attention [E', heads])``.
         ``edge_attr`` is ignored, as PyG ignores it without ``edge_dim``."""
+        if self._runs_as_pyg():
+            return super().forward(x, edge_index, edge_attr, size, return_attention_weights)
         check_adjacency(edge_index)
         if is_sparse(edge_index):
             raise NotImplementedError("dgl_exact.pyg.GATConv takes an edge_index [2, E], not a sparse adjacency; "

@@ -5,6 +5,7 @@ from typing import Optional
 
 import torch_geometric.nn as pyg_nn
 from torch import Tensor
+from torch_geometric.typing import OptTensor
 
 from ..compression_config import CompressionConfig
 from ..ops import linear
@@ -59,6 +60,11 @@ class GCN2Conv(CompressedMixin, pyg_nn.GCN2Conv):
     torch.Size([100, 16])
     """
 
+    # PyG compiles each class's ``propagate`` from the types its source declares, reading sources cached by class
+    # name: ours share PyG's names (and call no propagate), so PyG's declarations are repeated here, for the
+    # runs that take PyG's own forward (hooks, explain)
+    propagate_type = {"x": Tensor, "edge_weight": OptTensor}
+
     def __init__(self, channels: int, alpha: float, theta: Optional[float] = None, layer: Optional[int] = None,
                  shared_weights: bool = True, cached: bool = False, add_self_loops: bool = True,
                  normalize: bool = True, *, compression: Optional[CompressionConfig] = None, **kwargs):
@@ -72,6 +78,8 @@ class GCN2Conv(CompressedMixin, pyg_nn.GCN2Conv):
         """``x [N, channels]``, ``x_0 [N0 >= N, channels]`` (its first ``N`` rows are used), ``edge_index [2, E]``
         (or a ``torch.sparse`` adjacency indexed ``[target, source]``), ``edge_weight [E]``; returns
         ``[N, channels]``."""
+        if self._runs_as_pyg():
+            return super().forward(x, x_0, edge_index, edge_weight)
         check_adjacency(edge_index)
         n = x.size(self.node_dim)
         graph, weight, key, variant = normalized_graph(self, edge_index, edge_weight, n, False, x.dtype)

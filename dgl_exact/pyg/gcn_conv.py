@@ -5,6 +5,7 @@ from typing import Optional
 
 import torch_geometric.nn as pyg_nn
 from torch import Tensor
+from torch_geometric.typing import OptTensor
 from torch_geometric.nn.conv.gcn_conv import gcn_norm
 
 from ..compression_config import CompressionConfig
@@ -59,6 +60,11 @@ class GCNConv(CompressedMixin, pyg_nn.GCNConv):
     torch.Size([100, 8])
     """
 
+    # PyG compiles each class's ``propagate`` from the types its source declares, reading sources cached by class
+    # name: ours share PyG's names (and call no propagate), so PyG's declarations are repeated here, for the
+    # runs that take PyG's own forward (hooks, explain)
+    propagate_type = {"x": Tensor, "edge_weight": OptTensor}
+
     def __init__(self, in_channels: int, out_channels: int, improved: bool = False, cached: bool = False,
                  add_self_loops: Optional[bool] = None, normalize: bool = True, bias: bool = True, *,
                  compression: Optional[CompressionConfig] = None, **kwargs):
@@ -76,6 +82,8 @@ class GCNConv(CompressedMixin, pyg_nn.GCNConv):
             raise ValueError(f"'{self.__class__.__name__}' received a tuple of node features as input while this "
                              f"layer does not support bipartite message passing. Please try other layers such as "
                              f"'SAGEConv' or 'GraphConv' instead")
+        if self._runs_as_pyg():
+            return super().forward(x, edge_index, edge_weight)
         check_adjacency(edge_index)
         n = x.size(self.node_dim)
         graph, weight, key, variant = normalized_graph(self, edge_index, edge_weight, n, self.improved, x.dtype)

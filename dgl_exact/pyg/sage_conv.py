@@ -6,6 +6,7 @@ from typing import Optional, Tuple, Union
 import torch.nn.functional as F
 import torch_geometric.nn as pyg_nn
 from torch import Tensor
+from torch_geometric.typing import OptPairTensor
 
 from ..compression_config import CompressionConfig
 from ..ops import linear, relu
@@ -69,6 +70,11 @@ class SAGEConv(CompressedMixin, pyg_nn.SAGEConv):
     torch.Size([100, 8])
     """
 
+    # PyG compiles each class's ``propagate`` from the types its source declares, reading sources cached by class
+    # name: ours share PyG's names (and call no propagate), so PyG's declarations are repeated here, for the
+    # runs that take PyG's own forward (hooks, explain)
+    propagate_type = {"x": OptPairTensor}
+
     def __init__(self, in_channels: Union[int, Tuple[int, int]], out_channels: int, aggr: str = "mean",
                  normalize: bool = False, root_weight: bool = True, project: bool = False, bias: bool = True, *,
                  compression: Optional[CompressionConfig] = None, **kwargs):
@@ -85,6 +91,8 @@ class SAGEConv(CompressedMixin, pyg_nn.SAGEConv):
                 size: Optional[Tuple[int, int]] = None) -> Tensor:
         """``x [N, in]`` or a pair ``(x_src [N_src, in], x_dst [N_dst, in] or None)``, ``edge_index [2, E]`` (or a
         ``torch.sparse`` adjacency ``[N_dst, N_src]``), ``size`` ``(N_src, N_dst)``; returns ``[N_dst, out]``."""
+        if self._runs_as_pyg():
+            return super().forward(x, edge_index, size)
         check_adjacency(edge_index)
         cfg = self._config()
         x_src, x_dst = (x, x) if isinstance(x, Tensor) else x
