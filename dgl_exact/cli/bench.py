@@ -9,9 +9,12 @@ import sys
 import click
 
 from .._files import atomic_write
+from ..training.config import MAX_COUNT as _MAX_COUNT
 from ..training.config import TrainConfig, load_conf
 from ..training.models import MODELS
 from ._common import UserError, _check_dataset, _check_outputs, provenance_checked
+
+_COUNT, _COUNT0 = click.IntRange(1, _MAX_COUNT), click.IntRange(0, _MAX_COUNT)  # counts and sizes (int32)
 
 
 def _bench_options(f):
@@ -22,9 +25,9 @@ def _bench_options(f):
                      help="Comma-separated: gcn,sage,gat,gcn2, or user-sage,user-sage-donate,user-block-gcn,"
                           "user-block-sage,user-block-gat (bench/user_models.py)."),
         click.option("--settings", default="", help="Comma-separated setting names (default: all standard ones)."),
-        click.option("--hidden", type=click.IntRange(min=1), default=None,
+        click.option("--hidden", type=_COUNT, default=None,
                      help="Hidden size (default: 256 for GCN/GCNII, 512 for the user-block models, 128 otherwise)."),
-        click.option("--layers", type=click.IntRange(min=1), default=None,
+        click.option("--layers", type=_COUNT, default=None,
                      help="Layers; for the user-block models, residual blocks (default: 5 blocks for the "
                           "user-block models, 3 layers otherwise)."),
         click.option("--device", default="auto", show_default=True),
@@ -113,10 +116,10 @@ def bench_memory(dataset, models, settings, hidden, layers, device, data_root, o
 @click.option("--settings", default="DGL fp32,dgl_exact fp32,INT2,INT2 + RP(0.125) + blocks(64) + optimal",
               show_default=True)
 @click.option("--fanouts", default="15,10,5", show_default=True, help="Sampled in-edges per node, one per layer.")
-@click.option("--hidden", type=click.IntRange(min=1), default=256, show_default=True)
+@click.option("--hidden", type=_COUNT, default=256, show_default=True)
 @click.option("--memory-budget", default="512MiB", show_default=True, metavar="SIZE",
               help="The step peak every setting's batch must fit (the planner picks the batch size).")
-@click.option("--max-batches", type=click.IntRange(min=1), default=10, show_default=True,
+@click.option("--max-batches", type=_COUNT, default=10, show_default=True,
               help="Timed batches per setting (the epoch time is extrapolated).")
 @click.option("--data-root", default=lambda: os.environ.get("DGL_EXACT_DATA", "data"), show_default="data")
 @click.option("--out", default="bench-results", show_default=True, type=click.Path(file_okay=False))
@@ -165,8 +168,8 @@ def torch_device():
 @bench.command("speed")
 @provenance_checked
 @_bench_options
-@click.option("--epochs", type=click.IntRange(min=1), default=5, show_default=True, help="Timed epochs per setting.")
-@click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True, help="Untimed warm-up epochs.")
+@click.option("--epochs", type=_COUNT, default=5, show_default=True, help="Timed epochs per setting.")
+@click.option("--warmup", type=_COUNT0, default=2, show_default=True, help="Untimed warm-up epochs.")
 def bench_speed(dataset, models, settings, hidden, layers, device, data_root, out, plot, quiet, epochs, warmup):
     """Epoch time per setting and its ratio to the DGL fp32 baseline."""
     from ..bench import plot as plots
@@ -201,8 +204,8 @@ def bench_profile(dataset, models, settings, hidden, layers, device, data_root, 
     from ..bench.results import ResultSink
     from ..bench.runner import PROFILE_COLUMNS, profile_grid
 
-    if steps < 1 or warmup < 0:
-        raise UserError("--steps must be >= 1 and --warmup >= 0")
+    if not (1 <= steps <= _MAX_COUNT and 0 <= warmup <= _MAX_COUNT):
+        raise UserError(f"--steps must be in [1, {_MAX_COUNT}] and --warmup in [0, {_MAX_COUNT}]")
     if plot:
         raise UserError("bench profile writes tables, not figures: leave out --plot")
     if json_path and not emulate_gpu:
@@ -232,9 +235,9 @@ def bench_profile(dataset, models, settings, hidden, layers, device, data_root, 
 
 @bench.command("kernels")
 @provenance_checked
-@click.option("--rows", type=click.IntRange(min=1), default=169343, show_default=True)
-@click.option("--cols", type=click.IntRange(min=1), default=128, show_default=True)
-@click.option("--repeats", type=click.IntRange(min=1), default=5, show_default=True)
+@click.option("--rows", type=_COUNT, default=169343, show_default=True)
+@click.option("--cols", type=_COUNT, default=128, show_default=True)
+@click.option("--repeats", type=_COUNT, default=5, show_default=True)
 @click.option("--device", default="auto", show_default=True)
 @click.option("--out", default="bench-results", show_default=True, type=click.Path(file_okay=False))
 @click.option("--quiet", "-q", is_flag=True)
@@ -261,8 +264,8 @@ def bench_kernels(rows, cols, repeats, device, out, quiet):
 @click.option("--models", default="gcn,sage", show_default=True)
 @click.option("--settings", default="dgl_exact fp32,INT8,INT2,INT2 + RP(0.125),INT2 + RP(0.125) + blocks(64) + optimal",
               show_default=True)
-@click.option("--runs", type=click.IntRange(min=1), default=10, show_default=True, help="Seeds per setting.")
-@click.option("--epochs", type=click.IntRange(min=1), default=200, show_default=True)
+@click.option("--runs", type=_COUNT, default=10, show_default=True, help="Seeds per setting.")
+@click.option("--epochs", type=_COUNT, default=200, show_default=True)
 @click.option("--conf", default=None, help="YAML of training defaults (as for `train`).")
 @click.option("--device", default="auto", show_default=True)
 @click.option("--data-root", default=lambda: os.environ.get("DGL_EXACT_DATA", "data"), show_default="data")
@@ -308,8 +311,8 @@ def bench_accuracy(dataset, models, settings, runs, epochs, conf, device, data_r
 @click.option("--dataset", default="synthetic-arxiv", show_default=True, help="Graph for memory and speed.")
 @click.option("--models", default="sage,gcn", show_default=True)
 @click.option("--accuracy-dataset", default="cora", show_default=True)
-@click.option("--runs", type=click.IntRange(min=1), default=10, show_default=True, help="Seeds per accuracy setting.")
-@click.option("--speed-epochs", type=click.IntRange(min=1), default=3, show_default=True)
+@click.option("--runs", type=_COUNT, default=10, show_default=True, help="Seeds per accuracy setting.")
+@click.option("--speed-epochs", type=_COUNT, default=3, show_default=True)
 @click.option("--device", default="auto", show_default=True)
 @click.option("--data-root", default=lambda: os.environ.get("DGL_EXACT_DATA", "data"), show_default="data")
 @click.option("--root", default="benchmarks", show_default=True, type=click.Path(file_okay=False))

@@ -195,8 +195,8 @@ def _plan_minibatch(dataset, nodes, model, hidden, dropout, batch_norm, heads, d
 @click.option("--dataset", default="synthetic-arxiv", show_default=True)
 @click.option("--models", default="gcn,sage,gat,gcn2", show_default=True)
 @click.option("--settings", default="", help="Comma-separated setting names (default: the dgl_exact settings).")
-@click.option("--hidden", type=click.IntRange(min=1), default=None)
-@click.option("--layers", type=click.IntRange(min=1), default=3, show_default=True)
+@click.option("--hidden", type=click.IntRange(min=1, max=_MAX_COUNT), default=None)
+@click.option("--layers", type=click.IntRange(min=1, max=_MAX_COUNT), default=3, show_default=True)
 @click.option("--device", default="auto", show_default=True)
 @click.option("--data-root", default=lambda: os.environ.get("DGL_EXACT_DATA", "data"), show_default="data")
 @click.option("--out", default="bench-results", show_default=True, type=click.Path(file_okay=False))
@@ -213,12 +213,13 @@ def bench_plan_command(dataset, models, settings, hidden, layers, device, data_r
     from ..planning.settings import select
     from ..data import load_dataset
     from ..training.trainer import resolve_device
-    from ..planning.predict import DEFAULT_SETTINGS
+    from ..planning.predict import DEFAULT_SETTINGS, check_depth
     from ..bench.plan_validation import format_rows, validation_grid
 
     try:
         dev = resolve_device(device)
         chosen = select(settings or ",".join(DEFAULT_SETTINGS))
+        check_depth(layers, len(chosen))
         model_list = [m.strip() for m in models.split(",") if m.strip()]
         bad = [m for m in model_list if m not in MODELS]
         if bad:
@@ -243,11 +244,12 @@ def bench_plan_command(dataset, models, settings, hidden, layers, device, data_r
 @click.option("--dataset", default="cora", show_default=True)
 @click.option("--model", type=click.Choice(MODELS), default="gcn", show_default=True)
 @click.option("--conf", default=None, help="YAML of training defaults (as for `train`).")
-@click.option("--hidden", type=click.IntRange(min=1), default=None)
-@click.option("--layers", type=click.IntRange(min=1), default=None)
+@click.option("--hidden", type=click.IntRange(min=1, max=_MAX_COUNT), default=None)
+@click.option("--layers", type=click.IntRange(min=1, max=_MAX_COUNT), default=None)
 @click.option("--batch-norm/--no-batch-norm", default=None)
-@click.option("--epochs", type=click.IntRange(min=1), default=200, show_default=True)
-@click.option("--runs", type=click.IntRange(min=1), default=10, show_default=True, help="Seeds per setting.")
+@click.option("--epochs", type=click.IntRange(min=1, max=_MAX_COUNT), default=200, show_default=True)
+@click.option("--runs", type=click.IntRange(min=1, max=_MAX_COUNT), default=10, show_default=True,
+              help="Seeds per setting.")
 @click.option("--budgets", default="INT2,INT1", show_default=True,
               help="Budgets: the predicted totals of these uniform settings, or sizes (e.g. INT2,80MiB).")
 @click.option("--uniform", default="dgl_exact fp32,INT8,INT2,INT1", show_default=True,

@@ -162,3 +162,16 @@ def test_plan_sample_step_that_cannot_be_allocated_is_one_line(capsys, monkeypat
 
     monkeypatch.setattr(P, "plan", no_memory)
     assert_one_line_error(run([*PLAN[:-2], "--hidden", str(2**31 - 1)], capsys), "does not fit in this machine's memory")
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["bench", "memory", "--allow-dirty", "--layers", BIG], "--layers"),
+    (["bench", "speed", "--allow-dirty", "--hidden", BIG], "--hidden"),
+    (["bench", "speed", "--allow-dirty", "--epochs", BIG], "--epochs"),
+    (["bench", "profile", "--allow-dirty", "--steps", BIG], "--steps must be in [1, 2147483647]"),
+    (["bench", "plan", "--allow-dirty", "--layers", BIG], "--layers"),
+    (["bench", "plan", "--allow-dirty", "--layers", "1000", "--dataset", TINY], "plan at most 73 layers"),
+    (["bench", "budget", "--allow-dirty", "--hidden", BIG], "--hidden"),
+])
+def test_bench_sizes_are_bounded_before_any_work(capsys, args, needle):
+    assert_one_line_error(run(args, capsys), needle)
