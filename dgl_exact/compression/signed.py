@@ -85,10 +85,12 @@ def compress_sign_exact(x: torch.Tensor, config: Optional[CompressionConfig] = N
     """Compress ``x`` keeping its signs and zeros exact (see the module doc). Reads three flags from the
     device (one synchronisation): whether ``x`` holds negatives, positives and zeros."""
     x = x.detach()
-    has_neg, has_pos, has_zero = torch.stack([(x < 0).any(), (x > 0).any(), (x == 0).any()]).tolist()
+    neg, zero = x < 0, x == 0  # (a NaN is neither, nor positive: its group decodes to NaN anyway)
+    has_neg, has_pos, has_zero = torch.stack([neg.any(), (x > 0).any(), zero.any()]).tolist()
     pack = kernels.get("pack_mask", x.device)
-    nonzero = pack(x != 0) if has_zero and (has_neg or has_pos) else None
-    negative = pack(x < 0) if has_neg and has_pos else None
+    nonzero = pack(~zero) if has_zero and (has_neg or has_pos) else None
+    negative = pack(neg) if has_neg and has_pos else None
+    del neg, zero
     return SignExactTensor(magnitudes=compress(x.abs(), config, seed), sign=-1 if has_neg and not has_pos else 1,
                            all_nonzero=not has_zero, nonzero=nonzero, negative=negative)
 
