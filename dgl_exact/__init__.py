@@ -16,6 +16,7 @@ from . import memory, nn, ops  # noqa: E402
 from .nn import GATConv, GCN2Conv, GraphConv, SAGEConv, compress_model, get_model_config, set_model_config  # noqa: E402
 from .nn.paths import explain  # noqa: E402
 from .ops.keep import donate  # noqa: E402
+from .ops.routing import message_passing  # noqa: E402
 from .ops.structure import mark_symmetric  # noqa: E402
 from .saved_tensors import compress_saved, keep_exact  # noqa: E402
 
@@ -40,6 +41,6 @@ def __dir__():
 __all__ = ["CompressionConfig", "config", "get_config", "set_config", "compress", "decompress",
            "CompressedTensor", "backend", "donate", "mark_symmetric", "explain", "compress_saved", "keep_exact",
            "GraphConv", "SAGEConv", "GATConv", "GCN2Conv", "compress_model", "set_model_config", "get_model_config",
-           "ops", "nn",
+           "message_passing", "ops", "nn",
            "memory",
            "__version__"]

@@ -12,6 +12,7 @@ import torch.nn as nn
 from .._compat import import_dgl
 from ..compression_config import CompressionConfig, get_config
 from ..compression_config import config as config_scope
+from ..ops.routing import message_passing
 from . import layers
 from .conv import GATConv, GCN2Conv, GraphConv, SAGEConv
 from .sequential import Sequential, fusable_runs
@@ -183,7 +184,8 @@ _running: contextvars.ContextVar = contextvars.ContextVar("dgl_exact_model_scope
 
 def _enter_model_scope(module: nn.Module, args) -> None:
     """Forward pre-hook of a converted model: its forward runs inside ``dgl_exact.config(<its config>)``
-    (when it has one; a nested converted model's scope is entered inside, so its own wins there) and, for a
+    (when it has one; a nested converted model's scope is entered inside, so its own wins there), inside
+    :func:`dgl_exact.ops.message_passing` (DGL's built-in message passing on dgl_exact's ops) and, for a
     training forward with ``saved_tensors=True``, inside ``compress_saved``. Closed by :func:`_leave_model_scope`."""
     from ..saved_tensors import compress_saved
 
@@ -192,6 +194,7 @@ def _enter_model_scope(module: nn.Module, args) -> None:
         cfg = getattr(module, MODEL_CONFIG, None)
         if cfg is not None:
             stack.enter_context(config_scope(cfg))
+        stack.enter_context(message_passing())
         if getattr(module, _SAVED_TENSORS, False) and module.training and torch.is_grad_enabled():
             stack.enter_context(compress_saved(getattr(module, _SAVED_CONFIG, cfg), model=module))
     except BaseException:

@@ -25,6 +25,7 @@ import torch.nn as nn
 
 from .. import ops
 from .._compat import compiling
+from ..compression_config import get_config
 from ..ops import captured
 from ..ops.keep import autocast_dtype, needs_saving
 from . import paths
@@ -69,6 +70,9 @@ def _refusal(bn: BatchNorm1d, act: nn.Module, x) -> Optional[str]:
         return "no grad (nothing is kept)"
     if type(act) is ReLUDropout and act.training and act.p >= 1.0:
         return "dropout probability 1"
+    if type(act) is ReLUDropout and act.training and act.p > 0 and not get_config().enabled:
+        # the module draws torch's own mask then (ops.relu_dropout(like_torch=True)); the fused op cannot
+        return "compression off: dropout draws torch's masks (the modules' own calls)"
     return None
 
 

@@ -11,6 +11,7 @@ from .sage_norm import sage_mean_bn_relu_dropout
 from . import gcn2
 from .loss import binary_cross_entropy_with_logits, cross_entropy
 from .structure import GraphStructure, is_symmetric, mark_symmetric, structure_of
+from .routing import message_passing
 
 __all__ = ["linear", "linear_reusing", "batch_norm", "batch_norm_relu_dropout", "relu", "leaky_relu", "elu", "dropout",
            "relu_dropout",
@@ -19,7 +20,7 @@ __all__ = ["linear", "linear_reusing", "batch_norm", "batch_norm_relu_dropout", 
            "cross_entropy", "binary_cross_entropy_with_logits", "normalize_edge_weight",
            "sage_mean", "sage_mean_bn_relu_dropout", "gcn2", "GraphStructure", "structure_of", "layer_norm",
            "gelu", "silu", "prelu",
-           "softmax", "log_softmax"]
+           "softmax", "log_softmax", "message_passing"]
 
 from . import dgl_ops as _dgl_ops  # noqa: E402
 

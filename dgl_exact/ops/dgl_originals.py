@@ -13,7 +13,7 @@ import importlib
 import threading
 from types import SimpleNamespace
 
-__all__ = ["originals", "ORIGINS"]
+__all__ = ["originals", "named", "ORIGINS"]
 
 #: name -> the DGL module that defines it (``dgl.ops`` re-exports them all with ``import *``)
 ORIGINS = {
@@ -60,3 +60,25 @@ def originals() -> SimpleNamespace:
             if _bound is None:
                 _bound = _bind()
     return _bound
+
+
+_named: dict = {}
+
+
+def named(name: str):
+    """DGL's own named graph op ``name`` (``u_mul_e_sum``, ``copy_u_max``, ``u_dot_v``, ``copy_e``, ...), from the
+    DGL module that generates it (``dgl.ops.spmm`` or ``dgl.ops.sddmm``); bound on first use, checked like
+    :func:`originals`. ``AttributeError`` if DGL has no such op."""
+    fn = _named.get(name)
+    if fn is None:
+        for module_name in ("dgl.ops.spmm", "dgl.ops.sddmm"):
+            fn = getattr(importlib.import_module(module_name), name, None)
+            if fn is not None:
+                break
+        else:
+            raise AttributeError(f"DGL has no graph op named {name!r}")
+        if getattr(fn, "__module__", None) != module_name:
+            raise RuntimeError(f"{module_name}.{name} is not DGL's own function (it is {fn!r}): replace names in "
+                               f"dgl.ops, not in DGL's submodules")
+        _named[name] = fn
+    return fn

@@ -115,6 +115,43 @@ def test_model_config_off_gives_dgls_gradients(graph):
         torch.testing.assert_close(a, b)
 
 
+class MessagePassing(nn.Module):
+    """A layer written with DGL's message-passing API (a research GAT's style)."""
+
+    def __init__(self, dim=16):
+        super().__init__()
+        self.lin = nn.Linear(dim, dim)
+        self.att = nn.Parameter(torch.randn(dim) / 4)
+
+    def forward(self, g, x):
+        import dgl.function as fn
+
+        with g.local_scope():
+            g.ndata["h"] = self.lin(x)
+            g.ndata["s"] = g.ndata["h"] * self.att
+            g.apply_edges(fn.u_dot_v("s", "h", "score"))  # keeps both operands
+            g.edata["a"] = dgl.nn.functional.edge_softmax(g, g.edata["score"])  # keeps its output
+            g.update_all(fn.u_mul_e("h", "a", "m"), fn.sum("m", "out"))  # keeps the features
+            return g.ndata["out"]
+
+
+def test_message_passing_runs_at_the_models_config(graph, kept_compressed):
+    torch.manual_seed(2)
+    theirs = MessagePassing().double()
+    ours = dgl_exact.compress_model(copy.deepcopy(theirs), config=OFF)
+    x = torch.randn(40, 16, dtype=torch.float64)
+    for a, b in zip(_grads(ours, graph, x), _grads(theirs, graph, x)):
+        torch.testing.assert_close(a, b)
+    assert kept_compressed == []
+    dgl_exact.set_model_config(ours, INT2)
+    _grads(ours.float(), graph, x.float())
+    # the Linear's input, u_dot_v's operands, edge_softmax's output, u_mul_e_sum's features, all at 2 bits
+    assert len(kept_compressed) >= 4 and _bits(kept_compressed) == [2]
+    kept_compressed.clear()
+    _grads(theirs.float(), graph, x.float())  # the unconverted model: DGL's own ops, nothing compressed
+    assert kept_compressed == []
+
+
 def test_user_set_module_compression_is_kept(graph, kept_compressed):
     model = Attention(ops)
     model.lin = dgl_exact.nn.Linear(16, 16)

@@ -58,7 +58,11 @@ def test_training_equals_the_modules_called_one_by_one(backend, n, dropout, bits
             got, want = _step(fused, x), _step(composed, x)
             for a, e in zip(got, want):
                 torch.testing.assert_close(a, e, rtol=0, atol=0)
-    assert dgl_exact.explain(fused, x * 1.0).path("0") == FUSED
+    explained = dgl_exact.explain(fused, x * 1.0)
+    if dropout and bits is None:  # compression off (the model's config): dropout draws torch's masks, unfused
+        assert explained.reason("0") == "compression off: dropout draws torch's masks (the modules' own calls)"
+    else:
+        assert explained.path("0") == FUSED
 
 
 def test_eval_mode_equals_torchs_modules():
