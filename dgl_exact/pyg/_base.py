@@ -80,10 +80,11 @@ def sparse_edges(adj_t: Tensor) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
 
 
 def structure(edge_index, variant: str, num_src: int, num_dst: int, device, flow: str = "source_to_target",
-              key: Optional[Tensor] = None) -> EdgeStructure:
+              key: Optional[Tensor] = None, transform=None) -> EdgeStructure:
     """The cached structure of ``edge_index`` (a ``[2, E]`` tensor read with PyG's ``flow``, or a ``torch.sparse``
     adjacency indexed ``[target, source]``), keyed on ``key`` (default: ``edge_index`` itself) and ``variant``:
-    ``edge_index`` must be the same function (named by ``variant``) of ``key`` on every call."""
+    ``edge_index`` must be the same function (named by ``variant``) of ``key`` on every call. ``transform``: the
+    structure is that of ``transform(edge_index)`` (a ``[2, E']`` tensor; called only when none is cached)."""
     check_adjacency(edge_index)
     if flow not in ("source_to_target", "target_to_source"):
         raise ValueError(f"flow must be 'source_to_target' or 'target_to_source', got {flow!r}")
@@ -92,6 +93,9 @@ def structure(edge_index, variant: str, num_src: int, num_dst: int, device, flow
                          "transposed adjacency, adj_t.t(), with the default flow")
 
     def endpoints():
+        if transform is not None:
+            graph = transform(edge_index)
+            return (graph[0], graph[1]) if flow == "source_to_target" else (graph[1], graph[0])
         if is_sparse(edge_index):
             src, dst, _ = sparse_edges(edge_index)
             return src, dst
@@ -120,6 +124,21 @@ def weighted_sum(st: EdgeStructure, x: Tensor, edge_weight: Optional[Tensor], cf
         out = st.aggregate(x.reshape(x.shape[0], 1, dim), w.to(x.dtype))
         return out.view((st.num_dst,) + out_shape)
     return _UMulESum.apply(x, w, st, out_shape, 1, dim, cfg)
+
+
+@fresh_outputs
+def symmetric_norm_sum(st: EdgeStructure, x: Tensor, owned: bool = False) -> Tensor:
+    """``out[v] = sum_{(u, v)} d(u) d(v) x[u]`` with ``d = deg_in^-1/2`` (0 for a node without in-edges), the
+    in-degrees counting duplicate edges: PyG's ``gcn_norm`` on unit edge weights, its factors applied to the
+    nodes (before and after a sum that keeps nothing), so that no per-edge weight exists or is kept.
+    ``owned``: ``x`` is the caller's own temporary, scaled in place."""
+    if x.shape[0] != st.num_src or st.num_src != st.num_dst:
+        raise ValueError(f"features have {x.shape[0]} rows; a graph of {st.num_src} nodes needs one per node")
+    d = st.in_degrees().to(x.dtype).pow(-0.5)
+    d.masked_fill_(d == float("inf"), 0.0)
+    d = d.view(-1, *([1] * (x.dim() - 1)))
+    x = x.mul_(d) if owned else x * d
+    return _CopyUReduce.apply(x, st, False).mul_(d)
 
 
 @fresh_outputs

@@ -9,8 +9,9 @@ from torch_geometric.typing import OptTensor
 
 from ..compression_config import CompressionConfig
 from ..ops import linear
-from ._base import CompressedMixin, check_adjacency, is_sparse, sparse_edges, structure, weighted_sum
-from .gcn_conv import normalized_graph
+from ._base import (CompressedMixin, check_adjacency, is_sparse, sparse_edges, structure, symmetric_norm_sum,
+                    weighted_sum)
+from .gcn_conv import node_factors, normalized_graph, unit_graph
 
 __all__ = ["GCN2Conv"]
 
@@ -30,8 +31,9 @@ class GCN2Conv(CompressedMixin, pyg_nn.GCN2Conv):
     and output as PyG's; during training the activations kept for backward are compressed. PyG keeps the mixed
     features ``(1 - alpha) P X + alpha X0`` exactly (and ``alpha X0`` with ``weight2``); this module keeps them
     compressed, and ``X0`` itself (alive anyway: the model's first layer's output is kept by that layer) for
-    ``weight2``'s gradient, the ``E`` normalised edge weights, and the aggregated features only where the edge
-    weights need a gradient.
+    ``weight2``'s gradient. Without edge weights (and without ``cached``) the normalisation is applied as node
+    factors around a sum that keeps nothing: nothing per edge is kept; with them, the ``E`` normalised weights,
+    and the aggregated features compressed where the weights need a gradient.
 
     Parameters
     ----------
@@ -82,14 +84,17 @@ class GCN2Conv(CompressedMixin, pyg_nn.GCN2Conv):
             return super().forward(x, x_0, edge_index, edge_weight)
         check_adjacency(edge_index)
         n = x.size(self.node_dim)
-        graph, weight, key, variant = normalized_graph(self, edge_index, edge_weight, n, False, x.dtype)
-        st = structure(graph, variant, n, n, x.device, self.flow, key=key)
-        if is_sparse(graph):
-            weight = sparse_edges(graph)[2]
         cfg = self._config()
         alpha, beta = self.alpha, self.beta
         # the aggregation's output is this op's own buffer: scaled and mixed in place, as PyG does
-        h = weighted_sum(st, x, weight, cfg).mul_(1 - alpha)
+        if node_factors(self, edge_index, edge_weight, False):
+            h = symmetric_norm_sum(unit_graph(self, edge_index, n, x.device), x).mul_(1 - alpha)
+        else:
+            graph, weight, key, variant = normalized_graph(self, edge_index, edge_weight, n, False, x.dtype)
+            st = structure(graph, variant, n, n, x.device, self.flow, key=key)
+            if is_sparse(graph):
+                weight = sparse_edges(graph)[2]
+            h = weighted_sum(st, x, weight, cfg).mul_(1 - alpha)
         x_0 = x_0[:n]
         if self.weight2 is None:
             h = h.add_(x_0, alpha=alpha)

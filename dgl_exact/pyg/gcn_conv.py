@@ -7,10 +7,12 @@ import torch_geometric.nn as pyg_nn
 from torch import Tensor
 from torch_geometric.typing import OptTensor
 from torch_geometric.nn.conv.gcn_conv import gcn_norm
+from torch_geometric.utils import add_remaining_self_loops
 
 from ..compression_config import CompressionConfig
 from ..ops import linear
-from ._base import CompressedMixin, check_adjacency, is_sparse, materialize, sparse_edges, structure, weighted_sum
+from ._base import (CompressedMixin, check_adjacency, is_sparse, materialize, sparse_edges, structure,
+                    symmetric_norm_sum, weighted_sum)
 
 __all__ = ["GCNConv"]
 
@@ -27,10 +29,13 @@ class GCNConv(CompressedMixin, pyg_nn.GCNConv):
 
     Same constructor, forward signature, parameters (``lin.weight`` of shape ``(out_channels, in_channels)``,
     ``bias``), initialisation, ``state_dict`` and output as PyG's (its ``gcn_norm``: normalisation and self
-    loops); during training the activations kept for backward are compressed. PyG keeps the layer input and
-    the ``[E, out_channels]`` messages; this module keeps the input of the linear compressed (by reference
-    where it is alive anyway: input features) and the ``E`` normalised edge weights, and the features of the
-    aggregation (compressed) only when the edge weights need a gradient.
+    loops); during training the activations kept for backward are compressed. PyG keeps the layer input, the
+    self-looped ``edge_index`` and the ``E`` normalised edge weights (and the ``[E, out_channels]`` messages when
+    the weights need a gradient); this module keeps the input of the linear compressed (by reference where it
+    is alive anyway: input features). Without edge weights (and without ``cached``, improved or a sparse
+    adjacency) the normalisation is applied as node factors around a sum that keeps nothing, so nothing per
+    edge is kept either; otherwise the normalised weights, and the aggregated features compressed where the
+    weights need a gradient.
 
     Parameters
     ----------
@@ -86,18 +91,40 @@ class GCNConv(CompressedMixin, pyg_nn.GCNConv):
             return super().forward(x, edge_index, edge_weight)
         check_adjacency(edge_index)
         n = x.size(self.node_dim)
-        graph, weight, key, variant = normalized_graph(self, edge_index, edge_weight, n, self.improved, x.dtype)
-        st = structure(graph, variant, n, n, x.device, self.flow, key=key)
-        if is_sparse(graph):
-            weight = sparse_edges(graph)[2]
         cfg = self._config()
         materialize(self.lin, x)
-        h = linear(x, self.lin.weight, self.lin.bias, cfg)
-        out = weighted_sum(st, h, weight, cfg)
+        if node_factors(self, edge_index, edge_weight, self.improved):
+            st = unit_graph(self, edge_index, n, x.device)
+            h = linear(x, self.lin.weight, self.lin.bias, cfg)
+            out = symmetric_norm_sum(st, h, owned=True)
+        else:
+            graph, weight, key, variant = normalized_graph(self, edge_index, edge_weight, n, self.improved, x.dtype)
+            st = structure(graph, variant, n, n, x.device, self.flow, key=key)
+            if is_sparse(graph):
+                weight = sparse_edges(graph)[2]
+            h = linear(x, self.lin.weight, self.lin.bias, cfg)
+            out = weighted_sum(st, h, weight, cfg)
         del h
         if self.bias is not None:
             out = out + self.bias
         return out
+
+
+def node_factors(conv, edge_index, edge_weight, improved: bool) -> bool:
+    """Whether PyG's normalisation of this call is :func:`._base.symmetric_norm_sum`'s (node factors, nothing per
+    edge kept): ``normalize`` on an ``edge_index`` without edge weights, self loops of weight 1, no ``cached``
+    normalised graph (whose weights are alive anyway)."""
+    return (conv.normalize and not conv.cached and edge_weight is None and not improved
+            and not is_sparse(edge_index))
+
+
+def unit_graph(conv, edge_index, num_nodes: int, device):
+    """The structure ``gcn_norm`` normalises (``edge_index`` with its remaining self loops added, where the conv
+    adds them): the same cache entry :func:`normalized_graph`'s variant names."""
+    if not conv.add_self_loops:
+        return structure(edge_index, "as_is", num_nodes, num_nodes, device, conv.flow)
+    return structure(edge_index, "gcn_norm", num_nodes, num_nodes, device, conv.flow,
+                     transform=lambda ei: add_remaining_self_loops(ei, None, 1.0, num_nodes)[0])
 
 
 def normalized_graph(conv, edge_index, edge_weight, num_nodes: int, improved: bool, dtype):

@@ -105,3 +105,5 @@ def test_int2_keeps_less_than_pyg(shared_weights):
     x = (torch.randn(N, 64, requires_grad=True) * 1.0).relu()  # an activation: kept by each conv
     sizes = [saved_bytes(lambda m=m: m(x, x0, ei), exclude=[ei, x0, *m.parameters()]) for m in (theirs, ours)]
     assert sizes[1] < sizes[0] / 4, sizes
+    # nothing per edge: the mixed features at 2 bits (1/16 of them) and their per-row range, and X0 by reference
+    assert sizes[1] < x.numel() * x.element_size() / 8, sizes
