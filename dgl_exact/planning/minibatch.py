@@ -258,7 +258,7 @@ def largest_batch(planner: MinibatchPlanner, setting: Setting, budget: int, tole
             slope = (ys[1] - ys[0]) / (xs[1] - xs[0])
             target = xs[0] + (budget - ys[0]) / slope
         else:
-            target = xs[0] * budget / ys[0]
+            target = xs[0] * budget / max(1, ys[0])
         guess = _batch_for(planner, target, lo, upper)
         low_end, high_end = lo + step, upper - step if hi is not None else upper
         b = min(max(guess, low_end), max(low_end, high_end), upper)
