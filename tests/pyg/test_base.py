@@ -52,3 +52,28 @@ def test_sparse_adjacency_with_reverse_flow_refused():
     adj_t = torch.sparse_coo_tensor(ei.flip(0), torch.ones(ei.shape[1]), (N, N), check_invariants=True)
     with pytest.raises(ValueError, match="adj_t.t()"):
         ours_nn.GCNConv(D, D, flow="target_to_source")(torch.randn(N, D), adj_t.coalesce().to_sparse_csr())
+
+
+GRADCHECK = {
+    "GCNConv": ((4, 3), lambda conv, x, w, ei: conv(x, ei, w)),
+    "GCNConv-unweighted": ((4, 3), lambda conv, x, w, ei: conv(x, ei)),
+    "SAGEConv": ((4, 3), lambda conv, x, w, ei: conv(x, ei)),
+    "GATConv": ((4, 3), lambda conv, x, w, ei: conv(x, ei)),
+    "GCN2Conv": ((4, 0.2), lambda conv, x, w, ei: conv(x, x * 0.5, ei, w)),
+    "GCN2Conv-unweighted": ((4, 0.2), lambda conv, x, w, ei: conv(x, x, ei)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(GRADCHECK))
+def test_first_and_second_derivatives_without_compression(case):
+    """Compression off, float64: the backward of every path (and its own backward, ``create_graph``) against
+    finite differences."""
+    torch.manual_seed(0)
+    args, call = GRADCHECK[case]
+    conv = getattr(ours_nn, case.split("-")[0])(*args, compression=dgl_exact.CompressionConfig(enabled=False))
+    conv = conv.double()
+    ei = random_graph(12, e=30, isolated=2, duplicates=3)
+    x = torch.randn(12, 4, dtype=torch.double, requires_grad=True)
+    w = (torch.rand(ei.shape[1], dtype=torch.double) + 0.1).requires_grad_()
+    assert torch.autograd.gradcheck(lambda x, w: call(conv, x, w, ei), (x, w))
+    assert torch.autograd.gradgradcheck(lambda x, w: call(conv, x, w, ei), (x, w))
