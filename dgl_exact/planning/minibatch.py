@@ -217,18 +217,34 @@ def _batch_for(planner: MinibatchPlanner, target: float, lo: int, hi: int) -> in
     return lo
 
 
+def _line(planner: MinibatchPlanner, tried: Dict[int, PlanRecord], budget: int):
+    """``(x0, y0, slope, sizes)``: the line of step peak against :func:`batch_elements` through the two recorded
+    batch sizes whose peaks are nearest ``budget`` (``x0, y0``: the nearer); None with fewer than two or a line
+    that does not rise."""
+    near = sorted(tried, key=lambda b: abs(tried[b].step_peak_bytes - budget))[:2]
+    if len(near) < 2:
+        return None
+    xs = [batch_elements(planner, b) for b in near]
+    ys = [tried[b].step_peak_bytes for b in near]
+    if xs[0] == xs[1] or (ys[1] - ys[0]) / (xs[1] - xs[0]) <= 0:
+        return None
+    return xs[0], ys[0], (ys[1] - ys[0]) / (xs[1] - xs[0]), tuple(near)
+
+
 def largest_batch(planner: MinibatchPlanner, setting: Setting, budget: int, tolerance: float = 0.05,
                   log: Optional[Callable[[str], None]] = None, max_steps: int = 12) -> BatchPrediction:
     """The largest batch size whose predicted step peak (:meth:`MinibatchPlanner.record`, recorded steps on
     sampled batches) is at most ``budget`` bytes, to within ``tolerance`` (relative): a batch size that fits
-    and one at most ``tolerance`` larger that does not (or all training nodes).
+    and one at most ``tolerance`` larger that does not, recorded or on the line below (or all training
+    nodes).
 
     The search records few batch sizes: the step peak is close to affine in the sampled batch's elements
     (:func:`batch_elements`, sampling only), so the line through the two recorded peaks nearest the budget
     (one recorded peak: proportional to the elements, which overshoots no batch size) names the batch size to
     record next; it is kept strictly inside the bracket, so the search ends, within ``max_steps`` records
-    (then the bracket is as narrow as they made it). ValueError saying what to do when even batch size 1
-    does not fit."""
+    (then the bracket is as narrow as they made it). Where that line, through the largest size that fits,
+    puts the size ``tolerance`` larger over the budget, the search stops without recording it (the pick is
+    always a recorded size that fits). ValueError saying what to do when even batch size 1 does not fit."""
     tried: Dict[int, PlanRecord] = {}
     top = planner.max_batch_size
 
@@ -249,16 +265,18 @@ def largest_batch(planner: MinibatchPlanner, setting: Setting, budget: int, tole
         step = max(1, int(lo * tolerance))
         if lo >= top or (hi is not None and hi - lo <= step):
             break
+        line = _line(planner, tried, budget)
+        if hi is None and line is not None and lo in line[3] and lo + step <= top:
+            x0, y0, slope, _ = line  # the line through lo says one step more does not fit: stop on it
+            if y0 + slope * (batch_elements(planner, lo + step) - x0) > budget:
+                break
         upper = top if hi is None else hi - 1
-        # the two recorded sizes whose peaks are nearest the budget (a line through them), or the one
-        near = sorted(tried, key=lambda b: abs(tried[b].step_peak_bytes - budget))[:2]
-        xs = [batch_elements(planner, b) for b in near]
-        ys = [tried[b].step_peak_bytes for b in near]
-        if len(near) == 2 and xs[0] != xs[1] and (ys[1] - ys[0]) / (xs[1] - xs[0]) > 0:
-            slope = (ys[1] - ys[0]) / (xs[1] - xs[0])
-            target = xs[0] + (budget - ys[0]) / slope
-        else:
-            target = xs[0] * budget / max(1, ys[0])
+        if line is not None:
+            x0, y0, slope, _ = line
+            target = x0 + (budget - y0) / slope
+        else:  # one recorded size: peaks proportional to the elements (overshoots no batch size)
+            x0 = batch_elements(planner, lo)
+            target = x0 * budget / max(1, tried[lo].step_peak_bytes)
         guess = _batch_for(planner, target, lo, upper)
         low_end, high_end = lo + step, upper - step if hi is not None else upper
         b = min(max(guess, low_end), max(low_end, high_end), upper)
