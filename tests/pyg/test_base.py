@@ -77,3 +77,21 @@ def test_first_and_second_derivatives_without_compression(case):
     w = (torch.rand(ei.shape[1], dtype=torch.double) + 0.1).requires_grad_()
     assert torch.autograd.gradcheck(lambda x, w: call(conv, x, w, ei), (x, w))
     assert torch.autograd.gradgradcheck(lambda x, w: call(conv, x, w, ei), (x, w))
+
+
+@pytest.mark.parametrize("name", sorted(CONVS))
+def test_no_dgl_kernel_even_when_forced(name):
+    """An EdgeStructure has no DGL graph index: every graph kernel of a drop-in's forward and backward is
+    dgl_exact's own, also where DGL's backend is forced (a path asking the registry directly would fail)."""
+    from dgl_exact import kernels
+
+    torch.manual_seed(0)
+    theirs = getattr(pyg_nn, name)(*CONVS[name])
+    ours = copy_of(getattr(ours_nn, name), theirs, *CONVS[name], compression=dgl_exact.CompressionConfig(bits=2))
+    ei = random_graph(N)
+    x = torch.randn(N, D, requires_grad=True)
+    with kernels.use_backend("dgl"):
+        out = _call(name, ours, x * 1.0, ei)
+        out.sum().backward()
+    torch.testing.assert_close(out, _call(name, theirs, x * 1.0, ei))
+    assert x.grad is not None and bool(torch.isfinite(x.grad).all())
