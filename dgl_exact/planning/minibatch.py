@@ -266,7 +266,7 @@ def largest_batch(planner: MinibatchPlanner, setting: Setting, budget: int, tole
         if lo >= top or (hi is not None and hi - lo <= step):
             break
         line = _line(planner, tried, budget)
-        if hi is None and line is not None and lo in line[3] and lo + step <= top:
+        if line is not None and lo in line[3] and lo + step <= top:
             x0, y0, slope, _ = line  # the line through lo says one step more does not fit: stop on it
             if y0 + slope * (batch_elements(planner, lo + step) - x0) > budget:
                 break
