@@ -18,5 +18,6 @@ from .gcn2_conv import GCN2Conv
 from .gcn_conv import GCNConv
 from .sage_conv import SAGEConv
 from .structure import EdgeStructure
+from .conversions import CONVERSIONS, convert, refusal
 
-__all__ = ["GCNConv", "SAGEConv", "GATConv", "GCN2Conv", "EdgeStructure"]
+__all__ = ["GCNConv", "SAGEConv", "GATConv", "GCN2Conv", "EdgeStructure", "CONVERSIONS", "convert", "refusal"]
