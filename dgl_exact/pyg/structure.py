@@ -26,6 +26,7 @@ import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
 from .. import kernels
+from ..ops.keep import chunk_elements_for
 from ..ops.structure import GraphStructure
 
 __all__ = ["EdgeStructure", "edge_structure", "clear_cache", "cache_size"]
@@ -81,6 +82,36 @@ class EdgeStructure(GraphStructure):
         with kernels.exclude("dgl"):
             fn = kernels.get(op, self.device)
         return fn, (self.csr if transpose else self.csc)
+
+    def _reference(self, op: str) -> bool:
+        """Whether ``op`` runs on the reference kernel here (the CPU: DGL's kernels are out, Numba has no graph
+        kernels), whose multi-head sum and edge dot products form an ``[E, H, D]`` product at once."""
+        with kernels.exclude("dgl"):
+            return kernels.chosen(op, self.device) == "torch"
+
+    def aggregate(self, x: torch.Tensor, w: Optional[torch.Tensor] = None, transpose: bool = False) -> torch.Tensor:
+        """:meth:`GraphStructure.aggregate`; on the reference kernel a weighted sum over several heads runs head
+        by head (each one sparse product), never forming the ``[E, H, D]`` messages (GAT's attention-weighted
+        sum: those are the size of what PyG keeps)."""
+        heads = x.shape[1]
+        if w is None or heads == 1 or not self._reference("spmm_sum"):
+            return super().aggregate(x, w, transpose)
+        out = x.new_empty((self.num_src if transpose else self.num_dst, heads, x.shape[2]))
+        for h in range(heads):
+            out[:, h:h + 1] = super().aggregate(x[:, h:h + 1], w[:, h:h + 1], transpose)
+        return out
+
+    def edge_dot(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """:meth:`GraphStructure.edge_dot`; on the reference kernel in ranges of edges whose gathered rows hold
+        about :func:`~dgl_exact.ops.keep.chunk_elements_for` elements (not the ``[E, H, D]`` product at once)."""
+        step = max(1, chunk_elements_for(a.device) // max(1, a.shape[1] * a.shape[2]))
+        if self.num_edges <= step or not self._reference("sddmm_dot"):
+            return super().edge_dot(a, b)
+        out = a.new_empty((self.num_edges, a.shape[1]), dtype=torch.promote_types(a.dtype, b.dtype))
+        for e0 in range(0, self.num_edges, step):
+            src, dst = self._src[e0:e0 + step], self._dst[e0:e0 + step]
+            out[e0:e0 + step] = (a[src] * b[dst]).sum(-1)
+        return out
 
     @property
     def csc(self) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
