@@ -9,7 +9,7 @@ from typing import Dict, List, Optional
 import torch
 import torch.nn as nn
 
-from .._compat import import_dgl
+from .._compat import compiling, import_dgl
 from ..compression_config import CompressionConfig, get_config
 from ..compression_config import config as config_scope
 from ..ops.routing import message_passing
@@ -115,8 +115,11 @@ def compress_model(model: nn.Module, config: Optional[CompressionConfig] = None,
     force): every compressed op that runs inside ``model``'s forward runs at it (converted modules take it as
     their ``compression``; ``dgl_exact.ops`` calls in a custom ``forward`` and the saved-tensor hooks run
     inside a ``dgl_exact.config(config)`` scope entered by a forward pre-hook and left by an always-called
-    forward hook); a nested model converted with its own configuration keeps it inside its forward; modules
-    given a ``compression`` by the user keep it. :func:`set_model_config` changes it later.
+    forward hook; DGL's built-in message passing runs on dgl_exact's ops there: :func:`dgl_exact.message_passing`);
+    a nested model converted with its own configuration keeps it inside its forward; modules given a
+    ``compression`` by the user keep it. :func:`set_model_config` changes it later. Under ``torch.compile`` the
+    scope is not entered (dynamo cannot trace it): converted modules keep the model's configuration (their
+    ``compression``), other ops take the configuration in force when dynamo traces.
 
     With ``fuse``, a ``ReLU`` directly followed by a ``Dropout`` inside an ``nn.Sequential`` becomes one
     ``ReLUDropout`` keeping a single bit, and an ``nn.Sequential`` (exactly that type) in which a
@@ -189,6 +192,8 @@ def _enter_model_scope(module: nn.Module, args) -> None:
     training forward with ``saved_tensors=True``, inside ``compress_saved``. Closed by :func:`_leave_model_scope`."""
     from ..saved_tensors import compress_saved
 
+    if compiling():  # dynamo cannot trace a ContextVar: the modules' own ``compression`` holds while compiling
+        return
     stack = contextlib.ExitStack()
     try:
         cfg = getattr(module, MODEL_CONFIG, None)
@@ -205,6 +210,8 @@ def _enter_model_scope(module: nn.Module, args) -> None:
 
 def _leave_model_scope(module: nn.Module, args, output) -> None:
     """Forward hook (also called when the forward raises): closes the scope :func:`_enter_model_scope` opened."""
+    if compiling():
+        return
     running = _running.get()
     if running and running[-1][0] is module:
         _running.set(running[:-1])

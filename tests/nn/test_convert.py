@@ -242,3 +242,21 @@ def test_set_model_config_errors():
         dgl_exact.set_model_config("model", INT2)
     with pytest.raises(TypeError, match="CompressionConfig or None"):
         dgl_exact.set_model_config(nn.Linear(2, 2), {"bits": 2})
+
+
+@pytest.mark.slow
+def test_converted_model_compiles_with_fullgraph(graph):
+    """The scope hooks stand aside while dynamo traces (it cannot trace a ContextVar): no graph break."""
+    class Two(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c1, self.c2 = dgl.nn.GraphConv(16, 8), dgl.nn.GraphConv(8, 4)
+
+        def forward(self, g, x):
+            return self.c2(g, self.c1(g, x).relu())
+
+    model = dgl_exact.compress_model(Two(), config=INT2)
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True, dynamic=False)
+    compiled(graph, torch.randn(40, 16)).sum().backward()
+    assert all(p.grad is not None for p in model.parameters())
+    assert convert._running.get() == ()
