@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 from .errors import UserError
 
-__all__ = ["EnvironmentVariableError", "Variable", "VARIABLES", "KERNEL_BACKEND_NAMES", "read", "check"]
+__all__ = ["EnvironmentVariableError", "Variable", "VARIABLES", "KERNEL_BACKEND_NAMES", "MAX_SECONDS", "read", "check"]
 
 # the names DGL_EXACT_BACKEND accepts: dgl_exact.kernels.spec.BACKENDS and its deprecated aliases (a test
 # keeps the two lists equal; this module sits below kernels and cannot import them)
@@ -52,7 +52,7 @@ def _integer(minimum: int, maximum: int) -> Callable[[str], int]:
 
 def _seconds(text: str) -> float:
     value = float(text.strip())
-    if not (math.isfinite(value) and value > 0):
+    if not (math.isfinite(value) and 0 < value <= MAX_SECONDS):
         raise ValueError(text)
     return value
 
@@ -82,8 +82,10 @@ def _text(text: str) -> str:
     return text
 
 
+MAX_SECONDS = 86400.0 * 999_999_999  # datetime.timedelta's longest (torch.distributed takes timeouts as one)
 _MAX_PROCESSES = 2 ** 31 - 1  # torch.distributed keeps ranks as int32
 _FLAG = "1, true, yes, on, 0, false, no or off"
+_SECONDS = f"a number of seconds > 0 and at most {MAX_SECONDS:g}"
 
 VARIABLES: Dict[str, Variable] = {v.name: v for v in [
     Variable("DGL_EXACT_BACKEND", _choice(KERNEL_BACKEND_NAMES), "one of ext, numba, dgl, torch", None,
@@ -94,9 +96,9 @@ VARIABLES: Dict[str, Variable] = {v.name: v for v in [
     Variable("DGL_REPO", _url, "a URL such as https://data.dgl.ai/", None,
              "DGL's download server (dgl_exact.data.dgl_builtin builds its URLs as DGL does)"),
     Variable("DGL_EXACT_ALLOW_DIRTY", _flag, _FLAG, False, "--allow-dirty of the bench commands"),
-    Variable("DGL_EXACT_DIST_TIMEOUT", _seconds, "a number of seconds > 0", None,
+    Variable("DGL_EXACT_DIST_TIMEOUT", _seconds, _SECONDS, None,
              "timeout of a training step's collectives (--dist-timeout's default)"),
-    Variable("DGL_EXACT_DIST_SETUP_TIMEOUT", _seconds, "a number of seconds > 0", None,
+    Variable("DGL_EXACT_DIST_SETUP_TIMEOUT", _seconds, _SECONDS, None,
              "timeout of the waits for rank-0-only work"),
     Variable("DGL_EXACT_NPROC_CHILD", _choice(("0", "1")), "0 or 1", "0",
              "set to 1 by train --nproc in the processes it starts"),

@@ -64,6 +64,7 @@ def test_unset_and_empty_give_the_default(monkeypatch):
     ("DGL_EXACT_DIST_TIMEOUT", "-1", "a number of seconds > 0"),
     ("DGL_EXACT_DIST_SETUP_TIMEOUT", "nan", "a number of seconds > 0"),
     ("DGL_EXACT_DIST_TIMEOUT", "inf", "a number of seconds > 0"),
+    ("DGL_EXACT_DIST_TIMEOUT", "1e300", "a number of seconds > 0 and at most 8.64e+13"),
     ("DGL_EXACT_OVERSUBSCRIBE", "2", "1, true, yes, on, 0, false, no or off"),
     ("DGL_EXACT_BUILD_CPU_EXT", "maybe", "1, true"),
     ("DGL_EXACT_NPROC_CHILD", "yes", "0 or 1"),

@@ -18,7 +18,9 @@ from click.core import ParameterSource
 
 from .. import _environment
 from .._files import atomic_write
-from ..training.config import COMPRESSION_OPTIONS, SAINT_MODES, SAMPLERS, TrainConfig, bundled_configs, load_conf
+from .._environment import MAX_SECONDS
+from ..training.config import (COMPRESSION_OPTIONS, MAX_COUNT, SAINT_MODES, SAMPLERS, TrainConfig, bundled_configs,
+                               load_conf)
 from ..training.models import MODELS
 from ._common import UserError, _check_dataset, _check_outputs, _hold_outputs, _int_choice, parse_size
 
@@ -212,15 +214,18 @@ def train(ctx, conf, debug_mem, test_speed, json_path, checkpoint, resume, resum
         raise UserError("--resume needs --checkpoint PATH")
     if resume_mismatch_ok and not resume:
         raise UserError("--resume-mismatch-ok goes with --resume (it lets a resumed run differ from its checkpoint)")
-    if checkpoint_batches is not None and (checkpoint_batches < 1 or not checkpoint or cfg.sampler == "full"):
+    if checkpoint_batches is not None and not 1 <= checkpoint_batches <= MAX_COUNT:
+        raise UserError(f"--checkpoint-batches must be in [1, {MAX_COUNT}], got {checkpoint_batches}")
+    if checkpoint_batches is not None and (not checkpoint or cfg.sampler == "full"):
         raise UserError("--checkpoint-batches needs N >= 1, --checkpoint PATH and a mini-batch sampler "
                         "(--sampler saint, cluster or neighbor)")
-    if test_speed is not None and test_speed < 1:
-        raise UserError("--test-speed needs a number of epochs >= 1")
+    if test_speed is not None and not 1 <= test_speed <= MAX_COUNT:
+        raise UserError(f"--test-speed needs a number of epochs in [1, {MAX_COUNT}], got {test_speed}")
     if nproc is not None and nproc < 1:
         raise UserError(f"--nproc must be >= 1, got {nproc}")
-    if dist_timeout is not None and not 0 < dist_timeout < float("inf"):
-        raise UserError(f"--dist-timeout must be a finite number of seconds > 0, got {dist_timeout}")
+    if dist_timeout is not None and not 0 < dist_timeout <= MAX_SECONDS:
+        raise UserError(f"--dist-timeout must be a finite number of seconds > 0, at most {MAX_SECONDS:g} "
+                        f"(Python's longest timedelta), got {dist_timeout}")
     _check_outputs(files={"--json": json_path, "--checkpoint": checkpoint})
     worker = distributed.in_distributed_env()
     if not worker or (not distributed.is_launched_child() and _environment.read("RANK") == 0):
