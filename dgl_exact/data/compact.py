@@ -111,7 +111,10 @@ def keep_edges(g, keep: torch.Tensor):
     (or CSR) it holds, masked: indices and edge ids of the kept edges in the same order, offsets from the kept
     counts per node. The result allows the formats ``g`` allows (a training graph restricted to CSC and CSR,
     :func:`compact_graph`, gives one restricted to them; the other one is created from the held one when
-    first read), and has no edge-id array where ``g`` has none (:func:`csc_graph`)."""
+    first read, by DGL's transposition: there each node's edges run in the order of their other ends, where
+    ``dgl.edge_subgraph``'s, built from a COO, run in edge-id order, so sums over them, e.g. a backward's
+    transposed aggregation, may round differently), and has no edge-id array where ``g`` has none
+    (:func:`csc_graph`)."""
     have = g.formats()
     created, allowed = have["created"], have["created"] + have["not created"]
     if "coo" in created or not ({"csc", "csr"} & set(created)):
@@ -121,8 +124,7 @@ def keep_edges(g, keep: torch.Tensor):
     kept = torch.zeros(g.num_edges(), dtype=torch.bool, device=indices.device)
     kept[keep.to(indices.device).long()] = True
     if eids is not None and eids.numel():
-        eids = eids.long() if eids.dtype != torch.int64 else eids
-        at = kept[eids]                       # per stored position: is its edge kept
+        at = kept[eids]                       # per stored position: is its edge kept (int32 ids index as they are)
         # new id of a kept edge: how many kept edges have a smaller id
         rank = kept.cumsum(0, dtype=indices.dtype).sub_(1)
         new_eids = rank[eids[at]]
@@ -133,7 +135,7 @@ def keep_edges(g, keep: torch.Tensor):
     # a node's new offset: the kept edges stored before its old offset
     before = torch.zeros(at.numel() + 1, dtype=indptr.dtype, device=indptr.device)
     torch.cumsum(at, 0, dtype=indptr.dtype, out=before[1:])
-    new_indptr = before[indptr.long()]
+    new_indptr = before[indptr]
     del before
     out = dgl.graph((fmt, (new_indptr, indices[at], new_eids)), num_nodes=g.num_nodes(), idtype=g.idtype,
                     device=g.device)
