@@ -96,8 +96,9 @@ def _why_fp32(module: nn.Module, saved_tensors: bool) -> Optional[str]:
     if own in ("torch", "dgl"):
         return f"{_qualname(cls)} has no dgl_exact version" + fallback
     if list(module.children()):
-        return ("custom module: what the functional calls in its forward save (F.relu, torch ops; a residual "
-                "add saves nothing) is not visible" + fallback)
+        return ("custom module: its graph ops (DGL's built-in message passing, edge_softmax, dgl_exact.ops) run "
+                "compressed at the model's config; what its other functional calls save (F.relu, torch ops, "
+                "Python message functions; a residual add saves nothing) is not visible" + fallback)
     return "custom module, forward unknown" + fallback
 
 
