@@ -135,7 +135,8 @@ def test_library_detection(monkeypatch, tmp_path):
     lib_dir = tmp_path / "graphbolt"
     lib_dir.mkdir()
     spec = types.SimpleNamespace(submodule_search_locations=[str(tmp_path)])
-    monkeypatch.setattr(_dgl_exact_import_hook.importlib.util, "find_spec", lambda name: spec if name == "dgl" else None)
+    monkeypatch.setattr(_dgl_exact_import_hook.importlib.util, "find_spec",
+                        lambda name: spec if name == "dgl" else None)
     monkeypatch.setattr(torch, "__version__", "2.1.1+cu121")
     assert _compat._graphbolt_library_present() is False
     (lib_dir / "libgraphbolt_pytorch_2.1.1.so").touch()
