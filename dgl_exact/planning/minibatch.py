@@ -187,18 +187,20 @@ def refuse_recompute(settings: Sequence[Setting]) -> None:
 
 
 def batch_elements(planner: MinibatchPlanner, batch_size: int) -> int:
-    """What a step at ``batch_size`` is made of, in elements: over the blocks of the first sampled batch, the
-    input rows times their width (features at the first layer, the hidden width after), the output rows times
-    the hidden width, and the edges. Sampling only, no step; cached on the planner. The step peak is close to
-    affine in it (every tensor of a step is a block's rows or edges times a width), which
-    :func:`largest_batch` uses to choose the batch sizes it records."""
+    """What a step at ``batch_size`` is made of, in elements: over the blocks of the first sampled batch, each
+    block's output rows times its input width (the aggregated neighbours: features at the first layer, the
+    hidden width after) plus the hidden width (what the layer computes from them), and its edges. A block's
+    input rows are the previous block's output rows, or the batch's input features, which are static memory
+    (before the step), not step peak: they are left out (they also saturate sooner, as neighbourhoods
+    overlap, and made the line overshoot). Sampling only, no step; cached on the planner. The step peak is
+    close to affine in it, which :func:`largest_batch` uses to choose the batch sizes it records."""
     cache = planner.__dict__.setdefault("_elements", {})
     if batch_size not in cache:
         batch = next(iter(planner.sampler(batch_size).iter_epoch(0)))
         hidden, total = planner.spec.hidden_size, 0
         for i, block in enumerate(batch.blocks):
             width = planner.spec.features if i == 0 else hidden
-            total += block.num_src_nodes() * width + block.num_dst_nodes() * hidden + block.num_edges()
+            total += block.num_dst_nodes() * (width + hidden) + block.num_edges()
         cache[batch_size] = total
     return cache[batch_size]
 
