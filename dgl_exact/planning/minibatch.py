@@ -85,11 +85,11 @@ class MinibatchPlanner:
         """The trainer's sampler at ``batch_size`` (seed nodes: the training split)."""
         return NeighborSampler(self.dataset.graph, self.fanouts, batch_size, seed=self.seed)
 
-    def batches(self, batch_size: int) -> list:
+    def batches(self, batch_size: int, num_batches: Optional[int] = None) -> list:
         """The first :attr:`num_batches` batches of epoch 0 at ``batch_size``."""
         out = []
         for i, batch in enumerate(self.sampler(batch_size).iter_epoch(0)):
-            if i >= self.num_batches:
+            if i >= (num_batches or self.num_batches):
                 break
             out.append(batch)
         return out
@@ -125,14 +125,15 @@ class MinibatchPlanner:
                 del loss
         return _block_bytes(batch.blocks) - before
 
-    def record(self, setting: Setting, batch_size: int, device_total: Optional[int] = None) -> PlanRecord:
+    def record(self, setting: Setting, batch_size: int, device_total: Optional[int] = None,
+               num_batches: Optional[int] = None) -> PlanRecord:
         """``setting``'s :class:`PlanRecord` for one mini-batch step of ``batch_size`` seed nodes: the largest
         recorded step peak and the largest saved activations over the sampled batches."""
         with single_thread():
             if setting.impl not in self._warm:  # lazy initialisation outside any recorded step
-                self._step(setting, self.batches(batch_size)[0], None)
+                self._step(setting, self.batches(batch_size, 1)[0], None)
                 self._warm.add(setting.impl)
-            batches = self.batches(batch_size)  # fresh blocks: no formats created by an earlier step
+            batches = self.batches(batch_size, num_batches)  # fresh blocks: no formats created by an earlier step
             peaks, acts = [], []
             for b in batches:
                 timeline = _Timeline(touched=True)
@@ -233,37 +234,16 @@ def _line(planner: MinibatchPlanner, tried: Dict[int, PlanRecord], budget: int):
     return xs[0], ys[0], (ys[1] - ys[0]) / (xs[1] - xs[0]), tuple(near)
 
 
-def largest_batch(planner: MinibatchPlanner, setting: Setting, budget: int, tolerance: float = 0.05,
-                  log: Optional[Callable[[str], None]] = None, max_steps: int = 12) -> BatchPrediction:
-    """The largest batch size whose predicted step peak (:meth:`MinibatchPlanner.record`, recorded steps on
-    sampled batches) is at most ``budget`` bytes, to within ``tolerance`` (relative): a batch size that fits
-    and one at most ``tolerance`` larger that does not, recorded or on the line below (or all training
-    nodes).
-
-    The search records few batch sizes: the step peak is close to affine in the sampled batch's elements
-    (:func:`batch_elements`, sampling only), so the line through the two recorded peaks nearest the budget
-    (one recorded peak: proportional to the elements, which overshoots no batch size) names the batch size to
-    record next; it is kept strictly inside the bracket, so the search ends, within ``max_steps`` records
-    (then the bracket is as narrow as they made it). Where that line, through the largest size that fits,
-    puts the size ``tolerance`` larger over the budget, the search stops without recording it (the pick is
-    always a recorded size that fits). ValueError saying what to do when even batch size 1 does not fit."""
-    tried: Dict[int, PlanRecord] = {}
+def _search(planner: MinibatchPlanner, budget: float, tolerance: float, peak: Callable[[int], int],
+            tried: Dict[int, PlanRecord], max_steps: int) -> int:
+    """The largest batch size that fits ``budget`` found by recording few sizes (see :func:`largest_batch`);
+    ``peak(b)`` records size ``b`` into ``tried`` (sizes already there are not recorded again)."""
     top = planner.max_batch_size
-
-    def peak(b: int) -> int:
-        if b not in tried:
-            t0 = time.perf_counter()
-            tried[b] = planner.record(setting, b)
-            if log:
-                log(f"{setting.name}: batch size {b:,}: step peak {memory.format_bytes(tried[b].step_peak_bytes)} "
-                    f"({time.perf_counter() - t0:.1f} s)")
-        return tried[b].step_peak_bytes
-
-    if peak(1) > budget:
-        raise ValueError(f"{setting.name}: even batch size 1 needs a step peak of {memory.format_bytes(peak(1))}, "
-                         f"more than the budget {memory.format_bytes(budget)}; give a larger --memory-budget")
-    lo, hi = 1, None   # lo fits; hi (None: none known) does not
-    while len(tried) < max_steps:
+    lo = max([b for b in tried if tried[b].step_peak_bytes <= budget], default=1)
+    over = [b for b in tried if tried[b].step_peak_bytes > budget and b > lo]
+    hi = min(over) if over else None   # lo fits; hi (None: none known) does not
+    steps = 0
+    while steps < max_steps:
         step = max(1, int(lo * tolerance))
         if lo >= top or (hi is not None and hi - lo <= step):
             break
@@ -282,15 +262,74 @@ def largest_batch(planner: MinibatchPlanner, setting: Setting, budget: int, tole
         guess = _batch_for(planner, target, lo, upper)
         low_end, high_end = lo + step, upper - step if hi is not None else upper
         b = min(max(guess, low_end), max(low_end, high_end), upper)
+        steps += 1
         if peak(b) <= budget:
             lo = b
         else:
             hi = b
-    sizes = {b: r.step_peak_bytes for b, r in sorted(tried.items())}
+    return lo
+
+
+def largest_batch(planner: MinibatchPlanner, setting: Setting, budget: int, tolerance: float = 0.05,
+                  log: Optional[Callable[[str], None]] = None, max_steps: int = 12) -> BatchPrediction:
+    """The largest batch size whose predicted step peak (:meth:`MinibatchPlanner.record`, recorded steps on
+    all the planner's sampled batches) is at most ``budget`` bytes, to within ``tolerance`` (relative): a batch
+    size that fits and one at most ``tolerance`` larger that does not, recorded or on the line below (or all
+    training nodes).
+
+    The search records few batch sizes, each on its first sampled batch only: the step peak is close to
+    affine in the sampled batch's elements (:func:`batch_elements`, sampling only), so the line through the
+    two recorded peaks nearest the budget (one recorded peak: proportional to the elements, which overshoots
+    no batch size) names the batch size to record next; it is kept strictly inside the bracket, so the search
+    ends, within ``max_steps`` records. Where that line, through the largest size that fits, puts the size
+    ``tolerance`` larger over the budget, the search stops without recording it. The pick is then recorded on
+    all the sampled batches; where another batch needs more than the first, the search goes on with the
+    budget scaled down by the ratio (a few times at most). ValueError saying what to do when even batch size 1
+    does not fit."""
+    first: Dict[int, PlanRecord] = {}
+
+    def peak(b: int) -> int:
+        if b not in first:
+            t0 = time.perf_counter()
+            first[b] = planner.record(setting, b, num_batches=1)
+            if log:
+                log(f"{setting.name}: batch size {b:,}: step peak {memory.format_bytes(first[b].step_peak_bytes)} "
+                    f"({time.perf_counter() - t0:.1f} s)")
+        return first[b].step_peak_bytes
+
+    def too_large(needed: int):
+        return ValueError(f"{setting.name}: even batch size 1 needs a step peak of {memory.format_bytes(needed)}, "
+                          f"more than the budget {memory.format_bytes(budget)}; give a larger --memory-budget")
+
+    if peak(1) > budget:
+        raise too_large(peak(1))
+    target, final = float(budget), None
+    for _ in range(4):
+        lo = _search(planner, target, tolerance, peak, first, max_steps)
+        if planner.num_batches <= 1:
+            final = first[lo]
+        else:
+            t0 = time.perf_counter()
+            final = planner.record(setting, lo)
+            if log:
+                log(f"{setting.name}: batch size {lo:,}: step peak {memory.format_bytes(final.step_peak_bytes)} "
+                    f"over {planner.num_batches} sampled batches ({time.perf_counter() - t0:.1f} s)")
+        if final.step_peak_bytes <= budget:
+            break
+        if lo == 1:
+            raise too_large(final.step_peak_bytes)
+        # another sampled batch needs more than the first: fit the first batches to a budget scaled by the ratio
+        target = min(target * first[lo].step_peak_bytes / final.step_peak_bytes, first[lo].step_peak_bytes - 1)
+        final = None
+    if final is None:
+        raise ValueError(f"{setting.name}: no batch size found whose sampled batches all fit "
+                         f"{memory.format_bytes(budget)}; give a larger --memory-budget")
+    sizes = {b: r.step_peak_bytes for b, r in sorted(first.items())}
+    sizes[lo] = final.step_peak_bytes
     if log:
-        log(f"{setting.name}: batch size {lo:,} (step peak {memory.format_bytes(tried[lo].step_peak_bytes)} of "
-            f"{memory.format_bytes(budget)}; {len(tried)} batch sizes recorded)")
-    return BatchPrediction(setting.name, lo, budget, tried[lo], sizes)
+        log(f"{setting.name}: batch size {lo:,} (step peak {memory.format_bytes(final.step_peak_bytes)} of "
+            f"{memory.format_bytes(budget)}; {len(first)} batch sizes recorded)")
+    return BatchPrediction(setting.name, lo, budget, final, sizes)
 
 
 def format_batch_table(rows: Sequence[BatchPrediction]) -> str:

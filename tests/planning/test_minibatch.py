@@ -96,18 +96,36 @@ def test_search_records_few_batch_sizes_and_brackets_the_pick(tiny_planner):
     above = pick.batch_size + max(1, int(0.05 * pick.batch_size))
     assert tiny_planner.record(setting, above).step_peak_bytes > budget
     assert len(pick.tried) <= 8, pick.tried
-    assert len(lines) == len(pick.tried) + 1 and f"batch size {pick.batch_size:,} (step peak" in lines[-1]
+    assert f"batch size {pick.batch_size:,} (step peak" in lines[-1]
+    assert f"batch size {pick.batch_size:,}: step peak" in lines[-2] and "over 3 sampled batches" in lines[-2]
+    assert pick.record.step_peak_bytes == pick.tried[pick.batch_size]  # all sampled batches, as record() gives
+
+
+def test_search_goes_on_where_another_sampled_batch_needs_more(monkeypatch):
+    """The search records one batch per size; the pick's other batches needing 10 % more scale the budget
+    down, and the pick fits on all of them."""
+    import dgl_exact.planning.minibatch as M
+
+    monkeypatch.setattr(M, "batch_elements", lambda planner, b: 1000 * b)
+    fake = _AffinePlanner(lambda b: 5e6 + 40_000 * b, 200_000, all_batches=1.1)
+    pick = largest_batch(fake, select("INT2")[0], 2**30)
+    truth = max(b for b in range(1, 200_001) if 1.1 * (5e6 + 40_000 * b) <= 2**30)
+    assert pick.record.step_peak_bytes <= 2**30
+    assert pick.batch_size <= truth and truth - pick.batch_size <= max(1, int(0.05 * pick.batch_size))
 
 
 class _AffinePlanner:
     """A planner whose step peak is a known function of the batch size (no steps run)."""
 
-    def __init__(self, peak_of, top):
-        self.peak_of, self.max_batch_size, self.records = peak_of, top, []
+    num_batches = 3
 
-    def record(self, setting, b):
+    def __init__(self, peak_of, top, all_batches=1.0):
+        self.peak_of, self.max_batch_size, self.records, self.all_batches = peak_of, top, [], all_batches
+
+    def record(self, setting, b, num_batches=None):
         self.records.append(b)
-        return types.SimpleNamespace(step_peak_bytes=int(self.peak_of(b)))
+        scale = 1.0 if num_batches == 1 else self.all_batches  # the other batches need this much more
+        return types.SimpleNamespace(step_peak_bytes=int(scale * self.peak_of(b)))
 
 
 @pytest.mark.parametrize("elements, peak, top", [
@@ -125,7 +143,7 @@ def test_search_on_the_elements_line_converges_in_few_records(monkeypatch, eleme
     pick = largest_batch(fake, select("INT2")[0], budget)
     truth = max([b for b in range(1, top + 1) if fake.peak_of(b) <= budget], default=1)
     assert pick.batch_size <= truth and truth - pick.batch_size <= max(1, int(0.05 * pick.batch_size))
-    assert len(fake.records) <= 7, fake.records
+    assert len(fake.records) <= 8, fake.records  # the last: the pick on all sampled batches
 
 
 @pytest.mark.slow
