@@ -166,7 +166,8 @@ def test_plan_sample_step_that_cannot_be_allocated_is_one_line(capsys, monkeypat
         raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory")
 
     monkeypatch.setattr(P, "plan", no_memory)
-    assert_one_line_error(run([*PLAN[:-2], "--hidden", str(2**31 - 1)], capsys), "does not fit in this machine's memory")
+    result = run([*PLAN[:-2], "--hidden", str(2**31 - 1)], capsys)
+    assert_one_line_error(result, "does not fit in this machine's memory")
 
 
 @pytest.mark.parametrize("args, needle", [
