@@ -179,7 +179,7 @@ MODEL_CONFIG = "_dgl_exact_model_config"
 _SAVED_TENSORS = "_dgl_exact_saved_tensors"
 #: the configuration of those saved-tensor hooks (the model's unless changed)
 _SAVED_CONFIG = "_compress_saved_config"
-#: marks a dgl_exact module whose ``compression`` a model's configuration set (not the user)
+#: on a dgl_exact module: the ``compression`` a model's configuration set there (the user's own, if it differs)
 _FROM_MODEL = "_dgl_exact_compression_from_model"
 
 # (model, ExitStack) of the converted models whose forward is running in this context, innermost last
@@ -251,9 +251,11 @@ def _apply_model_config(model: nn.Module, cfg: Optional[CompressionConfig], conv
     for module in _own_modules(model):
         if not hasattr(type(module), "_init_compression"):
             continue
-        if id(module) in converted or module.compression is None or getattr(module, _FROM_MODEL, False):
+        from_model = getattr(module, _FROM_MODEL, None)
+        if id(module) in converted or module.compression is None or (
+                from_model is not None and module.compression is from_model):
             module.compression = cfg
-            setattr(module, _FROM_MODEL, cfg is not None)
+            setattr(module, _FROM_MODEL, cfg)
     _install_model_scope(model)
 
 

@@ -260,3 +260,10 @@ def test_converted_model_compiles_with_fullgraph(graph):
     compiled(graph, torch.randn(40, 16)).sum().backward()
     assert all(p.grad is not None for p in model.parameters())
     assert convert._running.get() == ()
+
+
+def test_compression_set_by_the_user_after_conversion_is_kept():
+    model = dgl_exact.compress_model(Attention(ops), config=INT2)
+    model.lin.compression = INT4  # the user's, after the conversion
+    dgl_exact.set_model_config(model, bits=1)
+    assert model.lin.compression is INT4
