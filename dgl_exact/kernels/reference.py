@@ -118,7 +118,9 @@ def hash_uniform(seed: int, start: int, count: int, device) -> torch.Tensor:
 def _group_expand(v: torch.Tensor, n_rows: int, block_rows: int) -> torch.Tensor:
     if block_rows == 1:
         return v[:, None]
-    return v.repeat_interleave(block_rows)[:n_rows, None]
+    if v.shape[0] == 1:  # one group: block_rows may be far larger than the tensor (up to MAX_BLOCK_ROWS)
+        return v.expand(n_rows)[:, None]
+    return v.repeat_interleave(block_rows)[:n_rows, None]  # two or more groups: block_rows < n_rows
 
 
 def _chunks(n_rows: int, k: int, target: int = 1 << 22):
