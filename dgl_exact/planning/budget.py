@@ -105,7 +105,7 @@ def budget_plan(spec: PlanSpec, budget: int, data=None, replicas: int = 2, gpu: 
     suggested budget (rounded up to what is printed) and, where that is refused too, at the larger minimum it
     then names, up to ``tries`` times; the refusal names a budget that was accepted, so giving it back works
     (the minimum is a fixed point). Where no try is accepted, it says so."""
-    check_depth(spec.layers, len(DEFAULT_SETTINGS))  # it records about as many steps as a plan of them
+    check_depth(spec.layers, len(DEFAULT_SETTINGS), "a --memory-budget plan")  # about as many steps as those
     kwargs = dict(data=data, replicas=replicas, gpu=gpu, probe_nodes=probe_nodes, seed=seed,
                   sample_nodes=sample_nodes, uniform=uniform, relative=relative)
     with single_thread() if data is None else contextlib.nullcontext():

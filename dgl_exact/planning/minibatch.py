@@ -22,7 +22,7 @@ from typing import Callable, Dict, Optional, Sequence
 import torch
 
 from .. import memory
-from .predict import PlanRecord, build_for, loss_fn, single_thread, spec_from_graph
+from .predict import PlanRecord, build_for, check_depth, loss_fn, single_thread, spec_from_graph
 from .settings import Setting
 from .timeline import _Timeline
 from ..compression_config import config as compression_scope
@@ -70,6 +70,7 @@ class MinibatchPlanner:
                  **hyper):
         if model not in ("sage", "gcn", "gat"):
             raise ValueError(f"--sampler neighbor plans sage, gcn or gat models (blocks), not {model}")
+        check_depth(len(fanouts), 1, "the mini-batch planner")
         self.dataset, self.fanouts, self.num_batches, self.seed = dataset, list(fanouts), num_batches, seed
         hyper = {k: v for k, v in hyper.items() if v is not None}
         self.spec = spec_from_graph(dataset.graph, dataset.num_features, dataset.num_classes,

@@ -76,11 +76,16 @@ MAX_GRAPH_COUNT = 2**63 - 1   # nodes and edges: DGL's int64 ids
 MAX_SAMPLE_EDGES = 2**31 - 1  # edges of a sample graph (int32 ids, as the trainer's; torch indexes them in int64)
 
 
-def check_depth(layers: int, settings: int) -> None:
+def check_depth(layers: int, settings: int, what: str = "") -> None:
     """Refuse, before any recording, a plan of ``settings`` settings at ``layers`` layers whose recording would
-    exceed :data:`MAX_RECORDED_LAYERS` layer-settings (one line saying the largest depth that is planned)."""
+    exceed :data:`MAX_RECORDED_LAYERS` layer-settings (one line saying the largest depth that is planned).
+    ``what``: the plan, where it is not a ``--settings`` list (``"a --memory-budget plan"``)."""
     if layers * max(1, settings) > MAX_RECORDED_LAYERS:
         most = MAX_RECORDED_LAYERS // max(1, settings)
+        if what:
+            raise ValueError(f"--layers {layers}: {what} records a training step per layer for each of {settings} "
+                             f"setting(s) on sample graphs, at most {MAX_RECORDED_LAYERS} layers x settings (a few "
+                             f"minutes); it plans at most {most} layers")
         raise ValueError(f"--layers {layers} with {settings} setting(s): the planner records one training step "
                          f"per layer and setting on sample graphs, at most {MAX_RECORDED_LAYERS} layers x settings "
                          f"(a few minutes); plan at most {most} layers with these settings, or name fewer with "

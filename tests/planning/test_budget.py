@@ -594,3 +594,12 @@ def test_a_callers_prediction_is_trusted_only_within_recording_jitter():
     assert B._shift({"INT2": rec(100 * 2**20 + 100_000)}, own, "INT2") == 100_000  # within 0.1 %
     assert B._shift({"INT2": rec(90 * 2**20)}, own, "INT2") == 0
     assert B._shift({"INT2": rec(90 * 2**20)}, {}, "INT2") == 0
+
+
+def test_a_deep_budget_plan_is_refused_before_any_recording():
+    from dgl_exact.planning.budget import budget_plan
+    from dgl_exact.planning.predict import PlanSpec
+
+    spec = PlanSpec(model="gcn", nodes=1000, edges=2000, features=16, classes=4, layers=100)
+    with pytest.raises(ValueError, match=r"--layers 100: a --memory-budget plan records .* plans at most 73 layers"):
+        budget_plan(spec, 2**30, samples=(None, None))

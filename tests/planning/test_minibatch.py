@@ -220,3 +220,8 @@ def test_bench_measures_a_step_whose_batch_features_outweigh_it(tmp_path):
     feat_bytes = wide.batches(256)[0].node_data["feat"].numel() * 4
     peak = measured_peak(wide, select("INT2")[0], 256)
     assert peak is not None and 0 < peak < feat_bytes
+
+
+def test_a_deep_model_is_refused_before_any_step(tiny_planner):
+    with pytest.raises(ValueError, match=r"--layers 513: the mini-batch planner .* it plans at most 512 layers"):
+        MinibatchPlanner(tiny_planner.dataset, "sage", [2] * 513, hidden=8)
