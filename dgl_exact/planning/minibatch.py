@@ -254,12 +254,15 @@ def _search(planner: MinibatchPlanner, budget: float, tolerance: float, peak: Ca
             if y0 + slope * (batch_elements(planner, lo + step) - x0) > budget:
                 break
         upper = top if hi is None else hi - 1
+        # aim a quarter tolerance below the budget: a size the line puts exactly at the budget lands over it
+        # about half the time (sampling noise), and each landing over costs one more record
+        aim = budget * (1 - tolerance / 4)
         if line is not None:
             x0, y0, slope, _ = line
-            target = x0 + (budget - y0) / slope
+            target = x0 + (aim - y0) / slope
         else:  # one recorded size: peaks proportional to the elements (overshoots no batch size)
             x0 = batch_elements(planner, lo)
-            target = x0 * budget / max(1, tried[lo].step_peak_bytes)
+            target = x0 * aim / max(1, tried[lo].step_peak_bytes)
         guess = _batch_for(planner, target, lo, upper)
         low_end, high_end = lo + step, upper - step if hi is not None else upper
         b = min(max(guess, low_end), max(low_end, high_end), upper)
