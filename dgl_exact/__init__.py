@@ -20,7 +20,7 @@ from .ops.routing import message_passing  # noqa: E402
 from .ops.structure import mark_symmetric  # noqa: E402
 from .saved_tensors import compress_saved, keep_exact  # noqa: E402
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 # Subpackages loaded on first attribute access (``dgl_exact.data.load_dataset(...)`` after a plain
 # ``import dgl_exact``): they pull in dataset, training and CLI dependencies that most scripts never use.
