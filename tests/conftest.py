@@ -72,9 +72,10 @@ def _package_state() -> dict:
              "kernels excluded": getattr(kernels._local, "excluded", frozenset()),
              "torch threads": torch.get_num_threads(), "torch default dtype": torch.get_default_dtype(),
              "torch grad mode": torch.is_grad_enabled()}
-    for name, module in list(sys.modules.items()):
+    # dict copies, not iterators: a finalizer run by the collector mid-iteration may add a module or a global
+    for name, module in sys.modules.copy().items():
         if name.startswith("dgl_exact") and module is not None:
-            for attr, value in list(vars(module).items()):
+            for attr, value in vars(module).copy().items():
                 if isinstance(value, contextvars.ContextVar):
                     try:
                         state[f"{name}.{attr}"] = (value, value.get())  # its value, or its default

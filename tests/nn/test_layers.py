@@ -368,4 +368,5 @@ def test_converted_dropout_matches_torch_with_compression_off(device):
     with dgl_exact.config(enabled=False):
         for a, b in zip(run(lambda h: gat(g, h), list(gat.parameters())),
                         run(lambda h: converted(g, h), list(converted.parameters()))):
-            torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)  # the same masks; DGL's kernels, not ours
+            # the same masks; DGL's kernels, not ours: sums in another order (torch 2.1 differs by ~4e-5 relative)
+            torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
