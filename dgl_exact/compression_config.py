@@ -21,7 +21,7 @@ from typing import Iterator, Optional
 from . import tracing
 
 __all__ = ["CompressionConfig", "get_config", "set_config", "config", "resolve_config", "VALID_BITS", "MAX_BLOCK_ROWS",
-           "VALID_LEVELS"]
+           "VALID_LEVELS", "DISABLED", "ConfiguredModule"]
 
 VALID_BITS = (1, 2, 4, 8)
 # the kernels index groups in 64 bits, but the reference backend expands a group's (lo, step) to its rows
@@ -190,6 +190,30 @@ def resolve_config(explicit: Optional[CompressionConfig] = None) -> CompressionC
     if not isinstance(explicit, CompressionConfig):
         raise TypeError(f"expected a CompressionConfig or None, got {type(explicit).__name__}")
     return explicit
+
+
+#: the configuration a module runs under outside training (nothing is kept for backward then)
+DISABLED = CompressionConfig(enabled=False)
+
+
+class ConfiguredModule:
+    """Mixin of every compressed module (DGL's and PyG's drop-ins, the building blocks): ``compression``, a
+    :class:`CompressionConfig` for this module or None to follow the configuration in force
+    (``dgl_exact.config(...)`` scopes, then ``dgl_exact.set_config``), and the configuration a forward runs
+    under (:data:`DISABLED` in ``eval()`` mode)."""
+
+    compression: Optional[CompressionConfig] = None
+
+    def _init_compression(self, compression: Optional[CompressionConfig]) -> None:
+        if compression is not None and not isinstance(compression, CompressionConfig):
+            raise TypeError("compression must be a dgl_exact.CompressionConfig or None, "
+                            f"got {type(compression).__name__}")
+        self.compression = compression
+
+    def _config(self) -> CompressionConfig:
+        if not self.training:
+            return DISABLED
+        return resolve_config(self.compression)
 
 
 #: the fields of a :class:`CompressionConfig`, in order

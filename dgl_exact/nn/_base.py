@@ -10,9 +10,8 @@ import torch.nn.functional as F
 
 from .. import ops
 from .._compat import compiling
-from ..compression_config import CompressionConfig, resolve_config
+from ..compression_config import CompressionConfig, ConfiguredModule
 
-_DISABLED = CompressionConfig(enabled=False)
 
 
 class Dropout(nn.Dropout):
@@ -41,23 +40,10 @@ class Dropout(nn.Dropout):
         return ops.dropout(x, self.p, self.training, like_torch=True)
 
 
-class CompressedModuleMixin:
+class CompressedModuleMixin(ConfiguredModule):
     """``compression``: a :class:`CompressionConfig` for this module, or None to follow the configuration
     in force (``dgl_exact.config(...)`` scopes, then ``dgl_exact.set_config``). Modules in ``eval()``
     mode compress nothing."""
-
-    compression: Optional[CompressionConfig] = None
-
-    def _init_compression(self, compression: Optional[CompressionConfig]) -> None:
-        if compression is not None and not isinstance(compression, CompressionConfig):
-            raise TypeError("compression must be a dgl_exact.CompressionConfig or None, "
-                            f"got {type(compression).__name__}")
-        self.compression = compression
-
-    def _config(self) -> CompressionConfig:
-        if not self.training:
-            return _DISABLED
-        return resolve_config(self.compression)
 
     def input_compression(self, graph, feat) -> Optional[CompressionConfig]:
         """The configuration under which this module's forward on ``graph`` keeps ``feat`` itself (the very

@@ -8,28 +8,16 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from ..compression_config import CompressionConfig, resolve_config
+from ..compression_config import CompressionConfig, ConfiguredModule
 from ..ops.graph import _CopyUMinMax, _CopyUReduce, _UMulESum
 from ..ops.keep import fresh_outputs, needs_saving
 from .structure import EdgeStructure, edge_structure
 
-_DISABLED = CompressionConfig(enabled=False)
 
 
-class CompressedMixin:
-    """``compression`` (a :class:`~dgl_exact.CompressionConfig` or None: the configuration in force) and the
-    configuration a forward runs under (compression off outside training: nothing is kept then anyway)."""
-
-    def _init_compression(self, compression: Optional[CompressionConfig]) -> None:
-        if compression is not None and not isinstance(compression, CompressionConfig):
-            raise TypeError("compression must be a dgl_exact.CompressionConfig or None, "
-                            f"got {type(compression).__name__}")
-        self.compression = compression
-
-    def _config(self) -> CompressionConfig:
-        if not self.training:
-            return _DISABLED
-        return resolve_config(self.compression)
+class CompressedMixin(ConfiguredModule):
+    """``compression`` (a :class:`~dgl_exact.CompressionConfig` or None: the configuration in force), the
+    configuration a forward runs under (compression off outside training), and when PyG's own forward runs."""
 
     def _runs_as_pyg(self) -> bool:
         """Whether this call must run PyG's own forward (uncompressed): a hook on ``propagate``, ``message``,
