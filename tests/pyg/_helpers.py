@@ -6,6 +6,16 @@ import math
 
 import torch
 
+import dgl_exact
+
+OFF = dgl_exact.CompressionConfig(enabled=False)
+INT2 = dgl_exact.CompressionConfig(bits=2)
+
+
+def case_id(kwargs: dict) -> str:
+    """A parametrize id for a dict of constructor arguments."""
+    return ",".join(f"{a}={b}" for a, b in kwargs.items()) or "default"
+
 
 def random_graph(n: int = 30, e: int = 120, isolated: int = 3, duplicates: int = 10, self_loops: int = 3,
                  seed: int = 0) -> torch.Tensor:

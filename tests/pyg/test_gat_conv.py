@@ -3,13 +3,10 @@ import torch
 
 pyg_nn = pytest.importorskip("torch_geometric.nn", reason="needs torch_geometric (pip install 'dgl-exact[pyg]')")
 
-import dgl_exact  # noqa: E402
 from dgl_exact.pyg import GATConv  # noqa: E402
-from tests.pyg._helpers import assert_unbiased_sampled, copy_of, random_graph, saved_bytes  # noqa: E402
+from tests.pyg._helpers import INT2, OFF, case_id, assert_unbiased_sampled, copy_of, random_graph, saved_bytes  # noqa: E402
 
 N, D_IN, D_OUT = 30, 8, 5
-OFF = dgl_exact.CompressionConfig(enabled=False)
-INT2 = dgl_exact.CompressionConfig(bits=2)
 
 
 def _pair(in_channels=D_IN, compression=None, seed=0, **kwargs):
@@ -24,11 +21,7 @@ CASES = [dict(), dict(heads=3), dict(heads=3, concat=False), dict(add_self_loops
          dict(bias=False), dict(negative_slope=0.5, heads=2), dict(flow="target_to_source")]
 
 
-def _ids(k):
-    return ",".join(f"{a}={b}" for a, b in k.items()) or "default"
-
-
-@pytest.mark.parametrize("kwargs", CASES, ids=_ids)
+@pytest.mark.parametrize("kwargs", CASES, ids=case_id)
 @pytest.mark.parametrize("compression", [None, INT2], ids=["default", "int2"])
 def test_forward_equals_pyg(kwargs, compression):
     theirs, ours = _pair(compression=compression, **kwargs)
@@ -60,7 +53,7 @@ def test_attention_dropout():
     torch.testing.assert_close(ours(x, ei), theirs(x, ei), rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("kwargs", [dict(), dict(heads=3, residual=True)], ids=_ids)
+@pytest.mark.parametrize("kwargs", [dict(), dict(heads=3, residual=True)], ids=case_id)
 def test_gradients_without_compression_equal_pyg(kwargs):
     theirs, ours = _pair(compression=OFF, **kwargs)
     ei = random_graph(N)

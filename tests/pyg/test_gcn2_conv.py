@@ -3,14 +3,11 @@ import torch
 
 pyg_nn = pytest.importorskip("torch_geometric.nn", reason="needs torch_geometric (pip install 'dgl-exact[pyg]')")
 
-import dgl_exact  # noqa: E402
 from dgl_exact.pyg import GCN2Conv  # noqa: E402
-from tests.pyg._helpers import (assert_unbiased, copy_of, linear_weight_sd, random_graph,  # noqa: E402
+from tests.pyg._helpers import (INT2, OFF, case_id, assert_unbiased, copy_of, linear_weight_sd, random_graph,  # noqa: E402
                                 saved_bytes)
 
 N, D = 30, 8
-OFF = dgl_exact.CompressionConfig(enabled=False)
-INT2 = dgl_exact.CompressionConfig(bits=2)
 
 
 def _pair(compression=None, seed=0, channels=D, **kwargs):
@@ -23,11 +20,7 @@ CASES = [dict(), dict(theta=0.5, layer=2), dict(shared_weights=False, theta=0.5,
          dict(add_self_loops=False), dict(flow="target_to_source")]
 
 
-def _ids(k):
-    return ",".join(f"{a}={b}" for a, b in k.items()) or "default"
-
-
-@pytest.mark.parametrize("kwargs", CASES, ids=_ids)
+@pytest.mark.parametrize("kwargs", CASES, ids=case_id)
 @pytest.mark.parametrize("weighted", [False, True])
 @pytest.mark.parametrize("compression", [None, INT2], ids=["default", "int2"])
 def test_forward_equals_pyg(kwargs, weighted, compression):
@@ -53,7 +46,7 @@ def test_sparse_adjacency_and_cache_equal_pyg():
 
 
 @pytest.mark.parametrize("kwargs", [dict(theta=0.5, layer=2), dict(shared_weights=False, theta=0.5, layer=2)],
-                         ids=_ids)
+                         ids=case_id)
 def test_gradients_without_compression_equal_pyg(kwargs):
     theirs, ours = _pair(compression=OFF, **kwargs)
     ei = random_graph(N)

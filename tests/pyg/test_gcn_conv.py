@@ -5,11 +5,10 @@ pyg_nn = pytest.importorskip("torch_geometric.nn", reason="needs torch_geometric
 
 import dgl_exact  # noqa: E402
 from dgl_exact.pyg import GCNConv  # noqa: E402
-from tests.pyg._helpers import (assert_unbiased, copy_of, linear_weight_sd, random_graph,  # noqa: E402
+from tests.pyg._helpers import (OFF, assert_unbiased, copy_of, linear_weight_sd, random_graph,  # noqa: E402
                                 saved_bytes)
 
 N, D_IN, D_OUT = 30, 8, 5
-OFF = dgl_exact.CompressionConfig(enabled=False)
 
 
 def _pair(seed=0, compression=None, **kwargs):

@@ -3,14 +3,11 @@ import torch
 
 pyg_nn = pytest.importorskip("torch_geometric.nn", reason="needs torch_geometric (pip install 'dgl-exact[pyg]')")
 
-import dgl_exact  # noqa: E402
 from dgl_exact.pyg import SAGEConv  # noqa: E402
-from tests.pyg._helpers import (assert_unbiased, copy_of, linear_weight_sd, random_graph,  # noqa: E402
+from tests.pyg._helpers import (INT2, OFF, case_id, assert_unbiased, copy_of, linear_weight_sd, random_graph,  # noqa: E402
                                 saved_bytes)
 
 N, D_IN, D_OUT = 30, 8, 5
-OFF = dgl_exact.CompressionConfig(enabled=False)
-INT2 = dgl_exact.CompressionConfig(bits=2)
 
 
 def _pair(in_channels=D_IN, compression=None, seed=0, **kwargs):
@@ -23,11 +20,7 @@ CASES = [dict(), dict(aggr="max"), dict(aggr="sum"), dict(aggr="add"), dict(proj
          dict(root_weight=False), dict(bias=False), dict(flow="target_to_source")]
 
 
-def _ids(k):
-    return ",".join(f"{a}={b}" for a, b in k.items()) or "default"
-
-
-@pytest.mark.parametrize("kwargs", CASES, ids=_ids)
+@pytest.mark.parametrize("kwargs", CASES, ids=case_id)
 @pytest.mark.parametrize("compression", [None, INT2], ids=["default", "int2"])
 def test_forward_equals_pyg(kwargs, compression):
     theirs, ours = _pair(compression=compression, **kwargs)
@@ -39,7 +32,7 @@ def test_forward_equals_pyg(kwargs, compression):
         torch.testing.assert_close(ours(x, ei), theirs(x, ei), rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("kwargs", [dict(), dict(aggr="max"), dict(root_weight=False)], ids=_ids)
+@pytest.mark.parametrize("kwargs", [dict(), dict(aggr="max"), dict(root_weight=False)], ids=case_id)
 def test_bipartite_equals_pyg(kwargs):
     theirs, ours = _pair(in_channels=(D_IN, 3), **kwargs)
     ei = random_graph(N)
@@ -63,7 +56,7 @@ def test_sparse_adjacency_equals_pyg():
         ours(x, (adj_t * 2).to_sparse_csr())
 
 
-@pytest.mark.parametrize("kwargs", [dict(), dict(aggr="max"), dict(project=True, normalize=True)], ids=_ids)
+@pytest.mark.parametrize("kwargs", [dict(), dict(aggr="max"), dict(project=True, normalize=True)], ids=case_id)
 def test_gradients_without_compression_equal_pyg(kwargs):
     theirs, ours = _pair(compression=OFF, **kwargs)
     ei = random_graph(N)
