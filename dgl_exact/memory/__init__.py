@@ -58,8 +58,8 @@ from typing import Any, Callable, Iterable, Optional
 
 import torch
 
-from .ops.keep import observe_saved
-from .ops.structure import cached_static_tensors
+from ..ops.keep import observe_saved
+from ..ops.structure import cached_static_tensors
 
 __all__ = ["MemoryReport", "measure", "measure_step", "tensor_bytes", "format_bytes", "CPU_PEAK_METHODS",
            "prepare_cpu_peak", "vmhwm_available"]
