@@ -1,9 +1,11 @@
-"""Convert an existing model in place: DGL convs and torch layers become their compressed versions."""
+"""Convert an existing model in place: DGL's and PyG's convs and torch's and PyG's layers become their
+compressed versions."""
 from __future__ import annotations
 
 import contextlib
 import contextvars
 import dataclasses
+import sys
 from typing import Dict, List, Optional
 
 import torch
@@ -44,6 +46,25 @@ _CONVERSIONS = {
 _KEEP_NOTHING = (nn.Sequential, nn.ModuleList, nn.ModuleDict, nn.Identity, nn.Flatten, nn.Unflatten)
 
 
+def _pyg():
+    """:mod:`dgl_exact.pyg.conversions` where PyTorch Geometric is loaded (a model holding PyG modules has loaded
+    it), else None: a model without PyG never imports it."""
+    if "torch_geometric" not in sys.modules:
+        return None
+    from ..pyg import conversions
+
+    return conversions
+
+
+def _pyg_keeps_nothing(module: nn.Module) -> bool:
+    """PyG's ``BatchNorm`` wrapper calls its ``module`` (a ``torch.nn.BatchNorm1d``, converted as torch's):
+    nothing is kept by the wrapper itself (but on a batch of one row with ``allow_single_element``, where it
+    normalises with the running statistics: a row)."""
+    import torch_geometric.nn as pyg_nn
+
+    return type(module) is pyg_nn.BatchNorm
+
+
 @dataclasses.dataclass
 class ConversionReport:
     """What :func:`compress_model` changed: ``converted`` (qualified module name -> ``"Old -> New"``),
@@ -82,16 +103,27 @@ def _qualname(cls) -> str:
     return f"{cls.__module__.split('.')[0]}.{cls.__name__}"
 
 
-def _why_fp32(module: nn.Module, saved_tensors: bool) -> Optional[str]:
-    """Why ``module`` (not converted) keeps what it saves in fp32; None if there is nothing to say."""
+def _why_fp32(module: nn.Module, saved_tensors: bool, refused: Optional[str] = None) -> Optional[str]:
+    """Why ``module`` (not converted) keeps what it saves in fp32; None if there is nothing to say.
+    ``refused``: why its drop-in refused it (a PyG conv with a setting the drop-in does not support)."""
     cls = type(module)
     if cls.__module__.startswith("dgl_exact.") or isinstance(module, _KEEP_NOTHING):
         return None
     fallback = ("; compressed by the saved-tensor hooks (saved_tensors=True)" if saved_tensors
                 else "; compress_model(..., saved_tensors=True) compresses it through saved-tensor hooks")
-    base = next((b for b in _CONVERSIONS if isinstance(module, b)), None)
+    pyg = _pyg()
+    if pyg is not None and _pyg_keeps_nothing(module):
+        return None
+    if refused is not None:
+        return f"{_qualname(cls)} not converted ({refused}): runs as PyG runs it" + fallback
+    known = (*_CONVERSIONS, *(pyg.CONVERSIONS if pyg is not None else ()))
+    base = next((b for b in known if isinstance(module, b)), None)
     if base is not None:
         return f"subclass of {_qualname(base)}: its forward may differ" + fallback
+    if pyg is not None and isinstance(module, pyg.pyg_nn.MessagePassing):
+        return (f"PyG MessagePassing without a dgl_exact drop-in ({_qualname(cls)}): runs as PyG runs it; what its "
+                "propagate saves (messages, attention, edge weights) stays fp32 (its torch or PyG Linear and "
+                "activation submodules, if any, are converted)" + fallback)
     own = cls.__module__.split(".")[0]
     if own in ("torch", "dgl"):
         return f"{_qualname(cls)} has no dgl_exact version" + fallback
@@ -107,10 +139,14 @@ def compress_model(model: nn.Module, config: Optional[CompressionConfig] = None,
     """Convert ``model`` in place so its activations are kept compressed; weights are preserved.
 
     Converts modules whose type is exactly one of DGL's ``GraphConv``, ``SAGEConv``, ``GATConv``,
-    ``GCN2Conv`` or torch's ``Linear``, ``BatchNorm1d``, ``LayerNorm``, ``ReLU``, ``LeakyReLU``, ``ELU``,
-    ``GELU``, ``SiLU``, ``PReLU``, ``Softmax``, ``LogSoftmax``, ``Dropout`` (subclasses are left alone: their
-    forward may differ). Converted modules keep their train/eval mode. A residual connection
-    (``x + f(x)``) keeps nothing for backward, so it needs no conversion.
+    ``GCN2Conv``, PyTorch Geometric's ``GCNConv``, ``SAGEConv``, ``GATConv``, ``GCN2Conv``, ``Linear`` (to
+    :mod:`dgl_exact.pyg`'s drop-ins, where :func:`dgl_exact.pyg.refusal` finds no setting against it) or torch's
+    ``Linear``, ``BatchNorm1d``, ``LayerNorm``, ``ReLU``, ``LeakyReLU``, ``ELU``, ``GELU``, ``SiLU``, ``PReLU``,
+    ``Softmax``, ``LogSoftmax``, ``Dropout`` (subclasses are left alone: their forward may differ); PyG's
+    ``BatchNorm`` runs its ``torch.nn.BatchNorm1d``, converted as torch's. Converted modules keep their
+    train/eval mode. A residual connection (``x + f(x)``) keeps nothing for backward, so it needs no
+    conversion. A PyG ``MessagePassing`` without a drop-in (or refused by it) runs as PyG runs it, its
+    ``propagate`` saving what PyG saves (fp32 unless ``saved_tensors=True``); the report names it.
 
     ``config`` becomes the model's configuration (None: keep the one it has, else follow the configuration in
     force): every compressed op that runs inside ``model``'s forward runs at it (converted modules take it as
@@ -143,8 +179,13 @@ def compress_model(model: nn.Module, config: Optional[CompressionConfig] = None,
         raise TypeError(f"config must be a dgl_exact.CompressionConfig or None, got {type(config).__name__}")
     result = ConversionReport()
     converted = []
+    refused = {}  # qualified name -> why PyG's conv stays as it is
+    pyg = _pyg()
     for name, module in list(model.named_modules()):
         target = _CONVERSIONS.get(type(module))
+        if target is None and pyg is not None and type(module) in pyg.CONVERSIONS:
+            refused[name] = pyg.refusal(module)
+            target = None if refused[name] is not None else pyg.CONVERSIONS[type(module)]
         if target is None:
             continue
         old = f"{type(module).__module__.split('.')[0]}.{type(module).__name__}"  # before the class changes
@@ -164,9 +205,12 @@ def compress_model(model: nn.Module, config: Optional[CompressionConfig] = None,
     if saved_tensors:
         setattr(model, _SAVED_TENSORS, True)
     _apply_model_config(model, config if config is not None else get_model_config(model), converted)
+    # a PyG conv's aggregation module: not called by a drop-in, part of PyG's propagate (reported with its conv)
+    inside = {f"{name}.aggr_module" if name else "aggr_module" for name, module in model.named_modules()
+              if pyg is not None and isinstance(module, pyg.pyg_nn.MessagePassing)}
     for name, module in model.named_modules():
-        if name not in result.converted:
-            why = _why_fp32(module, saved_tensors)
+        if name not in result.converted and name not in inside:
+            why = _why_fp32(module, saved_tensors, refused.get(name))
             if why is not None:
                 result.fp32[name] = why
     return (model, result) if report else model

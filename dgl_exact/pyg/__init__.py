@@ -16,8 +16,9 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from .gat_conv import GATConv
 from .gcn2_conv import GCN2Conv
 from .gcn_conv import GCNConv
+from .linear import Linear
 from .sage_conv import SAGEConv
 from .structure import EdgeStructure
 from .conversions import CONVERSIONS, convert, refusal
 
-__all__ = ["GCNConv", "SAGEConv", "GATConv", "GCN2Conv", "EdgeStructure", "CONVERSIONS", "convert", "refusal"]
+__all__ = ["GCNConv", "SAGEConv", "GATConv", "GCN2Conv", "Linear", "EdgeStructure", "CONVERSIONS", "convert", "refusal"]

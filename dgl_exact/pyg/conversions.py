@@ -13,13 +13,14 @@ import torch_geometric.nn as pyg_nn
 from .gat_conv import GATConv
 from .gcn2_conv import GCN2Conv
 from .gcn_conv import GCNConv
+from .linear import Linear
 from .sage_conv import _AGGREGATIONS, SAGEConv
 
 __all__ = ["CONVERSIONS", "refusal", "convert"]
 
-#: PyG's conv type (exactly that type: a subclass's forward may differ) -> its drop-in
+#: PyG's module type (exactly that type: a subclass's forward may differ) -> its drop-in
 CONVERSIONS = {pyg_nn.GCNConv: GCNConv, pyg_nn.SAGEConv: SAGEConv, pyg_nn.GATConv: GATConv,
-               pyg_nn.GCN2Conv: GCN2Conv}
+               pyg_nn.GCN2Conv: GCN2Conv, pyg_nn.Linear: Linear}
 
 
 def refusal(module: torch.nn.Module) -> Optional[str]:
@@ -28,6 +29,8 @@ def refusal(module: torch.nn.Module) -> Optional[str]:
     kind = type(module)
     if kind not in CONVERSIONS:
         return f"{kind.__module__}.{kind.__name__} has no dgl_exact.pyg drop-in"
+    if not isinstance(module, pyg_nn.MessagePassing):
+        return None
     if module.decomposed_layers != 1:
         return "decomposed_layers > 1"
     if kind is pyg_nn.SAGEConv:
