@@ -8,10 +8,12 @@ step peak is the largest point over the sampled batches. Static memory is what l
 (its created sparse formats), features, labels, parameters and Adam's state, plus the largest batch's own
 data (input-node features, seed labels, the blocks' structure), which exists before its step starts.
 
-:func:`largest_batch` searches the batch size, recording few sizes: the step peak is close to affine in the
-sampled batch's elements (rows times widths, and edges: :func:`batch_elements`, sampling only), so a line
+:func:`largest_batch` searches the batch size on a model of the recorded steps, not by running a step at
+every candidate: the step peak is close to affine in the sampled batch's elements (rows times widths, and
+edges: :func:`batch_elements`, from sampled block sizes alone: no features gathered, no step), so a line
 through the recorded peaks names the next size to record, until a size that fits and one at most
-``tolerance`` larger that does not are recorded.
+``tolerance`` larger that does not are bracketed, recorded or on the line. Of the pick's other sampled
+batches only the one with the most elements is recorded (one step, not one per batch).
 """
 from __future__ import annotations
 
@@ -52,6 +54,17 @@ class BatchPrediction:
         return d
 
 
+@dataclasses.dataclass(frozen=True)
+class SampledBatch:
+    """A sampled batch's sizes: :func:`batch_elements`, input and seed nodes, and per block ``(source,
+    destination, edges)``."""
+
+    elements: int
+    input_nodes: int
+    seeds: int
+    blocks: tuple
+
+
 def _block_bytes(blocks) -> int:
     total = 0
     for b in blocks:
@@ -73,27 +86,51 @@ class MinibatchPlanner:
         check_depth(len(fanouts), 1, "the mini-batch planner")
         self.dataset, self.fanouts, self.num_batches, self.seed = dataset, list(fanouts), num_batches, seed
         hyper = {k: v for k, v in hyper.items() if v is not None}
+        # symmetric=False: blocks are bipartite, and a spec's symmetry only shapes the full-graph planner's
+        # sample graphs; the exact symmetry test reads every edge (minutes on a products-sized graph)
         self.spec = spec_from_graph(dataset.graph, dataset.num_features, dataset.num_classes,
                                     len(dataset.train_idx), model, name=dataset.name, layers=len(self.fanouts),
-                                    **{k: v for k, v in hyper.items() if k != "layers"})
+                                    symmetric=False, **{k: v for k, v in hyper.items() if k not in ("layers",
+                                                                                                  "symmetric")})
         if hyper.get("layers") not in (None, len(self.fanouts)):
             raise ValueError(f"--layers {hyper['layers']} but {len(self.fanouts)} fan-outs: give one fan-out per "
                              f"layer")
         self._warm = set()
+        self._sampled: Dict[tuple, SampledBatch] = {}
         self.last_activation_bytes = 0
 
     def sampler(self, batch_size: int) -> NeighborSampler:
         """The trainer's sampler at ``batch_size`` (seed nodes: the training split)."""
         return NeighborSampler(self.dataset.graph, self.fanouts, batch_size, seed=self.seed)
 
-    def batches(self, batch_size: int, num_batches: Optional[int] = None) -> list:
-        """The first :attr:`num_batches` batches of epoch 0 at ``batch_size``."""
+    def batches(self, batch_size: int, num_batches: Optional[int] = None, start: int = 0) -> list:
+        """Batches ``start, start + 1, ...`` of epoch 0 at ``batch_size``, up to batch :attr:`num_batches`
+        (``num_batches`` counts from the first batch of the epoch)."""
         out = []
-        for i, batch in enumerate(self.sampler(batch_size).iter_epoch(0)):
+        for i, batch in enumerate(self.sampler(batch_size).iter_epoch(0, start=start), start):
             if i >= (num_batches or self.num_batches):
                 break
             out.append(batch)
         return out
+
+    def sampled(self, batch_size: int, index: int = 0) -> "SampledBatch":
+        """The sizes of batch ``index`` of epoch 0 at ``batch_size`` (the batch :meth:`batches` yields there),
+        from sampling alone (no features gathered, no step); cached."""
+        key = (int(batch_size), int(index))
+        if key not in self._sampled:
+            inp, seeds, blocks = self.sampler(batch_size).blocks_of(0, index)
+            hidden, elements = self.spec.hidden_size, 0
+            for i, block in enumerate(blocks):
+                width = self.spec.features if i == 0 else hidden
+                elements += block.num_dst_nodes() * (width + hidden) + block.num_edges()
+            self._sampled[key] = SampledBatch(
+                elements, int(inp.numel()), int(seeds.numel()),
+                tuple((b.num_src_nodes(), b.num_dst_nodes(), b.num_edges()) for b in blocks))
+        return self._sampled[key]
+
+    def num_sampled(self, batch_size: int) -> int:
+        """How many batches :meth:`record` samples at ``batch_size`` (fewer where the epoch has fewer)."""
+        return min(self.num_batches, -(-self.max_batch_size // int(batch_size)))
 
     def _model(self, setting: Setting):
         model = build_for(self.spec, setting.impl, self.seed)
@@ -127,14 +164,17 @@ class MinibatchPlanner:
         return _block_bytes(batch.blocks) - before
 
     def record(self, setting: Setting, batch_size: int, device_total: Optional[int] = None,
-               num_batches: Optional[int] = None) -> PlanRecord:
+               num_batches: Optional[int] = None, index: Optional[int] = None) -> PlanRecord:
         """``setting``'s :class:`PlanRecord` for one mini-batch step of ``batch_size`` seed nodes: the largest
-        recorded step peak and the largest saved activations over the sampled batches."""
+        recorded step peak and the largest saved activations over the sampled batches (the first
+        ``num_batches``, default :attr:`num_batches`; or batch ``index`` alone)."""
         with single_thread():
             if setting.impl not in self._warm:  # lazy initialisation outside any recorded step
                 self._step(setting, self.batches(batch_size, 1)[0], None)
                 self._warm.add(setting.impl)
-            batches = self.batches(batch_size, num_batches)  # fresh blocks: no formats created by an earlier step
+            # fresh blocks: no formats created by an earlier step
+            batches = (self.batches(batch_size, num_batches) if index is None
+                       else self.batches(batch_size, index + 1, start=index))
             peaks, acts = [], []
             for b in batches:
                 timeline = _Timeline(touched=True)
@@ -188,32 +228,33 @@ def refuse_recompute(settings: Sequence[Setting]) -> None:
                              "blocks (plan it with --sampler full)")
 
 
-def batch_elements(planner: MinibatchPlanner, batch_size: int) -> int:
-    """What a step at ``batch_size`` is made of, in elements: over the blocks of the first sampled batch, each
-    block's output rows times its input width (the aggregated neighbours: features at the first layer, the
-    hidden width after) plus the hidden width (what the layer computes from them), and its edges. A block's
-    input rows are the previous block's output rows, or the batch's input features, which are static memory
-    (before the step), not step peak: they are left out (they also saturate sooner, as neighbourhoods
-    overlap, and made the line overshoot). Sampling only, no step; cached on the planner. The step peak is
-    close to affine in it, which :func:`largest_batch` uses to choose the batch sizes it records."""
-    cache = planner.__dict__.setdefault("_elements", {})
-    if batch_size not in cache:
-        batch = next(iter(planner.sampler(batch_size).iter_epoch(0)))
-        hidden, total = planner.spec.hidden_size, 0
-        for i, block in enumerate(batch.blocks):
-            width = planner.spec.features if i == 0 else hidden
-            total += block.num_dst_nodes() * (width + hidden) + block.num_edges()
-        cache[batch_size] = total
-    return cache[batch_size]
+def batch_elements(planner: MinibatchPlanner, batch_size: int, index: int = 0) -> int:
+    """What a step at ``batch_size`` is made of, in elements: over the blocks of sampled batch ``index``
+    (default the first), each block's output rows times its input width (the aggregated neighbours: features
+    at the first layer, the hidden width after) plus the hidden width (what the layer computes from them), and
+    its edges. A block's input rows are the previous block's output rows, or the batch's input features, which
+    are static memory (before the step), not step peak: they are left out (they also saturate sooner, as
+    neighbourhoods overlap, and made the line overshoot). Sampling only, no step, no features gathered
+    (:meth:`MinibatchPlanner.sampled`, cached). The step peak is close to affine in it, which
+    :func:`largest_batch` uses to choose the batch sizes it records."""
+    return planner.sampled(batch_size, index).elements
 
 
-def _batch_for(planner: MinibatchPlanner, target: float, lo: int, hi: int) -> int:
-    """The largest batch size in ``[lo, hi]`` whose :func:`batch_elements` is at most ``target``: bisection on
-    the sampled sizes (they grow with the batch size), about ``log2(hi - lo)`` samplings, cached."""
+def _batch_for(planner: MinibatchPlanner, target: float, lo: int, hi: int, resolution: float = 0.01) -> int:
+    """About the largest batch size in ``[lo, hi]`` whose :func:`batch_elements` is at most ``target``, to
+    within ``resolution`` (relative; the target is itself a line's estimate): the elements grow with the
+    batch size and bend only slowly (neighbourhoods overlap), so the next size sampled is interpolated
+    between the bracket's ends (regula falsi), each end kept at least a sixteenth of the bracket inside, so
+    the bracket shrinks geometrically: a handful of samplings, each cached."""
     if batch_elements(planner, hi) <= target:
         return hi
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
+    if batch_elements(planner, lo) > target:
+        return lo
+    while hi - lo > max(1, int(lo * resolution)):
+        e_lo, e_hi = batch_elements(planner, lo), batch_elements(planner, hi)
+        guess = lo + (target - e_lo) / max(1, e_hi - e_lo) * (hi - lo)
+        margin = max(1, (hi - lo) // 16)
+        mid = int(min(max(guess, lo + margin), hi - margin))
         if batch_elements(planner, mid) <= target:
             lo = mid
         else:
@@ -310,14 +351,23 @@ def largest_batch(planner: MinibatchPlanner, setting: Setting, budget: int, tole
     target, final = float(budget), None
     for _ in range(4):
         lo = _search(planner, target, tolerance, peak, first, max_steps)
-        if planner.num_batches <= 1:
-            final = first[lo]
-        else:
-            t0 = time.perf_counter()
-            final = planner.record(setting, lo)
-            if log:
+        final = first[lo]
+        count = planner.num_sampled(lo)
+        if count > 1:
+            # of the pick's other sampled batches, record the one with the most elements (one step)
+            elements = [batch_elements(planner, lo, i) for i in range(count)]
+            largest = max(range(count), key=elements.__getitem__)
+            if largest != 0 and elements[largest] > elements[0]:
+                t0 = time.perf_counter()
+                other = planner.record(setting, lo, index=largest)
+                final = _larger(final, other)
+                if log:
+                    log(f"{setting.name}: batch size {lo:,}: step peak {memory.format_bytes(final.step_peak_bytes)}"
+                        f" over {count} sampled batches (batch {largest + 1}, the most elements, recorded: "
+                        f"{time.perf_counter() - t0:.1f} s)")
+            elif log:
                 log(f"{setting.name}: batch size {lo:,}: step peak {memory.format_bytes(final.step_peak_bytes)} "
-                    f"over {planner.num_batches} sampled batches ({time.perf_counter() - t0:.1f} s)")
+                    f"over {count} sampled batches (the first has the most elements)")
         if final.step_peak_bytes <= budget:
             break
         if lo == 1:
@@ -334,6 +384,22 @@ def largest_batch(planner: MinibatchPlanner, setting: Setting, budget: int, tole
         log(f"{setting.name}: batch size {lo:,} (step peak {memory.format_bytes(final.step_peak_bytes)} of "
             f"{memory.format_bytes(budget)}; {len(first)} batch sizes recorded)")
     return BatchPrediction(setting.name, lo, budget, final, sizes)
+
+
+def _larger(a: PlanRecord, b: PlanRecord) -> PlanRecord:
+    """One record for the step peak over two sampled batches: the larger step peak and saved activations,
+    and the larger batch's data as static memory."""
+    big, small = (a, b) if a.step_peak_bytes >= b.step_peak_bytes else (b, a)
+    if not big.breakdown or not small.breakdown:
+        return big
+    breakdown = dict(big.breakdown)
+    breakdown["batch_bytes"] = max(big.breakdown.get("batch_bytes", 0), small.breakdown.get("batch_bytes", 0))
+    static = sum(breakdown.values())
+    total = static + big.step_peak_bytes
+    fits = None if big.device_bytes is None else total <= big.device_bytes
+    return dataclasses.replace(big, static_bytes=static, activation_bytes=max(a.activation_bytes,
+                                                                             b.activation_bytes),
+                               total_bytes=total, fits=fits, breakdown=breakdown)
 
 
 def format_batch_table(rows: Sequence[BatchPrediction]) -> str:

@@ -193,14 +193,27 @@ class NeighborSampler(BatchSampler):
         """``(epoch, the epoch's permutation of the seed nodes)``."""
         return int(epoch), self.train_nodes[torch.randperm(self.train_nodes.numel(), generator=gen)]
 
-    def sample(self, seeds: torch.Tensor, dgl_seed: Optional[int] = None) -> BlockBatch:
-        """The batch of ``seeds`` (parent ids): DGL's neighbour sampling, seeded with ``dgl_seed`` if given."""
+    def sample_blocks(self, seeds: torch.Tensor, dgl_seed: Optional[int] = None) -> tuple:
+        """``(input nodes, seed nodes, blocks)`` of ``seeds`` (parent ids, int64): DGL's neighbour sampling,
+        seeded with ``dgl_seed`` if given; no node data is gathered."""
         seeds = seeds.to(self._structure.idtype)
         with _one_sampling_thread(dgl_seed is not None and self.deterministic):
             if dgl_seed is not None:
                 dgl.seed(dgl_seed)
             input_nodes, output_nodes, blocks = self.sampler.sample_blocks(self._structure, seeds)
-        inp, out = input_nodes.long(), output_nodes.long()
+        return input_nodes.long(), output_nodes.long(), blocks
+
+    def blocks_of(self, epoch: int, index: int) -> tuple:
+        """``(input nodes, seed nodes, blocks)`` of global batch ``index`` of ``epoch``: the structure of the
+        batch :meth:`iter_epoch` yields there (the same seeds, the same sample), without gathering its
+        features. What memory planning reads (block sizes) costs sampling only."""
+        epoch, perm = self.epoch_plan(epoch)
+        seeds = perm[index * self.batch_size:(index + 1) * self.batch_size]
+        return self.sample_blocks(seeds, _dgl_seed(self.seed, epoch, index))
+
+    def sample(self, seeds: torch.Tensor, dgl_seed: Optional[int] = None) -> BlockBatch:
+        """The batch of ``seeds`` (parent ids): DGL's neighbour sampling, seeded with ``dgl_seed`` if given."""
+        inp, out, blocks = self.sample_blocks(seeds, dgl_seed)
         node_data = {"feat": self._feat[inp], "label": self._label[out],
                      "train_mask": torch.ones(out.numel(), dtype=torch.bool)}
         return BlockBatch(graph=blocks, node_data=node_data, input_nodes=inp, seeds=out, blocks=blocks)
@@ -214,9 +227,8 @@ class NeighborSampler(BatchSampler):
         """Sizes of the first ``num_batches`` batches of ``epoch`` (what memory planning needs): per batch the
         seed count, input-node count and per-block ``(num_src, num_dst, num_edges)``."""
         out = []
-        for i, batch in enumerate(self.iter_epoch(epoch)):
-            if i >= num_batches:
-                break
-            out.append({"seeds": int(batch.seeds.numel()), "input_nodes": int(batch.input_nodes.numel()),
-                        "blocks": [(b.num_src_nodes(), b.num_dst_nodes(), b.num_edges()) for b in batch.blocks]})
+        for index in self.batch_indices()[:num_batches]:
+            inp, seeds, blocks = self.blocks_of(epoch, index)
+            out.append({"seeds": int(seeds.numel()), "input_nodes": int(inp.numel()),
+                        "blocks": [(b.num_src_nodes(), b.num_dst_nodes(), b.num_edges()) for b in blocks]})
         return out

@@ -330,9 +330,13 @@ class BatchSampler(ABC):
     def __len__(self) -> int:
         return len(self.batch_indices())
 
+    def epoch_plan(self, epoch: int) -> Any:
+        """The randomness shared by the batches of ``epoch`` (:meth:`_plan_epoch` with the epoch's generator)."""
+        return self._plan_epoch(epoch, _generator(self.seed, _STREAM_EPOCH, epoch))
+
     def iter_epoch(self, epoch: int, start: int = 0) -> Iterator[Batch]:
         """This rank's batches of ``epoch``, skipping the first ``start`` of them without sampling."""
-        plan = self._plan_epoch(epoch, _generator(self.seed, _STREAM_EPOCH, epoch))
+        plan = self.epoch_plan(epoch)
         for index in self.batch_indices()[start:]:
             batch = self._make_batch(plan, index, _generator(self.seed, _STREAM_EPOCH, epoch, index))
             batch.epoch, batch.index = epoch, index

@@ -97,8 +97,35 @@ def test_search_records_few_batch_sizes_and_brackets_the_pick(tiny_planner):
     assert tiny_planner.record(setting, above).step_peak_bytes > budget
     assert len(pick.tried) <= 8, pick.tried
     assert f"batch size {pick.batch_size:,} (step peak" in lines[-1]
-    assert f"batch size {pick.batch_size:,}: step peak" in lines[-2] and "over 3 sampled batches" in lines[-2]
-    assert pick.record.step_peak_bytes == pick.tried[pick.batch_size]  # all sampled batches, as record() gives
+    assert f"batch size {pick.batch_size:,}: step peak" in lines[-2] and "sampled batches" in lines[-2]
+    assert pick.record.step_peak_bytes == pick.tried[pick.batch_size]
+
+
+def test_the_pick_is_checked_on_the_batch_with_most_elements(tiny_planner):
+    """Of the pick's other sampled batches the search records the one with the most elements (one step);
+    its step peak is the one recording every sampled batch gives, within the batches' spread."""
+    from dgl_exact.planning.minibatch import batch_elements
+
+    setting = select("INT2")[0]
+    budget = int(1.5 * tiny_planner.record(setting, 16).step_peak_bytes)
+    pick = largest_batch(tiny_planner, setting, budget)
+    every = tiny_planner.record(setting, pick.batch_size)
+    assert pick.record.step_peak_bytes <= every.step_peak_bytes
+    assert pick.record.step_peak_bytes >= 0.97 * every.step_peak_bytes
+    count = tiny_planner.num_sampled(pick.batch_size)
+    sizes = [batch_elements(tiny_planner, pick.batch_size, i) for i in range(count)]
+    one = [tiny_planner.record(setting, pick.batch_size, index=i).step_peak_bytes for i in range(count)]
+    assert max(one) == every.step_peak_bytes  # index=i records batch i alone
+    assert pick.record.step_peak_bytes >= one[max(range(count), key=sizes.__getitem__)]
+
+
+def test_sampled_sizes_are_the_batches_the_steps_run_on(tiny_planner):
+    """Sizes come from sampling alone (no features gathered), and describe the very batches recorded."""
+    for i, batch in enumerate(tiny_planner.batches(64)):
+        sampled = tiny_planner.sampled(64, i)
+        assert sampled.blocks == tuple((b.num_src_nodes(), b.num_dst_nodes(), b.num_edges()) for b in batch.blocks)
+        assert sampled.input_nodes == batch.node_data["feat"].shape[0]
+        assert sampled.seeds == batch.node_data["label"].shape[0]
 
 
 def test_search_goes_on_where_another_sampled_batch_needs_more(monkeypatch):
@@ -106,7 +133,7 @@ def test_search_goes_on_where_another_sampled_batch_needs_more(monkeypatch):
     down, and the pick fits on all of them."""
     import dgl_exact.planning.minibatch as M
 
-    monkeypatch.setattr(M, "batch_elements", lambda planner, b: 1000 * b)
+    monkeypatch.setattr(M, "batch_elements", lambda planner, b, index=0: int(1000 * b * (1.1 if index else 1)))
     fake = _AffinePlanner(lambda b: 5e6 + 40_000 * b, 200_000, all_batches=1.1)
     pick = largest_batch(fake, select("INT2")[0], 2**30)
     truth = max(b for b in range(1, 200_001) if 1.1 * (5e6 + 40_000 * b) <= 2**30)
@@ -122,10 +149,14 @@ class _AffinePlanner:
     def __init__(self, peak_of, top, all_batches=1.0):
         self.peak_of, self.max_batch_size, self.records, self.all_batches = peak_of, top, [], all_batches
 
-    def record(self, setting, b, num_batches=None):
+    def record(self, setting, b, num_batches=None, index=None):
         self.records.append(b)
-        scale = 1.0 if num_batches == 1 else self.all_batches  # the other batches need this much more
-        return types.SimpleNamespace(step_peak_bytes=int(scale * self.peak_of(b)))
+        scale = self.all_batches if index else 1.0  # the other batches need this much more
+        return types.SimpleNamespace(step_peak_bytes=int(scale * self.peak_of(b)), breakdown={},
+                                     activation_bytes=0)
+
+    def num_sampled(self, b):
+        return min(self.num_batches, -(-self.max_batch_size // b))
 
 
 @pytest.mark.parametrize("elements, peak, top", [
@@ -137,7 +168,7 @@ class _AffinePlanner:
 def test_search_on_the_elements_line_converges_in_few_records(monkeypatch, elements, peak, top):
     import dgl_exact.planning.minibatch as M
 
-    monkeypatch.setattr(M, "batch_elements", lambda planner, b: int(elements(b)))
+    monkeypatch.setattr(M, "batch_elements", lambda planner, b, index=0: int(elements(b)))
     fake = _AffinePlanner(lambda b: peak(int(elements(b))), top)
     budget = 2**30
     pick = largest_batch(fake, select("INT2")[0], budget)
