@@ -13,7 +13,7 @@ import sys
 import click
 
 from .. import _environment
-from ._common import UserError, parse_size
+from ._common import CONTEXT_SETTINGS, UserError, parse_size
 from .bench import bench
 from .data import datasets, info
 from .plan import bench_budget_command, bench_plan_command, plan_command
@@ -22,7 +22,7 @@ from .train import train
 __all__ = ["cli", "main", "example_main", "UserError", "parse_size"]
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(context_settings=CONTEXT_SETTINGS)
 @click.version_option(package_name="dgl-exact", prog_name="dgl-exact")
 def cli():
     """Train GNNs on DGL with compressed activations (EXACT / i-EXACT)."""
@@ -53,10 +53,10 @@ def example_main(dataset: str, confs: dict, default_model: str = "sage", argv=No
     """Entry point of the per-dataset example scripts in ``examples/``: ``--model``/``--sampler`` choose a
     bundled config (``confs[(model, sampler)]``) and every other option goes to ``dgl-exact train``."""
 
-    @click.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True,
-                                     "help_option_names": ["-h", "--help"]},
-                   help=f"Train on {dataset} with the EXACT benchmark hyperparameters; other options are "
-                        "those of `dgl-exact train` (see `dgl-exact train --help`).")
+    @click.command(context_settings={**CONTEXT_SETTINGS, "ignore_unknown_options": True, "allow_extra_args": True},
+                   help=f"Train on {dataset} with dgl_exact's bundled config for the model (--conf "
+                        f"{', '.join(sorted(set(confs.values())))}: each file says whose hyperparameters it holds); "
+                        "other options are those of `dgl-exact train` (see `dgl-exact train --help`).")
     @click.option("--model", type=click.Choice(sorted({m for m, _ in confs})), default=default_model,
                   show_default=True)
     @click.option("--sampler", type=click.Choice(sorted({s for _, s in confs})), default="full", show_default=True)
