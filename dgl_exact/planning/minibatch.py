@@ -18,6 +18,7 @@ batches only the one with the most elements is recorded (one step, not one per b
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from typing import Callable, Dict, Optional, Sequence
 
@@ -119,14 +120,16 @@ class MinibatchPlanner:
         key = (int(batch_size), int(index))
         if key not in self._sampled:
             inp, seeds, blocks = self.sampler(batch_size).blocks_of(0, index)
-            hidden, elements = self.spec.hidden_size, 0
-            for i, block in enumerate(blocks):
-                width = self.spec.features if i == 0 else hidden
-                elements += block.num_dst_nodes() * (width + hidden) + block.num_edges()
-            self._sampled[key] = SampledBatch(
-                elements, int(inp.numel()), int(seeds.numel()),
-                tuple((b.num_src_nodes(), b.num_dst_nodes(), b.num_edges()) for b in blocks))
+            self._remember(key, int(inp.numel()), int(seeds.numel()), blocks)
         return self._sampled[key]
+
+    def _remember(self, key: tuple, input_nodes: int, seeds: int, blocks) -> None:
+        hidden, elements = self.spec.hidden_size, 0
+        for i, block in enumerate(blocks):
+            width = self.spec.features if i == 0 else hidden
+            elements += block.num_dst_nodes() * (width + hidden) + block.num_edges()
+        self._sampled[key] = SampledBatch(elements, input_nodes, seeds, tuple(
+            (b.num_src_nodes(), b.num_dst_nodes(), b.num_edges()) for b in blocks))
 
     def num_sampled(self, batch_size: int) -> int:
         """How many batches :meth:`record` samples at ``batch_size`` (fewer where the epoch has fewer)."""
@@ -173,8 +176,11 @@ class MinibatchPlanner:
                 self._step(setting, self.batches(batch_size, 1)[0], None)
                 self._warm.add(setting.impl)
             # fresh blocks: no formats created by an earlier step
-            batches = (self.batches(batch_size, num_batches) if index is None
-                       else self.batches(batch_size, index + 1, start=index))
+            start = 0 if index is None else index
+            batches = self.batches(batch_size, num_batches if index is None else index + 1, start=start)
+            for i, b in enumerate(batches, start):  # their sizes, for the search: no sampling again
+                self._remember((int(batch_size), i), b.node_data["feat"].shape[0], b.node_data["label"].shape[0],
+                               b.blocks)
             peaks, acts = [], []
             for b in batches:
                 timeline = _Timeline(touched=True)
@@ -240,19 +246,31 @@ def batch_elements(planner: MinibatchPlanner, batch_size: int, index: int = 0) -
     return planner.sampled(batch_size, index).elements
 
 
-def _batch_for(planner: MinibatchPlanner, target: float, lo: int, hi: int, resolution: float = 0.01) -> int:
+def _batch_for(planner: MinibatchPlanner, target: float, lo: int, hi: int, resolution: float = 0.02) -> int:
     """About the largest batch size in ``[lo, hi]`` whose :func:`batch_elements` is at most ``target``, to
-    within ``resolution`` (relative; the target is itself a line's estimate): the elements grow with the
-    batch size and bend only slowly (neighbourhoods overlap), so the next size sampled is interpolated
-    between the bracket's ends (regula falsi), each end kept at least a sixteenth of the bracket inside, so
-    the bracket shrinks geometrically: a handful of samplings, each cached."""
+    within ``resolution`` (relative; the target is itself a line's estimate, and the search's tolerance is
+    larger): the elements grow with the batch size as a slowly bending power (neighbourhoods overlap), so the
+    next size sampled is interpolated between the nearest sampled sizes around the target on a log-log line
+    (regula falsi), kept at least a sixteenth of the bracket inside it, so the bracket shrinks geometrically: a
+    few samplings, each cached and shared by every setting's search."""
     if batch_elements(planner, hi) <= target:
         return hi
     if batch_elements(planner, lo) > target:
         return lo
+    known = sorted(b for (b, i) in _sampled_keys(planner) if i == 0 and lo < b < hi)
+    for b in known:  # narrow the bracket with sizes sampled before (by this or another setting's search)
+        if batch_elements(planner, b) <= target:
+            lo = b
+        else:
+            hi = b
+            break
     while hi - lo > max(1, int(lo * resolution)):
         e_lo, e_hi = batch_elements(planner, lo), batch_elements(planner, hi)
-        guess = lo + (target - e_lo) / max(1, e_hi - e_lo) * (hi - lo)
+        if e_lo > 0 and e_hi > e_lo and target > 0:
+            frac = math.log(target / e_lo) / math.log(e_hi / e_lo)
+            guess = math.exp(math.log(lo) + frac * math.log(hi / lo))
+        else:
+            guess = (lo + hi) / 2
         margin = max(1, (hi - lo) // 16)
         mid = int(min(max(guess, lo + margin), hi - margin))
         if batch_elements(planner, mid) <= target:
@@ -260,6 +278,12 @@ def _batch_for(planner: MinibatchPlanner, target: float, lo: int, hi: int, resol
         else:
             hi = mid
     return lo
+
+
+def _sampled_keys(planner) -> list:
+    """The ``(batch size, index)`` pairs whose sizes ``planner`` has sampled (none for a planner without a
+    cache)."""
+    return list(getattr(planner, "_sampled", {}))
 
 
 def _line(planner: MinibatchPlanner, tried: Dict[int, PlanRecord], budget: int):
