@@ -24,6 +24,7 @@ from ..ops import keep as keeping
 from ..planning.budget import FP, BudgetPlan, budget_plan, keep, per_parameter_steps, relative_weights
 from ..planning.predict import plan as predict_plan
 from ..planning.predict import spec_from_graph
+from ..units import parse_bytes
 
 COLUMNS = ["dataset", "model", "setting", "runs", "test_mean", "test_std", "delta_vs_fp32", "peak_pred_MiB",
            "peak_meas_MiB", "grad_rel_variance", "grad_variance"]
@@ -178,8 +179,6 @@ def budget_comparison(dataset, base_config, runs: int = 10, budgets: Sequence[st
 
 def _size(budget: str):
     """Bytes of a budget given as a size, None for a uniform setting's name."""
-    from ..planning.predict import parse_bytes
-
     try:
         return parse_bytes(budget)
     except ValueError:

@@ -21,16 +21,16 @@ from ..compression import compress, decompress
 from ..compression_config import CompressionConfig
 from ..compression_config import config as compression_scope
 from ..training.models import build_model
-from .user_models import BLOCK_HIDDEN, BLOCK_LAYERS, BLOCK_MODELS, USER_MODELS, build_user_model
+from ..training.workloads import MODEL_TRAITS, prepare_graph
+from .user_models import USER_MODEL_TRAITS, USER_MODELS, build_user_model
 from . import provenance
 from .results import ResultSink
 from ..planning.settings import Setting
 
 dgl = import_dgl()
 
-DEFAULT_HIDDEN = {"gcn": 256, "sage": 128, "gat": 128, "gcn2": 256, "user-sage": 128,  # gat: per head (3 heads)
-                  "user-sage-donate": 128, **{m: BLOCK_HIDDEN for m in BLOCK_MODELS}}
-DEFAULT_LAYERS = {m: BLOCK_LAYERS for m in BLOCK_MODELS}  # others: 3
+#: every benchmarked model's workload facts: the trainer's models and the user models
+WORKLOAD_TRAITS = {**MODEL_TRAITS, **USER_MODEL_TRAITS}
 
 MEMORY_COLUMNS = ["model", "setting", "activation_MiB", "ratio_vs_baseline", "step_peak_MiB", "peak_ratio_vs_baseline",
                   "device"]
@@ -40,9 +40,19 @@ KERNEL_COLUMNS = ["backend", "op", "setting", "shape", "ms", "GB_per_s", "device
 ACCURACY_COLUMNS = ["dataset", "model", "setting", "runs", "test_mean", "test_std", "delta_vs_fp32", "epoch_ms"]
 
 
+def workload_traits(model: str):
+    """The :class:`~dgl_exact.training.workloads.ModelTraits` of a benchmarked model (``ValueError`` naming
+    the known ones)."""
+    if model not in WORKLOAD_TRAITS:
+        raise ValueError(f"unknown model {model!r}; use one of {', '.join(WORKLOAD_TRAITS)}")
+    return WORKLOAD_TRAITS[model]
+
+
 class Workload:
     """A graph, its features/labels on a device, and the model hyperparameters to benchmark (``hidden``,
-    ``layers``: None for each model's default, :data:`DEFAULT_HIDDEN` and :data:`DEFAULT_LAYERS`)."""
+    ``layers``: None for each model's default, from :data:`WORKLOAD_TRAITS`). The graph is given to every
+    implementation as loaded (ids and formats as they are), with one self loop per node for the models that
+    need them (:func:`~dgl_exact.training.workloads.prepare_graph`, layout ``as_given``)."""
 
     def __init__(self, dataset, device, hidden=None, layers=None, dropout=0.5, batch_norm=True, heads=3):
         self.dataset, self.device = dataset, torch.device(device)
@@ -50,22 +60,25 @@ class Workload:
         layers = 3 if layers is None else layers
         self.hidden, self.layers, self.dropout, self.batch_norm, self.heads = hidden, layers, dropout, batch_norm, heads
         g = dataset.graph
-        self.graph_sl = dgl.add_self_loop(dgl.remove_self_loop(g))
-        self.graph_raw = g
+        prepared = {}  # the graph as_given depends on the self loops alone: one copy each
+        for traits in WORKLOAD_TRAITS.values():
+            if traits.self_loops not in prepared:
+                prepared[traits.self_loops] = prepare_graph(g, traits, layout="as_given")
+        self.graph_sl, self.graph_raw = prepared[True], prepared[False]
         self.feat = g.ndata["feat"].to(self.device)
         self.train_idx = dataset.train_idx.to(self.device)
         self.train_label = g.ndata["label"].to(self.device)[self.train_idx]
 
     def graph_for(self, model: str):
-        return self.graph_sl if model in ("gcn", "gat", "gcn2", "user-block-gcn", "user-block-gat") else self.graph_raw
+        return self.graph_sl if workload_traits(model).self_loops else self.graph_raw
 
     def hidden_for(self, model: str) -> int:
         """The hidden size benchmarked: ``hidden`` if given, else the EXACT benchmark's per model."""
-        return self.hidden or DEFAULT_HIDDEN[model]
+        return self.hidden or workload_traits(model).hidden
 
     def layers_for(self, model: str) -> int:
         """The number of layers (blocks) benchmarked: ``layers`` if given, else the model's default."""
-        return self.layers_given or DEFAULT_LAYERS.get(model, self.layers)
+        return self.layers_given or workload_traits(model).layers
 
     def build(self, model: str, impl: str, seed: int = 0, recompute=None):
         """The benchmarked model (``recompute``: GCNII's segment length, see ``models.GCNII``)."""

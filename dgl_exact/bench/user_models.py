@@ -28,12 +28,23 @@ import torch.nn as nn
 from .._compat import import_dgl
 from ..nn.convert import compress_model
 from ..ops.keep import donate
+from ..training.workloads import ModelTraits
 
 dgl = import_dgl()
 
 BLOCK_MODELS = ("user-block-gcn", "user-block-sage", "user-block-gat")
 USER_MODELS = ("user-sage", "user-sage-donate") + BLOCK_MODELS
 BLOCK_HIDDEN, BLOCK_LAYERS, BLOCK_DROPOUT, BLOCK_GAT_HEADS = 512, 5, 0.1, 4
+#: the user models' workload facts (:class:`~dgl_exact.training.workloads.ModelTraits`: self loops for the
+#: GCN and GAT blocks, as DGL's GraphConv and GATConv want; default width and depth)
+USER_MODEL_TRAITS = {t.name: t for t in (
+    ModelTraits("user-sage", self_loops=False, csc_only=False, hidden=128),
+    ModelTraits("user-sage-donate", self_loops=False, csc_only=False, hidden=128),
+    ModelTraits("user-block-gcn", self_loops=True, csc_only=False, hidden=BLOCK_HIDDEN, layers=BLOCK_LAYERS),
+    ModelTraits("user-block-sage", self_loops=False, csc_only=False, hidden=BLOCK_HIDDEN, layers=BLOCK_LAYERS),
+    ModelTraits("user-block-gat", self_loops=True, csc_only=False, hidden=BLOCK_HIDDEN, layers=BLOCK_LAYERS,
+                heads=BLOCK_GAT_HEADS),
+)}
 
 
 class UserSAGE(nn.Module):

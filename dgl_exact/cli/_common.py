@@ -71,7 +71,7 @@ def _hold_outputs(files) -> None:
 def parse_size(text, option: str) -> int:
     """Bytes of a size given on the command line (``2GiB``, ``512MiB``, ``3e9``): one line naming ``option``
     for anything that is not a representable memory size. Every size option goes through here."""
-    from ..planning.predict import parse_bytes
+    from ..units import parse_bytes
 
     try:
         return parse_bytes(text, option)

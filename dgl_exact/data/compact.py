@@ -19,7 +19,7 @@ from .._compat import import_dgl
 dgl = import_dgl()
 
 __all__ = ["INT32_LIMIT", "index_dtype", "compact_graph", "structure_bytes", "describe_structure",
-           "TRAINING_FORMATS", "allow_all_formats", "csc_graph", "training_graph", "CSC_ONLY_MODELS", "held_formats",
+           "TRAINING_FORMATS", "allow_all_formats", "csc_graph", "training_graph", "held_formats",
            "keep_edges"]
 
 #: node and edge counts strictly below this fit int32 ids
@@ -54,11 +54,6 @@ def compact_graph(g, formats: Optional[Sequence[str]] = None):
         if sorted(have["created"] + have["not created"]) != sorted(formats):
             g = g.formats(formats)
     return g
-
-
-#: the trainer's models whose backward needs no transposed aggregation with edge weights (GAT's attention
-#: is one): on a symmetric graph they train from its CSC alone
-CSC_ONLY_MODELS = ("gcn", "sage", "gcn2")
 
 
 def csc_graph(g):

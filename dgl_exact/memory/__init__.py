@@ -60,18 +60,10 @@ import torch
 
 from ..ops.keep import observe_saved
 from ..ops.structure import cached_static_tensors
+from ..units import format_bytes  # the package's one printer of sizes, here for its users
 
 __all__ = ["MemoryReport", "measure", "measure_step", "tensor_bytes", "format_bytes", "CPU_PEAK_METHODS",
            "prepare_cpu_peak", "vmhwm_available"]
-
-
-def format_bytes(n: Optional[float]) -> str:
-    if n is None:
-        return "n/a"
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= scale:
-            return f"{n / scale:.2f} {unit}"
-    return f"{int(n)} B"
 
 
 @dataclasses.dataclass

@@ -14,10 +14,10 @@ import math
 from typing import Callable, Dict, List, Optional, Sequence
 
 
-from .. import memory
 from ..compression import compressed_nbytes
 from .settings import OPTIONS, select
 from .slots import BudgetError, Slot
+from ..units import format_bytes
 
 
 def _frontier(slot: Slot, cost: Callable[[Slot, str], int]) -> List[str]:
@@ -69,7 +69,7 @@ def allocate(slots: Sequence[Slot], limit: float, cost: Optional[Callable[[Slot,
     used = sum(mins)
     excess = max([0] + [c - cap for c, cap in zip(itertools.accumulate(mins), caps)])
     if excess > 0:
-        err = BudgetError(f"kept activations need at least {memory.format_bytes(used)}")
+        err = BudgetError(f"kept activations need at least {format_bytes(used)}")
         err.needed, err.excess = used, excess
         raise err
     while True:

@@ -36,6 +36,7 @@ from .budgeted import BudgetPlan
 from .peak import PeakModel, _allocate_against, allocate_for_peak, allocate_with_trades, trade_plans
 from .allocation import _uniform_option, _variance, allocate
 from .sensitivity import REL_FLOOR, estimate_sensitivity, per_parameter_steps, relative_weights
+from ..units import format_bytes, parse_bytes, round_up_size
 
 __all__ = ["OPTIONS", "Slot", "BudgetPlan", "BudgetError", "budget_plan", "plan_row", "estimate_sensitivity",
            "allocate", "allocate_for_peak", "trade_plans", "allocate_with_trades", "PeakModel", "keep",
@@ -55,7 +56,7 @@ def _uniform_variance(slots: Sequence[Slot], name: str) -> float:
 
 def _refusal(spec: PlanSpec, budget: int, needed_total: int, uniform: Dict[str, PlanRecord],
              suggestion: Optional[str] = None, checked: bool = False) -> str:
-    fb = memory.format_bytes
+    fb = format_bytes
     if suggestion is None:
         suggestion = suggested_budget(needed_total)[0]
     fit = (f"It would fit with --memory-budget {suggestion} (checked: a plan within it was found)" if checked
@@ -80,20 +81,8 @@ def budget_report(plan: "BudgetPlan", measured_step_peak: Optional[int]) -> dict
             "over_budget_bytes": max(0, measured_total - int(plan.budget)) if measured_total is not None else 0}
 
 
-def suggested_budget(needed: int) -> tuple:
-    """``(text, bytes)``: ``needed`` rounded up to what :func:`~dgl_exact.memory.format_bytes` shows (two
-    decimals of its unit), written so that giving ``text`` back as a budget is at least ``needed`` bytes."""
-    from .predict import parse_bytes
-
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if needed >= scale:
-            text = f"{-(-needed * 100 // scale) / 100:.2f}{unit}"
-            value = parse_bytes(text)
-            while value < needed:  # float formatting fell a hair short
-                text = f"{float(text[:-3]) + 0.01:.2f}{unit}"
-                value = parse_bytes(text)
-            return text, value
-    return f"{int(needed)}B", int(needed)
+#: ``(text, bytes)``: a byte count rounded up to what :func:`~dgl_exact.units.format_bytes` shows
+suggested_budget = round_up_size
 
 
 def budget_plan(spec: PlanSpec, budget: int, data=None, replicas: int = 2, gpu: bool = False,
@@ -213,7 +202,7 @@ def _budget_plan_once(spec: PlanSpec, budget: int, data=None, replicas: int = 2,
     plan = BudgetPlan(spec, budget, slots, ref, uniform, 0.0,
                       {n: _uniform_variance(slots, n) for n in ("INT8", "INT4", "INT2", "INT1")},
                       len(runs["INT2"][1].stashes), relative=relative)
-    fb = memory.format_bytes
+    fb = format_bytes
     verified, rejected, totals = _verify_trades(plan, candidates, sound[0] if sound else math.inf, g1, g2, own,
                                                 models)
     if verified is not None:
@@ -358,7 +347,7 @@ def _verify_trades(plan: BudgetPlan, candidates: Sequence[tuple], worst: float, 
     A candidate over the budget by ``d`` bytes is allocated again with ``d`` fewer (its transients were
     larger than its uniform reference's) while that still lowers the variance below ``worst``; at most
     ``per_reference`` recordings per uniform reference and ``tries`` in all."""
-    fb = memory.format_bytes
+    fb = format_bytes
     slots, rejected, totals, cache, done = plan.slots, [], [], {}, set()
     for _, name, choices, room in candidates:
         for _ in range(per_reference):
@@ -400,7 +389,7 @@ def _record_plan(plan: BudgetPlan, g1, g2) -> PlanRecord:
     """The plan's own training step (its current choices), recorded on the planner's two samples and
     extrapolated to full size."""
     with single_thread():
-        setting = Setting(f"budget {memory.format_bytes(plan.budget)}", "exact", OPTIONS["INT2"])
+        setting = Setting(f"budget {format_bytes(plan.budget)}", "exact", OPTIONS["INT2"])
         r1 = g1.record(setting, hook=lambda rec: plan.hook(rec))
         r2 = g2.record(setting, hook=lambda rec: plan.hook(rec))
     return combine(plan.spec, "budget", r1, r2, g1.scale, g2.scale, plan.budget,
@@ -435,10 +424,10 @@ def plan_row(spec: PlanSpec, budget: int, device: str = "cpu",
     try:
         p = budget_plan(spec, budget, gpu=str(device).startswith("cuda"), uniform=uniform)
     except BudgetError as e:
-        return PlanRecord(f"budget {memory.format_bytes(budget)}", 0, 0, 0, 0, False, total, "per tensor", {},
+        return PlanRecord(f"budget {format_bytes(budget)}", 0, 0, 0, 0, False, total, "per tensor", {},
                           str(e))
     rec = p.record
-    rec.setting = f"budget {memory.format_bytes(budget)}"
+    rec.setting = f"budget {format_bytes(budget)}"
     rec.device_bytes = total
     rec.fits = rec.total_bytes <= budget and (total is None or rec.total_bytes <= total)
     return rec
@@ -448,7 +437,7 @@ def plan_for_training(trainer, budget, log: Callable[[str], None] = print, repli
     """The :class:`BudgetPlan` for a :class:`~dgl_exact.training.trainer.Trainer`'s full-graph training
     within ``budget`` (bytes or a size such as ``"2GiB"``), sensitivities from probe steps of a freshly
     initialised model on the trainer's own graph and training rows; the plan is logged."""
-    from .predict import parse_bytes, spec_from_graph
+    from .predict import spec_from_graph
 
     cfg = trainer.cfg
     limit = parse_bytes(budget)

@@ -8,12 +8,12 @@ import dataclasses
 from typing import Any, Dict, List, Optional
 
 
-from .. import memory
 from ..compression_config import CompressionConfig
 from ..ops import keep as keeping
 from .settings import OPTIONS
 from .predict import PlanRecord, PlanSpec
 from .slots import PROBE, PlanMismatchError, Slot, keep
+from ..units import format_bytes
 
 
 @dataclasses.dataclass
@@ -94,7 +94,7 @@ class BudgetPlan:
             yield self
 
     def table(self) -> str:
-        fb = memory.format_bytes
+        fb = format_bytes
         kind = "relative" if self.relative else "plain"
         lines = [f"| slot | shape (full size) | kept as | bytes | alive at the step peak | added grad. variance "
                  f"({kind}) |", "|---|---|---|---|---|---|"]
@@ -105,7 +105,7 @@ class BudgetPlan:
         return "\n".join(lines)
 
     def summary(self) -> str:
-        fb = memory.format_bytes
+        fb = format_bytes
         r = self.record
         uni = ", ".join(f"{n} {v:.3g}" for n, v in self.uniform_variance.items())
         kind = "relative to each parameter's gradient" if self.relative else "plain"

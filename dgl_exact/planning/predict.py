@@ -34,11 +34,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import difflib
-import math
-import re
 import time
 import weakref
-from decimal import Decimal
 from fractions import Fraction
 from typing import Dict, List, Optional, Sequence
 
@@ -46,14 +43,16 @@ import torch
 import torch.nn.functional as F
 
 from .. import memory, ops
+from ..units import device_bytes, format_bytes, parse_bytes
 from .._compat import import_dgl
 from .settings import STANDARD, Setting
 from .timeline import _Timeline
 from ..compression import CompressedTensor
 from ..compression_config import config as compression_scope
-from ..data.compact import CSC_ONLY_MODELS, compact_graph, held_formats, index_dtype, training_graph
+from ..data.compact import held_formats, index_dtype
 from ..ops import keep as keeping
 from ..ops.structure import cached_static_tensors
+from ..training.workloads import model_traits, prepare_graph
 
 dgl = import_dgl()
 
@@ -63,8 +62,6 @@ __all__ = ["PlanSpec", "PlanRecord", "SampleRun", "plan", "predict", "parse_byte
 
 #: the uniform settings a plan compares (the names ``dgl-exact bench`` uses)
 DEFAULT_SETTINGS = tuple(s.name for s in STANDARD if s.impl == "exact")
-DEFAULT_HIDDEN = {"gcn": 256, "sage": 128, "gat": 128, "gcn2": 256}  # as dgl-exact bench
-SELF_LOOP_MODELS = ("gcn", "gat", "gcn2")
 # a multiple of 16 chunks x 64-row blocks: both samples run the same chunked loops (ops.keep.chunk_rows)
 SAMPLE_NODES = 3072
 #: the most layers x settings one plan records: recording is linear in depth, one training step per layer,
@@ -130,7 +127,7 @@ class PlanSpec:
 
     @property
     def hidden_size(self) -> int:
-        return self.hidden or DEFAULT_HIDDEN[self.model]
+        return self.hidden or model_traits(self.model).hidden
 
     @property
     def train_count(self) -> int:
@@ -138,7 +135,7 @@ class PlanSpec:
 
     @property
     def self_loops(self) -> bool:
-        return self.model in SELF_LOOP_MODELS
+        return model_traits(self.model).self_loops
 
     @property
     def model_edges(self) -> int:
@@ -168,67 +165,6 @@ class PlanRecord:
 
     def to_dict(self) -> Dict:
         return dataclasses.asdict(self)
-
-
-# --- sizes ------------------------------------------------------------------------------------------------
-_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9, "t": 10**12,
-          "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-
-
-
-MAX_BYTES = 2 ** 63 - 1    # what a byte count can hold (torch and the allocators count in int64)
-
-
-def parse_bytes(text, option: str = "size") -> int:
-    """``"2GiB"``, ``"512 MiB"``, ``"1.5GB"``, ``"3e9"`` or an int: bytes. The one parser of every size the CLI
-    takes: anything it cannot represent (``1e400GiB``, ``1e309``, ``inf``, ``nan``, negative, more than
-    ``2**63 - 1`` bytes) is a ValueError naming ``option``, never an OverflowError."""
-    examples = "examples: 2GiB, 512MiB, 1.5GB, 3e9"
-    if isinstance(text, bool):
-        raise ValueError(f"{option}: cannot read {text!r} as a memory size; {examples}")
-    if isinstance(text, int):
-        value = text
-    elif isinstance(text, float):
-        if not math.isfinite(text):
-            raise ValueError(f"{option}: {text!r} is not a finite memory size; {examples}")
-        value = int(text)
-    else:
-        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*", str(text))
-        if not m or m.group(2).lower() not in _UNITS:
-            raise ValueError(f"{option}: cannot read {text!r} as a memory size; {examples}")
-        number, unit = m.group(1), _UNITS[m.group(2).lower()]
-        digits = Decimal(number)
-        exact = Fraction(digits) if -30 <= digits.adjusted() <= 30 else Fraction(0 if digits.adjusted() < 0 else 2)
-        if exact * unit > MAX_BYTES or digits.adjusted() > 30:
-            raise ValueError(f"{option}: {str(text).strip()} is more than any memory ({MAX_BYTES:,} bytes); "
-                             f"{examples}")
-        value = int(exact * unit)
-    if not 0 <= value <= MAX_BYTES:
-        raise ValueError(f"{option}: {text!r} bytes is not a memory size (0 to {MAX_BYTES:,}); {examples}")
-    return value
-
-
-def device_bytes(device: str) -> tuple:
-    """``(bytes, description)`` of the memory a device offers: ``cpu`` (available memory, ``MemAvailable``),
-    ``cuda`` / ``cuda:N`` (the GPU's total memory), or a size such as ``80GiB``."""
-    d = str(device).strip()
-    if d == "cpu":
-        try:
-            with open("/proc/meminfo") as f:
-                for line in f:
-                    if line.startswith("MemAvailable:"):
-                        n = int(line.split()[1]) * 1024
-                        return n, f"cpu (available memory {memory.format_bytes(n)})"
-        except OSError:
-            pass
-        return None, "cpu (available memory unknown)"
-    if d.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise ValueError(f"device {d!r}: no CUDA device visible; give its memory size instead, e.g. 80GiB")
-        props = torch.cuda.get_device_properties(torch.device(d))
-        return props.total_memory, f"{d} ({props.name}, {memory.format_bytes(props.total_memory)})"
-    n = parse_bytes(d, "device")
-    return n, f"{memory.format_bytes(n)} device"
 
 
 def spec_for_dataset(name: str, model: str, data_root: Optional[str] = None, **hyper) -> PlanSpec:
@@ -310,18 +246,22 @@ def _sample_graph(spec: PlanSpec, n: int, e: int, seed: int = 0, impl: str = "ex
     dst = (src + torch.randint(1, n, src.shape, generator=gen)) % n  # no self loops
     if spec.symmetric:  # both directions of e // 2 pairs
         src, dst = torch.cat([src, dst]), torch.cat([dst, src])
-    g = dgl.graph((src, dst), num_nodes=n)
-    if spec.self_loops:
-        g = dgl.add_self_loop(g)
-    if impl == "exact":  # as the trainer prepares it
-        g = training_graph(g, csc_only=spec.symmetric and spec.model in CSC_ONLY_MODELS)
-    else:
-        g = compact_graph(g)
+    g = prepare_sample_graph(spec, dgl.graph((src, dst), num_nodes=n), impl)
     feat = torch.randn(n, spec.features, generator=gen)
     label = torch.randint(0, spec.classes, (n,), generator=gen)
     n_train = max(1, min(n, int(round(spec.train_count * n / spec.nodes))))
     idx = torch.randperm(n, generator=gen)[:n_train].sort().values
     return g, feat, label[idx].clone(), idx
+
+
+def prepare_sample_graph(spec: PlanSpec, graph, impl: str = "exact"):
+    """A sample ``graph`` (no self loops) prepared for ``spec``'s model by
+    :func:`~dgl_exact.training.workloads.prepare_graph`: for dgl_exact's models as the trainer prepares a full
+    graph (its ``training`` layout; the CSC alone only where ``spec`` is symmetric), for another ``impl``'s
+    with int32 ids and every format (``sampled``)."""
+    if impl == "exact":
+        return prepare_graph(graph, spec.model, layout="training", csc_only=spec.symmetric)
+    return prepare_graph(graph, spec.model, layout="sampled")
 
 
 def build_for(spec: PlanSpec, impl: str = "exact", seed: int = 0, recompute=None):
@@ -622,7 +562,7 @@ def single_thread():
 
 
 def format_table(records: Sequence[PlanRecord], header: str = "") -> str:
-    fb = memory.format_bytes
+    fb = format_bytes
     lines = [header] if header else []
     lines.append("| setting | static | activations | step peak | total | fits |")
     lines.append("|---|---|---|---|---|---|")

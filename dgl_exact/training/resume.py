@@ -30,8 +30,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
-from .. import memory
 from .config import TrainConfig
+from ..units import format_bytes
 
 __all__ = ["RunField", "RUN_FIELDS", "MAY_CHANGE", "MISMATCH_FLAG", "recorded_fields", "checked_fields",
            "data_record", "compare", "check_resume", "ResumeMismatchWarning"]
@@ -54,7 +54,7 @@ def _show(value: Any) -> str:
 
 
 def _show_bytes(value: Any) -> str:
-    return "none" if value is None else memory.format_bytes(value).replace(" ", "")
+    return "none" if value is None else format_bytes(value).replace(" ", "")
 
 
 def _show_split(value: Any) -> str:

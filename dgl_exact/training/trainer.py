@@ -24,14 +24,15 @@ from .._files import OutputLock
 from .._progress import progress_bar
 from ..compression_config import config as compression_scope
 from ..data import GraphDataset, load_dataset
-from ..data.compact import (CSC_ONLY_MODELS, allow_all_formats, compact_graph, describe_structure, structure_bytes,
-                            training_graph)
+from ..data.compact import allow_all_formats, describe_structure, structure_bytes
 from .checkpoint import RunState, remove_stale_temporaries
 from .config import TrainConfig
 from .models import build_model, exact_log_loss, layerwise_inference
 from .neighbor import DEFAULT_BATCH_SIZE, DEFAULT_EVAL_BATCH_SIZE, NeighborSampler
 from .resume import ResumeMismatchWarning, check_resume, data_record
 from .samplers import ClusterGCNSampler, SAINTSampler, with_degrees
+from .workloads import model_traits, prepare_graph
+from ..units import format_bytes
 
 dgl = import_dgl()
 
@@ -205,20 +206,15 @@ class Trainer:
         self.dataset_summary = ds.summary()
         #: the data's fingerprint a checkpoint records (:func:`~.resume.data_record`), of the dataset as given
         self.data_record = data_record(ds)
-        # int32 ids first (when the counts allow): the self-loop edits below then copy 32-bit edge lists
-        g = compact_graph(ds.graph)
-        loops = cfg.model in ("gcn", "gat", "gcn2")
-        if loops and not ds.info.get("self_loop"):  # with it, the graph has one self loop per node already
-            g = dgl.add_self_loop(dgl.remove_self_loop(g))
-        # int32 ids when the counts allow; full-graph training without layer-wise evaluation needs CSC and
-        # CSR only (samplers and layer-wise inference read the COO): the COO goes once they exist; on a
-        # symmetric graph, for models whose backward has no edge-weighted transposed aggregation, the CSC
-        # alone without edge ids (edge dropping and the inductive subgraph read a COO)
+        # int32 ids when the counts allow, one self loop per node for the models that need one; full-graph
+        # training without layer-wise evaluation needs CSC and CSR only (samplers and layer-wise inference read
+        # the COO); on a symmetric graph, for models whose backward has no edge-weighted transposed aggregation,
+        # the CSC alone without edge ids (edge dropping and the inductive subgraph read a COO): :mod:`.workloads`
         full = cfg.sampler == "full" and cfg.eval_batch_size is None
-        if full:
-            g = training_graph(g, csc_only=cfg.model in CSC_ONLY_MODELS and not cfg.edge_drop and not cfg.inductive)
-        else:
-            g = compact_graph(g)
+        loops = model_traits(cfg.model).self_loops
+        g = prepare_graph(ds.graph, cfg.model, layout="training" if full else "sampled",
+                          has_self_loops=bool(ds.info.get("self_loop")),
+                          csc_only=not cfg.edge_drop and not cfg.inductive)
         #: the run header's line on the graph structure (id type, formats, bytes)
         self.structure_note = describe_structure(g)
         # The graph once: the trainer keeps no reference to the dataset's own graph (the structure it was
@@ -740,9 +736,9 @@ def _resume_line(path: str, saved: RunState, finished: List[RunResult], first_ru
 
 
 def _run_line(r: RunResult, metric: str) -> str:
-    mem = f", activation memory {memory.format_bytes(r.activation_bytes)}" if r.activation_bytes is not None else ""
+    mem = f", activation memory {format_bytes(r.activation_bytes)}" if r.activation_bytes is not None else ""
     if r.model_bytes is not None:
-        fb = memory.format_bytes
+        fb = format_bytes
         mem += (f"; memory: model {fb(r.model_bytes)}, data {fb(r.data_bytes)}, activations {fb(r.activation_bytes)}, "
                 f"step peak incl. backward {fb(r.peak_bytes)}, total {fb(r.total_bytes)}")
         if r.peak_method and "free heap chunks" in r.peak_method:  # measured in a process that grew its heap
