@@ -454,12 +454,12 @@ def test_amp_linear_gradients_unchanged():
 
 def test_run_line_names_a_grown_heap():
     """The trainer's run line repeats the meter's warning when a step started with a grown heap."""
-    from dgl_exact.training.trainer import RunResult, _run_line
+    from dgl_exact.training.results import RunResult, run_line
 
     base = dict(run=0, seed=0, best_epoch=1, train=0.5, val=0.5, test=0.5, final_loss=1.0, epoch_time=0.1,
                 total_time=1.0, activation_bytes=MIB, model_bytes=MIB, data_bytes=MIB, peak_bytes=2 * MIB,
                 total_bytes=4 * MIB)
-    plain = _run_line(RunResult(**base, peak_method="resident high-water mark (VmHWM)"), "acc")
-    grown = _run_line(RunResult(**base, peak_method="resident high-water mark (VmHWM); 99.20 MiB of free heap "
+    plain = run_line(RunResult(**base, peak_method="resident high-water mark (VmHWM)"), "acc")
+    grown = run_line(RunResult(**base, peak_method="resident high-water mark (VmHWM); 99.20 MiB of free heap "
                                 "chunks before the step (...)"), "acc")
     assert "heap" not in plain and "99.20 MiB of free heap chunks" in grown

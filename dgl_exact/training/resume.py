@@ -28,13 +28,17 @@ options newer than a checkpoint are taken to have had their default value (what 
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
+from .checkpoint import RunState
 from .config import TrainConfig
+from .results import RunResult
 from ..units import format_bytes
 
 __all__ = ["RunField", "RUN_FIELDS", "MAY_CHANGE", "MISMATCH_FLAG", "recorded_fields", "checked_fields",
-           "data_record", "compare", "check_resume", "ResumeMismatchWarning"]
+           "data_record", "compare", "check_resume", "ResumeMismatchWarning", "refuse_existing_checkpoint",
+           "resume_plan", "resume_line"]
 
 #: the ``dgl-exact train`` flag (and :meth:`Trainer.fit` argument, ``resume_mismatch_ok``) that continues anyway
 MISMATCH_FLAG = "--resume-mismatch-ok"
@@ -225,3 +229,66 @@ def check_resume(saved_config: Dict[str, Any], saved_run: Optional[Dict[str, Any
         fix = (f"if this run has the settings it was written with, add {MISMATCH_FLAG} to continue it; otherwise "
                "start a new checkpoint (another --checkpoint path)")
     raise ValueError(f"{where} {''.join(parts)}; {fix}")
+
+
+# --- where a resumed training continues ------------------------------------------------------------------
+def refuse_existing_checkpoint(checkpoint: str) -> None:
+    """``ValueError`` in one line if a new checkpoint would be written over ``checkpoint`` (a file or a folder)."""
+    if os.path.isdir(checkpoint):
+        raise ValueError(f"--checkpoint {checkpoint} is a folder; pass a file path")
+    if os.path.lexists(checkpoint):
+        raise ValueError(f"{checkpoint} already exists (the checkpoint of an earlier run?): continue that run with "
+                         "--resume, or pass another --checkpoint path (or delete the file) to start a new one")
+
+
+def _epochs_trained(r: RunResult) -> int:
+    return int(r.history[-1]["epoch"]) + 1 if r.history else 0
+
+
+def resume_plan(state: RunState, path: str, epochs: int, runs: int):
+    """(finished results to report, first run to train, state to resume it from or None) of a checkpoint's
+    ``state`` read from ``path``, for ``epochs`` and ``runs``; see :meth:`~.trainer.Trainer.fit`."""
+    try:
+        by_run = {r.run: r for r in (RunResult(**r) for r in state.completed)}  # the last entry of a run counts
+        completed = [by_run[k] for k in sorted(by_run)]
+    except (TypeError, KeyError, AttributeError) as e:
+        raise ValueError(f"checkpoint {path} is damaged (its finished runs cannot be read: {e}); delete it or pass "
+                         "another --checkpoint path to start over (without --resume)") from None
+    run, done = state.run, state.epoch + 1
+    if state.batch and done >= epochs:
+        raise ValueError(f"checkpoint {path} is inside epoch {done + 1} of run {run + 1} but --epochs is {epochs}; "
+                         f"resume with --epochs {done + 1} or more, or start a new checkpoint (another path)")
+    if done > epochs:
+        raise ValueError(f"checkpoint {path} is at epoch {done} of run {run + 1} but --epochs is {epochs}; resume "
+                         f"with --epochs {done} or more, or start a new checkpoint (another path)")
+    held = max([run] + [r.run for r in completed]) + 1
+    if held > runs:
+        raise ValueError(f"checkpoint {path} holds {held} run(s) but --runs is {runs}; resume with --runs {held} or "
+                         "more, or start a new checkpoint (another path)")
+    others = [r for r in completed if r.run != run]
+    lengths = sorted({_epochs_trained(r) for r in others} - {epochs})
+    if lengths:
+        raise ValueError(f"checkpoint {path} holds finished runs of {', '.join(map(str, lengths))} epoch(s) but "
+                         f"--epochs is {epochs}: only the last run can be extended, and runs of different lengths "
+                         f"would be averaged together; resume with --epochs {lengths[0]}, or start a new checkpoint")
+    if done == epochs and len(others) < len(completed):  # the checkpoint's run is finished: the next one starts
+        return completed, run + 1, None
+    return others, run, state
+
+
+def resume_line(path: str, saved: RunState, finished: List[RunResult], first_run: int, epochs: int,
+                 runs: int) -> str:
+    """``resuming from PATH: epoch 12 of 50 done`` (with the run, the batches inside the next epoch, the
+    finished runs where they apply)."""
+    done = saved.epoch + 1
+    where = f"resuming from {path}: "
+    if first_run != saved.run:  # the checkpoint's run is finished
+        if first_run >= runs:
+            return where + f"all {runs} run(s) finished ({done} epochs each): nothing to train"
+        return where + f"run {saved.run + 1} of {runs} finished ({done} epochs); starting run {first_run + 1}"
+    text = f"epoch {done} of {epochs} done"
+    if saved.batch:
+        text += f", and {saved.batch} batch(es) of epoch {done + 1}"
+    if runs > 1:
+        text = f"run {saved.run + 1} of {runs}, {text}" + (f" ({len(finished)} run(s) finished)" if finished else "")
+    return where + text

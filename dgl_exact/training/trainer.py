@@ -6,7 +6,6 @@ the benchmarks all call :func:`train` / :class:`Trainer`.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import os
@@ -18,21 +17,24 @@ from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
-from .. import memory, ops
+from .. import memory
 from .._compat import import_dgl
 from .._files import OutputLock
 from .._progress import progress_bar
 from ..compression_config import config as compression_scope
 from ..data import GraphDataset, load_dataset
-from ..data.compact import allow_all_formats, describe_structure, structure_bytes
+from ..data.compact import allow_all_formats, describe_structure
 from .checkpoint import RunState, remove_stale_temporaries
 from .config import TrainConfig
-from .models import build_model, exact_log_loss, layerwise_inference
+from .memory_breakdown import step_breakdown
+from .models import build_model, layerwise_inference
 from .neighbor import DEFAULT_BATCH_SIZE, DEFAULT_EVAL_BATCH_SIZE, NeighborSampler
-from .resume import ResumeMismatchWarning, check_resume, data_record
+from .recipes import LabelInputs, StepInputs, autocast, loss_function, sampled_inputs
+from .results import RunResult, TrainResults, environment_info, run_line
+from .resume import (ResumeMismatchWarning, check_resume, data_record, refuse_existing_checkpoint, resume_line,
+                     resume_plan)
 from .samplers import ClusterGCNSampler, SAINTSampler, with_degrees
 from .workloads import model_traits, prepare_graph
-from ..units import format_bytes
 
 dgl = import_dgl()
 
@@ -75,74 +77,6 @@ def resolve_device(spec: str) -> torch.device:
     if device.type != "cpu":
         raise ValueError(f"unsupported device {spec!r}; use cpu, cuda or cuda:N")
     return device
-
-
-@dataclasses.dataclass
-class RunResult:
-    run: int
-    seed: int
-    best_epoch: int
-    train: float
-    val: float
-    test: float
-    final_loss: float
-    epoch_time: float               # mean seconds per training epoch (training only, no evaluation)
-    total_time: float
-    activation_bytes: Optional[int] = None
-    peak_bytes: Optional[int] = None   # --debug-mem: step peak (forward + backward + optimizer step) above steady state
-    model_bytes: Optional[int] = None  # --debug-mem: parameters, buffers, optimizer state
-    data_bytes: Optional[int] = None   # --debug-mem: graph structure, features, labels, split indices on the device
-    total_bytes: Optional[int] = None  # --debug-mem: model + data + step peak
-    peak_method: Optional[str] = None
-    epochs_per_second: Optional[float] = None
-    history: List[Dict[str, float]] = dataclasses.field(default_factory=list)
-
-
-@dataclasses.dataclass
-class TrainResults:
-    config: Dict[str, Any]
-    metric: str
-    runs: List[RunResult]
-    environment: Dict[str, Any]
-    memory_budget: Optional[Dict[str, Any]] = None   # train --memory-budget: the plan against what was measured
-
-    def summary(self) -> Dict[str, Any]:
-        out = {}
-        for key in ("train", "val", "test", "epoch_time", "total_time"):
-            values = [getattr(r, key) for r in self.runs]
-            out[key] = {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0}
-        mem = [r.activation_bytes for r in self.runs if r.activation_bytes is not None]
-        if mem:
-            out["activation_bytes"] = mem[0]
-        for key in ("peak_bytes", "model_bytes", "data_bytes", "total_bytes", "peak_method"):
-            values = [getattr(r, key) for r in self.runs if getattr(r, key) is not None]
-            if values:
-                out[key] = values[0]
-        speed = [r.epochs_per_second for r in self.runs if r.epochs_per_second is not None]
-        if speed:
-            out["epochs_per_second"] = {"mean": statistics.fmean(speed),
-                                        "std": statistics.stdev(speed) if len(speed) > 1 else 0.0}
-        return out
-
-    def to_dict(self) -> Dict[str, Any]:
-        out = {"config": self.config, "metric": self.metric, "summary": self.summary(),
-               "runs": [dataclasses.asdict(r) for r in self.runs], "environment": self.environment}
-        if self.memory_budget is not None:
-            out["memory_budget"] = self.memory_budget
-        return out
-
-
-def environment_info(device: torch.device) -> Dict[str, Any]:
-    import platform
-
-    from .. import __version__, backend
-
-    info = {"dgl_exact": __version__, "torch": torch.__version__, "dgl": dgl.__version__,
-            "python": platform.python_version(), "device": str(device), "backend": backend(device).primary,
-            "machine": platform.machine(), "cpu_threads": torch.get_num_threads()}
-    if device.type == "cuda":
-        info["gpu"] = torch.cuda.get_device_name(device)
-    return info
 
 
 class Trainer:
@@ -237,6 +171,8 @@ class Trainer:
         if cfg.use_labels and (ds.multilabel or cfg.sampler != "full"):
             raise ValueError("use_labels (label inputs, EXACT's arxiv GAT) needs a single-label dataset and full-graph "
                              "training (--sampler full)")
+        #: EXACT's label inputs (``use_labels``; :class:`~.recipes.LabelInputs`), else None
+        self.label_inputs = LabelInputs(ds.num_classes, cfg.mask_rate) if cfg.use_labels else None
         # what training sees: the whole graph, or (inductive) the subgraph induced by the training nodes
         self.train_graph, self.train_feat, self.train_index = g, self.feat, self.split["train"]
         if cfg.inductive:
@@ -275,55 +211,19 @@ class Trainer:
         return ClusterGCNSampler(graph, num_parts, min(cfg.parts_per_batch, num_parts), cache_dir=cache_dir,
                                  dataset=self.dataset.name + suffix, assignment=assignment, **common)
 
-    # --- one step -----------------------------------------------------------------------------------
+    # --- one step: its inputs and loss follow EXACT's recipes (:mod:`.recipes`) ----------------------------
     def _loss(self, logits, label_rows, index, weight=None):
-        if self.dataset.multilabel:
-            return ops.binary_cross_entropy_with_logits(logits, label_rows, index, weight)
-        if self.cfg.loss == "exact_log":
-            return exact_log_loss(logits, label_rows, index, weight)
-        return ops.cross_entropy(logits, label_rows, index, weight)
+        return loss_function(self.dataset.multilabel, self.cfg.loss)(logits, label_rows, index, weight)
 
-    def _saint_edge_weight(self, batch):
-        """GraphSAINT's per-edge weight, folded so each conv's own normalisation becomes the full-graph one."""
-        g, norm = batch.graph, batch.edge_norm.float()
-        src, dst = g.edges(order="eid")
-        if self.cfg.model == "sage":  # mean: sum_u w h_u / deg_S(v) should be sum_u a h_u / deg_G(v)
-            w = norm * g.in_degrees()[dst].float() / g.ndata["_deg_in"][dst]
-        elif self.cfg.model == "gcn":  # both: 1/sqrt(deg_S(u) deg_S(v)) -> 1/sqrt(deg_G(u) deg_G(v))
-            sub = g.out_degrees()[src].float().clamp(min=1) * g.in_degrees()[dst].float().clamp(min=1)
-            full = g.ndata["_deg_out"][src].clamp(min=1) * g.ndata["_deg_in"][dst].clamp(min=1)
-            w = norm * (sub / full).sqrt()
-        else:
-            w = norm
-        return w.to(self.device)
-
-    def _batch_inputs(self, batch):
-        """(graph, features, train-row index, labels of those rows, loss weights, edge weights)."""
-        if batch is None:
-            if self.cfg.use_labels:
-                return self._label_inputs()
-            return self.train_graph, self.train_feat, self.train_index, self.train_label, None, None
-        moved = batch.to(self.device)
-        mask = moved.train_mask
-        index = torch.nonzero(mask, as_tuple=True)[0]
-        weight = moved.node_norm[index] if moved.node_norm is not None else None
-        edge_weight = self._saint_edge_weight(batch) if batch.edge_norm is not None else None
-        return batch.graph, moved.feat, index, moved.label[index], weight, edge_weight
-
-    def _with_labels(self, feat, index, labels):
-        """EXACT's label inputs: ``feat`` with ``num_classes`` columns appended, one-hot ``labels`` at rows
-        ``index``, zeros elsewhere."""
-        onehot = torch.zeros(feat.shape[0], self.dataset.num_classes, dtype=feat.dtype, device=feat.device)
-        onehot[index, labels] = 1.0
-        return torch.cat([feat, onehot], dim=1)
-
-    def _label_inputs(self):
-        """One training step's inputs with ``use_labels``: a random ``mask_rate`` of the training nodes show
-        their labels as inputs; the loss is on the other training nodes (EXACT's arxiv scripts)."""
-        shown = torch.rand(self.train_index.numel()) < self.cfg.mask_rate
-        shown = shown.to(self.device)
-        feat = self._with_labels(self.train_feat, self.train_index[shown], self.train_label[shown])
-        return self.train_graph, feat, self.train_index[~shown], self.train_label[~shown], None, None
+    def _batch_inputs(self, batch) -> StepInputs:
+        """One step's :class:`~.recipes.StepInputs`: of the full (training) graph, with ``use_labels``'s label
+        inputs, or of a sampled ``batch`` (GraphSAINT's weights)."""
+        if batch is not None:
+            return sampled_inputs(batch, self.cfg.model, self.device)
+        if self.label_inputs is not None:
+            return self.label_inputs.step_inputs(self.train_graph, self.train_feat, self.train_index,
+                                                 self.train_label)
+        return StepInputs(self.train_graph, self.train_feat, self.train_index, self.train_label)
 
     def _forward_loss(self, model, inputs):
         graph, feat, index, labels, weight, edge_weight = inputs
@@ -333,10 +233,7 @@ class Trainer:
         return loss, logits
 
     def _autocast(self):
-        if not self.cfg.amp:
-            return contextlib.nullcontext()
-        dtype = torch.float16 if self.device.type == "cuda" else torch.bfloat16
-        return torch.autocast(self.device.type, dtype=dtype)
+        return autocast(self.cfg.amp, self.device)
 
     def backward(self, loss: torch.Tensor, scaler, parts: int = 1) -> float:
         """Backpropagate one batch's ``loss`` (scaled for AMP), divided by ``parts`` when a step averages
@@ -388,28 +285,14 @@ class Trainer:
         return losses[0], report
 
     def _memory_breakdown(self, model, optimizer, inputs, report) -> Dict[str, Any]:
-        """EXACT's ``--debug-mem`` breakdown, bytes: model (parameters, buffers, optimizer state), data on the
-        device (graph structure, cached structure tensors, features, labels, split indices), activations,
-        step peak (forward + backward + optimizer step, above the memory before the step) and
-        total = model + data + step peak."""
-        target = unwrap_model(model)
-        model_tensors = list(target.parameters()) + list(target.buffers())
-        model_tensors += [t for st in optimizer.state.values() for t in st.values() if isinstance(t, torch.Tensor)]
-        model_bytes = memory.tensor_bytes(t for t in model_tensors if t.device.type == self.device.type)
-        data_tensors = [self.feat, self.label, self.train_label, *self.split.values()]
-        data_tensors += [t for t in inputs if isinstance(t, torch.Tensor)] + memory.cached_static_tensors()
+        """EXACT's ``--debug-mem`` breakdown, bytes (:func:`~.memory_breakdown.step_breakdown`): model
+        (parameters, buffers, optimizer state), data on the device (graph structure, cached structure tensors,
+        features, labels, split indices), step peak (forward + backward + optimizer step, above the memory
+        before the step) and total = model + data + step peak."""
         batch_graphs = inputs[0] if isinstance(inputs[0], (list, tuple)) else [inputs[0]]  # blocks: a list
         graphs = [self.graph] + [g for g in batch_graphs if g is not self.graph]
-        structure = 0
-        for g in graphs:
-            if g.device.type != self.device.type:
-                continue
-            data_tensors += [t for t in (*g.ndata.values(), *g.edata.values()) if isinstance(t, torch.Tensor)]
-            structure += structure_bytes(g)  # the arrays DGL holds: COO src, dst; CSR/CSC offsets, indices, edge ids
-        data_bytes = structure + memory.tensor_bytes(t for t in data_tensors if t.device.type == self.device.type)
-        peak = report.peak_bytes
-        return {"model_bytes": model_bytes, "data_bytes": data_bytes, "peak_method": report.peak_method,
-                "total_bytes": None if peak is None else model_bytes + data_bytes + peak}
+        data = [self.feat, self.label, self.train_label, *self.split.values(), *inputs]
+        return step_breakdown(unwrap_model(model), optimizer, self.device, data, graphs, report)
 
     # --- evaluation ---------------------------------------------------------------------------------
     @torch.no_grad()
@@ -421,9 +304,9 @@ class Trainer:
         from ..data.base import compute_metric
 
         model.eval()
-        feat = self.feat  # with use_labels, every training node shows its label (EXACT's test())
-        if self.cfg.use_labels:
-            feat = self._with_labels(feat, self.split["train"], self.train_label)
+        feat = self.feat
+        if self.label_inputs is not None:
+            feat = self.label_inputs.eval_features(feat, self.split["train"], self.train_label)
         eval_batch_size = self.cfg.eval_batch_size
         if eval_batch_size is None and self.cfg.sampler == "neighbor":  # large graphs: one layer at a time
             eval_batch_size = DEFAULT_EVAL_BATCH_SIZE
@@ -597,7 +480,7 @@ class Trainer:
 
     def check_new_checkpoint(self, checkpoint: str) -> None:
         """Hook: refuse to start a new checkpoint over an existing file (distributed: rank 0 decides)."""
-        _refuse_existing_checkpoint(checkpoint)
+        refuse_existing_checkpoint(checkpoint)
 
     def recorded(self) -> Dict[str, Any]:
         """Hook: this run's values of :data:`~.resume.RUN_FIELDS` (its checkpoint's ``recorded``; what
@@ -655,16 +538,16 @@ class Trainer:
             state = self.read_checkpoint(checkpoint)
             self.check_resume(state, checkpoint, resume_mismatch_ok)
             saved = state
-            results, first_run, state = _resume_plan(state, checkpoint, epochs, cfg.runs)
+            results, first_run, state = resume_plan(state, checkpoint, epochs, cfg.runs)
             if self.log and self.rank == 0:
-                self.log(_resume_line(checkpoint, saved, results, first_run, epochs, cfg.runs))
+                self.log(resume_line(checkpoint, saved, results, first_run, epochs, cfg.runs))
         for run in range(first_run, cfg.runs):
             resume_state = state if (state is not None and run == state.run) else None
             result = self.run(run, checkpoint=checkpoint, resume=resume_state, debug_mem=debug_mem,
                               test_speed=test_speed, completed=[dataclasses.asdict(r) for r in results])
             results.append(result)
             if self.log and self.rank == 0:
-                self.log(_run_line(result, self.dataset.metric))
+                self.log(run_line(result, self.dataset.metric))
         return TrainResults(config=cfg.to_dict(), metric=self.dataset.metric, runs=results,
                             environment=environment_info(self.device))
 
@@ -673,79 +556,6 @@ def unwrap_model(model):
     """The module inside a (torch.compile and/or DDP) wrapper, else ``model``."""
     model = getattr(model, "_orig_mod", model)
     return model.module if hasattr(model, "module") else model
-
-
-def _refuse_existing_checkpoint(checkpoint: str) -> None:
-    if os.path.isdir(checkpoint):
-        raise ValueError(f"--checkpoint {checkpoint} is a folder; pass a file path")
-    if os.path.lexists(checkpoint):
-        raise ValueError(f"{checkpoint} already exists (the checkpoint of an earlier run?): continue that run with "
-                         "--resume, or pass another --checkpoint path (or delete the file) to start a new one")
-
-
-def _epochs_trained(r: RunResult) -> int:
-    return int(r.history[-1]["epoch"]) + 1 if r.history else 0
-
-
-def _resume_plan(state: RunState, path: str, epochs: int, runs: int):
-    """(finished results to report, first run to train, state to resume it from or None); see :meth:`Trainer.fit`."""
-    try:
-        by_run = {r.run: r for r in (RunResult(**r) for r in state.completed)}  # the last entry of a run counts
-        completed = [by_run[k] for k in sorted(by_run)]
-    except (TypeError, KeyError, AttributeError) as e:
-        raise ValueError(f"checkpoint {path} is damaged (its finished runs cannot be read: {e}); delete it or pass "
-                         "another --checkpoint path to start over (without --resume)") from None
-    run, done = state.run, state.epoch + 1
-    if state.batch and done >= epochs:
-        raise ValueError(f"checkpoint {path} is inside epoch {done + 1} of run {run + 1} but --epochs is {epochs}; "
-                         f"resume with --epochs {done + 1} or more, or start a new checkpoint (another path)")
-    if done > epochs:
-        raise ValueError(f"checkpoint {path} is at epoch {done} of run {run + 1} but --epochs is {epochs}; resume "
-                         f"with --epochs {done} or more, or start a new checkpoint (another path)")
-    held = max([run] + [r.run for r in completed]) + 1
-    if held > runs:
-        raise ValueError(f"checkpoint {path} holds {held} run(s) but --runs is {runs}; resume with --runs {held} or "
-                         "more, or start a new checkpoint (another path)")
-    others = [r for r in completed if r.run != run]
-    lengths = sorted({_epochs_trained(r) for r in others} - {epochs})
-    if lengths:
-        raise ValueError(f"checkpoint {path} holds finished runs of {', '.join(map(str, lengths))} epoch(s) but "
-                         f"--epochs is {epochs}: only the last run can be extended, and runs of different lengths "
-                         f"would be averaged together; resume with --epochs {lengths[0]}, or start a new checkpoint")
-    if done == epochs and len(others) < len(completed):  # the checkpoint's run is finished: the next one starts
-        return completed, run + 1, None
-    return others, run, state
-
-
-def _resume_line(path: str, saved: RunState, finished: List[RunResult], first_run: int, epochs: int,
-                 runs: int) -> str:
-    """``resuming from PATH: epoch 12 of 50 done`` (with the run, the batches inside the next epoch, the
-    finished runs where they apply)."""
-    done = saved.epoch + 1
-    where = f"resuming from {path}: "
-    if first_run != saved.run:  # the checkpoint's run is finished
-        if first_run >= runs:
-            return where + f"all {runs} run(s) finished ({done} epochs each): nothing to train"
-        return where + f"run {saved.run + 1} of {runs} finished ({done} epochs); starting run {first_run + 1}"
-    text = f"epoch {done} of {epochs} done"
-    if saved.batch:
-        text += f", and {saved.batch} batch(es) of epoch {done + 1}"
-    if runs > 1:
-        text = f"run {saved.run + 1} of {runs}, {text}" + (f" ({len(finished)} run(s) finished)" if finished else "")
-    return where + text
-
-
-def _run_line(r: RunResult, metric: str) -> str:
-    mem = f", activation memory {format_bytes(r.activation_bytes)}" if r.activation_bytes is not None else ""
-    if r.model_bytes is not None:
-        fb = format_bytes
-        mem += (f"; memory: model {fb(r.model_bytes)}, data {fb(r.data_bytes)}, activations {fb(r.activation_bytes)}, "
-                f"step peak incl. backward {fb(r.peak_bytes)}, total {fb(r.total_bytes)}")
-        if r.peak_method and "free heap chunks" in r.peak_method:  # measured in a process that grew its heap
-            mem += f" ({r.peak_method.split('; ', 1)[-1]})"
-    speed = f", {r.epochs_per_second:.2f} epochs/s" if r.epochs_per_second is not None else ""
-    return (f"run {r.run + 1}: best epoch {r.best_epoch}, train {metric} {r.train:.4f}, val {r.val:.4f}, "
-            f"test {r.test:.4f}, {r.epoch_time * 1000:.1f} ms/epoch{mem}{speed}")
 
 
 def train(config: Optional[TrainConfig] = None, **kwargs) -> TrainResults:
