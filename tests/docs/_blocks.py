@@ -1,0 +1,122 @@
+"""Fenced code blocks of the documentation's Markdown pages (the guide, the README), and the ``dgl-exact``
+commands in their shell blocks.
+
+A block is skipped, with the reason, when the line before its opening fence is an HTML comment
+``<!-- skip: REASON -->`` (a block that needs a real dataset, a GPU, several machines or a network).
+``<!-- no-run: REASON -->`` before a shell block keeps its ``dgl-exact`` commands checked against the CLI's
+options (fast, in the default suite) but never runs them (they would take minutes or need data); shell
+blocks without it are also run, in the slow suite.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PYTHON = {"python", "py", "pycon"}
+SHELL = {"bash", "sh", "shell", "console"}
+_MARK = re.compile(r"<!--\s*(skip|no-run)\s*:\s*(.+?)\s*-->")
+
+
+@dataclass
+class Block:
+    path: Path
+    line: int           # 1-based line of the opening fence
+    lang: str
+    code: str
+    skip: str | None = None     # reason, from <!-- skip: ... -->
+    no_run: str | None = None   # reason, from <!-- no-run: ... -->
+    commands: list = field(default_factory=list)
+
+    @property
+    def where(self) -> str:
+        return f"{self.path.relative_to(ROOT)}:{self.line}"
+
+
+def blocks(path: Path) -> list[Block]:
+    """The fenced blocks of a Markdown file, in order (``` and ~~~ fences; MyST ``{directive}`` fences are
+    not code and are left out)."""
+    lines = path.read_text().splitlines()
+    out, i = [], 0
+    while i < len(lines):
+        m = re.match(r"^(\s*)(`{3,}|~{3,})\s*([\w{}-]*)", lines[i])
+        if not m:
+            i += 1
+            continue
+        indent, fence, lang = m.group(1), m.group(2), m.group(3).lower()
+        start, body = i, []
+        i += 1
+        while i < len(lines) and not lines[i].strip().startswith(fence):
+            body.append(lines[i][len(indent):] if lines[i].startswith(indent) else lines[i])
+            i += 1
+        i += 1
+        if lang.startswith("{"):
+            continue
+        prev = lines[start - 1].strip() if start else ""
+        mark = _MARK.fullmatch(prev)
+        block = Block(path, start + 1, lang, "\n".join(body) + "\n")
+        if mark:
+            setattr(block, "skip" if mark.group(1) == "skip" else "no_run", mark.group(2))
+        if lang in SHELL:
+            block.commands = shell_commands(block.code)
+        out.append(block)
+    return out
+
+
+def shell_commands(code: str) -> list[list[str]]:
+    """Each command line of a shell block as argv (``\\`` continuations joined, comments dropped; ``a && b``
+    gives two commands)."""
+    joined = re.sub(r"\\\n\s*", " ", code)
+    out = []
+    for line in joined.splitlines():
+        line = line.strip()
+        if line.startswith("$ "):
+            line = line[2:]
+        if not line or line.startswith("#"):
+            continue
+        for part in re.split(r"\s*&&\s*", line):
+            argv = shlex.split(part, comments=True)
+            if argv:
+                out.append(argv)
+    return out
+
+
+def dgl_exact_args(argv: list[str]) -> list[str] | None:
+    """The arguments of the ``dgl-exact`` command in ``argv`` (also ``python -m dgl_exact ...`` and
+    ``torchrun ... -m dgl_exact ...``), else None."""
+    env = 0
+    while env < len(argv) and re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", argv[env]):
+        env += 1  # VAR=value prefixes
+    argv = argv[env:]
+    if argv and argv[0] == "dgl-exact":
+        return argv[1:]
+    if "-m" in argv:
+        k = argv.index("-m")
+        if k + 1 < len(argv) and argv[k + 1] == "dgl_exact" and argv[0] in ("python", "python3", "torchrun"):
+            return argv[k + 2:]
+    return None
+
+
+def run_python_blocks(page, tmp_path, monkeypatch):
+    """Run a page's Python blocks in order in one namespace (cwd: ``tmp_path``); returns (ran, skipped)."""
+    monkeypatch.chdir(tmp_path)
+    namespace = {"__name__": "__guide__"}
+    ran, skipped = 0, []
+    for block in blocks(page):
+        if block.lang not in PYTHON:
+            continue
+        if block.skip:
+            skipped.append(f"{block.where}: {block.skip}")
+            continue
+        code = compile(block.code, block.where, "exec")
+        with contextlib.redirect_stdout(io.StringIO()):
+            try:
+                exec(code, namespace)  # noqa: S102
+            except Exception as e:
+                raise AssertionError(f"guide block {block.where} failed: {type(e).__name__}: {e}") from e
+        ran += 1
+    return ran, skipped
