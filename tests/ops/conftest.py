@@ -7,11 +7,11 @@ import torch
 
 from dgl_exact.data.compact import TRAINING_FORMATS, compact_graph
 
-import dgl  # noqa: E402  (after dgl_exact)
-
 
 @pytest.fixture(scope="module")
 def graphs():
+    import dgl  # here: the tests of structures built without DGL (test_structure_index.py) run where it is absent
+
     torch.manual_seed(3)
     g = dgl.add_self_loop(dgl.rand_graph(24, 70))
     # zero in-degree nodes (0 and 7..9), a repeated edge, and edge ids not in CSC order
