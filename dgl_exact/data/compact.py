@@ -16,7 +16,6 @@ import torch
 
 from .._compat import import_dgl
 
-dgl = import_dgl()
 
 __all__ = ["INT32_LIMIT", "index_dtype", "compact_graph", "structure_bytes", "describe_structure",
            "TRAINING_FORMATS", "allow_all_formats", "csc_graph", "training_graph", "held_formats",
@@ -73,6 +72,7 @@ def csc_graph(g):
     src_g = g if "csc" in created else g.formats(["coo", "csr", "csc"])
     indptr, indices, eids = src_g._graph.adjacency_matrix_tensors(0, True, "csr")[2:]
     del src_g
+    dgl = import_dgl()  # here, not at import: index_dtype and the byte counts serve callers without DGL
     out = dgl.graph(("csc", (indptr, indices, indices.new_empty(0))), num_nodes=g.num_nodes(), idtype=g.idtype)
     out = out.formats(["csc"])
     for k, v in g.ndata.items():
@@ -113,7 +113,7 @@ def keep_edges(g, keep: torch.Tensor):
     have = g.formats()
     created, allowed = have["created"], have["created"] + have["not created"]
     if "coo" in created or not ({"csc", "csr"} & set(created)):
-        return dgl.edge_subgraph(g, keep.to(g.device, g.idtype), relabel_nodes=False, store_ids=False)
+        return import_dgl().edge_subgraph(g, keep.to(g.device, g.idtype), relabel_nodes=False, store_ids=False)
     fmt = "csc" if "csc" in created else "csr"
     indptr, indices, eids = g._graph.adjacency_matrix_tensors(0, fmt == "csc", "csr")[2:]
     kept = torch.zeros(g.num_edges(), dtype=torch.bool, device=indices.device)
@@ -132,7 +132,7 @@ def keep_edges(g, keep: torch.Tensor):
     torch.cumsum(at, 0, dtype=indptr.dtype, out=before[1:])
     new_indptr = before[indptr]
     del before
-    out = dgl.graph((fmt, (new_indptr, indices[at], new_eids)), num_nodes=g.num_nodes(), idtype=g.idtype,
+    out = import_dgl().graph((fmt, (new_indptr, indices[at], new_eids)), num_nodes=g.num_nodes(), idtype=g.idtype,
                     device=g.device)
     if sorted(allowed) != ["coo", "csc", "csr"]:
         out = out.formats(allowed)

@@ -24,7 +24,6 @@ from typing import Dict, Union
 from .._compat import import_dgl
 from ..data.compact import compact_graph, training_graph
 
-dgl = import_dgl()
 
 __all__ = ["ModelTraits", "MODEL_TRAITS", "SELF_LOOP_MODELS", "CSC_ONLY_MODELS", "LAYOUTS", "model_traits",
            "prepare_graph"]
@@ -85,6 +84,7 @@ def prepare_graph(graph, model: Union[str, ModelTraits], *, layout: str = "train
         raise ValueError(f"unknown graph layout {layout!r}; use one of {', '.join(LAYOUTS)}")
     g = graph if layout == "as_given" else compact_graph(graph)  # int32 first: the loop edits copy 32-bit lists
     if traits.self_loops and not has_self_loops:
+        dgl = import_dgl()  # here, not at import: the planner imports this module where DGL is not installed
         g = dgl.add_self_loop(dgl.remove_self_loop(g))
     if layout == "training":
         return training_graph(g, csc_only=traits.csc_only and csc_only)
