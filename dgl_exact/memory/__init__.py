@@ -61,9 +61,10 @@ import torch
 from ..ops.keep import observe_saved
 from ..ops.structure import cached_static_tensors
 from ..units import format_bytes  # the package's one printer of sizes, here for its users
+from .peak_census import CensusReport, census
 
 __all__ = ["MemoryReport", "measure", "measure_step", "tensor_bytes", "format_bytes", "CPU_PEAK_METHODS",
-           "prepare_cpu_peak", "vmhwm_available"]
+           "prepare_cpu_peak", "vmhwm_available", "census", "CensusReport"]
 
 
 @dataclasses.dataclass
