@@ -4,39 +4,80 @@ The forward pass is exact; the activations autograd keeps for the backward pass 
 (stochastic quantization to 1/2/4/8 bits, optional random projection, block-wise groups with
 variance-optimal levels), following EXACT (Liu et al., ICLR 2022) and i-EXACT (Eliassen and Selvan,
 ICASSP 2024).
+
+``import dgl_exact`` imports neither torch nor DGL: every public name (``dgl_exact.GraphConv``,
+``from dgl_exact import compress``) and every subpackage (``dgl_exact.data``) is imported on first use
+(PEP 562), so the ``dgl-exact`` command answers ``--help`` without them and the core works without DGL
+(naming a part of the DGL front end, ``dgl_exact.nn`` and its layers, then raises the install hint).
 """
-from ._compat import import_dgl as _import_dgl
-
-_import_dgl()  # makes ``import dgl`` work on torch versions DGL 2.1.0 ships no graphbolt for
-
-from .compression import CompressedTensor, compress, decompress  # noqa: E402
-from .compression_config import CompressionConfig, config, get_config, set_config  # noqa: E402
-from .kernels import backend  # noqa: E402
-from . import memory, nn, ops  # noqa: E402
-from .nn import GATConv, GCN2Conv, GraphConv, SAGEConv, compress_model, get_model_config, set_model_config  # noqa: E402
-from .nn.paths import explain  # noqa: E402
-from .ops.keep import donate  # noqa: E402
-from .ops.routing import message_passing  # noqa: E402
-from .ops.structure import mark_symmetric  # noqa: E402
-from .saved_tensors import compress_saved, keep_exact  # noqa: E402
+import importlib as _importlib
+import sys as _sys
 
 __version__ = "0.2.0"
 
-# Subpackages loaded on first attribute access (``dgl_exact.data.load_dataset(...)`` after a plain
-# ``import dgl_exact``): they pull in dataset, training and CLI dependencies that most scripts never use.
-_LAZY_SUBMODULES = ("data", "training", "planning", "bench", "cli", "errors")
+# public name -> the module (relative to this package) that defines it
+_PUBLIC = {
+    "CompressedTensor": ".compression", "compress": ".compression", "decompress": ".compression",
+    "CompressionConfig": ".compression_config", "config": ".compression_config",
+    "get_config": ".compression_config", "set_config": ".compression_config",
+    "backend": ".kernels",
+    "GATConv": ".nn", "GCN2Conv": ".nn", "GraphConv": ".nn", "SAGEConv": ".nn", "compress_model": ".nn",
+    "get_model_config": ".nn", "set_model_config": ".nn",
+    "explain": ".nn.paths",
+    "donate": (".ops.donation", ".ops.keep"),  # ops.keep's rule 5 moves to ops.donation: found in either
+    "message_passing": ".ops.routing",
+    "mark_symmetric": ".ops.structure",
+    "compress_saved": ".saved_tensors", "keep_exact": ".saved_tensors",
+}
+# subpackages and modules reachable as attributes after a plain ``import dgl_exact`` (as they were when the
+# package imported its core eagerly), each imported on first access
+_SUBMODULES = ("memory", "nn", "ops", "compression", "compression_config", "kernels", "saved_tensors", "tracing",
+               "data", "training", "planning", "bench", "cli", "errors")
+
+
+def _install_dgl_finder() -> None:
+    """Make a later plain ``import dgl`` (the user's, after ``import dgl_exact``) install DGL's graphbolt
+    placeholder first where needed, without importing anything now (:mod:`_dgl_exact_import_hook`; dgl_exact's
+    own modules import DGL through :func:`dgl_exact._compat.import_dgl`, which does the same)."""
+    try:
+        import _dgl_exact_import_hook as hook
+    except ImportError:  # pragma: no cover (installed with the package)
+        return
+    if "dgl" not in _sys.modules and not any(isinstance(f, hook._FirstDGLImport) for f in _sys.meta_path):
+        _sys.meta_path.insert(0, hook._FirstDGLImport())
+
+
+_install_dgl_finder()
+
+
+def _lookup(name, modules):
+    """``name`` from the first of ``modules`` (relative) that exists and defines it."""
+    for i, module in enumerate(modules):
+        last = i == len(modules) - 1
+        try:
+            return getattr(_importlib.import_module(module, __name__), name)
+        except ModuleNotFoundError as exc:
+            if last or exc.name != __name__ + module:
+                raise
+        except AttributeError:
+            if last:
+                raise
 
 
 def __getattr__(name):
-    if name in _LAZY_SUBMODULES:
-        import importlib
-
-        return importlib.import_module(f"{__name__}.{name}")  # the import also binds it as an attribute
+    modules = _PUBLIC.get(name)
+    if modules is not None:
+        value = _lookup(name, (modules,) if isinstance(modules, str) else modules)
+        globals()[name] = value  # looked up once
+        return value
+    if name in _SUBMODULES:
+        return _importlib.import_module(f"{__name__}.{name}")  # the import also binds it as an attribute
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def __dir__():
-    return sorted(set(globals()) | set(_LAZY_SUBMODULES))
+    return sorted(set(globals()) | set(_PUBLIC) | set(_SUBMODULES))
+
 
 __all__ = ["CompressionConfig", "config", "get_config", "set_config", "compress", "decompress",
            "CompressedTensor", "backend", "donate", "mark_symmetric", "explain", "compress_saved", "keep_exact",
