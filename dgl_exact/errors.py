@@ -9,7 +9,7 @@ from typing import Optional
 
 import click
 
-__all__ = ["UserError", "WriteError", "OutputInUseError"]
+__all__ = ["UserError", "WriteError", "OutputInUseError", "did_you_mean"]
 
 
 class UserError(click.ClickException):
@@ -60,3 +60,16 @@ class OutputInUseError(UserError):
         super().__init__(f"{what} is in use by another dgl-exact run ({who}): wait for that run to end, or give "
                          "another path")
         self.path, self.pid = path, pid
+
+
+def did_you_mean(value: str, known, what: str = "known") -> str:
+    """The tail of an "unknown name" message: ``"; did you mean 'cora'?"`` for the names of ``known`` close to
+    ``value`` (difflib, case-insensitive), else ``"; known: a, b, c"`` (``what`` names that list)."""
+    import difflib
+
+    names = [str(k) for k in known]
+    lower = {n.lower(): n for n in names}
+    close = [lower[m] for m in difflib.get_close_matches(str(value).strip().lower(), list(lower), n=3, cutoff=0.6)]
+    if close:
+        return "; did you mean " + " or ".join(repr(c) for c in close) + "?"
+    return f"; {what}: {', '.join(names)}"

@@ -4,9 +4,82 @@ from __future__ import annotations
 
 import os
 
-from ..errors import UserError
+import click
+
+from ..errors import UserError, did_you_mean
 
 __all__ = ["UserError", "parse_size"]
+
+# The names the options offer, known here without importing torch (dgl_exact.training.config and .models, which
+# define them, import it), so that ``dgl-exact --help`` and ``dgl-exact <cmd> --help`` stay fast;
+# tests/cli/test_dialect.py checks them against those modules.
+MODELS = ("gcn", "sage", "gat", "gcn2")
+SAMPLERS = ("full", "saint", "cluster", "neighbor")
+SAINT_MODES = ("node", "edge", "walk")
+MAX_COUNT = 2**31 - 1  # sizes and counts (int32), as dgl_exact.training.config.MAX_COUNT
+CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
+DEFAULT_MODEL = "gcn"    # every command's default model: `train`'s (TrainConfig.model)
+DEFAULT_DEVICE = "auto"  # every command's default device: `train`'s (TrainConfig.device)
+DATA_ROOT_SHOWN = "data (or $DGL_EXACT_DATA)"  # --data-root's default, as --help shows it
+# every command shows its options' defaults in --help; -h is --help
+CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "show_default": True}
+
+
+def bundled_configs():
+    """The bundled ``--conf`` names (``dgl_exact/configs/*.yaml``), as dgl_exact.training.config.bundled_configs."""
+    if not os.path.isdir(CONFIG_DIR):
+        return []
+    return sorted(f[:-5] for f in os.listdir(CONFIG_DIR) if f.endswith(".yaml"))
+
+
+class Choice(click.Choice):
+    """A ``click.Choice`` whose refusal suggests the close names (``did you mean 'gcn'?``) instead of listing
+    them all."""
+
+    def convert(self, value, param, ctx):
+        try:
+            return super().convert(value, param, ctx)
+        except click.BadParameter:
+            self.fail(f"{value!r} is not one of the choices{did_you_mean(value, self.choices, 'choose from')}",
+                      param, ctx)
+
+
+def check_names(text: str, known, option: str) -> list:
+    """The comma-separated names of ``text`` (an option such as ``--model gcn,sage``), each one of ``known``;
+    one line suggesting the close names for any other."""
+    names = [m.strip() for m in str(text).split(",") if m.strip()]
+    for name in names:
+        if name not in known:
+            raise UserError(f"{option}: unknown name {name!r}{did_you_mean(name, known, 'choose from')}")
+    return names
+
+
+def renamed(old: str, new: str, name=None, **option_kwargs):
+    """Decorate a command whose option ``new`` (parameter ``name``, by default derived from ``new``) was spelled
+    ``old`` before: ``old`` keeps working for one release (hidden from --help, its value goes to ``new``), with
+    one line on stderr saying what to write instead; both at once is a one-line error. ``option_kwargs``:
+    click.option's (``type``, ...)."""
+    import functools
+
+    old_name = "renamed_" + old.lstrip("-").replace("-", "_")
+    new_name = name or new.lstrip("-").replace("-", "_")
+
+    def decorate(f):
+        @click.option(old, old_name, hidden=True, default=None, show_default=False, **option_kwargs)
+        @functools.wraps(f)
+        def wrapper(*args, **kwargs):
+            value = kwargs.pop(old_name)
+            if value is not None:
+                ctx = click.get_current_context()
+                if ctx.get_parameter_source(new_name) == click.core.ParameterSource.COMMANDLINE:
+                    raise UserError(f"{old} is the old spelling of {new}: give {new} only")
+                click.echo(f"warning: {old} is deprecated and goes in the next release; use {new}", err=True)
+                kwargs[new_name] = value
+            return f(*args, **kwargs)
+
+        return wrapper
+
+    return decorate
 
 
 def _int_choice(ctx, param, value):

@@ -9,10 +9,9 @@ import sys
 import click
 
 from .._files import atomic_write
-from ..training.config import MAX_COUNT as _MAX_COUNT
-from ..training.config import TrainConfig, load_conf
-from ..training.models import MODELS
-from ._common import UserError, _check_dataset, _check_outputs, provenance_checked
+from ._common import MAX_COUNT as _MAX_COUNT
+from ._common import (DATA_ROOT_SHOWN, DEFAULT_DEVICE, MODELS, UserError, _check_dataset, _check_outputs,
+                      check_names, provenance_checked, renamed)
 
 _COUNT, _COUNT0 = click.IntRange(1, _MAX_COUNT), click.IntRange(0, _MAX_COUNT)  # counts and sizes (int32)
 
@@ -21,17 +20,20 @@ def _bench_options(f):
     opts = [
         click.option("--dataset", default="synthetic-arxiv", show_default=True,
                      help="Graph to measure on (any dataset name; synthetic-arxiv is ogbn-arxiv-sized)."),
-        click.option("--models", default="sage,gcn", show_default=True,
+        click.option("--model", "models", default="sage,gcn", show_default=True,
                      help="Comma-separated: gcn,sage,gat,gcn2, or user-sage,user-sage-donate,user-block-gcn,"
                           "user-block-sage,user-block-gat (bench/user_models.py)."),
-        click.option("--settings", default="", help="Comma-separated setting names (default: all standard ones)."),
+        click.option("--settings", default="", show_default="all standard ones",
+                     help="Comma-separated setting names."),
         click.option("--hidden", type=_COUNT, default=None,
-                     help="Hidden size (default: 256 for GCN/GCNII, 512 for the user-block models, 128 otherwise)."),
+                     show_default="256 for gcn/gcn2, 512 for the user-block models, 128 otherwise",
+                     help="Hidden size."),
         click.option("--layers", type=_COUNT, default=None,
-                     help="Layers; for the user-block models, residual blocks (default: 5 blocks for the "
-                          "user-block models, 3 layers otherwise)."),
-        click.option("--device", default="auto", show_default=True),
-        click.option("--data-root", default=lambda: os.environ.get("DGL_EXACT_DATA", "data"), show_default="data"),
+                     show_default="5 blocks for the user-block models, 3 layers otherwise",
+                     help="Layers; for the user-block models, residual blocks."),
+        click.option("--device", default=DEFAULT_DEVICE, show_default=True),
+        click.option("--data-root", default=lambda: os.environ.get("DGL_EXACT_DATA", "data"),
+                     show_default=DATA_ROOT_SHOWN),
         click.option("--out", default="bench-results", show_default=True, type=click.Path(file_okay=False),
                      help="Folder for JSONL/CSV/Markdown results and figures."),
         click.option("--plot", is_flag=True, help="Also write PNG figures (needs matplotlib)."),
@@ -39,7 +41,7 @@ def _bench_options(f):
     ]
     for opt in reversed(opts):
         f = opt(f)
-    return f
+    return renamed("--models", "--model", "models")(f)
 
 
 def _bench_prechecks(out=None, plot=False, files=None, datasets=(), out_option="--out") -> None:
@@ -66,12 +68,9 @@ def _bench_setup(dataset, models, settings, hidden, layers, device, data_root, b
     try:
         dev = resolve_device(device)
         chosen = select(settings, budgets=budgets)
-        model_list = [m.strip() for m in models.split(",") if m.strip()]
         from ..bench.user_models import USER_MODELS
 
-        bad = [m for m in model_list if m not in MODELS + USER_MODELS]
-        if bad:
-            raise ValueError(f"unknown model(s) {', '.join(bad)}; choose from {', '.join(MODELS + USER_MODELS)}")
+        model_list = check_names(models, MODELS + tuple(USER_MODELS), "--model")
         if not settings:
             chosen = chosen + [PYG]
         ds = load_dataset(dataset, data_root, quiet=quiet)
@@ -121,7 +120,7 @@ def bench_memory(dataset, models, settings, hidden, layers, device, data_root, o
               help="The step peak every setting's batch must fit (the planner picks the batch size).")
 @click.option("--max-batches", type=_COUNT, default=10, show_default=True,
               help="Timed batches per setting (the epoch time is extrapolated).")
-@click.option("--data-root", default=lambda: os.environ.get("DGL_EXACT_DATA", "data"), show_default="data")
+@click.option("--data-root", default=lambda: os.environ.get("DGL_EXACT_DATA", "data"), show_default=DATA_ROOT_SHOWN)
 @click.option("--out", default="bench-results", show_default=True, type=click.Path(file_okay=False))
 @click.option("--quiet", "-q", is_flag=True)
 def bench_minibatch(dataset, settings, fanouts, hidden, memory_budget, max_batches, data_root, out, quiet):
@@ -193,7 +192,7 @@ def bench_speed(dataset, models, settings, hidden, layers, device, data_root, ou
 @click.option("--emulate-gpu", is_flag=True,
               help="Count (not time) what one step asks of a GPU: operator calls, host syncs and bytes along the "
                    "CUDA code path, on the CPU.")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False),
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), show_default="none",
               help="With --emulate-gpu: write one record per setting (setting, ops, syncs, bytes, ...) here.")
 def bench_profile(dataset, models, settings, hidden, layers, device, data_root, out, plot, quiet, steps, warmup,
                   emulate_gpu, json_path):
@@ -238,7 +237,7 @@ def bench_profile(dataset, models, settings, hidden, layers, device, data_root, 
 @click.option("--rows", type=_COUNT, default=169343, show_default=True)
 @click.option("--cols", type=_COUNT, default=128, show_default=True)
 @click.option("--repeats", type=_COUNT, default=5, show_default=True)
-@click.option("--device", default="auto", show_default=True)
+@click.option("--device", default=DEFAULT_DEVICE, show_default=True)
 @click.option("--out", default="bench-results", show_default=True, type=click.Path(file_okay=False))
 @click.option("--quiet", "-q", is_flag=True)
 def bench_kernels(rows, cols, repeats, device, out, quiet):
@@ -260,21 +259,23 @@ def bench_kernels(rows, cols, repeats, device, out, quiet):
 
 @bench.command("accuracy")
 @provenance_checked
+@renamed("--models", "--model", "models")
 @click.option("--dataset", default="cora", show_default=True)
-@click.option("--models", default="gcn,sage", show_default=True)
+@click.option("--model", "models", default="gcn,sage", show_default=True, help="Comma-separated models.")
 @click.option("--settings", default="dgl_exact fp32,INT8,INT2,INT2 + RP(0.125),INT2 + RP(0.125) + blocks(64) + optimal",
               show_default=True)
 @click.option("--runs", type=_COUNT, default=10, show_default=True, help="Seeds per setting.")
 @click.option("--epochs", type=_COUNT, default=200, show_default=True)
-@click.option("--conf", default=None, help="YAML of training defaults (as for `train`).")
-@click.option("--device", default="auto", show_default=True)
-@click.option("--data-root", default=lambda: os.environ.get("DGL_EXACT_DATA", "data"), show_default="data")
+@click.option("--conf", default=None, show_default="none", help="YAML of training defaults (as for `train`).")
+@click.option("--device", default=DEFAULT_DEVICE, show_default=True)
+@click.option("--data-root", default=lambda: os.environ.get("DGL_EXACT_DATA", "data"), show_default=DATA_ROOT_SHOWN)
 @click.option("--out", default="bench-results", show_default=True, type=click.Path(file_okay=False))
 @click.option("--plot", is_flag=True, help="Accuracy vs memory figure (uses memory.jsonl in --out if present).")
 @click.option("--quiet", "-q", is_flag=True)
 def bench_accuracy(dataset, models, settings, runs, epochs, conf, device, data_root, out, plot, quiet):
     """Test metric over several seeds per setting, and its difference to fp32."""
     from ..bench import plot as plots
+    from ..training.config import TrainConfig, load_conf
     from ..bench.report import machine_line
     from ..bench.results import ResultSink, read_rows
     from ..bench.runner import ACCURACY_COLUMNS, accuracy_grid
@@ -290,7 +291,7 @@ def bench_accuracy(dataset, models, settings, runs, epochs, conf, device, data_r
         raise UserError(str(e)) from None
     sink = ResultSink(out, "accuracy")
     rows = []
-    for model in [m.strip() for m in models.split(",") if m.strip()]:
+    for model in check_names(models, MODELS, "--model"):
         try:
             cfg = TrainConfig(**{**base, "dataset": dataset, "model": model, "epochs": epochs, "device": device,
                                  "data_root": data_root})
@@ -306,51 +307,55 @@ def bench_accuracy(dataset, models, settings, runs, epochs, conf, device, data_r
 
 @bench.command("all")
 @provenance_checked
+@renamed("--models", "--model", "models")
+@renamed("--root", "--out", "root", type=click.Path(file_okay=False))
 @click.option("--label", default="cpu", show_default=True,
-              help="Machine label: results go to benchmarks/LABEL/bench-all/.")
+              help="Machine label: results go to OUT/LABEL/SUITE/ (memory, speed, kernels, accuracy).")
 @click.option("--dataset", default="synthetic-arxiv", show_default=True, help="Graph for memory and speed.")
-@click.option("--models", default="sage,gcn", show_default=True)
+@click.option("--model", "models", default="sage,gcn", show_default=True, help="Comma-separated models.")
 @click.option("--accuracy-dataset", default="cora", show_default=True)
 @click.option("--runs", type=_COUNT, default=10, show_default=True, help="Seeds per accuracy setting.")
 @click.option("--speed-epochs", type=_COUNT, default=3, show_default=True)
-@click.option("--device", default="auto", show_default=True)
-@click.option("--data-root", default=lambda: os.environ.get("DGL_EXACT_DATA", "data"), show_default="data")
-@click.option("--root", default="benchmarks", show_default=True, type=click.Path(file_okay=False))
-@click.option("--benchmarks-md", default=None, type=click.Path(dir_okay=False),
-              help="Also rebuild this file from every REPORT.md under --root (replacing it: the repository's "
-                   "BENCHMARKS.md is edited by hand, with details beside the results).")
+@click.option("--device", default=DEFAULT_DEVICE, show_default=True)
+@click.option("--data-root", default=lambda: os.environ.get("DGL_EXACT_DATA", "data"), show_default=DATA_ROOT_SHOWN)
+@click.option("--out", "root", default="benchmarks", show_default=True, type=click.Path(file_okay=False),
+              help="Folder of the results of every machine (this one's: OUT/LABEL/SUITE/).")
+@click.option("--benchmarks-md", default=None, show_default="none", type=click.Path(dir_okay=False),
+              help="Also rebuild this file from every suite's README.md under --out (the repository's "
+                   "BENCHMARKS.md is built so: `--benchmarks-md BENCHMARKS.md`).")
 @click.option("--quiet", "-q", is_flag=True)
 def bench_all(label, dataset, models, accuracy_dataset, runs, speed_epochs, device, data_root, root, benchmarks_md,
               quiet):
-    """Run every benchmark and write benchmarks/LABEL/bench-all/REPORT.md with figures (and, with
-    --benchmarks-md, rebuild that file from every REPORT.md)."""
+    """Run the memory, speed, kernels and accuracy suites and write each one's results, figures and README.md to
+    OUT/LABEL/SUITE/ (and, with --benchmarks-md, rebuild that file from every suite's README.md under OUT)."""
     from ..bench import plot as plots
-    from ..bench.report import assemble, write_report
+    from ..bench.report import assemble, write_suite_report
     from ..bench.results import ResultSink
     from ..bench.runner import (ACCURACY_COLUMNS, KERNEL_COLUMNS, MEMORY_COLUMNS, SPEED_COLUMNS, accuracy_grid,
-                               kernel_grid, memory_grid, memory_note, speed_grid)
+                                kernel_grid, memory_grid, memory_note, speed_grid)
+    from ..training.config import TrainConfig
     from ..planning.settings import select
     from ..data import load_dataset
 
-    out = os.path.join(root, label, "bench-all")
-    _bench_prechecks(out, files={"--benchmarks-md": benchmarks_md}, datasets=[(accuracy_dataset, data_root)],
-                     out_option="--root/--label")
+    machine = os.path.join(root, label)
+    _bench_prechecks(machine, files={"--benchmarks-md": benchmarks_md}, datasets=[(accuracy_dataset, data_root)],
+                     out_option="--out/--label")
     work, model_list, chosen = _bench_setup(dataset, models, "", None, 3, device, data_root)
     progress = not quiet
     sections = []
-    mem_sink = ResultSink(out, "memory")
+    mem_sink = ResultSink(os.path.join(machine, "memory"), "memory")
     mem = memory_grid(work, model_list, chosen, mem_sink, progress=progress)
     sections.append(mem_sink.finish(MEMORY_COLUMNS + ["note"], "Activation memory and step peak",
                                     _bench_header("memory", work, memory_note(mem))))
-    spd_sink = ResultSink(out, "speed")
+    spd_sink = ResultSink(os.path.join(machine, "speed"), "speed")
     spd = speed_grid(work, model_list, chosen, spd_sink, epochs=speed_epochs, warmup=1, progress=progress)
     sections.append(spd_sink.finish(SPEED_COLUMNS + ["note"], "Epoch time",
                                     _bench_header("speed", work, f"; {speed_epochs} timed epochs after 1 warm-up")))
-    k_sink = ResultSink(out, "kernels")
+    k_sink = ResultSink(os.path.join(machine, "kernels"), "kernels")
     kernel_grid(k_sink, work.device, progress=progress)
     sections.append(k_sink.finish(KERNEL_COLUMNS, "Kernel throughput", "best of 5, 169343 x 128 fp32"))
     acc_ds = load_dataset(accuracy_dataset, data_root)
-    a_sink = ResultSink(out, "accuracy")
+    a_sink = ResultSink(os.path.join(machine, "accuracy"), "accuracy")
     acc = []
     acc_settings = select("dgl_exact fp32,INT8,INT2,INT2 + RP(0.125),INT2 + RP(0.125) + blocks(64) + optimal,INT1")
     for model in model_list:
@@ -358,14 +363,18 @@ def bench_all(label, dataset, models, accuracy_dataset, runs, speed_epochs, devi
         acc += accuracy_grid(acc_ds, cfg, acc_settings, runs, a_sink, progress=progress)
     sections.append(a_sink.finish(ACCURACY_COLUMNS, "Accuracy", f"{acc_ds.summary()}; {runs} seeds per setting, "
                                                                   "default `dgl-exact train` hyperparameters"))
-    figures = []
+    figures = {"memory": [], "speed": [], "kernels": [], "accuracy": []}
     try:
-        figures = plots.save_all(out, memory_rows=mem, speed_rows=spd, accuracy_rows=acc)
+        figures["memory"] = [plots.plot_memory(mem, os.path.join(machine, "memory", "memory.png"))]
+        figures["speed"] = [plots.plot_speed(spd, os.path.join(machine, "speed", "speed.png"))]
+        if acc and mem:
+            figures["accuracy"] = [plots.plot_tradeoff(acc, mem, os.path.join(machine, "accuracy", "tradeoff.png"))]
     except ImportError as e:
         click.echo(f"no figures: {e}", err=True)
     command = "dgl-exact bench all " + " ".join(a for a in sys.argv[3:] if a not in ("-q", "--quiet"))
-    report = write_report(out, label, command.strip(), sections, figures, device=str(work.device),
-                          link_base=os.path.dirname(os.path.abspath(benchmarks_md or ".")))
-    click.echo(f"report: {report}")
+    for suite, section in zip(figures, sections):
+        report = write_suite_report(root, label, suite, command.strip(), section, figures[suite],
+                                    device=str(work.device))
+        click.echo(f"report: {report}")
     if benchmarks_md:
         click.echo(f"rebuilt {assemble(root, benchmarks_md)}")

@@ -6,16 +6,16 @@ import os
 
 import click
 
-from ._common import UserError
+from ._common import DATA_ROOT_SHOWN, UserError
 
 
 @click.command()
 @click.option("--data-root", type=click.Path(file_okay=False), default=lambda: os.environ.get("DGL_EXACT_DATA", "data"),
-              show_default="data (or $DGL_EXACT_DATA)")
-@click.option("--download", multiple=True, metavar="NAME",
+              show_default=DATA_ROOT_SHOWN)
+@click.option("--download", multiple=True, metavar="NAME", show_default="none",
               help="Download dataset NAME into --data-root with ogb's or DGL's own downloader if its folder is "
                    "missing, then load it once. Repeatable. Nothing is downloaded without it.")
-@click.option("--force-reload", multiple=True, metavar="NAME",
+@click.option("--force-reload", multiple=True, metavar="NAME", show_default="none",
               help="Rebuild the processed file (ogb's dgl_data_processed, DGL's dgl_graph.bin) of NAME from its "
                    "raw files. Repeatable.")
 def datasets(data_root, download, force_reload):
@@ -48,27 +48,42 @@ def datasets(data_root, download, force_reload):
 
 @click.command()
 def info():
-    """Versions, devices and the active kernel backend."""
+    """Versions, devices and the active kernel backend (torch is imported; DGL is not: its version is read from
+    its installed metadata)."""
     import platform
 
     import torch
 
     from .. import __version__, backend
-    from .._compat import graphbolt_stubbed, import_dgl
 
-    dgl = import_dgl()
     click.echo(f"dgl_exact {__version__}")
     click.echo(f"python    {platform.python_version()} ({platform.machine()})")
     click.echo(f"torch     {torch.__version__} (CUDA {torch.version.cuda or 'none'}, "
                f"{torch.get_num_threads()} CPU threads)")
-    click.echo(f"dgl       {dgl.__version__}" + (" (graphbolt unavailable for this torch: placeholder installed)"
-                                                  if graphbolt_stubbed() else ""))
+    click.echo(f"dgl       {_dgl_line()}")
     if torch.cuda.is_available():
         for i in range(torch.cuda.device_count()):
             click.echo(f"cuda:{i}    {torch.cuda.get_device_name(i)}")
     else:
         click.echo("cuda      not available")
     click.echo(str(backend()))
+
+
+def _dgl_line() -> str:
+    """DGL's version and whether dgl_exact's graphbolt placeholder is (or will be, on ``import dgl``) in place,
+    without importing DGL."""
+    import importlib.metadata
+    import sys
+
+    from .._compat import graphbolt_stubbed
+    from _dgl_exact_import_hook import graphbolt_library_present
+
+    try:
+        version = sys.modules["dgl"].__version__ if "dgl" in sys.modules else importlib.metadata.version("dgl")
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed (pip install dgl==2.1.0; dgl_exact's core and dgl_exact.pyg work without it)"
+    stubbed = graphbolt_stubbed() if "dgl" in sys.modules else not graphbolt_library_present()
+    return version + (" (graphbolt unavailable for this torch: dgl_exact's placeholder stands in)" if stubbed else "")
 
 
 # ------------------------------------------------------------------------------------------------------

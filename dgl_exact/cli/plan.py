@@ -9,39 +9,39 @@ import time
 import click
 
 from .._files import atomic_write
-from ..training.config import MAX_COUNT as _MAX_COUNT
-from ..training.models import MODELS
-from ._common import UserError, _check_outputs, parse_size, provenance_checked
+from ._common import DEFAULT_DEVICE, DEFAULT_MODEL, MODELS, Choice, UserError, _check_outputs, check_names, parse_size
+from ._common import MAX_COUNT as _MAX_COUNT
+from ._common import DATA_ROOT_SHOWN, provenance_checked, renamed
 
 
 @click.command("plan")
-@click.option("--dataset", default=None,
+@renamed("--budget", "--memory-budget")
+@click.option("--dataset", default=None, show_default="none: give --nodes ...",
               help="Dataset to plan for (synthetic presets are not generated: their preset counts are used).")
-@click.option("--nodes", type=click.IntRange(min=2, max=2**63 - 1), default=None,
+@click.option("--nodes", type=click.IntRange(min=2, max=2**63 - 1), default=None, show_default="none",
               help="Node count (instead of --dataset).")
-@click.option("--edges", type=click.IntRange(min=0, max=2**63 - 1), default=None,
+@click.option("--edges", type=click.IntRange(min=0, max=2**63 - 1), default=None, show_default="none",
               help="Directed edges without self loops (with --nodes).")
-@click.option("--features", type=click.IntRange(min=1, max=_MAX_COUNT), default=None,
+@click.option("--features", type=click.IntRange(min=1, max=_MAX_COUNT), default=None, show_default="none",
               help="Input feature width (with --nodes).")
-@click.option("--classes", type=click.IntRange(min=1, max=_MAX_COUNT), default=None, help="Classes (with --nodes).")
+@click.option("--classes", type=click.IntRange(min=1, max=_MAX_COUNT), default=None, show_default="none",
+              help="Classes (with --nodes).")
 @click.option("--train-nodes", type=click.IntRange(min=1, max=2**63 - 1), default=None,
-              help="Training nodes (default: the dataset's, or half the nodes).")
-@click.option("--model", type=click.Choice(MODELS), default="sage", show_default=True)
+              show_default="the dataset's, or half the nodes", help="Training nodes.")
+@click.option("--model", type=Choice(MODELS), default=DEFAULT_MODEL, show_default=True)
 @click.option("--hidden", type=click.IntRange(min=1, max=_MAX_COUNT), default=None,
-              help="Hidden size (default: 256 for GCN/GCNII, 128 otherwise, as `dgl-exact bench`).")
+              show_default="256 for gcn/gcn2, 128 otherwise, as `dgl-exact bench`", help="Hidden size.")
 @click.option("--layers", type=click.IntRange(min=1, max=_MAX_COUNT), default=3, show_default=True)
 @click.option("--dropout", type=click.FloatRange(0.0, 1.0, max_open=True), default=0.5, show_default=True)
 @click.option("--batch-norm/--no-batch-norm", default=True, show_default=True)
 @click.option("--heads", type=click.IntRange(min=1, max=_MAX_COUNT), default=3, show_default=True, help="GAT heads.")
-@click.option("--device", default="cpu", show_default=True,
-              help="cpu (available memory), cuda / cuda:N (its total memory), or a size such as 80GiB.")
-@click.option("--settings", default="", help="Comma-separated setting names (default: the dgl_exact settings "
-                                             "of `dgl-exact bench`).")
-@click.option("--budget", "budget", default=None, metavar="SIZE",
-              help="Also plan a per-tensor compression for this memory budget (e.g. 2GiB; 'device': the "
-                   "device's memory); sensitivities are estimated on the sample graph.")
-@click.option("--data-root", default=lambda: os.environ.get("DGL_EXACT_DATA", "data"), show_default="data")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False),
+@click.option("--device", default=DEFAULT_DEVICE, show_default=True,
+              help="The memory to fit: auto (cuda if there is a GPU, else cpu), cpu (available memory), cuda / "
+                   "cuda:N (its total memory), or a size such as 80GiB.")
+@click.option("--settings", default="", show_default="the dgl_exact settings of `dgl-exact bench`",
+              help="Comma-separated setting names.")
+@click.option("--data-root", default=lambda: os.environ.get("DGL_EXACT_DATA", "data"), show_default=DATA_ROOT_SHOWN)
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), show_default="none",
               help="Write one record per setting (setting, static_bytes, activation_bytes, step_peak_bytes, "
                    "total_bytes, fits, ...).")
 @click.option("--sampler", type=click.Choice(["full", "neighbor"]), default="full", show_default=True,
@@ -52,25 +52,28 @@ from ._common import UserError, _check_outputs, parse_size, provenance_checked
 @click.option("--batch-size", default="1024", show_default=True,
               help="--sampler neighbor: seed nodes per batch, or 'auto' (with --memory-budget): the largest batch "
                    "size whose predicted step peak fits.")
-@click.option("--memory-budget", default=None, metavar="SIZE",
-              help="--sampler neighbor --batch-size auto: the step peak to fit (e.g. 512MiB).")
+@click.option("--memory-budget", default=None, metavar="SIZE", show_default="none",
+              help="As for `dgl-exact train`: --sampler full: also plan a per-tensor compression that fits this "
+                   "memory (e.g. 2GiB; 'device': the device's memory; sensitivities are estimated on the sample "
+                   "graph); --sampler neighbor --batch-size auto: the step peak to fit (e.g. 512MiB).")
 def plan_command(dataset, nodes, edges, features, classes, train_nodes, model, hidden, layers, dropout, batch_norm,
-                 heads, device, settings, budget, data_root, json_path, sampler, fanouts, batch_size, memory_budget):
+                 heads, device, settings, data_root, json_path, sampler, fanouts, batch_size, memory_budget):
     """Predict, before training, the memory of one training step (full graph, or one neighbour-sampled
     mini-batch) per compression setting and whether it fits the device."""
     from .. import memory
     from ..planning import predict as P
 
+    device = _resolve_device(device)
     if sampler == "neighbor":
         return _plan_minibatch(dataset, nodes, model, hidden, dropout, batch_norm, heads, device, settings, data_root,
                                json_path, fanouts, batch_size, memory_budget)
-    if memory_budget is not None or batch_size != "1024":
-        raise UserError("--batch-size and --memory-budget plan mini-batch steps: add --sampler neighbor (for "
-                        "full-graph training, --budget plans a per-tensor compression)")
+    if batch_size != "1024":
+        raise UserError("--batch-size plans mini-batch steps: add --sampler neighbor")
+    budget = memory_budget
     t0 = time.perf_counter()
     hyper = dict(hidden=hidden, layers=layers, dropout=dropout, batch_norm=batch_norm, heads=heads)
     if budget is not None and budget != "device":
-        budget = parse_size(budget, "--budget")
+        budget = parse_size(budget, "--memory-budget")
     if str(device).strip() != "cpu" and not str(device).strip().startswith("cuda"):
         parse_size(device, "--device")
     _check_outputs(files={"--json": json_path})   # before any work, as train's --json
@@ -91,13 +94,13 @@ def plan_command(dataset, nodes, edges, features, classes, train_nodes, model, h
                               train_nodes=train_nodes, name=f"{nodes:,}-node graph", **hyper)
         total, what = P.device_bytes(device)
         names = [s.strip() for s in settings.split(",") if s.strip()] or None
-        records = P.plan(spec, device, names)
+        records = P.plan(spec, device, names, on_record=_setting_lines())
         if budget is not None:
             from ..planning.budget import plan_row
 
             limit = total if budget == "device" else budget
             if limit is None:
-                raise ValueError("--budget device: this device's memory is unknown; give a size")
+                raise ValueError("--memory-budget device: this device's memory is unknown; give a size")
             records.append(plan_row(spec, limit, device, uniform={r.setting: r for r in records}))
     except (ValueError, FileNotFoundError) as e:
         raise UserError(str(e).splitlines()[0]) from None
@@ -119,6 +122,39 @@ def plan_command(dataset, nodes, edges, features, classes, train_nodes, model, h
     if json_path:  # atomically, as train's --json
         with atomic_write(json_path, "w", encoding="utf-8", shared=True) as f:
             json.dump([r.to_dict() for r in records], f, indent=1)
+
+
+def _setting_lines():
+    """Without a terminal on stdout (a log file, a pipe), a function printing one line as each setting's plan is
+    made (the table comes at the end, after all of them); on a terminal None."""
+    if click.get_text_stream("stdout").isatty():
+        return None
+    from ..memory import format_bytes
+
+    last = [time.perf_counter()]
+
+    def line(record) -> None:
+        d = record.to_dict() if hasattr(record, "to_dict") else {}
+        parts = [f"{k.replace('_bytes', '').replace('_', ' ')} {format_bytes(d[k])}"
+                 for k in ("step_peak_bytes", "total_bytes") if isinstance(d.get(k), int)]
+        if "batch_size" in d:
+            parts.insert(0, f"batch size {d['batch_size']}")
+        if d.get("fits") is not None:
+            parts.append("fits" if d["fits"] else "does NOT fit")
+        now = time.perf_counter()
+        click.echo(f"planned {d.get('setting', '?')}: {', '.join(parts)} ({now - last[0]:.1f} s)")
+        last[0] = now
+
+    return line
+
+
+def _resolve_device(device: str) -> str:
+    """``--device auto``: cuda if torch sees a GPU, else cpu (as `train` resolves it); anything else as given."""
+    if str(device).strip().lower() != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _out_of_memory(e: BaseException):
@@ -165,10 +201,19 @@ def _plan_minibatch(dataset, nodes, model, hidden, dropout, batch_norm, heads, d
         P.check_depth(len(fan), len(chosen))
         planner = MinibatchPlanner(load_dataset(dataset, data_root), model, fan, hidden=hidden or 256,
                                    dropout=dropout, batch_norm=batch_norm, heads=heads)
+        line = _setting_lines()
         if auto:
-            rows = [largest_batch(planner, s, limit, log=lambda m: click.echo(m, err=True)) for s in chosen]
+            rows = []
+            for s in chosen:
+                rows.append(largest_batch(planner, s, limit, log=lambda m: click.echo(m, err=True)))
+                if line:
+                    line(rows[-1])
         else:
-            records = [planner.record(s, size, total) for s in chosen]
+            records = []
+            for s in chosen:
+                records.append(planner.record(s, size, total))
+                if line:
+                    line(records[-1])
     except (ValueError, FileNotFoundError) as e:
         raise UserError(str(e).splitlines()[0]) from None
     except (MemoryError, RuntimeError) as e:
@@ -192,16 +237,19 @@ def _plan_minibatch(dataset, nodes, model, hidden, dropout, batch_norm, heads, d
 
 @click.command("plan")
 @provenance_checked
+@renamed("--models", "--model", "models")
 @click.option("--dataset", default="synthetic-arxiv", show_default=True)
-@click.option("--models", default="gcn,sage,gat,gcn2", show_default=True)
-@click.option("--settings", default="", help="Comma-separated setting names (default: the dgl_exact settings).")
-@click.option("--hidden", type=click.IntRange(min=1, max=_MAX_COUNT), default=None)
+@click.option("--model", "models", default="gcn,sage,gat,gcn2", show_default=True, help="Comma-separated models.")
+@click.option("--settings", default="", show_default="the dgl_exact settings", help="Comma-separated setting names.")
+@click.option("--hidden", type=click.IntRange(min=1, max=_MAX_COUNT), default=None,
+              show_default="256 for gcn/gcn2, 128 otherwise")
 @click.option("--layers", type=click.IntRange(min=1, max=_MAX_COUNT), default=3, show_default=True)
 @click.option("--device", default="auto", show_default=True)
-@click.option("--data-root", default=lambda: os.environ.get("DGL_EXACT_DATA", "data"), show_default="data")
+@click.option("--data-root", default=lambda: os.environ.get("DGL_EXACT_DATA", "data"), show_default=DATA_ROOT_SHOWN)
 @click.option("--out", default="bench-results", show_default=True, type=click.Path(file_okay=False))
 @click.option("--no-measure", is_flag=True, help="Predictions only.")
 @click.option("--measured", "measured_files", multiple=True, type=click.Path(exists=True, dir_okay=False),
+              show_default="none",
               help="plan.jsonl of an earlier run: reuse its measurements (same code, same machine), predict again.")
 @click.option("--quiet", "-q", is_flag=True)
 def bench_plan_command(dataset, models, settings, hidden, layers, device, data_root, out, no_measure, measured_files,
@@ -220,10 +268,7 @@ def bench_plan_command(dataset, models, settings, hidden, layers, device, data_r
         dev = resolve_device(device)
         chosen = select(settings or ",".join(DEFAULT_SETTINGS))
         check_depth(layers, len(chosen))
-        model_list = [m.strip() for m in models.split(",") if m.strip()]
-        bad = [m for m in model_list if m not in MODELS]
-        if bad:
-            raise ValueError(f"unknown model(s) {', '.join(bad)}; choose from {', '.join(MODELS)}")
+        model_list = check_names(models, MODELS, "--model")
         work = Workload(load_dataset(dataset, data_root), dev, hidden=hidden, layers=layers)
     except (ValueError, FileNotFoundError) as e:
         raise UserError(str(e).splitlines()[0]) from None
@@ -241,20 +286,22 @@ def bench_plan_command(dataset, models, settings, hidden, layers, device, data_r
 
 @click.command("budget")
 @provenance_checked
+@renamed("--budgets", "--memory-budget", "budgets")
 @click.option("--dataset", default="cora", show_default=True)
-@click.option("--model", type=click.Choice(MODELS), default="gcn", show_default=True)
-@click.option("--conf", default=None, help="YAML of training defaults (as for `train`).")
-@click.option("--hidden", type=click.IntRange(min=1, max=_MAX_COUNT), default=None)
-@click.option("--layers", type=click.IntRange(min=1, max=_MAX_COUNT), default=None)
-@click.option("--batch-norm/--no-batch-norm", default=None)
+@click.option("--model", type=Choice(MODELS), default=DEFAULT_MODEL, show_default=True)
+@click.option("--conf", default=None, show_default="none", help="YAML of training defaults (as for `train`).")
+@click.option("--hidden", type=click.IntRange(min=1, max=_MAX_COUNT), default=None, show_default="as `train`")
+@click.option("--layers", type=click.IntRange(min=1, max=_MAX_COUNT), default=None, show_default="as `train`")
+@click.option("--batch-norm/--no-batch-norm", default=None, show_default="as `train`")
 @click.option("--epochs", type=click.IntRange(min=1, max=_MAX_COUNT), default=200, show_default=True)
 @click.option("--runs", type=click.IntRange(min=1, max=_MAX_COUNT), default=10, show_default=True,
               help="Seeds per setting.")
-@click.option("--budgets", default="INT2,INT1", show_default=True,
-              help="Budgets: the predicted totals of these uniform settings, or sizes (e.g. INT2,80MiB).")
+@click.option("--memory-budget", "budgets", default="INT2,INT1", show_default=True,
+              help="Comma-separated budgets: the predicted totals of these uniform settings, or sizes (e.g. "
+                   "INT2,80MiB).")
 @click.option("--uniform", default="dgl_exact fp32,INT8,INT2,INT1", show_default=True,
               help="Uniform settings trained beside the plans (\"\": none).")
-@click.option("--data-root", default=lambda: os.environ.get("DGL_EXACT_DATA", "data"), show_default="data")
+@click.option("--data-root", default=lambda: os.environ.get("DGL_EXACT_DATA", "data"), show_default=DATA_ROOT_SHOWN)
 @click.option("--out", default="bench-results", show_default=True, type=click.Path(file_okay=False))
 @click.option("--plot", is_flag=True, help="budget.png: accuracy vs step peak, uniform and budgeted (matplotlib).")
 def bench_budget_command(dataset, model, conf, hidden, layers, batch_norm, epochs, runs, budgets, uniform, data_root,

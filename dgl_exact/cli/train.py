@@ -18,35 +18,49 @@ from click.core import ParameterSource
 
 from .. import _environment
 from .._files import atomic_write
+from .._progress import progress_lines
 from .._environment import MAX_SECONDS
-from ..training.config import (COMPRESSION_OPTIONS, MAX_COUNT, SAINT_MODES, SAMPLERS, TrainConfig, bundled_configs,
-                               load_conf)
-from ..training.models import MODELS
-from ._common import UserError, _check_dataset, _check_outputs, _hold_outputs, _int_choice, parse_size
+from ._common import (MAX_COUNT, MODELS, SAINT_MODES, SAMPLERS, Choice, UserError, _check_dataset, _check_outputs,
+                      _hold_outputs, _int_choice, bundled_configs, parse_size)
+
+# What --help shows as each training option's default: TrainConfig's defaults (as text where None means
+# "decided from other options"), written here so that `dgl-exact train --help` needs no torch;
+# tests/cli/test_dialect.py checks them against dgl_exact.training.config.TrainConfig.
+TRAIN_DEFAULTS = {
+    "dataset": "cora", "model": "gcn", "sampler": "full", "bits": 2, "kept_frac": 1.0, "block_rows": 1,
+    "levels": "uniform", "act_fp": False, "amp": False, "grad_norm": "none", "loss": "ce", "epochs": 200,
+    "lr": 0.01, "lr_warmup": 0, "weight_decay": 0.0005, "optimizer": "adam", "hidden": 64, "layers": 2,
+    "dropout": 0.5, "batch_norm": False, "dropout2": False, "heads": 3, "edge_drop": 0.0, "use_attn_dst": True,
+    "use_labels": False, "mask_rate": 0.5, "shared_weights": True, "residual": False, "identity_mapping": True,
+    "recompute": "off", "saint_mode": "walk", "saint_budget": 3000, "walk_length": 2, "num_parts": 1000,
+    "parts_per_batch": 20, "fanouts": "10 per layer", "batch_size": "1024", "saint_steps": "num_nodes / subgraph size",
+    "sample_coverage": 50, "standardize": False, "inductive": False, "eval_every": 1, "eval_batch_size": "full graph",
+    "runs": 1, "seed": 0, "device": "auto", "data_root": "data (or $DGL_EXACT_DATA)",
+}
 
 
 def _train_options(f):
     opts = [
         click.option("--dataset", help="cora (bundled), ogbn-arxiv, ogbn-products, flickr, reddit, reddit2, yelp, "
                                        "synthetic[-small|-arxiv|-products]. See `dgl-exact datasets`."),
-        click.option("--model", type=click.Choice(MODELS), help="Architecture."),
-        click.option("--sampler", type=click.Choice(SAMPLERS),
+        click.option("--model", type=Choice(MODELS), help="Architecture."),
+        click.option("--sampler", type=Choice(SAMPLERS),
                      help="full graph, GraphSAINT, ClusterGCN, or neighbour-sampled blocks (DGL's NeighborSampler)."),
-        click.option("--bits", type=click.Choice(["1", "2", "4", "8"]), callback=_int_choice,
+        click.option("--bits", type=Choice(["1", "2", "4", "8"]), callback=_int_choice,
                      help="Bits per saved activation value."),
         click.option("--kept-frac", type=float, help="Random projection: fraction of columns kept, (0, 1]."),
         click.option("--block-rows", type=int, help="Rows sharing one min/scale (1 = per row; i-EXACT uses blocks)."),
-        click.option("--levels", type=click.Choice(["uniform", "optimal"]), help="Quantization levels."),
+        click.option("--levels", type=Choice(["uniform", "optimal"]), help="Quantization levels."),
         click.option("--act-fp", is_flag=True, default=None, help="No compression: the exact fp baseline."),
         click.option("--amp", is_flag=True, default=None, help="Mixed precision (fp16 on CUDA, bf16 on CPU)."),
         click.option("--grad-norm", type=float, help="Clip the gradient norm to this value."),
-        click.option("--loss", type=click.Choice(["ce", "exact_log"]),
+        click.option("--loss", type=Choice(["ce", "exact_log"]),
                      help="Training objective: cross-entropy, or EXACT's arxiv log(eps + CE) - log(eps)."),
         click.option("--epochs", type=int), click.option("--lr", type=float),
         click.option("--lr-warmup", type=int, metavar="N",
                      help="Linear learning-rate warm-up over the first N epochs (EXACT's adjust_lr: 50)."),
         click.option("--weight-decay", type=float),
-        click.option("--optimizer", type=click.Choice(["adam", "rmsprop", "sgd"])),
+        click.option("--optimizer", type=Choice(["adam", "rmsprop", "sgd"])),
         click.option("--hidden", type=int), click.option("--layers", type=int), click.option("--dropout", type=float),
         click.option("--batch-norm/--no-batch-norm", default=None, help="BatchNorm between layers."),
         click.option("--dropout2/--no-dropout2", default=None,
@@ -71,7 +85,7 @@ def _train_options(f):
                      help="GCNII: run the hidden layers in segments of L layers that keep only their compressed "
                           "input and re-run in the backward (auto: round(sqrt(layers)); 0: off). The forward "
                           "is exact; the gradients read activations recomputed from the compressed boundary."),
-        click.option("--saint-mode", type=click.Choice(SAINT_MODES), help="GraphSAINT sampler."),
+        click.option("--saint-mode", type=Choice(SAINT_MODES), help="GraphSAINT sampler."),
         click.option("--saint-budget", type=int, help="GraphSAINT nodes/edges/walk roots per subgraph."),
         click.option("--walk-length", type=int), click.option("--num-parts", type=int, help="ClusterGCN partitions."),
         click.option("--parts-per-batch", type=int, help="ClusterGCN partitions per batch."),
@@ -101,10 +115,19 @@ def _train_options(f):
     ]
     for opt in reversed(opts):
         f = opt(f)
+    for param in f.__click_params__[-len(opts):]:  # the options just added: --help shows TrainConfig's default
+        param.show_default = _shown(TRAIN_DEFAULTS[param.name])
     return f
 
 
-def _config_from(ctx, params) -> TrainConfig:
+def _shown(value) -> str:
+    """A default as --help writes it (flags: on/off)."""
+    return ("on" if value else "off") if isinstance(value, bool) else str(value)
+
+
+def _config_from(ctx, params):
+    from ..training.config import TrainConfig, load_conf
+
     values = {}
     if params.get("conf"):
         try:
@@ -124,7 +147,7 @@ def _config_from(ctx, params) -> TrainConfig:
         raise UserError(str(e)) from None
 
 
-def _pick_batch(trainer, budget: int) -> TrainConfig:
+def _pick_batch(trainer, budget: int):
     """``--batch-size auto``: the run's config with the largest batch whose predicted step peak fits ``budget``
     (:func:`dgl_exact.planning.minibatch.pick_training_batch`), saying what was picked and why."""
     from ..memory import format_bytes
@@ -148,37 +171,40 @@ def _pick_batch(trainer, budget: int) -> TrainConfig:
 
 @click.command()
 @_train_options
-@click.option("--conf", help=f"YAML file of defaults, or a bundled config: {', '.join(bundled_configs())}.")
+@click.option("--conf", show_default="none",
+              help=f"YAML file of defaults, or a bundled config: {', '.join(bundled_configs())}.")
 @click.option("--debug-mem", is_flag=True, help="Measure activation memory (EXACT protocol) and peak memory.")
-@click.option("--test-speed", type=int, default=None, metavar="N",
+@click.option("--test-speed", type=int, default=None, metavar="N", show_default="off",
               help="Time N training epochs after 3 warm-up epochs (no evaluation) and report epochs/s.")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write machine-readable results here.")
-@click.option("--checkpoint", type=click.Path(dir_okay=False), help="Save a checkpoint here after every epoch.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), show_default="none",
+              help="Write machine-readable results here.")
+@click.option("--checkpoint", type=click.Path(dir_okay=False), show_default="none",
+              help="Save a checkpoint here after every epoch.")
 @click.option("--resume", is_flag=True, help="Continue from --checkpoint where it stopped (refused, in one line, where "
               "this run's settings differ from those the checkpoint records; see --resume-mismatch-ok).")
 @click.option("--resume-mismatch-ok", is_flag=True,
               help="With --resume: continue even where this run's settings differ from the checkpoint's (model, "
                    "data, compression and the --memory-budget plan, sampler, number of processes, seeds, ...), "
                    "with one warning line per difference; the checkpoint then records this run's settings.")
-@click.option("--checkpoint-batches", type=int, default=None, metavar="N",
+@click.option("--checkpoint-batches", type=int, default=None, metavar="N", show_default="off",
               help="Also save --checkpoint every N batches inside an epoch (mini-batch samplers, one process): "
                    "--resume continues at the next batch, with the batches an uninterrupted run would see.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars, and nothing printed by the dataset "
               "downloaders or ogb's/DGL's processing.")
-@click.option("--nproc", type=int, default=None, metavar="N",
+@click.option("--nproc", type=int, default=None, metavar="N", show_default="1",
               help="Data-parallel training in N processes on this machine (torch.distributed: NCCL, one GPU "
                    "each, or gloo on CPU); saint, cluster and neighbor samplers. Under torchrun, leave it out.")
 @click.option("--dist-timeout", type=float, default=None, metavar="SECONDS", envvar="DGL_EXACT_DIST_TIMEOUT",
-              help="Multi-process runs: give up when another process is silent this long (default 60).")
+              show_default="60", help="Multi-process runs: give up when another process is silent this long.")
 @click.option("--download", is_flag=True,
               help="Download the dataset into --data-root with ogb's or DGL's own downloader if its folder is "
                    "missing (as `dgl-exact datasets --download`). Nothing is downloaded without it.")
-@click.option("--memory-budget", default=None, metavar="SIZE",
+@click.option("--memory-budget", default=None, metavar="SIZE", show_default="none",
               help="Choose a compression per kept activation so that the training step fits SIZE (e.g. 2GiB) with "
                    "the least added gradient variance (see `dgl-exact plan`), full-graph training; with "
                    "--sampler neighbor --batch-size auto: the step peak the picked batch must fit.")
-@click.option("--compile", "compile_mode", is_flag=False, flag_value="default", default=None,
-              type=click.Choice(["default", "reduce-overhead", "max-autotune"]),
+@click.option("--compile", "compile_mode", is_flag=False, flag_value="default", default=None, show_default="off",
+              type=Choice(["default", "reduce-overhead", "max-autotune"]),
               help="Run the model under torch.compile (dgl_exact's ops as captured custom ops); optionally the "
                    "mode, e.g. --compile=reduce-overhead (CUDA graphs). Full-graph training only.")
 @click.pass_context
@@ -208,6 +234,7 @@ def train(ctx, conf, debug_mem, test_speed, json_path, checkpoint, resume, resum
         prepare_cpu_peak()  # before the dataset and the plan grow the heap (see dgl_exact.memory)
     from ..data import DatasetNotFoundError
     from ..training import distributed
+    from ..training.config import COMPRESSION_OPTIONS
     from ..training.trainer import Trainer
 
     if resume and not checkpoint:
@@ -292,7 +319,9 @@ def train(ctx, conf, debug_mem, test_speed, json_path, checkpoint, resume, resum
 
             budget_plan, debug_mem = plan_for_training(trainer, memory_budget, log=click.echo), True
             trainer.memory_plan = budget_plan.choices()
-        with budget_plan.active() if budget_plan is not None else contextlib.nullcontext():
+        # without a terminal to draw the bars on, one line per epoch (and per tenth of a long mini-batch epoch)
+        lines = progress_lines(click.echo) if not quiet and trainer.rank == 0 else contextlib.nullcontext()
+        with budget_plan.active() if budget_plan is not None else contextlib.nullcontext(), lines:
             results = trainer.fit(checkpoint=checkpoint, resume=resume, debug_mem=debug_mem, test_speed=test_speed,
                                   resume_mismatch_ok=resume_mismatch_ok)
         if budget_plan is not None:
@@ -347,6 +376,8 @@ def _worker_args(ctx) -> list:
     training config (the workers read it from the YAML file :func:`~dgl_exact.training.distributed.launch`
     writes) and the launcher's own (:data:`_LAUNCHER_OPTIONS`). A new ``train`` option reaches the workers
     without being listed here."""
+    from ..training.config import TrainConfig
+
     config_options = set(TrainConfig.fields())
     args = []
     for param in ctx.command.params:
@@ -359,7 +390,7 @@ def _worker_args(ctx) -> list:
     return args
 
 
-def _check_resume_before_launch(checkpoint: str, cfg: TrainConfig, nproc: int) -> None:
+def _check_resume_before_launch(checkpoint: str, cfg, nproc: int) -> None:
     """``--nproc N --resume``: the checkpoint's settings against this run's config and world size, before any
     worker starts (the workers check the rest: the data's fingerprint)."""
     from ..training.checkpoint import RunState

@@ -113,7 +113,9 @@ def _canonical(name: str) -> str:
     if key in ("arxiv", "products"):
         key = "ogbn-" + key
     if key not in DATASETS:
-        raise ValueError(f"unknown dataset {name!r}; known: {', '.join(DATASETS)}")
+        from ..errors import did_you_mean
+
+        raise ValueError(f"unknown dataset {name!r}{did_you_mean(key, DATASETS)}")
     return key
 
 

@@ -532,9 +532,10 @@ def combine(spec: PlanSpec, name: str, r1: "SampleRun", r2: "SampleRun", s1: flo
 
 
 def plan(spec: PlanSpec, device: str = "cpu", settings: Optional[Sequence[str]] = None,
-         sample_nodes: int = SAMPLE_NODES) -> List[PlanRecord]:
+         sample_nodes: int = SAMPLE_NODES, on_record=None) -> List[PlanRecord]:
     """Predicted memory of ``spec`` on ``device`` (``cpu``, ``cuda`` or a size such as ``"80GiB"``) for each
-    setting (names as ``dgl-exact bench``; default :data:`DEFAULT_SETTINGS`)."""
+    setting (names as ``dgl-exact bench``; default :data:`DEFAULT_SETTINGS`); ``on_record(record)`` is called
+    as each setting's record is made (``dgl-exact plan`` prints a line)."""
     from .settings import select
 
     total, _ = device_bytes(device)
@@ -546,7 +547,12 @@ def plan(spec: PlanSpec, device: str = "cpu", settings: Optional[Sequence[str]] 
             raise ValueError(f"{s.name!r} is a GCNII (gcn2) setting; {spec.model} has no recompute mode")
     with single_thread():
         samples = samples_for(spec, gpu, sample_nodes)
-        return [predict(spec, s, total, gpu, samples=samples) for s in chosen]
+        records = []
+        for s in chosen:
+            records.append(predict(spec, s, total, gpu, samples=samples))
+            if on_record is not None:
+                on_record(records[-1])
+        return records
 
 
 @contextlib.contextmanager

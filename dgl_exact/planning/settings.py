@@ -115,6 +115,8 @@ def select(names: Optional[str], budgets: bool = False) -> List[Setting]:
         known = STANDARD + [PYG] + EXTRA
         matches = [s for s in known if s.name.lower() == part] or [s for s in known if s.name.lower().startswith(part)]
         if not matches:
-            raise ValueError(f"unknown setting {part!r}; known: {', '.join(s.name for s in known)}")
+            from ..errors import did_you_mean
+
+            raise ValueError(f"unknown setting {part!r}{did_you_mean(part, [s.name for s in known])}")
         chosen.append(matches[0])
     return chosen

@@ -407,8 +407,10 @@ def resolve_conf_path(conf: str) -> str:
     if os.path.isdir(conf):
         raise ValueError(f"conf {conf}: is a folder; give a YAML file or one of the bundled configs "
                          f"({', '.join(bundled_configs())})")
-    raise FileNotFoundError(f"config {conf!r} not found: give a YAML file path or one of the bundled configs "
-                            f"({', '.join(bundled_configs())})")
+    from ..errors import did_you_mean
+
+    raise FileNotFoundError(f"config {conf!r} not found: give a YAML file path or a bundled config"
+                            + did_you_mean(conf, bundled_configs(), "bundled"))
 
 
 def bundled_configs():

@@ -25,7 +25,7 @@ def _rows(path):
 def test_bench_memory_and_speed(tmp_path):
     pytest.importorskip("matplotlib")
     out = tmp_path / "out"
-    proc = cli("memory", "--dataset", TINY, "--models", "sage", "--hidden", "16", "--layers", "2", "--out", str(out),
+    proc = cli("memory", "--dataset", TINY, "--model", "sage", "--hidden", "16", "--layers", "2", "--out", str(out),
                "--plot", "-q", cwd=str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     rows = {r["setting"]: r for r in _rows(out / "memory.jsonl")}
@@ -38,7 +38,7 @@ def test_bench_memory_and_speed(tmp_path):
     assert "step_peak_MiB" in (out / "memory.md").read_text()
     for name in ("memory.csv", "memory.md", "memory.png"):
         assert (out / name).stat().st_size > 0
-    proc = cli("speed", "--dataset", TINY, "--models", "gcn", "--hidden", "16", "--layers", "2", "--epochs", "1",
+    proc = cli("speed", "--dataset", TINY, "--model", "gcn", "--hidden", "16", "--layers", "2", "--epochs", "1",
                "--warmup", "0", "--settings", "DGL fp32,INT2", "--out", str(out), "--plot", "-q", cwd=str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     rows = _rows(out / "speed.jsonl")
@@ -54,10 +54,10 @@ def test_bench_kernels_and_accuracy(tmp_path):
     assert proc.returncode == 0, proc.stderr
     rows = _rows(out / "kernels.jsonl")
     assert {r["op"] for r in rows} == {"compress", "decompress"} and all(r["GB_per_s"] > 0 for r in rows)
-    proc = cli("memory", "--dataset", TINY, "--models", "gcn", "--hidden", "16", "--layers", "2",
+    proc = cli("memory", "--dataset", TINY, "--model", "gcn", "--hidden", "16", "--layers", "2",
                "--settings", "dgl_exact fp32,INT2", "--out", str(out), "-q", cwd=str(tmp_path))
     assert proc.returncode == 0, proc.stderr
-    proc = cli("accuracy", "--dataset", TINY, "--models", "gcn", "--runs", "2", "--epochs", "3",
+    proc = cli("accuracy", "--dataset", TINY, "--model", "gcn", "--runs", "2", "--epochs", "3",
                "--settings", "dgl_exact fp32,INT2", "--out", str(out), "--plot", "-q", cwd=str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     rows = _rows(out / "accuracy.jsonl")
@@ -81,7 +81,7 @@ def test_bench_rows_survive_a_crash(tmp_path):
 
 @pytest.mark.slow
 def test_bench_bad_input(tmp_path):
-    proc = cli("memory", "--models", "mlp", "--dataset", TINY, cwd=str(tmp_path))
+    proc = cli("memory", "--model", "mlp", "--dataset", TINY, cwd=str(tmp_path))
     assert proc.returncode == 2 and proc.stderr.startswith("error:") and "Traceback" not in proc.stderr
     proc = cli("memory", "--settings", "INT3", "--dataset", TINY, cwd=str(tmp_path))
     assert proc.returncode == 2 and "unknown setting" in proc.stderr
@@ -90,7 +90,7 @@ def test_bench_bad_input(tmp_path):
 @pytest.mark.slow
 def test_bench_profile_writes_per_op_tables(tmp_path):
     out = tmp_path / "out"
-    proc = cli("profile", "--dataset", TINY, "--models", "gcn", "--hidden", "16", "--layers", "2", "--steps", "1",
+    proc = cli("profile", "--dataset", TINY, "--model", "gcn", "--hidden", "16", "--layers", "2", "--steps", "1",
                "--warmup", "0", "--settings", "dgl_exact fp32,INT2", "--out", str(out), "-q", cwd=str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     rows = _rows(out / "profile.jsonl")
@@ -165,13 +165,13 @@ def test_memory_grid_in_process_deep_gcnii(tmp_path):
 
 @pytest.mark.nightly
 def test_bench_memory_step_peak_and_deep_gcnii(tmp_path):
-    """--models gcn2 --layers 16 (EXACT's arxiv GCNII depth) runs; each row has the step peak measured on
+    """--model gcn2 --layers 16 (EXACT's arxiv GCNII depth) runs; each row has the step peak measured on
     a 6,000-node graph (tensors of MiB size: above the allocator's noise) and DGL fp32's ratio is 1."""
     from dgl_exact.memory import vmhwm_available
 
     out = tmp_path / "out"
     graph = "synthetic-small:num_nodes=6000,num_features=64,num_classes=4"
-    proc = cli("memory", "--dataset", graph, "--models", "gcn2", "--hidden", "64", "--layers", "16",
+    proc = cli("memory", "--dataset", graph, "--model", "gcn2", "--hidden", "64", "--layers", "16",
                "--settings", "DGL fp32,dgl_exact fp32,INT2", "--out", str(out), "-q", cwd=str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     rows = {r["setting"]: r for r in _rows(out / "memory.jsonl")}
@@ -215,7 +215,7 @@ def test_bench_memory_out_on_a_full_disk_keeps_the_earlier_rows(tmp_path, capsys
     out = tmp_path / "out"
     out.mkdir()
     (out / "memory.jsonl").write_text('{"setting": "earlier"}\n')
-    assert_one_line_error(run(["bench", "memory", "--dataset", TINY, "--models", "gcn", "--settings", "INT2",
+    assert_one_line_error(run(["bench", "memory", "--dataset", TINY, "--model", "gcn", "--settings", "INT2",
                                "--hidden", "8", "--layers", "2", "--out", out, "-q"], capsys),
                           f"could not write {out / 'memory.jsonl'}", "no space left on device")
     assert os.listdir(out) == ["memory.jsonl"] and (out / "memory.jsonl").read_text() == '{"setting": "earlier"}\n'

@@ -48,7 +48,7 @@ def test_train_memory_budget_overflow_is_one_line(capsys, monkeypatch, value):
                           value)
 
 
-@pytest.mark.parametrize("flag", ["--budget", "--device"])
+@pytest.mark.parametrize("flag", ["--memory-budget", "--device"])
 def test_plan_size_overflow_is_one_line(capsys, monkeypatch, flag):
     _no_work(monkeypatch)
     args = [a for a in PLAN] + [flag, "1e400GiB"]

@@ -207,7 +207,7 @@ def test_cli_errors_are_one_line(tmp_path, args, message):
 
 def test_cli_batch_size_needs_neighbor_sampler():
     res = CliRunner().invoke(cli, ["plan", "--nodes", "600", "--edges", "3000", "--features", "8", "--classes", "3",
-                                   "--memory-budget", "1GiB"])
+                                   "--batch-size", "512"])
     assert res.exit_code != 0 and "--sampler neighbor" in res.output
 
 
