@@ -61,6 +61,11 @@ def sparse_edges(adj_t: Tensor) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
     convention for sparse adjacencies), in the order ``torch_geometric.utils.to_edge_index`` lists them."""
     from torch_geometric.utils import to_edge_index
 
+    if adj_t.layout == torch.sparse_coo and adj_t.is_coalesced():
+        # as to_edge_index lists them, without its ``_coalesced_(True)``, which bumps the indices' version: a
+        # PyG conv that saved them for backward (the same adjacency) would then refuse to run its backward
+        ei = adj_t.indices().detach()
+        return ei[1], ei[0], adj_t.values()
     if adj_t.layout == torch.sparse_csc:
         adj_t = adj_t.to_sparse_csr()
     ei, values = to_edge_index(adj_t)

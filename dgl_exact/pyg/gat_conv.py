@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Optional, Tuple, Union
 
+import torch
 import torch_geometric.nn as pyg_nn
 from torch import Tensor
 from torch_geometric.typing import OptPairTensor, OptTensor
@@ -14,7 +15,7 @@ from ..compression_config import CompressionConfig
 from ..ops import linear
 from ..ops.gat import _attention, _chunk_budget, _GATAttention, _GATAttentionChunked
 from ..ops.keep import needs_saving
-from ._base import CompressedMixin, check_adjacency, is_sparse, materialize, structure
+from ._base import CompressedMixin, check_adjacency, is_sparse, materialize, sparse_edges, structure
 
 __all__ = ["GATConv"]
 
@@ -60,8 +61,7 @@ class GATConv(CompressedMixin, pyg_nn.GATConv):
     Attention dropout draws its mask from dgl_exact's seeded generator, so with ``dropout > 0`` a training
     forward equals PyG's in distribution, not draw for draw.
 
-    Not supported (``NotImplementedError``): ``edge_dim`` (edge features in the attention), destination
-    features ``None`` in a bipartite pair, and a sparse adjacency (pass an ``edge_index``).
+    Not supported (``NotImplementedError``): ``edge_dim`` (edge features in the attention).
 
     Parameters
     ----------
@@ -117,21 +117,19 @@ class GATConv(CompressedMixin, pyg_nn.GATConv):
 
     def forward(self, x: Union[Tensor, Tuple[Tensor, Tensor]], edge_index, edge_attr: Optional[Tensor] = None,
                 size: Optional[Tuple[int, int]] = None, return_attention_weights: Optional[bool] = None):
-        """``x [N, in]`` or a pair ``(x_src [N_src, in], x_dst [N_dst, in])``, ``edge_index [2, E]``;
+        """``x [N, in]`` or a pair ``(x_src [N_src, in], x_dst [N_dst, in])``, ``edge_index [2, E]`` (or a
+        ``torch.sparse`` adjacency ``[N_dst, N_src]`` indexed ``[target, source]``);
         returns ``[N_dst, heads * out_channels]`` (``concat``) or ``[N_dst, out_channels]``; with
         ``return_attention_weights``, also ``(edge_index with self loops, attention [E', heads])``.
         ``edge_attr`` is ignored, as PyG ignores it without ``edge_dim``."""
         if self._runs_as_pyg():
             return super().forward(x, edge_index, edge_attr, size, return_attention_weights)
         check_adjacency(edge_index)
-        if is_sparse(edge_index):
-            raise NotImplementedError("dgl_exact.pyg.GATConv takes an edge_index [2, E], not a sparse adjacency; "
-                                      "convert it with torch_geometric.utils.to_edge_index")
         H, C = self.heads, self.out_channels
         cfg = self._config()
         x_src, x_dst = (x, x) if isinstance(x, Tensor) else x
-        if x_dst is None:
-            raise NotImplementedError("dgl_exact.pyg.GATConv needs destination features: pass (x_src, x_dst)")
+        if x_dst is None:  # no destination term in the attention (PyG's alpha_dst None): h_dst 0, no residual
+            return self._forward_sources_only(x_src, edge_index, size, return_attention_weights)
         same = x_dst is x_src
         res = None
         if self.res is not None:
@@ -146,21 +144,58 @@ class GATConv(CompressedMixin, pyg_nn.GATConv):
             materialize(self.lin_dst, x_dst)
             h_src = linear(x_src, self.lin_src.weight, None, cfg).view(-1, H, C)
             h_dst = linear(x_dst, self.lin_dst.weight, None, cfg).view(-1, H, C)
+        return self._propagate(h_src, h_dst, res, edge_index, size, return_attention_weights, cfg)
+
+    def _forward_sources_only(self, x_src: Tensor, edge_index, size, return_attention_weights):
+        """``forward((x_src, None), ...)``: attention from the sources' term alone, over ``size[1]`` destinations
+        (else the adjacency's rows; else, as PyG's aggregation sizes it, as many as the sources)."""
+        cfg = self._config()
+        lin = self.lin if self.lin is not None else self.lin_src
+        materialize(lin, x_src)
+        h_src = linear(x_src, lin.weight, None, cfg).view(-1, self.heads, self.out_channels)
+        if size is not None:
+            n_dst = size[1]
+        elif is_sparse(edge_index):
+            n_dst = edge_index.shape[0]
+        else:  # PyG's size_i where size[1] is unknown: size[0]
+            n_dst = h_src.size(0)
+        h_dst = h_src.new_zeros((n_dst,) + tuple(h_src.shape[1:]))
+        return self._propagate(h_src, h_dst, None, edge_index, size, return_attention_weights, cfg)
+
+    def _propagate(self, h_src: Tensor, h_dst: Tensor, res: Optional[Tensor], edge_index, size,
+                   return_attention_weights, cfg: CompressionConfig):
+        """Self loops, attention and the weighted sum of the projected features ``h_src [N_src, H, C]``,
+        ``h_dst [N_dst, H, C]``; then :meth:`_finish`."""
+        H = self.heads
         n_src = h_src.size(0) if size is None else size[0]
         n_dst = h_dst.size(0) if size is None else size[1]
         graph, variant = edge_index, "as_is"
-        if self.add_self_loops:
+        if self.add_self_loops:  # (PyG's utilities read a torch.sparse adjacency as well)
             graph = add_self_loops(remove_self_loops(edge_index)[0], num_nodes=min(n_src, n_dst))[0]
             variant = "gat_self_loops"
         st = structure(graph, variant, n_src, n_dst, h_src.device, self.flow, key=edge_index)
         out, alpha = self._attend(st, h_src, h_dst, cfg, need_attention=bool(return_attention_weights))
-        out = out.reshape(-1, H * C) if self.concat else out.mean(dim=1)
+        if return_attention_weights and is_sparse(graph):
+            # PyG returns the (self-looped) adjacency holding the attention, in its layout; ``alpha`` lists its
+            # edges in the order sparse_edges reads them (row-major), which the coalesced COO tensor shares
+            src, dst, _ = sparse_edges(graph)
+            adj = torch.sparse_coo_tensor(torch.stack([dst, src]), alpha, (n_dst, n_src, H)).coalesce()
+            if graph.layout == torch.sparse_csr:
+                adj = adj.to_sparse_csr()
+            elif graph.layout == torch.sparse_csc:
+                adj = adj.to_sparse_csc()
+            return self._finish(out, res), (adj, alpha)
+        if return_attention_weights:
+            return self._finish(out, res), (graph, alpha)
+        return self._finish(out, res)
+
+    def _finish(self, out: Tensor, res: Optional[Tensor]) -> Tensor:
+        """``out [N_dst, H, C]`` concatenated or averaged over heads, plus the residual and the bias."""
+        out = out.reshape(-1, self.heads * self.out_channels) if self.concat else out.mean(dim=1)
         if res is not None:
             out = out + res
         if self.bias is not None:
             out = out + self.bias
-        if return_attention_weights:
-            return out, (graph, alpha)
         return out
 
     def _attend(self, st, h_src: Tensor, h_dst: Tensor, cfg: CompressionConfig, need_attention: bool):

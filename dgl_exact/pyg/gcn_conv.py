@@ -81,8 +81,9 @@ class GCNConv(CompressedMixin, pyg_nn.GCNConv):
         self._init_compression(compression)
 
     def forward(self, x: Tensor, edge_index, edge_weight: Optional[Tensor] = None) -> Tensor:
-        """``x [N, in_channels]``, ``edge_index [2, E]`` (or a ``torch.sparse`` adjacency ``[N, N]`` indexed
-        ``[target, source]``), ``edge_weight [E]``; returns ``[N, out_channels]``."""
+        """``x [N, in_channels]`` (or ``[*, N, in_channels]``, one graph for every leading index, along PyG's
+        ``node_dim``), ``edge_index [2, E]`` (or a ``torch.sparse`` adjacency ``[N, N]`` indexed
+        ``[target, source]``), ``edge_weight [E]``; returns ``[N, out_channels]`` (``[*, N, out_channels]``)."""
         if isinstance(x, (tuple, list)):
             raise ValueError(f"'{self.__class__.__name__}' received a tuple of node features as input while this "
                              f"layer does not support bipartite message passing. Please try other layers such as "
@@ -91,20 +92,32 @@ class GCNConv(CompressedMixin, pyg_nn.GCNConv):
             return super().forward(x, edge_index, edge_weight)
         check_adjacency(edge_index)
         n = x.size(self.node_dim)
+        # nodes along another dimension (a static graph's [B, N, F]): aggregated as [N, B * F]
+        node_dim = self.node_dim % x.dim()
         cfg = self._config()
         materialize(self.lin, x)
+        batch = None
+
+        def projected():
+            nonlocal batch
+            h = linear(x, self.lin.weight, self.lin.bias, cfg)
+            if node_dim == 0:
+                return h
+            h = h.movedim(node_dim, 0)
+            batch = h.shape[1:]
+            return h.reshape(n, -1)
+
         if node_factors(self, edge_index, edge_weight, self.improved):
             st = unit_graph(self, edge_index, n, x.device)
-            h = linear(x, self.lin.weight, self.lin.bias, cfg)
-            out = symmetric_norm_sum(st, h, owned=True)
+            out = symmetric_norm_sum(st, projected(), owned=True)
         else:
             graph, weight, key, variant = normalized_graph(self, edge_index, edge_weight, n, self.improved, x.dtype)
             st = structure(graph, variant, n, n, x.device, self.flow, key=key)
             if is_sparse(graph):
                 weight = sparse_edges(graph)[2]
-            h = linear(x, self.lin.weight, self.lin.bias, cfg)
-            out = weighted_sum(st, h, weight, cfg)
-        del h
+            out = weighted_sum(st, projected(), weight, cfg)
+        if batch is not None:
+            out = out.view(n, *batch).movedim(0, node_dim)
         if self.bias is not None:
             out = out + self.bias
         return out

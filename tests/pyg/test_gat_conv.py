@@ -97,10 +97,49 @@ def test_int2_keeps_less_than_pyg():
 def test_unsupported():
     with pytest.raises(NotImplementedError, match="edge_dim"):
         GATConv(D_IN, D_OUT, edge_dim=3)
+
+
+@pytest.mark.parametrize("kwargs", [dict(), dict(add_self_loops=False), dict(residual=True)], ids=case_id)
+@pytest.mark.parametrize("bipartite", [False, True])
+def test_no_destination_features_equals_pyg(kwargs, bipartite):
+    """``(x_src, None)``: the attention has no destination term (as PyG's): output and gradients (compression
+    off) as PyG's, over ``size[1]`` destinations or, without ``size``, as many as PyG's aggregation makes."""
+    theirs, ours = _pair(in_channels=(D_IN, 7) if bipartite else D_IN, compression=OFF, heads=2, **kwargs)
     ei = random_graph(N)
-    adj_t = torch.sparse_coo_tensor(ei.flip(0), torch.ones(ei.shape[1]), (N, N), check_invariants=True)
-    with pytest.raises(NotImplementedError, match="not a sparse adjacency"):
-        GATConv(D_IN, D_OUT)(torch.randn(N, D_IN), adj_t)
+    ei = ei[:, ei[1] < 20]
+    x = torch.randn(N, D_IN, requires_grad=True)
+    x2 = x.detach().clone().requires_grad_()
+    for size in [(N, 20), None]:
+        out1, out2 = theirs((x * 1.0, None), ei, size=size), ours((x2 * 1.0, None), ei, size=size)
+        torch.testing.assert_close(out2, out1, rtol=1e-5, atol=1e-6)
+        r = torch.randn_like(out1)
+        (out1 * r).sum().backward()
+        (out2 * r).sum().backward()
+        torch.testing.assert_close(x2.grad, x.grad, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr])  # PyG's GATConv refuses CSC
+@pytest.mark.parametrize("loops", [True, False], ids=["self_loops", "as_is"])
+def test_sparse_adjacency_equals_pyg(layout, loops):
+    """A torch.sparse adjacency (indexed [target, source]) gives PyG's output, gradients with compression off,
+    and attention weights returned in an adjacency of the same layout and edges as PyG's."""
+    theirs, ours = _pair(compression=OFF, heads=2, add_self_loops=loops)
+    ei = torch.unique(random_graph(N), dim=1)  # a sparse adjacency holds each edge once
+    adj_t = torch.sparse_coo_tensor(ei.flip(0), torch.ones(ei.shape[1]), (N, N)).coalesce()
+    adj_t = {torch.sparse_coo: adj_t, torch.sparse_csr: adj_t.to_sparse_csr(),
+             torch.sparse_csc: adj_t.to_sparse_csc()}[layout]
+    x = torch.randn(N, D_IN, requires_grad=True)
+    x2 = x.detach().clone().requires_grad_()
+    out1, (adj1, a1) = theirs(x * 1.0, adj_t, return_attention_weights=True)
+    out2, (adj2, a2) = ours(x2 * 1.0, adj_t, return_attention_weights=True)
+    torch.testing.assert_close(out2, out1, rtol=1e-5, atol=1e-6)
+    assert adj2.layout == adj1.layout and adj2.shape == adj1.shape
+    torch.testing.assert_close(adj2.to_dense(), adj1.to_dense(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(ours(x2 * 1.0, adj_t), ours(x2 * 1.0, ei), rtol=1e-5, atol=1e-6)
+    r = torch.randn_like(out1)
+    (out1 * r).sum().backward()
+    (out2 * r).sum().backward()
+    torch.testing.assert_close(x2.grad, x.grad, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("compression", [OFF, INT2], ids=["off", "int2"])

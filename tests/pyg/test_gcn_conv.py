@@ -5,7 +5,7 @@ pyg_nn = pytest.importorskip("torch_geometric.nn", reason="needs torch_geometric
 
 import dgl_exact  # noqa: E402
 from dgl_exact.pyg import GCNConv  # noqa: E402
-from tests.pyg._helpers import (OFF, assert_unbiased, copy_of, linear_weight_sd, random_graph,  # noqa: E402
+from tests.pyg._helpers import (INT2, OFF, assert_unbiased, copy_of, linear_weight_sd, random_graph,  # noqa: E402
                                 saved_bytes)
 
 N, D_IN, D_OUT = 30, 8, 5
@@ -51,6 +51,26 @@ def test_sparse_adjacency_and_cache_equal_pyg():
     # cached: the second call ignores its graph, as PyG's does
     other = random_graph(N, seed=1)
     torch.testing.assert_close(ours(x, other), theirs(x, other), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("compression", [OFF, INT2], ids=["off", "int2"])
+def test_static_graph_batches_equal_pyg(weighted, compression):
+    """Features ``[B, N, F]`` on one graph (PyG's node_dim=-2): PyG's output, and its gradients with compression
+    off."""
+    theirs, ours = _pair(compression=compression)
+    ei = random_graph(N)
+    ew = torch.rand(ei.shape[1]) + 0.1 if weighted else None
+    x = torch.randn(3, N, D_IN, requires_grad=True)
+    x2 = x.detach().clone().requires_grad_()
+    out1, out2 = theirs(x * 1.0, ei, ew), ours(x2 * 1.0, ei, ew)
+    torch.testing.assert_close(out2, out1, rtol=1e-5, atol=1e-6)
+    if not compression.enabled:
+        r = torch.randn_like(out1)
+        (out1 * r).sum().backward()
+        (out2 * r).sum().backward()
+        torch.testing.assert_close(x2.grad, x.grad, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(ours.lin.weight.grad, theirs.lin.weight.grad, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("weighted", [False, True])
