@@ -36,7 +36,7 @@ def validation_grid(work, models: Sequence[str], settings: Sequence[Setting], si
     earlier = {(r["model"], r["setting"]): r for r in measured if r.get("peak_meas_bytes") is not None}
     from tqdm.auto import tqdm
 
-    from .runner import _in_fresh_process, _memory_row
+    from .runner import in_fresh_process, memory_row
 
     rows = []
     gpu = work.device.type == "cuda"
@@ -58,8 +58,8 @@ def validation_grid(work, models: Sequence[str], settings: Sequence[Setting], si
                         "peak_method": f"{old.get('peak_method')} (earlier run"
                                        + (f"; measured code: {old['code']})" if old.get("code") else ")")}
             elif measure:
-                meas = (_in_fresh_process(_memory_row, work, model, setting, "auto") if work.device.type == "cpu"
-                        else _memory_row(work, model, setting, "auto"))
+                meas = (in_fresh_process(memory_row, work, model, setting, "auto") if work.device.type == "cpu"
+                        else memory_row(work, model, setting, "auto"))
             else:
                 meas = None
             if meas is not None:
@@ -98,17 +98,17 @@ def format_rows(rows: Sequence[Dict]) -> str:
 def measure_spec(spec: PlanSpec, setting: Setting, seed: int = 5) -> Dict:
     """Activation memory and step peak of ``spec`` measured on a random graph of its full size, as
     ``dgl-exact bench memory`` measures them (warm-up step, then :func:`dgl_exact.memory.measure_step`).
-    Call it in a fresh process (``dgl_exact.bench.runner._in_fresh_process``) for a CPU peak."""
+    Call it in a fresh process (``dgl_exact.bench.runner.in_fresh_process``) for a CPU peak."""
     import contextlib
 
     import torch
 
     from .. import memory
     from ..compression_config import config as compression_scope
-    from ..planning.predict import _sample_graph, build_for, loss_fn
+    from ..planning.predict import sample_graph, build_for, loss_fn
 
     memory.prepare_cpu_peak()
-    g, feat, y, idx = _sample_graph(spec, spec.nodes, spec.edges, seed, setting.impl)
+    g, feat, y, idx = sample_graph(spec, spec.nodes, spec.edges, seed, setting.impl)
     model = build_for(spec, setting.impl, recompute=setting.recompute)
     model.train()
     opt = torch.optim.Adam(model.parameters(), lr=0.01)

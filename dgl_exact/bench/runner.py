@@ -195,9 +195,9 @@ def memory_grid(work: Workload, models: Sequence[str], settings: Sequence[Settin
             row = {"kind": "memory", "model": model_name, "setting": setting.name, "device": str(work.device),
                    "layers": work.layers_for(model_name), "hidden": work.hidden_for(model_name), "note": why}
         elif isolate:
-            row = _in_fresh_process(_memory_row, work, model_name, setting, cpu_method)
+            row = in_fresh_process(memory_row, work, model_name, setting, cpu_method)
         else:
-            row = _memory_row(work, model_name, setting, cpu_method)
+            row = memory_row(work, model_name, setting, cpu_method)
         rows.append(row)
     _add_ratios(rows, "activation_bytes", baseline_over_value=True)
     _add_ratios(rows, "step_peak_bytes", baseline_over_value=True, out="peak_ratio_vs_baseline")
@@ -206,7 +206,7 @@ def memory_grid(work: Workload, models: Sequence[str], settings: Sequence[Settin
     return rows
 
 
-def _memory_row(work: Workload, model_name: str, setting: Setting, cpu_method: str = "auto") -> Dict:
+def memory_row(work: Workload, model_name: str, setting: Setting, cpu_method: str = "auto") -> Dict:
     row = {"kind": "memory", "model": model_name, "setting": setting.name, "device": str(work.device),
            "layers": work.layers_for(model_name), "hidden": work.hidden_for(model_name)}
     plan_scope = contextlib.nullcontext()
@@ -267,7 +267,7 @@ def _child(fn, threads, args):
     return fn(*args)
 
 
-def _in_fresh_process(fn, *args):
+def in_fresh_process(fn, *args):
     """``fn(*args)`` in a fresh Python process (same torch thread count), its return value (a JSON-able row).
     A plain subprocess, not multiprocessing: no re-import of the caller's ``__main__``. Nothing passes
     through files: the task goes to the child's stdin, the row comes back as JSON through a pipe, so the

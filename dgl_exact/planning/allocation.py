@@ -140,7 +140,7 @@ def _pareto(slots: Sequence[Slot], fronts, bounds: Sequence[float], cost, work: 
     return picks[::-1], states[-1][0]
 
 
-def _uniform_option(name: str) -> Optional[str]:
+def uniform_option(name: str) -> Optional[str]:
     """The :data:`OPTIONS` name a uniform setting keeps every slot with (None: not one of them)."""
     setting = select(name)[0]
     if not setting.compression.enabled:
@@ -148,7 +148,7 @@ def _uniform_option(name: str) -> Optional[str]:
     return next((n for n, c in OPTIONS.items() if c == setting.compression), None)
 
 
-def _bytes_under(s: Slot, ref: str) -> int:
+def bytes_under(s: Slot, ref: str) -> int:
     """The slot's bytes under the uniform option ``ref`` (an op that does not allow projection keeps it
     unprojected)."""
     if ref in s.bytes:
@@ -156,5 +156,6 @@ def _bytes_under(s: Slot, ref: str) -> int:
     return compressed_nbytes((s.rows, s.width), OPTIONS[ref].replace(kept_frac=1.0))
 
 
-def _variance(slots: Sequence[Slot]) -> float:
+def total_variance(slots: Sequence[Slot]) -> float:
+    """The summed added variance of the slots' current choices."""
     return sum(s.variance.get(s.choice, 0.0) for s in slots)

@@ -30,11 +30,11 @@ from .. import memory
 from .settings import OPTIONS, Setting, select
 from .predict import (DEFAULT_SETTINGS, SAMPLE_NODES, PlanRecord, PlanSpec, build_for, check_depth, combine,
                       device_bytes, samples_for, single_thread)
-from .slots import (FP, PROBE, PROBE_RP, BudgetError, PlanMismatchError, Slot, _family, _slots_from_runs,
+from .slots import (FP, PROBE, PROBE_RP, BudgetError, PlanMismatchError, Slot, probe_family, slots_from_runs,
                     keep)
 from .budgeted import BudgetPlan
-from .peak import PeakModel, _allocate_against, allocate_for_peak, allocate_with_trades, trade_plans
-from .allocation import _uniform_option, _variance, allocate
+from .peak import PeakModel, allocate_against, allocate_for_peak, allocate_with_trades, trade_plans
+from .allocation import uniform_option, total_variance, allocate
 from .sensitivity import REL_FLOOR, estimate_sensitivity, per_parameter_steps, relative_weights
 from ..units import format_bytes, parse_bytes, round_up_size
 
@@ -154,7 +154,7 @@ def _budget_plan_once(spec: PlanSpec, budget: int, data=None, replicas: int = 2,
             runs[s.name] = (r1, r2)
             own[s.name] = combine(spec, s.name, r1, r2, g1.scale, g2.scale, budget)
             uniform[s.name] = given.get(s.name) or own[s.name]
-        slots = _slots_from_runs(*runs["INT2"], g1.scale, g2.scale)
+        slots = slots_from_runs(*runs["INT2"], g1.scale, g2.scale)
         ref = uniform["INT2"]
         room = budget - ref.static_bytes    # for the step peak
         for s in slots:  # sizes only: is there any plan at all?
@@ -172,19 +172,19 @@ def _budget_plan_once(spec: PlanSpec, budget: int, data=None, replicas: int = 2,
         graph, feat, label, idx = _probe_data(data, probe_nodes, seed)
     model = build_for(spec, "exact", seed)
     if log:
-        probes = sum(len({_family(n) for n in sl.allowed() if OPTIONS[n].enabled}) for sl in slots)
+        probes = sum(len({probe_family(n) for n in sl.allowed() if OPTIONS[n].enabled}) for sl in slots)
         log(f"estimating per-tensor sensitivity: {1 + probes * replicas} forward/backward passes on "
             f"{graph.num_nodes():,} nodes")
     estimate_sensitivity(model, graph, feat, label, idx, slots, replicas, seed, relative=relative)
     sound = None
     try:
         sound_ref = allocate_for_peak(slots, room, uniform)
-        sound = (_variance(slots), sound_ref, [s.choice for s in slots])
+        sound = (total_variance(slots), sound_ref, [s.choice for s in slots])
     except BudgetError:
         pass
     models = {}
     for name, (r1, r2) in runs.items():
-        option = _uniform_option(name)
+        option = uniform_option(name)
         if option is not None and all(r.born >= 0 for r in r2.stashes if r.kept != "reference"):
             try:
                 # on the verification's scale: own total + _shift within the budget, the room being the budget
@@ -223,7 +223,7 @@ def _budget_plan_once(spec: PlanSpec, budget: int, data=None, replicas: int = 2,
     fallback = _no_worse_than_uniform(plan)
     if fallback in models:
         _upgrade_uniform(plan, fallback, room, models, g1, g2, own)
-    plan.variance = _variance(slots)
+    plan.variance = total_variance(slots)
     model = models.get(plan.reference) or models.get(PROBE)
     if model is not None:
         alive = model.alive_at_peak([s.bytes[s.choice] for s in slots])
@@ -259,7 +259,7 @@ def _no_worse_than_uniform(plan: BudgetPlan) -> Optional[str]:
     slots = plan.slots
     best = None
     for name, rec in plan.uniform.items():
-        ref = _uniform_option(name)
+        ref = uniform_option(name)
         if ref is None or rec.total_bytes > plan.budget:
             continue
         choices = [_uniform_choice(s, ref) for s in slots]
@@ -269,7 +269,7 @@ def _no_worse_than_uniform(plan: BudgetPlan) -> Optional[str]:
             best = (own, other, name, choices, rec)
     if best is None:
         return None
-    own = _variance(slots)
+    own = total_variance(slots)
     other = sum(s.other_variance.get(s.choice, 0.0) for s in slots)
     if own <= best[0] * (1 + 1e-9) and other <= best[1] * (1 + 1e-9):
         return None
@@ -298,12 +298,12 @@ def _upgrade_uniform(plan: BudgetPlan, name: str, room: int, models: Dict[str, P
         allowed = {n: x for n, x in s.variance.items() if x <= v and s.other_variance.get(n, 0.0) <= o}
         shadow.append(dataclasses.replace(s, variance={n: allowed.get(n, math.inf) for n in s.allowed()}))
     try:
-        _allocate_against(shadow, name, room, plan.uniform, models)
+        allocate_against(shadow, name, room, plan.uniform, models)
     except BudgetError:
         return
     choices = [s.choice for s in shadow]
     var = sum(s.variance.get(c, 0.0) for s, c in zip(slots, choices))
-    if choices == base or var >= _variance(slots):
+    if choices == base or var >= total_variance(slots):
         return
     verified, _, _ = _verify_trades(plan, [(var, name, choices, room)], math.inf, g1, g2, own, models,
                                     per_reference=1)
@@ -376,10 +376,10 @@ def _verify_trades(plan: BudgetPlan, candidates: Sequence[tuple], worst: float, 
             totals.append(rec.total_bytes)
             room -= rec.total_bytes - plan.budget
             try:
-                _allocate_against(slots, name, room, plan.uniform, models or {})
+                allocate_against(slots, name, room, plan.uniform, models or {})
             except BudgetError:
                 break
-            if _variance(slots) >= worst:
+            if total_variance(slots) >= worst:
                 break
             choices = [s.choice for s in slots]
     return None, rejected, totals

@@ -35,7 +35,7 @@ from typing import Dict, List, Optional, Sequence
 
 from .predict import PlanRecord, extrapolated_points
 from .slots import BudgetError, Slot
-from .allocation import _bytes_under, _uniform_option, _variance, allocate
+from .allocation import bytes_under, uniform_option, total_variance, allocate
 
 
 def allocate_for_peak(slots: Sequence[Slot], room: int, uniform: Dict[str, PlanRecord]) -> str:
@@ -48,12 +48,12 @@ def allocate_for_peak(slots: Sequence[Slot], room: int, uniform: Dict[str, PlanR
     :class:`BudgetError` (``needed``: the smallest peak bound) when none fits."""
     best, needed = None, math.inf
     for name, rec in uniform.items():
-        ref = _uniform_option(name)
+        ref = uniform_option(name)
         if ref is None:
             continue
 
         def cost(s, n, ref=ref):
-            return max(0, s.bytes[n] - _bytes_under(s, ref))
+            return max(0, s.bytes[n] - bytes_under(s, ref))
 
         try:
             allocate(slots, room - rec.step_peak_bytes, cost)
@@ -61,7 +61,7 @@ def allocate_for_peak(slots: Sequence[Slot], room: int, uniform: Dict[str, PlanR
             needed = min(needed, rec.step_peak_bytes + e.needed)
             continue
         needed = min(needed, rec.step_peak_bytes)
-        var = _variance(slots)
+        var = total_variance(slots)
         if best is None or var < best[0]:
             best = (var, name, [s.choice for s in slots])
     if best is None:
@@ -92,7 +92,7 @@ class PeakModel:
             if st is None or st.born < 0 or st.shape != s.shape:
                 raise ValueError(f"slot {s.index} has no recorded life under this setting")
             lives.append((st.born, math.inf if st.died is None else st.died))
-        under = [_bytes_under(s, ref) for s in slots]
+        under = [bytes_under(s, ref) for s in slots]
         points: Dict[tuple, float] = {}
         for value, j in extrapolated_points(r1, r2, s1, s2):
             alive = tuple(p for p, (born, died) in enumerate(lives) if born <= j < died)
@@ -123,7 +123,7 @@ class PeakModel:
         return out
 
 
-def _allocate_against(slots: Sequence[Slot], name: str, room: int, uniform: Dict[str, PlanRecord],
+def allocate_against(slots: Sequence[Slot], name: str, room: int, uniform: Dict[str, PlanRecord],
                       models: Dict[str, PeakModel]) -> int:
     """Allocate the slots so that the predicted step peak against uniform ``name`` stays within ``room``;
     returns the predicted peak. With a :class:`PeakModel` for ``name``, every point of its timeline is held
@@ -131,8 +131,8 @@ def _allocate_against(slots: Sequence[Slot], name: str, room: int, uniform: Dict
     slot counted as alive at the peak). :class:`BudgetError` (``needed``: the cheapest plan's peak)."""
     model = models.get(name)
     if model is None:
-        ref = _uniform_option(name)
-        other = uniform[name].step_peak_bytes - sum(_bytes_under(s, ref) for s in slots)
+        ref = uniform_option(name)
+        other = uniform[name].step_peak_bytes - sum(bytes_under(s, ref) for s in slots)
         try:
             return other + allocate(slots, room - other)  # plain bytes: the signed sum, shifted by u's kept bytes
         except BudgetError as e:
@@ -155,7 +155,7 @@ def _allocate_against(slots: Sequence[Slot], name: str, room: int, uniform: Dict
 def trade_plans(slots: Sequence[Slot], room: int, uniform: Dict[str, PlanRecord],
                 models: Optional[Dict[str, PeakModel]] = None) -> List[tuple]:
     """Plans that trade bytes between slots: per uniform setting ``u``, the allocation whose predicted step
-    peak stays within ``room`` (:func:`_allocate_against`: a slot below ``u``'s bytes pays for one above, and
+    peak stays within ``room`` (:func:`allocate_against`: a slot below ``u``'s bytes pays for one above, and
     with a :class:`PeakModel` in ``models`` a slot freed before the peak is free up to the next point); as
     ``(variance, u, choices, room)``, distinct choices only, least variance first. Exact when the plan's
     transients are ``u``'s (and, without a model, every kept activation is alive at the peak), optimistic
@@ -163,10 +163,10 @@ def trade_plans(slots: Sequence[Slot], room: int, uniform: Dict[str, PlanRecord]
     last allocation made. :class:`BudgetError` (``needed``: the smallest predicted peak) when none fits."""
     out, seen, needed = [], set(), math.inf
     for name in uniform:
-        if _uniform_option(name) is None:
+        if uniform_option(name) is None:
             continue
         try:
-            peak = _allocate_against(slots, name, room, uniform, models or {})
+            peak = allocate_against(slots, name, room, uniform, models or {})
         except BudgetError as e:
             needed = min(needed, e.needed)
             continue
@@ -174,7 +174,7 @@ def trade_plans(slots: Sequence[Slot], room: int, uniform: Dict[str, PlanRecord]
         choices = tuple(s.choice for s in slots)
         if choices not in seen:
             seen.add(choices)
-            out.append((_variance(slots), name, list(choices), room))
+            out.append((total_variance(slots), name, list(choices), room))
     if not out:
         err = BudgetError("no plan fits")
         err.needed = needed

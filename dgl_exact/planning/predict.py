@@ -237,7 +237,7 @@ class SampleRun:
     seconds: float
 
 
-def _sample_graph(spec: PlanSpec, n: int, e: int, seed: int = 0, impl: str = "exact"):
+def sample_graph(spec: PlanSpec, n: int, e: int, seed: int = 0, impl: str = "exact"):
     """``(graph, feat, label, train_idx)`` of a random sample graph, the graph prepared as the trainer
     prepares a full graph for dgl_exact's models (int32 ids, CSC and CSR only), or for another ``impl``'s
     (DGL's own modules read a COO) as the benchmarks give it (int32 ids, every format)."""
@@ -351,7 +351,7 @@ class SampleGraph:
 
     def __init__(self, spec: PlanSpec, nodes: int, edges: int, scale: float = 1.0, gpu: bool = False, seed: int = 0):
         self.spec, self.scale, self.gpu, self.seed = spec, scale, gpu, seed
-        self.graph, self.feat, self.label, self.idx = _sample_graph(spec, nodes, edges, seed)
+        self.graph, self.feat, self.label, self.idx = sample_graph(spec, nodes, edges, seed)
         self.nodes, self.edges = nodes, edges
         self.structure_bytes: Dict[str, int] = {}  # per implementation warmed up: its structure caches
         self._graphs = {"exact": self.graph}  # one graph object per implementation (caches live on it)
@@ -381,7 +381,7 @@ class SampleGraph:
         implementation, so that one implementation's structure caches are not counted for, or taken
         from, another (caches live on the graph object)."""
         if impl not in self._graphs:
-            self._graphs[impl] = _sample_graph(self.spec, self.nodes, self.edges, self.seed, impl)[0]
+            self._graphs[impl] = sample_graph(self.spec, self.nodes, self.edges, self.seed, impl)[0]
         return self._graphs[impl]
 
     def forward_fn(self, model, impl: str):

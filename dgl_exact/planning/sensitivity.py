@@ -24,7 +24,7 @@ from .. import ops
 from ..compression import compress, decompress
 from ..ops import keep as keeping
 from .settings import OPTIONS
-from .slots import FP, PROBE, Slot, _family, keep
+from .slots import FP, PROBE, Slot, probe_family, keep
 
 
 #: a parameter tensor whose exact gradient has less than this fraction of the mean tensor's squared norm has no
@@ -105,7 +105,7 @@ def estimate_sensitivity(model: torch.nn.Module, graph, feat, label, idx, slots:
     g0 = torch.cat([g.flatten() for g in exact])
     del exact
     for slot in slots:
-        probes = sorted({_family(n) for n in slot.allowed() if OPTIONS[n].enabled})
+        probes = sorted({probe_family(n) for n in slot.allowed() if OPTIONS[n].enabled})
         v, w = {}, {}  # relative, plain
         for probe in probes:
             v[probe] = w[probe] = 0.0
@@ -118,8 +118,8 @@ def estimate_sensitivity(model: torch.nn.Module, graph, feat, label, idx, slots:
         def scaled(n, v):
             if not OPTIONS[n].enabled:
                 return 0.0
-            ref = e.get(_family(n), 0.0)
-            return v[_family(n)] * e.get(n, 0.0) / ref if ref > 0 else 0.0
+            ref = e.get(probe_family(n), 0.0)
+            return v[probe_family(n)] * e.get(n, 0.0) / ref if ref > 0 else 0.0
 
         rel = {n: scaled(n, v) for n in slot.allowed()}
         plain = {n: scaled(n, w) for n in slot.allowed()}

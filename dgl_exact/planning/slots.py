@@ -29,7 +29,8 @@ PROBE = "INT2"
 PROBE_RP = "INT2 + RP(0.125)"
 
 
-def _family(name: str) -> str:
+def probe_family(name: str) -> str:
+    """The probe an option's variance is estimated with: with or without random projection."""
     return PROBE_RP if OPTIONS[name].kept_frac < 1.0 else PROBE
 
 
@@ -69,7 +70,8 @@ class Slot:
         return compressed_nbytes((self.rows, self.width), cfg)
 
 
-def _slots_from_runs(r1, r2, s1: float, s2: float) -> List[Slot]:
+def slots_from_runs(r1, r2, s1: float, s2: float) -> List[Slot]:
+    """One :class:`Slot` per activation kept by both sample runs, its bytes extrapolated to full size."""
     if len(r1.stashes) != len(r2.stashes):
         raise RuntimeError("the two sample runs kept a different number of activations; cannot plan per tensor")
     slots = []

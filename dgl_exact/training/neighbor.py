@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from .._compat import dgl_supports_device, import_dgl
-from .samplers import Batch, BatchSampler, _structure_only
+from .samplers import Batch, BatchSampler, structure_only
 
 dgl = import_dgl()
 
@@ -181,7 +181,7 @@ class NeighborSampler(BatchSampler):
         self.batch_size = int(batch_size)
         self.deterministic = bool(deterministic)
         self.sampler = dgl.dataloading.NeighborSampler(self.fanouts, replace=replace)
-        self._structure = _structure_only(g)  # blocks copy no node data; features are sliced per batch
+        self._structure = structure_only(g)  # blocks copy no node data; features are sliced per batch
         self._feat = g.ndata["feat"]
         self._label = g.ndata["label"]
 

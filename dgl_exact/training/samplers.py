@@ -166,7 +166,7 @@ def _read_cache(key: _CacheKey, spec: Dict[str, Any],
     return arrays
 
 
-def _structure_only(g):
+def structure_only(g):
     """A view of ``g`` without node/edge data (shares the structure; ``g`` itself is untouched)."""
     view = g.local_var()
     for key in list(view.ndata.keys()):
@@ -432,7 +432,7 @@ class SAINTSampler(BatchSampler):
             raise ValueError(f"loss_norm must be 'train' or 'all', got {loss_norm!r}")
         self.mode, self.budget, self.walk_length = mode, int(budget), walk_length
         self.sample_coverage, self.loss_norm = sample_coverage, loss_norm
-        self._structure = _structure_only(g)
+        self._structure = structure_only(g)
         self._prepare_sampling()
 
         nominal = {"node": budget, "edge": 2 * budget, "walk": budget * ((walk_length or 0) + 1)}[mode]
@@ -662,7 +662,7 @@ class ClusterGCNSampler(BatchSampler):
         if self.num_parts == 1:  # METIS rejects k = 1
             return torch.zeros(self.g.num_nodes(), dtype=torch.int64)
         # DGL's METIS takes int64 ids only: an int32 graph is widened for the call (the same partition)
-        parts = dgl.metis_partition_assignment(_structure_only(self.g).long(), self.num_parts,
+        parts = dgl.metis_partition_assignment(structure_only(self.g).long(), self.num_parts,
                                                balance_edges=balance_edges)
         return parts.to(torch.int64)
 

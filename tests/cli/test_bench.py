@@ -190,13 +190,13 @@ def test_fresh_process_round_trip_through_pipes():
     read from a file); its failure is raised with its stderr."""
     import os
 
-    from dgl_exact.bench.runner import _in_fresh_process
+    from dgl_exact.bench.runner import in_fresh_process
 
-    child = _in_fresh_process(os.getpid)
+    child = in_fresh_process(os.getpid)
     assert isinstance(child, int) and child != os.getpid()
-    assert _in_fresh_process(dict, {"a": 1.5, "b": None}) == {"a": 1.5, "b": None}
+    assert in_fresh_process(dict, {"a": 1.5, "b": None}) == {"a": 1.5, "b": None}
     with pytest.raises(RuntimeError, match="invalid literal"):
-        _in_fresh_process(int, "not a number")
+        in_fresh_process(int, "not a number")
 
 
 def test_bench_memory_out_on_a_full_disk_keeps_the_earlier_rows(tmp_path, capsys, monkeypatch, full_disk):

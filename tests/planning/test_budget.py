@@ -62,7 +62,7 @@ def test_budget_plan_hook_applies_the_choice():
     plan = B.budget_plan(spec, 10 * 2**30, replicas=1, sample_nodes=200)  # room for everything: every slot exact
     assert all(s.choice == "fp32" for s in plan.slots)
     plan.slots[0].choice = "INT1"
-    g, feat, y, idx = P._sample_graph(spec, spec.nodes, spec.edges, 1)
+    g, feat, y, idx = P.sample_graph(spec, spec.nodes, spec.edges, 1)
     model = P.build_for(spec)
     kept = []
     orig = keeping.default_stash
@@ -94,7 +94,7 @@ def test_exact_slots_survive_in_place_ops():
     # 9,000 x 128 spans more than one CPU row chunk: linear_reusing takes its in-place path
     spec = P.PlanSpec(model="gcn", nodes=9000, edges=36000, features=16, classes=3, hidden=128, layers=3,
                       batch_norm=False, dropout=0.0)
-    g, feat, y, idx = P._sample_graph(spec, spec.nodes, spec.edges, 1)
+    g, feat, y, idx = P.sample_graph(spec, spec.nodes, spec.edges, 1)
     int2 = CompressionConfig(bits=2)
 
     def grads(hook, scope):
@@ -124,7 +124,7 @@ def test_a_plan_applied_to_another_forward_raises_and_its_scope_matches():
     spec = P.PlanSpec(model="gat", nodes=400, edges=2400, features=16, classes=3, hidden=8, layers=2, heads=2)
     plan = B.budget_plan(spec, 10 * 2**30, replicas=1, sample_nodes=200)
     assert plan.scope == B.OPTIONS[B.PROBE] and plan.scope.enabled
-    g, feat, y, idx = P._sample_graph(spec, spec.nodes, spec.edges, 1)
+    g, feat, y, idx = P.sample_graph(spec, spec.nodes, spec.edges, 1)
     model = P.build_for(spec)
     shapes = []
     orig = keeping.default_stash
@@ -156,7 +156,7 @@ def test_a_plan_applied_to_another_forward_raises_and_its_scope_matches():
 def _gcn_case(nodes=3000):
     spec = P.PlanSpec(model="gcn", nodes=nodes, edges=12 * nodes, features=32, classes=4, hidden=64, layers=3,
                       batch_norm=False)
-    g, feat, y, idx = P._sample_graph(spec, spec.nodes, spec.edges, 2)
+    g, feat, y, idx = P.sample_graph(spec, spec.nodes, spec.edges, 2)
     return spec, (g, feat, y, idx)
 
 
@@ -387,7 +387,7 @@ def test_sensitivity_of_batch_norm_inputs_matches_measurement(option, relative):
 
     spec = P.PlanSpec(model="gcn", nodes=2000, edges=16000, features=32, classes=4, hidden=32, layers=3,
                       batch_norm=True, dropout=0.0)
-    g, feat, y, idx = P._sample_graph(spec, spec.nodes, spec.edges, 4)
+    g, feat, y, idx = P.sample_graph(spec, spec.nodes, spec.edges, 4)
     slots = [B.Slot(i, spec.nodes, 32, 4, True, (spec.nodes, 32)) for i in range(5)]
     for s in slots:
         s.bytes = {n: s.nbytes(n) for n in s.allowed()}
@@ -494,7 +494,7 @@ def test_plan_no_worse_than_uniform_on_either_measure():
     for s, c in zip(plan.slots, want):
         s.choice = c
     int2 = sum(s.variance["INT2"] for s in plan.slots)
-    assert B._variance(plan.slots) < int2 < sum(s.variance["INT1"] for s in plan.slots)  # INT2: best uniform
+    assert B.total_variance(plan.slots) < int2 < sum(s.variance["INT1"] for s in plan.slots)  # INT2: best uniform
     plan.allocation = "test"
     B._no_worse_than_uniform(plan)  # ... and far above in the plain one: INT2 itself
     assert [s.choice for s in plan.slots] == ["INT2"] * len(plan.slots)

@@ -16,7 +16,7 @@ REQUIRED = {"setting", "static_bytes", "activation_bytes", "step_peak_bytes", "t
 
 def _measured_activation(spec, setting, seed=5):
     """Activation bytes of a real training forward on a random graph of the spec's full size."""
-    g, feat, y, idx = P._sample_graph(spec, spec.nodes, spec.edges, seed)
+    g, feat, y, idx = P.sample_graph(spec, spec.nodes, spec.edges, seed)
     model = P.build_for(spec, setting.impl, recompute=setting.recompute)
     model.train()
     loss_of = P.loss_fn(setting.impl)
@@ -139,7 +139,7 @@ def test_step_peak_prediction_tracks_timeline():
 @pytest.mark.parametrize("model", ["sage", "gcn", "gat", "gcn2"])
 def test_step_peak_prediction_against_measurement(model):
     """Predicted against measured (fresh process, resident high-water mark) on a 60k-node random graph."""
-    from dgl_exact.bench.runner import _in_fresh_process
+    from dgl_exact.bench.runner import in_fresh_process
     from dgl_exact.bench.plan_validation import measure_spec
 
     if memory.vmhwm_available():
@@ -148,7 +148,7 @@ def test_step_peak_prediction_against_measurement(model):
     for name in ("dgl_exact fp32", "INT2"):
         setting = select(name)[0]
         rec = P.predict(spec, setting)
-        meas = _in_fresh_process(measure_spec, spec, setting)
+        meas = in_fresh_process(measure_spec, spec, setting)
         assert rec.activation_bytes == pytest.approx(meas["activation_bytes"], rel=0.001)
         assert rec.step_peak_bytes == pytest.approx(meas["step_peak_bytes"], rel=0.25)
 
@@ -157,7 +157,7 @@ def test_step_peak_prediction_against_measurement(model):
 def test_chunked_gat_prediction_against_measurement():
     """GAT on a dense graph runs its attention in edge chunks (ops/edge_chunks.py): the sample runs chunk as
     the full graph does, so the prediction holds there too (it was 1.5x the measured peak before)."""
-    from dgl_exact.bench.runner import _in_fresh_process
+    from dgl_exact.bench.runner import in_fresh_process
     from dgl_exact.bench.plan_validation import measure_spec
 
     if memory.vmhwm_available():
@@ -165,7 +165,7 @@ def test_chunked_gat_prediction_against_measurement():
     spec = P.PlanSpec(model="gat", nodes=6000, edges=6000 * 300, features=32, classes=4, hidden=64, layers=3)
     setting = select("INT2")[0]
     rec = P.predict(spec, setting)
-    meas = _in_fresh_process(measure_spec, spec, setting)
+    meas = in_fresh_process(measure_spec, spec, setting)
     assert rec.step_peak_bytes == pytest.approx(meas["step_peak_bytes"], rel=0.25)
 
 
