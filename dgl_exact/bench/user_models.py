@@ -17,6 +17,16 @@ model's step peak, and ``SAGEConv`` does not release a donated input: both peak 
 symmetric degree norm ``1 / sqrt(d_u d_v)`` (no weight of its own); ``sage``, ``dgl.nn.SAGEConv(hidden,
 hidden, 'mean')``; ``gat``, ``dgl.nn.GATConv`` with :data:`BLOCK_GAT_HEADS` heads of ``hidden / heads``
 concatenated back to ``hidden``.
+
+``arxiv-gcn-user``, ``arxiv-gat-user``: models written in the architecture and API style of DGL's ogbn-arxiv
+example (``examples/pytorch/ogb/ogbn-arxiv/models.py``; written here, not copied): :class:`ArxivGCN`, GraphConv
+layers with bias-free linear residuals, BatchNorm, ``F.relu`` and Dropout as statements of a plain loop;
+:class:`ArxivGAT`, a custom attention layer (:class:`ArxivGATConv`) on DGL's message-passing API
+(``apply_edges(fn.u_add_v)``, ``edge_softmax``, ``update_all(fn.u_mul_e, fn.sum)``) with a linear residual,
+3 heads. ``user-gcn2``: a user's GCNII loop (:class:`UserGCNII`), 16 ``dgl.nn.GCN2Conv`` each followed by an
+``nn.Sequential(BatchNorm1d, ReLU, Dropout)``. All three are converted by the README's one line,
+``dgl_exact.compress_model(model)``, and nothing else; ``dgl-exact bench census`` names the lines that hold
+their peaks.
 """
 from __future__ import annotations
 
@@ -24,6 +34,7 @@ from typing import Callable, Optional
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from .._compat import import_dgl
 from ..nn.convert import compress_model
@@ -31,9 +42,14 @@ from ..ops.keep import donate
 from ..training.workloads import ModelTraits
 
 dgl = import_dgl()
+fn = dgl.function
+edge_softmax = dgl.nn.functional.edge_softmax
 
 BLOCK_MODELS = ("user-block-gcn", "user-block-sage", "user-block-gat")
-USER_MODELS = ("user-sage", "user-sage-donate") + BLOCK_MODELS
+#: written the way DGL's ogbn-arxiv example writes its models, and a user's GCNII loop
+ARXIV_MODELS = ("arxiv-gcn-user", "arxiv-gat-user", "user-gcn2")
+USER_MODELS = ("user-sage", "user-sage-donate") + BLOCK_MODELS + ARXIV_MODELS
+ARXIV_GAT_HEADS, GCN2_USER_LAYERS = 3, 16
 BLOCK_HIDDEN, BLOCK_LAYERS, BLOCK_DROPOUT, BLOCK_GAT_HEADS = 512, 5, 0.1, 4
 #: the user models' workload facts (:class:`~dgl_exact.training.workloads.ModelTraits`: self loops for the
 #: GCN and GAT blocks, as DGL's GraphConv and GATConv want; default width and depth)
@@ -44,6 +60,9 @@ USER_MODEL_TRAITS = {t.name: t for t in (
     ModelTraits("user-block-sage", self_loops=False, csc_only=False, hidden=BLOCK_HIDDEN, layers=BLOCK_LAYERS),
     ModelTraits("user-block-gat", self_loops=True, csc_only=False, hidden=BLOCK_HIDDEN, layers=BLOCK_LAYERS,
                 heads=BLOCK_GAT_HEADS),
+    ModelTraits("arxiv-gcn-user", self_loops=True, csc_only=False, hidden=256),
+    ModelTraits("arxiv-gat-user", self_loops=True, csc_only=False, hidden=128, heads=ARXIV_GAT_HEADS),
+    ModelTraits("user-gcn2", self_loops=True, csc_only=False, hidden=256, layers=GCN2_USER_LAYERS),
 )}
 
 
@@ -154,7 +173,144 @@ def build_user_model(name: str, in_feats: int, hidden: int, classes: int, layers
         raise ValueError(f"unknown user model {name!r}; expected one of {USER_MODELS}")
     if name in BLOCK_MODELS:  # its own dropout; no batch norm
         model = build_block_model(name.rsplit("-", 1)[1], in_feats, hidden, classes, layers)
+    elif name == "arxiv-gcn-user":
+        model = ArxivGCN(in_feats, hidden, classes, layers, F.relu, dropout)
+    elif name == "arxiv-gat-user":
+        model = ArxivGAT(in_feats, hidden, classes, layers, ARXIV_GAT_HEADS, F.relu, dropout)
+    elif name == "user-gcn2":
+        model = UserGCNII(in_feats, hidden, classes, layers, dropout)
     else:
         model = UserSAGE(in_feats, hidden, classes, layers, dropout, batch_norm,
                          donate_inputs=name.endswith("donate"))
     return compress_model(model) if impl == "exact" else model
+
+
+class ArxivGCN(nn.Module):
+    """A GCN in the style of DGL's ogbn-arxiv example: ``layers`` ``dgl.nn.GraphConv`` ('both' norm), each
+    with a bias-free linear residual ``Linear(h)`` added to its output, then ``BatchNorm1d``, the activation
+    (a function: ``F.relu``) and ``Dropout`` as separate statements of a plain loop; input dropout
+    ``min(0.1, dropout)``; only the last conv has a bias."""
+
+    def __init__(self, in_feats: int, hidden: int, classes: int, layers: int, activation: Callable,
+                 dropout: float):
+        super().__init__()
+        self.layers, self.activation = layers, activation
+        dims = [in_feats] + [hidden] * (layers - 1) + [classes]
+        self.convs = nn.ModuleList()
+        self.linears = nn.ModuleList()
+        self.norms = nn.ModuleList()
+        for i, (a, b) in enumerate(zip(dims[:-1], dims[1:])):
+            self.convs.append(dgl.nn.GraphConv(a, b, "both", bias=i == layers - 1))
+            self.linears.append(nn.Linear(a, b, bias=False))
+            if i < layers - 1:
+                self.norms.append(nn.BatchNorm1d(b))
+        self.input_drop = nn.Dropout(min(0.1, dropout))
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, graph, feat):
+        """Logits of every node of ``graph`` from features ``feat``."""
+        h = self.input_drop(feat)
+        for i in range(self.layers):
+            conv = self.convs[i](graph, h)
+            linear = self.linears[i](h)
+            h = conv + linear
+            if i < self.layers - 1:
+                h = self.norms[i](h)
+                h = self.activation(h)
+                h = self.dropout(h)
+        return h
+
+
+class ArxivGATConv(nn.Module):
+    """A graph attention layer written with DGL's message-passing API, as DGL's ogbn-arxiv example writes
+    its own: ``fc`` to ``heads x out``, per-head scores ``el``/``er`` summed on the edges
+    (``apply_edges(fn.u_add_v)``), leaky ReLU, ``edge_softmax``, attention dropout, the weighted sum
+    (``update_all(fn.u_mul_e, fn.sum)``), plus a linear residual of the input."""
+
+    def __init__(self, in_feats: int, out_feats: int, heads: int, attn_drop: float = 0.05,
+                 negative_slope: float = 0.2):
+        super().__init__()
+        self.heads, self.out_feats = heads, out_feats
+        self.fc = nn.Linear(in_feats, heads * out_feats, bias=False)
+        self.attn_l = nn.Parameter(torch.empty(1, heads, out_feats))
+        self.attn_r = nn.Parameter(torch.empty(1, heads, out_feats))
+        self.attn_drop = nn.Dropout(attn_drop)
+        self.leaky_relu = nn.LeakyReLU(negative_slope)
+        self.res_fc = nn.Linear(in_feats, heads * out_feats, bias=False)
+        self.bias = nn.Parameter(torch.zeros(1, heads, out_feats))
+        gain = nn.init.calculate_gain("relu")
+        for w in (self.fc.weight, self.res_fc.weight, self.attn_l, self.attn_r):
+            nn.init.xavier_normal_(w, gain=gain)
+
+    def forward(self, graph, feat):
+        """``(N, heads, out)``: each head's attention-weighted sum of its neighbours, plus the residual."""
+        with graph.local_scope():
+            ft = self.fc(feat).view(-1, self.heads, self.out_feats)
+            el = (ft * self.attn_l).sum(dim=-1).unsqueeze(-1)
+            er = (ft * self.attn_r).sum(dim=-1).unsqueeze(-1)
+            graph.srcdata.update({"ft": ft, "el": el})
+            graph.dstdata.update({"er": er})
+            graph.apply_edges(fn.u_add_v("el", "er", "e"))
+            e = self.leaky_relu(graph.edata.pop("e"))
+            graph.edata["a"] = self.attn_drop(edge_softmax(graph, e))
+            graph.update_all(fn.u_mul_e("ft", "a", "m"), fn.sum("m", "ft"))
+            rst = graph.dstdata["ft"]
+            rst = rst + self.res_fc(feat).view(-1, self.heads, self.out_feats)
+            return rst + self.bias
+
+
+class ArxivGAT(nn.Module):
+    """``layers`` :class:`ArxivGATConv` with ``heads`` heads of ``hidden`` (concatenated), ``BatchNorm1d``,
+    the activation (a function) and ``Dropout`` between them as a plain loop, input dropout
+    ``min(0.1, dropout)``; the last layer has ``classes`` per head, averaged over the heads."""
+
+    def __init__(self, in_feats: int, hidden: int, classes: int, layers: int, heads: int, activation: Callable,
+                 dropout: float):
+        super().__init__()
+        self.layers, self.activation = layers, activation
+        self.convs = nn.ModuleList()
+        self.norms = nn.ModuleList()
+        for i in range(layers):
+            a = in_feats if i == 0 else hidden * heads
+            b = classes if i == layers - 1 else hidden
+            self.convs.append(ArxivGATConv(a, b, heads))
+            if i < layers - 1:
+                self.norms.append(nn.BatchNorm1d(hidden * heads))
+        self.input_drop = nn.Dropout(min(0.1, dropout))
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, graph, feat):
+        """Logits of every node of ``graph`` from features ``feat``."""
+        h = self.input_drop(feat)
+        for i in range(self.layers):
+            h = self.convs[i](graph, h)
+            if i < self.layers - 1:
+                h = h.flatten(1)
+                h = self.norms[i](h)
+                h = self.activation(h)
+                h = self.dropout(h)
+        return h.mean(1)
+
+
+class UserGCNII(nn.Module):
+    """A user's GCNII loop: ``Linear(in, hidden)`` and ReLU give ``h0``; ``layers`` ``dgl.nn.GCN2Conv``
+    (``alpha`` 0.1, ``lambda_`` 0.5, layer ``i + 1``), each followed by an ``nn.Sequential(BatchNorm1d,
+    ReLU, Dropout)``; ``Linear(hidden, classes)`` out."""
+
+    def __init__(self, in_feats: int, hidden: int, classes: int, layers: int, dropout: float,
+                 alpha: float = 0.1, lambda_: float = 0.5):
+        super().__init__()
+        self.inp = nn.Linear(in_feats, hidden)
+        self.convs = nn.ModuleList(dgl.nn.GCN2Conv(hidden, layer=i + 1, alpha=alpha, lambda_=lambda_)
+                                   for i in range(layers))
+        self.posts = nn.ModuleList(nn.Sequential(nn.BatchNorm1d(hidden), nn.ReLU(), nn.Dropout(dropout))
+                                   for _ in range(layers))
+        self.out = nn.Linear(hidden, classes)
+
+    def forward(self, graph, feat):
+        """Logits of every node of ``graph`` from features ``feat``."""
+        h0 = torch.relu(self.inp(feat))
+        h = h0
+        for conv, post in zip(self.convs, self.posts):
+            h = post(conv(graph, h, h0))
+        return self.out(h)
