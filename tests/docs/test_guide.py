@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -88,3 +89,20 @@ def test_blocks_are_found_and_marks_read(tmp_path):
                                  ["dgl-exact", "info"]]
     assert [dgl_exact_args(a) for a in found[2].commands] == [["train", "--model", "sage"], None, ["info"]]
     assert dgl_exact_args(["torchrun", "--nproc-per-node", "4", "-m", "dgl_exact", "train"]) == ["train"]
+
+
+_PATH = re.compile(r"(?<![\w/.-])((?:benchmarks|scripts|dgl_exact|tests|examples|cuda|docs)/[\w./*<>-]*[\w*/])")
+
+
+def test_repository_paths_exist():
+    """Files and folders of the repository the pages name (``benchmarks/cpu-2core/...``, ``scripts/...``,
+    ``dgl_exact/ops/keep.py``) exist: a moved or deleted file fails here instead of leaving a dead reference."""
+    missing = []
+    for page in [*PAGES, ROOT / "README.md"]:
+        for lineno, line in enumerate(page.read_text().splitlines(), 1):
+            for path in _PATH.findall(line):
+                if "<" in path or path.startswith("docs/_build"):
+                    continue  # a pattern (benchmarks/MACHINE/<what>/), not a path
+                if not any(ROOT.glob(path.rstrip("/"))):
+                    missing.append(f"{page.relative_to(ROOT)}:{lineno}: {path}")
+    assert not missing, "pages name paths that do not exist:\n" + "\n".join(missing)
