@@ -5,7 +5,8 @@ Where things are:
 * :mod:`.config` -- :class:`~.config.TrainConfig`, every option of a run (with its
   :class:`~dgl_exact.compression_config.CompressionConfig`), validated; ``--conf`` YAML files.
 * :mod:`.models` -- the GCN / SAGE / GAT / GCNII models, on dgl_exact's layers or DGL's.
-* :mod:`.samplers` -- GraphSAINT and ClusterGCN mini-batches, a pure function of ``(seed, epoch)``.
+* :mod:`.samplers` -- GraphSAINT and ClusterGCN mini-batches, a pure function of ``(seed, epoch)``; their
+  cache files (partitions, pre-sampled counts) in :mod:`.sampler_cache`.
 * :mod:`.neighbor` -- neighbour-sampled blocks through DGL's ``NeighborSampler``, on the same interface.
 * :mod:`.trainer` -- :class:`~.trainer.Trainer`, the one training loop: :meth:`~.trainer.Trainer.fit`
   runs :meth:`~.trainer.Trainer.run` per seed, which restores, trains, evaluates and saves each epoch.

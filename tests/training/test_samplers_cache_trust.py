@@ -10,7 +10,7 @@ import torch
 
 import dgl_exact  # noqa: F401  (DGL compatibility shim)
 import dgl
-from dgl_exact.training import samplers as S
+from dgl_exact.training import sampler_cache
 from dgl_exact.training.samplers import CacheWarning, ClusterGCNSampler, SAINTSampler
 from tests.training._helpers import _Payload, _write_malicious
 
@@ -114,7 +114,7 @@ def _edit(path, data, tmp_path, change, rechecksum):
     meta, checksum = str(arrays.pop("meta")), str(arrays.pop("checksum"))
     change(arrays)
     if rechecksum:
-        checksum = S._checksum(meta, arrays)
+        checksum = sampler_cache.checksum(meta, arrays)
     with open(path, "wb") as f:
         np.savez(f, meta=np.array(meta), checksum=np.array(checksum), **arrays)
 
