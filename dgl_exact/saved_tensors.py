@@ -13,7 +13,7 @@ What is kept as is:
   and views of them: alive anyway, a compressed copy would *add* memory; with ``model=``, every storage of
   the model's parameters and buffers is also recognised (collected once per scope);
 * tensors dgl_exact's own ops save (their compressed codes and metadata, and what they decided to keep
-  exactly): :func:`dgl_exact.ops.keep.save_kept` registers them with the scope, so nothing is compressed twice;
+  exactly): :func:`dgl_exact.ops.saved.save_kept` registers them with the scope, so nothing is compressed twice;
 * non-floating tensors (indices, masks), tensors smaller than ``min_bytes`` (default 64 KiB: metadata would
   dominate and the saving is negligible), non-contiguous views, and anything saved inside
   :func:`keep_exact`.
@@ -52,6 +52,7 @@ import torch
 from .compression.signed import SignExactTensor, compress_sign_exact, decompress_sign_exact
 from .compression_config import CompressionConfig, resolve_config
 from .ops import keep as keeping
+from .ops.saved import own_saved
 
 __all__ = ["compress_saved", "keep_exact", "SavedTensorsStats"]
 
@@ -158,7 +159,7 @@ def compress_saved(config: Optional[CompressionConfig] = None, *, model: Optiona
     static = set()
     if model is not None:
         static = {_ptr(t) for t in (*model.parameters(), *model.buffers())}
-    own: set = set()  # storages dgl_exact's own ops keep (see keeping.save_kept)
+    own: set = set()  # storages dgl_exact's own ops keep (see ops.saved.save_kept)
     cache: dict = {}
     exact: dict = {}  # storage -> weakref of a tensor saved as is inside keep_exact (a mask-reading op's save)
     outer = _outer_hooks()
@@ -203,11 +204,9 @@ def compress_saved(config: Optional[CompressionConfig] = None, *, model: Optiona
             return decompress_sign_exact(c)
         return outer_unpack(item) if outer_unpack is not None else item
 
-    token = keeping._own_saved.set(own)
     try:
-        with torch.autograd.graph.saved_tensors_hooks(pack, unpack), _ExactMasks():
+        with own_saved(own), torch.autograd.graph.saved_tensors_hooks(pack, unpack), _ExactMasks():
             yield stats
     finally:
-        keeping._own_saved.reset(token)
         cache.clear()
         exact.clear()

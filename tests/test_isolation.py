@@ -20,7 +20,7 @@ import torch
 import dgl
 import dgl_exact
 from dgl_exact import kernels
-from dgl_exact.ops import keep
+from dgl_exact.ops import chunks
 
 OPEN = []
 
@@ -32,7 +32,7 @@ def test_a_leaks_a_config():
 
 def test_b_leaks_a_context_variable():
     print("RUN b")
-    keep._chunk_scale.set(0.5)
+    chunks._chunk_scale.set(0.5)
 
 
 def test_c_leaks_a_backend():
@@ -45,12 +45,12 @@ def test_d_restores_what_it_changes():
     print("RUN d")
     with dgl_exact.config(bits=4), kernels.use_backend("torch"):
         pass
-    keep._chunk_scale.reset(keep._chunk_scale.set(0.25))
+    chunks._chunk_scale.reset(chunks._chunk_scale.set(0.25))
 
 
 def test_e_starts_from_the_defaults_and_the_seeded_generators():
     print("RUN e")
-    assert dgl_exact.get_config() == dgl_exact.CompressionConfig() and keep._chunk_scale.get() == 1.0
+    assert dgl_exact.get_config() == dgl_exact.CompressionConfig() and chunks._chunk_scale.get() == 1.0
     assert getattr(kernels._local, "forced", None) is None
     assert torch.equal(torch.rand(3), torch.rand(3, generator=torch.Generator().manual_seed(0)))
     assert np.random.rand() == np.random.RandomState(0).rand()
@@ -66,7 +66,7 @@ def test_leaks_are_reported_and_restored(suite):
     result = suite.runpytest_inprocess("-p", "no:cacheprovider", "-n", "0", "-s")
     result.assert_outcomes(passed=5, errors=3)
     for name, leaked in (("a_leaks_a_config", "compression_config._global_config"),
-                         ("b_leaks_a_context_variable", "dgl_exact.ops.keep._chunk_scale"),
+                         ("b_leaks_a_context_variable", "dgl_exact.ops.chunks._chunk_scale"),
                          ("c_leaks_a_backend", "kernels forced")):
         result.stdout.fnmatch_lines([f"*ERROR at teardown of test_{name}*", f"*left global state changed*{leaked}*"])
     result.stdout.fnmatch_lines([f"*RUN {c}*" for c in "abcde"])    # e after the leaks: none reached it

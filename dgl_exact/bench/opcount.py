@@ -293,7 +293,7 @@ def _count_host_reads(counter: _Counter) -> Iterator[None]:
 def emulate_gpu_path() -> Iterator[None]:
     """Within this block, CPU tensors take the code path CUDA tensors take: dgl_exact's graph kernels
     instead of DGL's CPU kernels, and the GPU's row-chunk policy in chunked backwards."""
-    from ..ops.keep import gpu_chunk_policy
+    from ..ops.chunks import gpu_chunk_policy
     from ..ops.structure import device_kernels_only
 
     with device_kernels_only(), gpu_chunk_policy():

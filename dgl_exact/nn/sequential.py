@@ -24,10 +24,10 @@ import torch
 import torch.nn as nn
 
 from .. import ops
-from .._compat import compiling
+from .._compat import autocast_dtype, compiling
 from ..compression_config import get_config
 from ..ops import captured
-from ..ops.keep import autocast_dtype, needs_saving
+from ..ops.saved import needs_saving
 from . import paths
 from ._base import hooks_present
 from .layers import BatchNorm1d, ReLU, ReLUDropout

@@ -40,12 +40,13 @@ from typing import Optional, Sequence
 import torch
 import torch.nn.functional as F
 
-from .._compat import compiling
+from .._compat import autocast_dtype, compiling
 from ..compression_config import CompressionConfig, resolve_config
 from ..compression import CompressedTensor
-from .keep import (DOUBLE_BACKWARD_MESSAGE, alive_anyway, autocast_dtype, check_double_backward,
-                   create_graph_requested, fresh_outputs, load_kept, needs_chunks, needs_saving, recompute_vjp,
-                   row_chunks, save_kept, stash, unstash)
+from .keep import alive_anyway, fresh_outputs, stash, unstash
+from .chunks import needs_chunks, row_chunks
+from .double_backward import double_backward, recompute_vjp, refuse_double_backward
+from .saved import load_kept, needs_saving, save_kept
 
 __all__ = ["layer_norm", "gelu", "silu", "prelu", "softmax", "log_softmax"]
 
@@ -76,11 +77,6 @@ def _pointwise_backward(fn, grad, x_s):
     return out
 
 
-def _double_backward(op, items, fn, inputs, needs, grads):
-    check_double_backward(op, *items)
-    return recompute_vjp(fn, inputs, needs, grads)
-
-
 # --- layer norm ------------------------------------------------------------------------------------------
 class _LayerNorm(torch.autograd.Function):
     @staticmethod
@@ -94,10 +90,9 @@ class _LayerNorm(torch.autograd.Function):
     def backward(ctx, grad):
         x_s, mean, rstd, weight, bias = load_kept(ctx)
         needs = ctx.needs_input_grad
-        if create_graph_requested():
-            gx, gw, gb = _double_backward(
-                "layer_norm", (x_s,), lambda x, w, b: F.layer_norm(x, ctx.shape, w, b, ctx.eps),
-                [x_s, weight, bias], [needs[0], needs[2], needs[3]], [grad])
+        if double_backward("layer_norm", x_s):
+            gx, gw, gb = recompute_vjp(lambda x, w, b: F.layer_norm(x, ctx.shape, w, b, ctx.eps),
+                                       [x_s, weight, bias], [needs[0], needs[2], needs[3]], [grad])
             return gx, None, gw, gb, None, None
         mask = [needs[0], weight is not None and needs[2], bias is not None and needs[3]]
         shape = list(ctx.shape)
@@ -152,11 +147,10 @@ def _pointwise_grad(ctx, grad, op, fn, act_backward):
     """The input gradient of a pointwise activation kept by :func:`_keep_pointwise`."""
     (kept,) = load_kept(ctx)
     if ctx.kept_derivative:
-        if create_graph_requested():
-            raise RuntimeError(DOUBLE_BACKWARD_MESSAGE.format(op=op))
+        refuse_double_backward(op)
         return _pointwise_backward(lambda g, d: g * d, grad, kept)
-    if create_graph_requested():
-        (gx,) = _double_backward(op, (kept,), fn, [kept], [True], [grad])
+    if double_backward(op, kept):
+        (gx,) = recompute_vjp(fn, [kept], [True], [grad])
         return gx
     return _pointwise_backward(act_backward, grad, kept)
 
@@ -229,8 +223,8 @@ class _PReLU(torch.autograd.Function):
 
         packed, x_s, weight = load_kept(ctx)
         needs = ctx.needs_input_grad
-        if create_graph_requested():
-            gx, gw = _double_backward("prelu", (x_s,), F.prelu, [x_s, weight], [needs[0], needs[1]], [grad])
+        if double_backward("prelu", x_s):
+            gx, gw = recompute_vjp(F.prelu, [x_s, weight], [needs[0], needs[1]], [grad])
             return gx, gw, None
         pos = _mask_like(packed, grad)
         w = _prelu_weight_view(weight, grad).to(grad.dtype)
@@ -268,8 +262,7 @@ class _Softmax(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         (y_s,) = load_kept(ctx)
-        if create_graph_requested():
-            check_double_backward("softmax", y_s)
+        if double_backward("softmax", y_s):
             gy = grad * y_s  # the output itself: differentiable
             return gy - y_s * gy.sum(dim=ctx.dim, keepdim=True), None, None
         y = unstash(y_s).to(grad.dtype)
@@ -301,8 +294,7 @@ class _LogSoftmax(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         (k_s,) = load_kept(ctx)
-        if create_graph_requested():
-            check_double_backward("log_softmax", k_s)
+        if double_backward("log_softmax", k_s):
             p = k_s.exp()  # the output itself: differentiable
         elif ctx.kept_output:  # torch's own backward on the output: identical gradients
             return torch.ops.aten._log_softmax_backward_data(grad, k_s, ctx.dim, k_s.dtype), None, None

@@ -16,9 +16,11 @@ import torch.nn.functional as F
 from ..compression_config import CompressionConfig, resolve_config
 from ..compression import CompressedTensor
 from . import captured
-from .keep import (alive_anyway, fresh_outputs, autocast_dtype, check_double_backward, chunk_elements_for, chunk_rows,
-                   create_graph_requested, load_kept, needs_chunks, needs_saving, recompute_vjp, row_chunks, save_kept,
-                   stash, unstash)
+from .keep import alive_anyway, fresh_outputs, stash, unstash
+from .._compat import autocast_dtype
+from .chunks import chunk_elements_for, chunk_rows, needs_chunks, row_chunks, weight_grad
+from .double_backward import double_backward, recompute_vjp
+from .saved import load_kept, needs_saving, save_kept
 
 __all__ = ["linear", "linear_reusing", "batch_norm"]
 
@@ -37,19 +39,14 @@ class _Linear(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         x_s, weight = load_kept(ctx)
-        if create_graph_requested():  # the products below are differentiable when x is kept exactly
-            check_double_backward("linear", x_s)
+        double_backward("linear", x_s)  # raises unless x is kept exactly: the products below are then differentiable
         gx = gw = gb = None
         if ctx.needs_input_grad[0]:
             gx = grad.matmul(weight.to(grad.dtype))
         if ctx.needs_input_grad[1] and isinstance(x_s, CompressedTensor):
             # row chunks: no full-size decompressed copy of x exists (one layer-sized buffer fewer at the
             # backward's peak); the sum over chunks is the same product, up to float summation order
-            for r0, r1, x in row_chunks(x_s):
-                x, g = x.to(grad.dtype), grad[r0:r1]
-                part = g.reshape(-1, g.shape[-1]).t().matmul(x.reshape(-1, x.shape[-1]))
-                gw = part if gw is None else gw.add_(part)
-                del x, g, part  # before the next chunk is decoded (see row_chunks)
+            gw = weight_grad(grad, x_s)
         elif ctx.needs_input_grad[1]:
             x = unstash(x_s).to(grad.dtype)
             gw = grad.reshape(-1, grad.shape[-1]).t().matmul(x.reshape(-1, x.shape[-1]))
@@ -151,8 +148,7 @@ class _BatchNorm(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         x_s, stat_a, stat_b, weight = load_kept(ctx)
-        if create_graph_requested():
-            check_double_backward("batch_norm", x_s)
+        if double_backward("batch_norm", x_s):
             return _BatchNorm._differentiable_backward(ctx, grad, x_s, stat_a, stat_b, weight)
         return _BatchNorm.gradients(ctx, grad, x_s, stat_a, stat_b, weight)
 

@@ -35,8 +35,9 @@ import torch
 
 from ..compression_config import CompressionConfig, resolve_config
 from .dgl_originals import originals
-from .keep import (check_double_backward, create_graph_requested, fresh_outputs, load_kept, needs_saving, save_kept,
-                   stash, unstash)
+from .keep import fresh_outputs, stash, unstash
+from .double_backward import double_backward
+from .saved import load_kept, needs_saving, save_kept
 from . import graph as _graph
 from .structure import structure_of
 
@@ -78,9 +79,7 @@ class _Bilinear(torch.autograd.Function):
     def backward(ctx, grad):
         kept = load_kept(ctx)
         needs = ctx.needs_input_grad[2:4]
-        create = create_graph_requested()
-        if create:
-            check_double_backward(ctx.name, *kept)
+        create = double_backward(ctx.name, *kept)
         inputs = []
         for item, (shape, dtype, device), need in zip(kept, ctx.meta, needs):
             t = unstash(item)

@@ -24,7 +24,7 @@ import torch
 
 from .. import kernels
 from ..kernels import reference as kernel_reference
-from .keep import _chunk_scale
+from .chunks import chunk_scale
 
 __all__ = ["DEFAULT_EDGE_CHUNK", "EDGE_DOMINANCE", "edge_chunk_budget", "chunk_budget_for", "edge_chunks",
            "chunk_bounds", "ChunkCSR", "csc_chunks",
@@ -62,7 +62,7 @@ def chunk_budget_for(num_edges: int, num_src: int, width: int) -> Optional[int]:
     decision is taken for the full graph (``num_edges / s`` edges, ``num_src / s`` sources) and the budget is
     ``s`` times the full one, so that the sample runs as many chunks as the full graph, each ``s`` times as
     large, and every point of its memory timeline extrapolates linearly."""
-    scale = _chunk_scale.get()
+    scale = chunk_scale()
     full_edges, full_src = num_edges / scale, num_src / scale
     value = _budget.get()
     if value == _AUTO:

@@ -38,8 +38,9 @@ from .._compat import compiling
 from ..compression import draw_seed, fuses_with_activation, relu_dropout_compress
 from ..compression_config import CompressionConfig, resolve_config
 from . import captured
-from .keep import (check_double_backward, create_graph_requested, fresh_outputs, load_kept, needs_saving,
-                   offer_compressed, save_kept, stash, stash_hook_active, unstash)
+from .keep import fresh_outputs, offer_compressed, stash, stash_hook_active, unstash
+from .double_backward import double_backward
+from .saved import load_kept, needs_saving, save_kept
 
 __all__ = ["relu", "leaky_relu", "elu", "dropout", "relu_dropout"]
 
@@ -68,7 +69,7 @@ class _ReLUDropout(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         (packed,) = load_kept(ctx)
-        if create_graph_requested():  # differentiable in grad (relu'' = 0)
+        if double_backward("relu_dropout"):  # differentiable in grad (relu'' = 0)
             return grad * (_mask_like(packed, grad).to(grad.dtype) * ctx.scale), None, None, None
         return _kernel_for("masked_scale", grad)(grad.contiguous(), packed, ctx.scale, 0.0), None, None, None
 
@@ -130,7 +131,7 @@ class _LeakyReLU(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         (packed,) = load_kept(ctx)
-        if create_graph_requested():
+        if double_backward("leaky_relu"):
             return torch.where(_mask_like(packed, grad), grad, grad * ctx.slope), None
         return _kernel_for("masked_scale", grad)(grad.contiguous(), packed, 1.0, ctx.slope), None
 
@@ -157,8 +158,7 @@ class _ELU(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         packed, y_s = load_kept(ctx)
-        if create_graph_requested():  # exact when y is the output itself (kept uncompressed)
-            check_double_backward("elu", y_s)
+        double_backward("elu", y_s)  # raises unless y is the output itself (kept uncompressed): then exact
         y = unstash(y_s).to(grad.dtype)
         mask = _kernel_for("unpack_mask", grad)(packed, grad.numel()).view(grad.shape)
         return torch.where(mask, grad, grad * (y + ctx.alpha)), None, None
@@ -181,7 +181,7 @@ class _Dropout(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        if create_graph_requested():  # the reference kernel is plain torch: differentiable in grad
+        if double_backward("dropout"):  # the reference kernel is plain torch: differentiable in grad
             return kernel_reference.dropout(grad, ctx.p, ctx.seed), None, None
         return _kernel_for("dropout", grad)(grad.contiguous(), ctx.p, ctx.seed), None, None
 

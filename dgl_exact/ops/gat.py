@@ -19,8 +19,10 @@ from ..compression import draw_seed
 from ..compression_config import CompressionConfig, resolve_config
 from .. import kernels
 from ..kernels import reference as kernel_reference
-from .keep import (check_double_backward, create_graph_requested, fresh_outputs, load_kept, needs_saving, recompute_vjp,
-                   row_chunks, save_kept, stash, unstash)
+from .keep import fresh_outputs, stash, unstash
+from .chunks import row_chunks
+from .double_backward import double_backward, recompute_vjp
+from .saved import load_kept, needs_saving, save_kept
 from .structure import GraphStructure, edge_softmax_forward, structure_of
 from . import captured
 from .graph import _check_nodes, _edge_softmax_ref, _softmax_backward, _spmm_ref
@@ -114,8 +116,7 @@ class _GATAttention(torch.autograd.Function):
     def backward(ctx, g_out, g_a):
         fs_s, fs2_s, fd_s, el, er, attn_l, attn_r, ew = load_kept(ctx)
         st = ctx.st
-        if create_graph_requested():
-            check_double_backward("gat_attention", fs_s, fs2_s, fd_s)
+        if double_backward("gat_attention", fs_s, fs2_s, fd_s):
             slope, p, seed = ctx.slope, ctx.p, ctx.seed
             grads = recompute_vjp(lambda *t: _gat_reference(st, *t, slope, p, seed),
                                   [fs_s, fd_s, attn_l, attn_r, ew], ctx.needs_input_grad[:5], [g_out, g_a])
@@ -228,8 +229,7 @@ class _GATAttentionChunked(torch.autograd.Function):
 
         fs_s, fs2_s, fd_s, el, er, attn_l, attn_r, ew = load_kept(ctx)
         st, slope = ctx.st, ctx.slope
-        if create_graph_requested():
-            check_double_backward("gat_attention", fs_s, fs2_s, fd_s)
+        if double_backward("gat_attention", fs_s, fs2_s, fd_s):
             grads = recompute_vjp(lambda *t: _gat_reference(st, *t, slope, 0.0, 0),
                                   [fs_s, fd_s, attn_l, attn_r, ew], ctx.needs_input_grad[:5], [g_out, g_a])
             return (*grads, None, None, None, None, None)

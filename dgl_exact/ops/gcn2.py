@@ -31,7 +31,7 @@ pattern of ``torch.utils.checkpoint``), so every buffer it writes in place was a
   gradient, ``[N, classes]``, stays alive through the whole backward (autograd holds it until the
   Function returns).
 
-On a device where a layer is not chunked (a GPU at arxiv size, :func:`.keep.chunk_elements_for`) the
+On a device where a layer is not chunked (a GPU at arxiv size, :func:`.chunks.chunk_elements_for`) the
 propagation runs at full width: one sparse product, three blocks, as the composed ops.
 
 Same values as the composed layers up to float rounding; the input and ``h0`` gradients need no activation
@@ -51,9 +51,12 @@ import torch.nn.functional as F
 from .. import kernels
 from ..compression import draw_seed
 from ..compression_config import CompressionConfig
-from .keep import (DOUBLE_BACKWARD_MESSAGE, SECOND_BACKWARD_MESSAGE, chunk_elements_for, chunk_rows,
-                   create_graph_requested, graph_freed_after_backward, load_kept, private_keeping_allowed,
-                   release, row_chunks, save_kept, show_private, stash)
+from .keep import stash
+from .chunks import chunk_elements_for, chunk_rows, row_chunks, weight_grad
+from .donation import release
+from .double_backward import refuse_double_backward
+from .saved import (SECOND_BACKWARD_MESSAGE, graph_freed_after_backward, load_kept, private_keeping_allowed, save_kept,
+                    show_private)
 
 __all__ = ["BatchNormArgs", "GCN2Layer", "GCN2Step", "degree_norm", "gcnii_layers"]
 
@@ -251,12 +254,8 @@ def _layer_backward(g, items: list, rec: _LayerRecord, gh0, need_w: bool, need_b
     kept_o = o = None
     gw = gb = None
     if need_w:
-        for r0, r1, s in row_chunks(kept_s):
-            part = s.to(g.dtype).t().matmul(g[r0:r1])
-            gw = part if gw is None else gw.add_(part)
-            del s, part  # before the next chunk is decoded (see row_chunks)
-        gw = gw.mul_(step.beta)
-    kept_s = s = None
+        gw = weight_grad(g, kept_s, kept_first=True).mul_(step.beta)
+    kept_s = None
     if rec.has_bias and need_b:
         gb = g.sum(0)
     need_x = need_x and not rec.first
@@ -317,8 +316,7 @@ class _GCNIIStack(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        if create_graph_requested():
-            raise RuntimeError(DOUBLE_BACKWARD_MESSAGE.format(op="the fused GCNII stack"))
+        refuse_double_backward("the fused GCNII stack")
         norm, head_w, kept_head, *kept = load_kept(ctx)
         own = ctx.own
         if own is not None:
@@ -333,10 +331,7 @@ class _GCNIIStack(torch.autograd.Function):
         records = ctx.records
         g_head_w = g_head_b = None
         if needs[2]:
-            for r0, r1, x in row_chunks(kept_head):
-                part = grad[r0:r1].t().matmul(x.to(grad.dtype))
-                g_head_w = part if g_head_w is None else g_head_w.add_(part)
-                del x, part
+            g_head_w = weight_grad(grad, kept_head)
         del kept_head
         if ctx.has_head_bias and needs[3]:
             g_head_b = grad.sum(0)
@@ -419,7 +414,7 @@ def gcnii_layers(st, h0: torch.Tensor, layers: List[GCN2Layer], head_weight: tor
     :class:`~dgl_exact.ops.structure.GraphStructure` (homogeneous, whole graph). Two layer-sized buffers
     at the forward's and the backward's peak besides ``h0`` and the kept tensors. Double backward raises.
 
-    ``release_h0``: ``h0`` was donated (:func:`dgl_exact.ops.keep.donate`, rule 5) and the caller checked
+    ``release_h0``: ``h0`` was donated (:func:`dgl_exact.ops.donation.donate`, rule 5) and the caller checked
     that it may go (:func:`dgl_exact.nn.conv.gcn2conv.gcnii_stack` does): its memory is released once the
     last layer has read it, before the output layer, so the forward's end holds one layer-sized buffer,
     not two."""

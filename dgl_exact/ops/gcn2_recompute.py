@@ -57,7 +57,10 @@ from .. import kernels
 from ..compression import draw_seed, seed_stream
 from ..compression_config import CompressionConfig
 from .gcn2 import GCN2Layer, _layer_forward, _row_ranges, degree_norm, layers_backward
-from .keep import DOUBLE_BACKWARD_MESSAGE, create_graph_requested, load_kept, row_chunks, save_kept, stash, unstash
+from .keep import stash, unstash
+from .chunks import row_chunks, weight_grad
+from .double_backward import refuse_double_backward
+from .saved import load_kept, save_kept
 
 __all__ = ["StemArgs", "gcnii_layers_recomputed", "segments_of"]
 
@@ -81,7 +84,7 @@ def segments_of(n_layers: int, length: int) -> List[Tuple[int, int]]:
 
 
 class _KeptRows:
-    """Row slices ``[r0:r1]`` of a kept ``[N, D]`` item, decoded chunk by chunk (:func:`.keep.row_chunks`) as
+    """Row slices ``[r0:r1]`` of a kept ``[N, D]`` item, decoded chunk by chunk (:func:`.chunks.row_chunks`) as
     they are read: a compressed ``h0`` is never decoded whole. Reads in increasing row order are cheap (one
     decoded chunk is held); a read before the held chunk starts the chunks again."""
 
@@ -208,8 +211,7 @@ class _GCNIIRecomputed(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        if create_graph_requested():
-            raise RuntimeError(DOUBLE_BACKWARD_MESSAGE.format(op="the recomputed GCNII stack"))
+        refuse_double_backward("the recomputed GCNII stack")
         plan, records = ctx.plan, ctx.records
         n_seg = len(plan.segments)
         norm, head_w, kept_head, kept_h0, kept_x, stem_w, *rest = load_kept(ctx)
@@ -217,10 +219,7 @@ class _GCNIIRecomputed(torch.autograd.Function):
         needs = ctx.needs_input_grad
         g_head_w = g_head_b = None
         if needs[2]:
-            for r0, r1, x in row_chunks(kept_head):
-                part = grad[r0:r1].t().matmul(x.to(grad.dtype))
-                g_head_w = part if g_head_w is None else g_head_w.add_(part)
-                del x, part  # before the next chunk is decoded (see row_chunks)
+            g_head_w = weight_grad(grad, kept_head)
         if ctx.has_head_bias and needs[3]:
             g_head_b = grad.sum(0)
         param_needs = needs[9:]

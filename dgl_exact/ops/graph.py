@@ -33,8 +33,9 @@ import torch
 from .._compat import compiling
 from ..compression_config import CompressionConfig, resolve_config
 from ..kernels import reference as kernel_reference
-from .keep import (check_double_backward, create_graph_requested, fresh_outputs, load_kept, needs_saving, save_kept,
-                   stash, unstash)
+from .keep import fresh_outputs, stash, unstash
+from .double_backward import double_backward
+from .saved import load_kept, needs_saving, save_kept
 from .structure import GraphStructure, edge_softmax_forward, structure_of
 from . import captured
 
@@ -119,7 +120,7 @@ class _CopyUReduce(torch.autograd.Function):
         g = _as3(grad.contiguous())
         if ctx.mean:
             g = g / st.in_degrees().clamp(min=1).to(g.dtype).view(-1, 1, 1)
-        if create_graph_requested():  # linear: nothing kept, always exact
+        if double_backward("copy_u_sum"):  # linear: nothing kept, always exact
             return _spmm_ref(st, g, transpose=True).reshape(ctx.xshape), None, None
         return st.aggregate(g, transpose=True).view(ctx.xshape), None, None
 
@@ -159,7 +160,7 @@ class _SrcNormSum(torch.autograd.Function):
         st = ctx.st
         g = _as3(grad.contiguous())
         norm = st.node_norm(ctx.degrees, ctx.kind, g.dtype).view(-1, 1, 1)
-        if create_graph_requested():  # linear: nothing kept, always exact
+        if double_backward("src_norm_sum"):  # linear: nothing kept, always exact
             return (_spmm_ref(st, g, transpose=True) * norm).reshape(ctx.xshape), None, None, None
         # every edge out of u carries u's factor: the transposed sum needs no edge weights (so a symmetric
         # graph's CSC serves it), and the factor scales the sum's own buffer in place
@@ -246,8 +247,7 @@ class _UMulESum(torch.autograd.Function):
         # per-edge, per-head dot product: no [E, dim, heads] product is formed
         g = _heads_first(grad.contiguous(), ctx.heads, ctx.dim, ctx.heads_last)
         gx = gw = None
-        if create_graph_requested():
-            check_double_backward("u_mul_e_sum", x_s)
+        if double_backward("u_mul_e_sum", x_s):
             aggregate, edge_dot = functools.partial(_spmm_ref, st), functools.partial(_edge_dot_ref, st)
         else:
             aggregate, edge_dot = st.aggregate, st.edge_dot
@@ -376,8 +376,7 @@ class _EdgeSoftmax(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         (s,) = load_kept(ctx)
-        if create_graph_requested():  # differentiable ops below; exact when s is the output itself
-            check_double_backward("edge_softmax", s)
+        double_backward("edge_softmax", s)  # raises unless s is the output itself: the ops below are then exact
         s = unstash(s).to(grad.dtype)
         return _softmax_backward(ctx.st, s, grad, ctx.by), None, None, None
 

@@ -13,7 +13,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from .keep import create_graph_requested, load_kept, needs_saving, recompute_vjp, save_kept
+from .double_backward import double_backward, recompute_vjp
+from .saved import load_kept, needs_saving, save_kept
 
 __all__ = ["cross_entropy", "binary_cross_entropy_with_logits"]
 
@@ -47,7 +48,7 @@ class _RowLoss(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         logits, target, index, weight = load_kept(ctx)
-        if create_graph_requested():
+        if double_backward(ctx.kind):  # the logits are kept exactly (the loss's input)
             kind = ctx.kind
 
             def loss_of(lg):

@@ -25,7 +25,9 @@ from .. import kernels
 from ..compression import draw_seed
 from ..compression_config import CompressionConfig, resolve_config
 from .dense import _BatchNorm
-from .keep import check_double_backward, create_graph_requested, load_kept, save_kept, stash
+from .keep import stash
+from .double_backward import double_backward
+from .saved import load_kept, save_kept
 
 __all__ = ["batch_norm_relu_dropout"]
 
@@ -53,8 +55,7 @@ class _BatchNormReLUDropout(torch.autograd.Function):
     def backward(ctx, grad):
         x_s, stat_a, stat_b, weight, packed = load_kept(ctx)
         none = (None,) * 8
-        if create_graph_requested():
-            check_double_backward("batch_norm_relu_dropout", x_s)
+        if double_backward("batch_norm_relu_dropout", x_s):
             mask = kernels.get("unpack_mask", grad.device)(packed, grad.numel()).view(grad.shape)
             g = grad * (mask.to(grad.dtype) * ctx.scale)  # differentiable in grad (relu'' = 0)
             return _BatchNorm._differentiable_backward(ctx, g, x_s, stat_a, stat_b, weight)[:3] + none

@@ -40,7 +40,9 @@ import torch
 
 from ..compression import draw_seed, seed_stream
 from ..compression_config import CompressionConfig
-from .keep import create_graph_requested, load_kept, save_kept, stash, unstash
+from .keep import stash, unstash
+from .double_backward import refuse_double_backward
+from .saved import load_kept, save_kept
 
 __all__ = ["recompute_segment", "RECOMPUTE_DOUBLE_BACKWARD_MESSAGE"]
 
@@ -79,8 +81,7 @@ class _Recompute(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        if create_graph_requested():
-            raise RuntimeError(RECOMPUTE_DOUBLE_BACKWARD_MESSAGE)
+        refuse_double_backward("recompute", RECOMPUTE_DOUBLE_BACKWARD_MESSAGE)
         items = load_kept(ctx)
         kept, params = items[:ctx.n_kept], items[ctx.n_kept:]
         needs = ctx.needs_input_grad[5:]

@@ -37,8 +37,11 @@ import torch
 
 from ..compression import CompressedTensor
 from ..compression_config import CompressionConfig, resolve_config
-from .keep import (DOUBLE_BACKWARD_MESSAGE, alive_anyway, autocast_dtype, chunk_elements_for, chunk_rows,
-                   create_graph_requested, fresh_outputs, load_kept, needs_chunks, row_chunks, save_kept, stash)
+from .keep import alive_anyway, fresh_outputs, stash
+from .._compat import autocast_dtype
+from .chunks import chunk_elements_for, chunk_rows, needs_chunks, row_chunks, weight_grad
+from .double_backward import refuse_double_backward
+from .saved import load_kept, save_kept
 from .graph import _check_nodes
 from .structure import structure_of
 
@@ -51,16 +54,6 @@ COLUMN_CHUNK = 32
 
 def _degrees(st, dtype) -> torch.Tensor:
     return st.in_degrees().clamp(min=1).to(dtype).view(-1, 1)
-
-
-def _weight_grad(grad: torch.Tensor, item) -> torch.Tensor:
-    """``grad^T x`` from a kept ``x``, decoding one row chunk at a time."""
-    gw = None
-    for r0, r1, x in row_chunks(item):
-        part = grad[r0:r1].t().matmul(x.to(grad.dtype))
-        gw = part if gw is None else gw.add_(part)
-        del x, part  # before the next chunk is decoded (see row_chunks)
-    return gw
 
 
 def column_chunks(n_rows: int, width: int, device) -> int:
@@ -143,10 +136,9 @@ class _SAGEMean(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         x_s, s_s, w_self, w_neigh = load_kept(ctx)
-        if create_graph_requested():
-            # the aggregations below are not differentiable torch ops (a second-order gradient would miss
-            # their terms silently): refused even where every kept tensor is exact
-            raise RuntimeError(DOUBLE_BACKWARD_MESSAGE.format(op="sage_mean"))
+        # the aggregations below are not differentiable torch ops (a second-order gradient would miss their
+        # terms silently): refused even where every kept tensor is exact
+        refuse_double_backward("sage_mean")
         st = ctx.st
         grad = grad.contiguous()
         n, n_src, xd = grad.shape[0], ctx.n_src, ctx.x_dtype
@@ -189,9 +181,9 @@ class _SAGEMean(torch.autograd.Function):
                     gx = gx.to(xd).add_(m.matmul(w_neigh.to(grad.dtype)))
             return gx, gws, gb, gwn, None, None
         if ctx.needs_input_grad[1]:
-            gws = _weight_grad(grad, x_s)
+            gws = weight_grad(grad, x_s)
         if ctx.needs_input_grad[3]:
-            gwn = _weight_grad(grad, s_s)
+            gwn = weight_grad(grad, s_s)
         if ctx.needs_input_grad[0]:
             w_self, w_neigh = w_self.to(grad.dtype), w_neigh.to(grad.dtype)
             block = n_src != n

@@ -11,7 +11,7 @@ one:
   aggregate_then_project`, then ``+= x_dst W_self^T + b``), kept compressed for batch norm's backward,
   and batch norm (batch statistics), ReLU and dropout are written into it (it allocated ``z`` and nobody
   else has seen it: :mod:`.keep`, rule 2).
-* backward: from the incoming gradient ``G``, in row chunks (:func:`~dgl_exact.ops.keep.rows_together`),
+* backward: from the incoming gradient ``G``, in row chunks (:func:`~dgl_exact.ops.chunks.rows_together`),
   ``g = G * mask / (1 - p)`` and batch norm's sums ``sum(g)``, ``sum(g * xhat)`` (first pass), then batch
   norm's input gradient ``dz`` chunk by chunk, multiplied straight into the weight gradients ``dW_self +=
   dz^T x_dst``, ``dW_neigh += dz^T s``, ``db += sum(dz)`` (second pass): no ``[N_1, D]`` buffer beside ``G``.
@@ -34,8 +34,10 @@ from .. import kernels
 from .._compat import compiling
 from ..compression import CompressedTensor, compress, draw_seed
 from ..compression_config import CompressionConfig, resolve_config
-from .keep import (DOUBLE_BACKWARD_MESSAGE, alive_anyway, create_graph_requested, fresh_outputs, load_kept,
-                   offer_compressed, rows_together, save_kept, stash, stash_hook_active)
+from .keep import alive_anyway, fresh_outputs, offer_compressed, stash, stash_hook_active
+from .chunks import rows_together
+from .double_backward import refuse_double_backward
+from .saved import load_kept, save_kept
 from .graph import _check_nodes
 from .sage import aggregate_then_project
 from .structure import structure_of
@@ -78,8 +80,7 @@ class _SAGEMeanBNReLUDropout(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         x_s, s_s, z_s, mean, invstd, bn_weight, packed = load_kept(ctx)
-        if create_graph_requested():
-            raise RuntimeError(DOUBLE_BACKWARD_MESSAGE.format(op="sage_mean_bn_relu_dropout"))
+        refuse_double_backward("sage_mean_bn_relu_dropout")
         grad = grad.contiguous()
         n, width = grad.shape
         masked_scale = kernels.get("masked_scale", grad.device)

@@ -155,7 +155,7 @@ class _Timeline(TorchDispatchMode):
                 self.live[key][0] = covered
 
     def _unref(self, t: torch.Tensor) -> None:
-        """``t`` no longer holds the storage it held (``set_``: :func:`dgl_exact.ops.keep.release` frees a
+        """``t`` no longer holds the storage it held (``set_``: :func:`dgl_exact.ops.donation.release` frees a
         donated tensor's memory this way while the tensor object lives on)."""
         key = t.untyped_storage().data_ptr()
         held = self.refs.get(t, [])

@@ -10,7 +10,8 @@ from torch import Tensor
 
 from ..compression_config import CompressionConfig, ConfiguredModule
 from ..ops.graph import _CopyUMinMax, _CopyUReduce, _UMulESum
-from ..ops.keep import fresh_outputs, needs_saving
+from ..ops.keep import fresh_outputs
+from ..ops.saved import needs_saving
 from .structure import EdgeStructure, edge_structure
 
 

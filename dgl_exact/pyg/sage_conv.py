@@ -10,7 +10,8 @@ from torch_geometric.typing import OptPairTensor
 
 from ..compression_config import CompressionConfig
 from ..ops import linear, relu
-from ..ops.keep import autocast_dtype, needs_saving
+from .._compat import autocast_dtype
+from ..ops.saved import needs_saving
 from ..ops.sage import _SAGEMean
 from ._base import (CompressedMixin, check_adjacency, is_sparse, materialize, maximum, mean, plain_sum, sparse_edges,
                     structure)

@@ -30,7 +30,7 @@ from .._compat import import_dgl
 from ..compression import draw_seed
 from ..data.compact import keep_edges
 from ..nn._base import hooks_present
-from ..ops.keep import donate, reclaim
+from ..ops.donation import donate, reclaim
 from ..ops.recompute import recompute_segment
 from ..nn.conv.gcn2conv import gcnii_stack
 

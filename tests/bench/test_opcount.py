@@ -131,13 +131,13 @@ def test_gpu_chunk_policy_keeps_batch_norm_fused():
     batch-norm input (2 Mi elements) is chunked on the CPU (4 MiB chunks, the step-peak policy) but takes
     ATen's fused backward on the GPU path, where each chunk would cost launches and a second read."""
     from dgl_exact.compression import compress
-    from dgl_exact.ops import keep as keeping
+    from dgl_exact.ops import chunks as chunking
 
     x = torch.randn(2048, 1024, requires_grad=True)
     c = compress(x.detach(), dgl_exact.CompressionConfig(bits=2), seed=1)
-    assert keeping.needs_chunks(c) and len(list(keeping.row_chunks(c))) == 2
-    with keeping.gpu_chunk_policy():
-        assert not keeping.needs_chunks(c) and len(list(keeping.row_chunks(c))) == 1
+    assert chunking.needs_chunks(c) and len(list(chunking.row_chunks(c))) == 2
+    with chunking.gpu_chunk_policy():
+        assert not chunking.needs_chunks(c) and len(list(chunking.row_chunks(c))) == 1
     bn = dgl_exact.nn.BatchNorm1d(1024)
 
     def step():

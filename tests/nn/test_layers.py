@@ -284,14 +284,14 @@ def test_compress_model_saved_tensors_scope_closed_after_error():
 def test_chunked_backward_matches_whole(name, monkeypatch):
     """A large compressed input is decoded in row chunks: the same values as decoding it whole (chunks
     decode exactly as the same rows), so the same gradients (weight/bias summed in another order)."""
-    from dgl_exact.ops import keep as keeping
+    from dgl_exact.ops import chunks as chunking
 
     mine, _ = _pair(name)
     mine.compression = CompressionConfig(bits=2)
     x, g = torch.randn(256, 16), torch.randn(256, 16)
     torch.manual_seed(10)
     _, whole = _grads(mine, x, g)
-    monkeypatch.setattr(keeping, "CHUNK_ELEMENTS", 16 * 40)
+    monkeypatch.setattr(chunking, "CHUNK_ELEMENTS", 16 * 40)
     torch.manual_seed(10)
     _, chunked = _grads(mine, x, g)
     assert torch.equal(whole[0], chunked[0])

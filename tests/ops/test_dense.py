@@ -12,7 +12,7 @@ import torch.nn.functional as F
 import dgl_exact
 from dgl_exact import CompressedTensor, ops
 from dgl_exact.compression import decompress
-from dgl_exact.ops import keep as keeping
+from dgl_exact.ops import chunks as chunking
 from tests.ops._helpers import CONFIGS, INT2, INT8, OFF, close, compress_calls, hidden, saved_tensors
 
 dgl = pytest.importorskip("dgl")
@@ -27,7 +27,7 @@ def _cfg(**kw):
 @pytest.fixture
 def chunk_elements(monkeypatch):
     """Row chunks of 5 rows of 16 columns (CPU policy), so small tensors cross chunk boundaries."""
-    monkeypatch.setattr(keeping, "CHUNK_ELEMENTS", 5 * 16)
+    monkeypatch.setattr(chunking, "CHUNK_ELEMENTS", 5 * 16)
 
 
 @pytest.mark.parametrize("rows", [6, 7, 10, 33])
@@ -78,7 +78,7 @@ def test_linear_inplace_falls_back_out_of_place(case, chunk_elements, monkeypatc
     w = torch.randn(8 if case == "not-square" else 16, 16, requires_grad=True)
     cfg = dgl_exact.CompressionConfig(enabled=False) if case == "compression-off" else _cfg()
     if case == "one-chunk":
-        monkeypatch.setattr(keeping, "CHUNK_ELEMENTS", 10**9)
+        monkeypatch.setattr(chunking, "CHUNK_ELEMENTS", 10**9)
     h = x if case == "leaf" else (x * 1.0)
     if case == "view":
         h = h[:, :]
@@ -106,7 +106,7 @@ def test_aggregation_outputs_are_not_views():
 def test_graphconv_with_inplace_linear_matches_dgl(norm, chunks, monkeypatch):
     """Forward equals DGL's GraphConv; with compression off the gradients equal DGL's too."""
     if chunks == "small":
-        monkeypatch.setattr(keeping, "CHUNK_ELEMENTS", 7 * 16)
+        monkeypatch.setattr(chunking, "CHUNK_ELEMENTS", 7 * 16)
     g = dgl.add_self_loop(dgl.rand_graph(50, 200))
     ref = dgl.nn.GraphConv(16, 16, norm=norm)
     conv = dgl_exact.GraphConv(16, 16, norm=norm)
@@ -135,7 +135,7 @@ def test_gcn2conv_mix_in_row_chunks(edge_weight, monkeypatch):
     ew = torch.rand(g.num_edges()) if edge_weight else None
 
     def run(chunk):
-        monkeypatch.setattr(keeping, "CHUNK_ELEMENTS", chunk)
+        monkeypatch.setattr(chunking, "CHUNK_ELEMENTS", chunk)
         xa, x0a = x.clone().requires_grad_(), x0.clone().requires_grad_()
         torch.manual_seed(0)
         with dgl_exact.config(bits=2):
@@ -287,7 +287,7 @@ def test_linear_under_autocast_keeps_the_original_input(monkeypatch):
 @pytest.fixture
 def small_chunks(monkeypatch):
     """Chunks of a few rows, so the sizes below cross many chunk boundaries."""
-    real = keeping.row_chunks
+    real = chunking.row_chunks
     monkeypatch.setattr("dgl_exact.ops.dense.row_chunks", lambda item: real(item, 5 * 16))
 
 

@@ -4,12 +4,12 @@ import torch
 
 import dgl_exact
 from dgl_exact.bench.census import Census
-from dgl_exact.ops import keep as keeping
+from dgl_exact.ops import chunks as chunking
 
 
 def test_chunked_backward_holds_one_chunk_beside_the_input_gradient(monkeypatch):
     rows, width, chunk_rows = 4096, 64, 256
-    monkeypatch.setattr(keeping, "CHUNK_ELEMENTS", chunk_rows * width)
+    monkeypatch.setattr(chunking, "CHUNK_ELEMENTS", chunk_rows * width)
     torch.manual_seed(0)
     h = torch.randn(rows, width, requires_grad=True) * 1.0  # a hidden activation: kept compressed
     w, b = torch.ones(width, requires_grad=True), torch.zeros(width, requires_grad=True)

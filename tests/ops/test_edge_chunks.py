@@ -199,12 +199,12 @@ def test_planner_sample_runs_the_full_graphs_chunks():
     and the budget is ``s`` times the full one: the sample runs as many chunks as the full graph, so its
     memory timeline extrapolates (unchunked samples made the planner predict 131 MiB for a measured 88)."""
     from dgl_exact.ops.edge_chunks import DEFAULT_EDGE_CHUNK, chunk_budget_for
-    from dgl_exact.planning.predict import _chunking
+    from dgl_exact.ops.chunks import sample_chunking
 
     dense, s = (20000 * 400, 20000, 128), 0.01
     sample = (int(dense[0] * s), int(dense[1] * s), 128)  # 80,000 edges: fewer than one default chunk
     assert chunk_budget_for(*sample) is None
-    with _chunking(s, 16):
+    with sample_chunking(s, 16):
         assert chunk_budget_for(*sample) == round(DEFAULT_EDGE_CHUNK * s)
         assert chunk_budget_for(int(2_484_941 * s), int(169_343 * s), 128) is None  # arxiv-like: not chunked
         with edge_chunks(1000):  # an explicit budget: decided and scaled the same way

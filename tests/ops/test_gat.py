@@ -125,7 +125,7 @@ def test_gat_attention_vector_gradients_unbiased(cfg, graphs):
 def test_gat_attention_gradients_from_row_chunks_equal_whole_decoding(cfg):
     """The backward decodes the second compressed copy row chunk by row chunk (no whole copy): the same
     gradients as one chunk, for features of both ends and both attention vectors (same compression draws)."""
-    from dgl_exact.ops import keep as keeping
+    from dgl_exact.ops import chunks as chunking
 
     gen = torch.Generator().manual_seed(0)
     g = dgl.add_self_loop(dgl.graph((torch.randint(0, 1000, (6000,), generator=gen),
@@ -136,18 +136,14 @@ def test_gat_attention_gradients_from_row_chunks_equal_whole_decoding(cfg):
     r = torch.randn(g.num_nodes(), 3, 8)
 
     def grads(scale):
-        token = keeping._chunk_scale.set(scale)
-        try:
+        with chunking.sample_chunking(scale):
             torch.manual_seed(5)
             fs = hidden(base.clone().requires_grad_())
             out, _ = ops.gat_attention(g, fs, fs, al, ar, 0.2, 0.0, None, True, cfg)
             return torch.autograd.grad((out * r).sum(), [fs, al, ar])
-        finally:
-            keeping._chunk_scale.reset(token)
 
-    assert keeping.chunk_rows(1000, 24, "cpu", 64) >= 1000  # the default: one chunk at this size
-    token = keeping._chunk_scale.set(0.001)
-    assert keeping.chunk_rows(1000, 24, "cpu", 64) < 500  # several chunks
-    keeping._chunk_scale.reset(token)
+    assert chunking.chunk_rows(1000, 24, "cpu", 64) >= 1000  # the default: one chunk at this size
+    with chunking.sample_chunking(0.001):
+        assert chunking.chunk_rows(1000, 24, "cpu", 64) < 500  # several chunks
     for x, y in zip(grads(1.0), grads(0.001)):  # fp32 sums over 1000 rows in another order
         assert float((x - y).norm()) <= 1e-5 * float(y.norm()), (x - y).abs().max()

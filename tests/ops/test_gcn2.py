@@ -9,6 +9,8 @@ import torch.nn.functional as F
 
 import dgl_exact
 from dgl_exact.ops import keep as keeping, gcn2
+from dgl_exact.ops import chunks as chunking
+from dgl_exact.ops import donation
 from dgl_exact.training import models
 from dgl_exact.training.models import build_model
 
@@ -26,7 +28,7 @@ def _graph(n, seed=0):
 @pytest.fixture
 def small_chunks(monkeypatch):
     """Row chunks of 5 rows of 7 columns and column chunks of 3 (CPU policy): tiny layers cross boundaries."""
-    monkeypatch.setattr(keeping, "CHUNK_ELEMENTS", 5 * 7)
+    monkeypatch.setattr(chunking, "CHUNK_ELEMENTS", 5 * 7)
     monkeypatch.setattr(gcn2, "COLUMN_CHUNK", 3)
 
 
@@ -340,7 +342,7 @@ def test_cuda_equals_dgl_on_cpu(chunked, exact_kept, monkeypatch):
     and equals DGL's model on the CPU; ``chunked``: the GPU's chunk policy shrunk so that rows and columns
     are chunked there too."""
     if chunked:
-        monkeypatch.setattr(keeping, "CUDA_CHUNK_ELEMENTS", 5 * 7)
+        monkeypatch.setattr(chunking, "CUDA_CHUNK_ELEMENTS", 5 * 7)
         monkeypatch.setattr(gcn2, "COLUMN_CHUNK", 3)
     calls = _spy(monkeypatch)
     g = _graph(40)
@@ -435,7 +437,7 @@ def test_the_model_donates_h0_to_the_stack_same_step_as_without(dropout, monkeyp
     x, y = _data(12)
     with dgl_exact.config(bits=2):
         released = []
-        real = keeping.release
+        real = donation.release
         monkeypatch.setattr(gcn2, "release", lambda t: released.append(True) or real(t))
         got = _step(_model("exact", dropout=dropout), g, x, y)
         assert released == [True]

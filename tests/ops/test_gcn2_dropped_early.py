@@ -10,6 +10,8 @@ import torch
 import dgl_exact
 from dgl_exact.compression import CompressedTensor
 from dgl_exact.ops import gcn2, keep as keeping
+from dgl_exact.ops import donation
+from dgl_exact.ops import saved
 
 dgl = pytest.importorskip("dgl")
 
@@ -168,13 +170,13 @@ def test_double_backward_still_refused():
 
 def test_private_keeping_and_graph_freed_follow_what_torch_says():
     if not TORCH_SAYS:
-        assert not keeping.private_keeping_allowed()
+        assert not saved.private_keeping_allowed()
         return
-    assert keeping.private_keeping_allowed()
+    assert saved.private_keeping_allowed()
     with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
-        assert not keeping.private_keeping_allowed()
+        assert not saved.private_keeping_allowed()
     with torch.autograd.graph.save_on_cpu():
-        assert not keeping.private_keeping_allowed()
+        assert not saved.private_keeping_allowed()
     seen = []
 
     class Probe(torch.autograd.Function):
@@ -184,7 +186,7 @@ def test_private_keeping_and_graph_freed_follow_what_torch_says():
 
         @staticmethod
         def backward(ctx, g):
-            seen.append(keeping.graph_freed_after_backward())
+            seen.append(saved.graph_freed_after_backward())
             return g * 2
 
     x = torch.ones(3, requires_grad=True)
@@ -234,7 +236,7 @@ def _donated_run(donate, monkeypatch=None):
             return real(t, *a, **k)
         monkeypatch.setattr(gcn2, "stash", spy)
     torch.manual_seed(5)
-    arg = keeping.donate(h) if donate else h
+    arg = donation.donate(h) if donate else h
     out = gcn2.gcnii_layers(st, arg, layers, head, None, cfg, release_h0=donate)
     grads = torch.autograd.grad(out.square().sum(), params)
     return out.detach(), grads, h, types_at_stash
@@ -247,8 +249,8 @@ def test_a_donated_h0_is_released_before_the_output_layer_same_results(monkeypat
     for a, b in zip(grads, d_grads):
         assert torch.equal(a, b)
     # every layer's stash saw h0 alive; the output layer's (the last stash) saw it released
-    assert types[:-1] == [keeping.Donated] * (len(types) - 1) and types[-1] is keeping.Released
-    assert type(h) is torch.Tensor and type(d_h) is keeping.Released
+    assert types[:-1] == [donation.Donated] * (len(types) - 1) and types[-1] is donation.Released
+    assert type(h) is torch.Tensor and type(d_h) is donation.Released
     with pytest.raises(RuntimeError, match="donated"):
         d_h.sum()
 
@@ -282,12 +284,12 @@ def test_a_memory_meter_sees_what_is_held_privately_and_the_step_runs_as_in_trai
 def test_observe_saved_allows_private_keeping_other_hooks_do_not():
     if not TORCH_SAYS:
         pytest.skip("this torch cannot say whether saved-tensor hooks are in force")
-    assert keeping.private_keeping_allowed()
-    with keeping.observe_saved(lambda t: None):
-        assert keeping.private_keeping_allowed()
+    assert saved.private_keeping_allowed()
+    with saved.observe_saved(lambda t: None):
+        assert saved.private_keeping_allowed()
         with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
-            assert not keeping.private_keeping_allowed()
+            assert not saved.private_keeping_allowed()
     with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
-        assert not keeping.private_keeping_allowed()
-        with keeping.observe_saved(lambda t: None):  # innermost hooks rule: the observer's
-            assert keeping.private_keeping_allowed()
+        assert not saved.private_keeping_allowed()
+        with saved.observe_saved(lambda t: None):  # innermost hooks rule: the observer's
+            assert saved.private_keeping_allowed()

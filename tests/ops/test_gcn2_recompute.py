@@ -13,6 +13,7 @@ import dgl_exact
 from dgl_exact.ops import gcn2, gcn2_recompute
 from dgl_exact.nn.conv import gcn2conv
 from dgl_exact.ops import keep as keeping
+from dgl_exact.ops import chunks as chunking
 from dgl_exact.training.models import GCNII
 
 dgl = pytest.importorskip("dgl")
@@ -33,7 +34,7 @@ def _data(n=40, feats=6):
 @pytest.fixture
 def small_chunks(monkeypatch):
     """Row chunks of 5 rows of 7 columns and column chunks of 3: tiny layers cross chunk boundaries."""
-    monkeypatch.setattr(keeping, "CHUNK_ELEMENTS", 5 * 7)
+    monkeypatch.setattr(chunking, "CHUNK_ELEMENTS", 5 * 7)
     monkeypatch.setattr(gcn2, "COLUMN_CHUNK", 3)
 
 

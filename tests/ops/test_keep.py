@@ -1,4 +1,4 @@
-"""Row chunks of a kept tensor (``ops.keep.row_chunks``, what backward decodes so that no full-size decompressed
+"""Row chunks of a kept tensor (``ops.chunks.row_chunks``, what backward decodes so that no full-size decompressed
 copy is alive at its peak) decode exactly as the whole tensor does, at awkward sizes (one row, chunk and block
 boundaries, a last chunk shorter than a block, projection, fp16/bf16). Linear's and batch norm's chunked backward:
 tests/ops/test_dense.py."""
@@ -7,8 +7,8 @@ import torch
 
 from dgl_exact.compression import compress, decompress
 from dgl_exact import CompressionConfig
-from dgl_exact.ops import keep as keeping
-from dgl_exact.ops.keep import row_chunks
+from dgl_exact.ops import chunks as chunking
+from dgl_exact.ops.chunks import row_chunks
 from tests.ops._helpers import CONFIGS, _cfg
 
 
@@ -38,7 +38,7 @@ def test_row_chunks_dtypes_and_3d(dtype):
 
 
 def test_reclaim_takes_back_a_donated_tensor_that_was_not_released():
-    from dgl_exact.ops.keep import Donated, Released, donate, reclaim, release
+    from dgl_exact.ops.donation import Donated, Released, donate, reclaim, release
     t = torch.randn(3, 2) * 1.0
     values = t.clone()
     assert type(donate(t)) is Donated
@@ -57,9 +57,10 @@ def test_rows_together_decodes_each_item_as_unstash(chunk, monkeypatch):
     None): each item's chunks put together are its :func:`unstash` bit for bit, chunks start on multiples of
     8 rows and of every item's block rows, and a short tail is merged. (A projected item's rows are
     unprojected by a product per chunk: equal up to the product's summation order.)"""
-    from dgl_exact.ops.keep import rows_together, unstash
+    from dgl_exact.ops.keep import unstash
+    from dgl_exact.ops.chunks import rows_together
 
-    monkeypatch.setattr(keeping, "CHUNK_ELEMENTS", chunk)
+    monkeypatch.setattr(chunking, "CHUNK_ELEMENTS", chunk)
     torch.manual_seed(0)
     n = 247
     items = [compress(torch.randn(n, 9), CompressionConfig(bits=2, block_rows=3)),

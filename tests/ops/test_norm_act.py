@@ -8,7 +8,7 @@ import torch
 
 import dgl_exact
 from dgl_exact import CompressionConfig, kernels, ops
-from dgl_exact.ops.keep import CHUNK_ELEMENTS
+from dgl_exact.ops.chunks import CHUNK_ELEMENTS
 
 BACKENDS = ["torch", pytest.param("numba", marks=pytest.mark.filterwarnings("ignore::UserWarning"))]
 

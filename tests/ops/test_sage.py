@@ -8,6 +8,7 @@ import torch
 import dgl_exact
 from dgl_exact.compression import CompressedTensor
 from dgl_exact.ops import keep as keeping, sage
+from dgl_exact.ops import chunks as chunking
 
 dgl = pytest.importorskip("dgl")
 
@@ -33,7 +34,7 @@ def _pair(d_in, d_out, bias=True, dtype=torch.float32):
 @pytest.fixture
 def small_chunks(monkeypatch):
     """Row chunks of 5 rows of 7 columns and column chunks of 3 (CPU policy): tiny layers cross boundaries."""
-    monkeypatch.setattr(keeping, "CHUNK_ELEMENTS", 5 * 7)
+    monkeypatch.setattr(chunking, "CHUNK_ELEMENTS", 5 * 7)
     monkeypatch.setattr(sage, "COLUMN_CHUNK", 3)
 
 

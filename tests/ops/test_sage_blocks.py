@@ -7,6 +7,7 @@ import torch
 
 import dgl_exact
 from dgl_exact.ops import keep as keeping, sage
+from dgl_exact.ops import chunks as chunking
 
 dgl = pytest.importorskip("dgl")
 
@@ -46,7 +47,7 @@ def _run(conv, block, x, gout, hidden):
 @pytest.fixture(params=[False, True], ids=["whole", "chunked"])
 def chunks(request, monkeypatch):
     if request.param:  # row chunks of 5 rows of 7 columns, column chunks of 3: tiny layers cross boundaries
-        monkeypatch.setattr(keeping, "CHUNK_ELEMENTS", 5 * 7)
+        monkeypatch.setattr(chunking, "CHUNK_ELEMENTS", 5 * 7)
         monkeypatch.setattr(sage, "COLUMN_CHUNK", 3)
 
 

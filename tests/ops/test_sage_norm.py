@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 import dgl_exact
 from dgl_exact.ops import keep as keeping
+from dgl_exact.ops import chunks as chunking
 from dgl_exact.training.models import StackedGNN
 
 dgl = pytest.importorskip("dgl")
@@ -28,7 +29,7 @@ def _blocks(n=400, seeds=37, fanouts=(6, 4), seed=0):
 @pytest.fixture(params=[False, True], ids=["whole", "chunked"])
 def chunks(request, monkeypatch):
     if request.param:  # row chunks of a few rows: chunks cross the mask's bytes and the codes' blocks
-        monkeypatch.setattr(keeping, "CHUNK_ELEMENTS", 8 * 9)
+        monkeypatch.setattr(chunking, "CHUNK_ELEMENTS", 8 * 9)
 
 
 def _exact_kept():
@@ -161,7 +162,7 @@ def test_peaks_hold_one_layer_sized_buffer(monkeypatch):
     g, blocks = _blocks(n=6000, seeds=2000, fanouts=(3,))
     block, d = blocks[0], 128
     big = block.num_dst_nodes() * d * 4
-    monkeypatch.setattr(keeping, "CHUNK_ELEMENTS", big // 4 // 16)
+    monkeypatch.setattr(chunking, "CHUNK_ELEMENTS", big // 4 // 16)
     x = torch.randn(block.num_src_nodes(), 8)
     cfg = dgl_exact.CompressionConfig(bits=2)
     torch.manual_seed(0)
@@ -224,7 +225,7 @@ def test_model_peaks_not_above_the_composed_modules(on_blocks, monkeypatch):
         x, y = x[blocks[0].srcdata[dgl.NID]], y[blocks[-1].dstdata[dgl.NID]]
     rows = blocks[0].num_dst_nodes() if on_blocks else g.num_nodes()
     big = rows * 64 * 4
-    monkeypatch.setattr(keeping, "CHUNK_ELEMENTS", big // 4 // 8)
+    monkeypatch.setattr(chunking, "CHUNK_ELEMENTS", big // 4 // 8)
     fused, composed = _model_pair(in_feats=16, hidden=64)
 
     def peaks(model):

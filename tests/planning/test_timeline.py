@@ -133,7 +133,7 @@ def test_released_donation_leaves_the_timeline(touched):
     """``dgl_exact.release`` frees a donated tensor with ``set_`` while the tensor object lives on: its bytes
     leave the timeline then, not when the object dies (GATConv releases its donated input; counting it kept
     the dense-graph GAT prediction 23 % above the measured peak). A view made before keeps the memory."""
-    from dgl_exact.ops.keep import donate, release
+    from dgl_exact.ops.donation import donate, release
 
     def run(keep_view: bool):
         a = torch.ones(MIB // 4)        # 1 MiB

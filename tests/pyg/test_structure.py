@@ -70,14 +70,14 @@ def test_structure_does_not_keep_its_key_alive():
 def test_multi_head_sum_and_edge_dot_in_pieces(monkeypatch):
     """On the reference kernel: the weighted multi-head sum head by head and the edge dot products in edge
     ranges give the kernel's results."""
-    from dgl_exact.ops import keep
+    from dgl_exact.ops import chunks as chunking
 
     torch.manual_seed(0)
     ei = random_graph(20, e=200)
     st = EdgeStructure(ei[0], ei[1], 20, 20, "cpu")
     x, g, w = torch.randn(20, 3, 4), torch.randn(20, 3, 4), torch.rand(ei.shape[1], 3)
     a = [_dense(ei[0], ei[1], 20, 20, w[:, h]) for h in range(3)]
-    monkeypatch.setattr(keep, "CHUNK_ELEMENTS", 50)  # edge ranges of 4 edges
+    monkeypatch.setattr(chunking, "CHUNK_ELEMENTS", 50)  # edge ranges of 4 edges
     torch.testing.assert_close(st.aggregate(x, w), torch.stack([a[h].matmul(x[:, h]) for h in range(3)], 1))
     torch.testing.assert_close(st.aggregate(g, w, transpose=True),
                                torch.stack([a[h].t().matmul(g[:, h]) for h in range(3)], 1))

@@ -197,7 +197,7 @@ def test_donated_hidden_inputs_are_released_inside_gatconv_and_the_step_is_uncha
     from dgl_exact import config as compression_scope
     from dgl_exact import ops
     from dgl_exact.compression_config import CompressionConfig
-    from dgl_exact.ops import keep as keeping
+    from dgl_exact.ops import donation
     from dgl_exact.training import models
 
     g = _graph(60, 400)
@@ -213,7 +213,7 @@ def test_donated_hidden_inputs_are_released_inside_gatconv_and_the_step_is_uncha
 
     def op(*args, **kwargs):
         if refs:
-            released_at_op.append(type(refs[-1]()) is keeping.Released)
+            released_at_op.append(type(refs[-1]()) is donation.Released)
         return orig_op(*args, **kwargs)
 
     monkeypatch.setattr(models, "donate", donate)

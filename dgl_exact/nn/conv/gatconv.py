@@ -11,7 +11,8 @@ from ..._compat import import_dgl
 from ... import ops
 from ...compression_config import CompressionConfig
 from ..._compat import compiling
-from ...ops.keep import Donated, release, stash_hook_active
+from ...ops.keep import stash_hook_active
+from ...ops.donation import Donated, release
 from .. import paths as explain
 from .._base import (CompressedModuleMixin, apply_dropout, apply_linear, check_zero_in_degree,
                      compressed_activation, hooks_present, into, plain_dropout_p, plain_linear)

@@ -7,9 +7,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..._compat import compiling, import_dgl
-from ...ops.keep import (DOUBLE_BACKWARD_MESSAGE, Donated, autocast_dtype, chunk_rows, create_graph_requested,
-                         load_kept, needs_saving, row_chunks, save_kept, stash)
+from ..._compat import autocast_dtype, compiling, import_dgl
+from ...ops.keep import stash
+from ...ops.chunks import chunk_rows, weight_grad
+from ...ops.donation import Donated
+from ...ops.double_backward import refuse_double_backward
+from ...ops.saved import load_kept, needs_saving, save_kept
 from ... import ops
 from ...compression_config import CompressionConfig
 from ...ops import captured
@@ -186,8 +189,7 @@ class _MixGCN2(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         kept, weight1 = load_kept(ctx)
-        if create_graph_requested():  # only built with compression on
-            raise RuntimeError(DOUBLE_BACKWARD_MESSAGE.format(op="GCN2Conv"))
+        refuse_double_backward("GCN2Conv")  # only built with compression on
         needs = ctx.needs_input_grad
         gh = gf0 = gw = gb = None
         if needs[0] or needs[1]:
@@ -196,11 +198,7 @@ class _MixGCN2(torch.autograd.Function):
             gh = gs if needs[0] else None
             del gs
         if needs[2]:
-            for r0, r1, s in row_chunks(kept):
-                part = s.to(grad.dtype).reshape(r1 - r0, -1).t().matmul(grad[r0:r1])
-                gw = part if gw is None else gw.add_(part)
-                del s, part  # before the next chunk is decoded (see row_chunks)
-            gw = gw.mul_(ctx.beta)
+            gw = weight_grad(grad, kept, kept_first=True).mul_(ctx.beta)
         if ctx.has_bias and needs[3]:
             gb = grad.sum(0)
         return gh, gf0, gw, gb, None, None, None
@@ -235,7 +233,7 @@ def gcnii_stack(graph, convs, norms, h0: torch.Tensor, dropout: float, input_dro
     ``h0`` may be donated (``gcnii_stack(..., dgl_exact.donate(h0), ...)``, :mod:`dgl_exact.ops.keep` rule 5):
     where the stack runs without recompute, its memory is released once the last hidden layer has read it,
     so the output layer runs beside one layer-sized buffer, not two. Where the stack returns None it did not
-    take ``h0``: the caller takes it back with :func:`dgl_exact.ops.keep.reclaim` before using it."""
+    take ``h0``: the caller takes it back with :func:`dgl_exact.ops.donation.reclaim` before using it."""
     reason = _gcnii_stack_refusal(graph, convs, norms, h0, dropout, input_dropout, head, stem)
     if reason is None and stem is not None:
         reason = _stem_refusal(stem, h0, stem_dropout, recompute, convs[0].weight1.shape[0])

@@ -7,11 +7,12 @@ from typing import Optional
 import torch
 import torch.nn as nn
 
-from ..._compat import import_dgl
+from ..._compat import autocast_dtype, import_dgl
 from ... import ops
 from ..._compat import compiling
 from ...ops import captured
-from ...ops.keep import autocast_dtype, mark_fresh, needs_saving
+from ...ops.keep import mark_fresh
+from ...ops.saved import needs_saving
 from ...compression_config import CompressionConfig
 from .. import paths as explain
 from .._base import (CompressedModuleMixin, hooks_present, apply_dropout, apply_linear, compressed_activation, into,
