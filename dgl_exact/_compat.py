@@ -112,3 +112,19 @@ def eager_during_trace():
         yield
     finally:
         _eager_depth -= 1
+
+
+def autocast_dtype(device_type: str):
+    """The autocast dtype for ``device_type`` if autocast is active there, else None."""
+    import torch
+
+    try:
+        if torch.is_autocast_enabled(device_type):
+            return torch.get_autocast_dtype(device_type)
+    except TypeError:  # torch < 2.4: no device argument
+        if device_type == "cuda" and torch.is_autocast_enabled():
+            return torch.get_autocast_gpu_dtype()
+        if device_type == "cpu" and torch.is_autocast_cpu_enabled():
+            return torch.get_autocast_cpu_dtype()
+    return None
+

@@ -38,7 +38,7 @@ import torch.nn.functional as F
 
 from .._compat import import_dgl
 from ..nn.convert import compress_model
-from ..ops.keep import donate
+from ..ops.donation import donate
 from ..training.workloads import ModelTraits
 
 dgl = import_dgl()

@@ -58,7 +58,7 @@ from typing import Any, Callable, Iterable, Optional
 
 import torch
 
-from ..ops.keep import observe_saved
+from ..ops.saved import observe_saved
 from ..ops.structure import cached_static_tensors
 from ..units import format_bytes  # the package's one printer of sizes, here for its users
 from .peak_census import CensusReport, census
@@ -160,7 +160,7 @@ def _saved_tensors():
         key, n = _storage_key(t)
         saved[key] = n
 
-    # an observer (ops.keep, rule 8): what a fused op holds privately is shown to it, and the step runs as
+    # an observer (ops.saved; ops.keep, rule 8): what a fused op holds privately is shown to it, and the step runs as
     # it does in training (a plain saved-tensor hook would make such ops keep everything to the end)
     with observe_saved(record):
         yield saved

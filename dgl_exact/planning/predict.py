@@ -51,6 +51,7 @@ from ..compression import CompressedTensor
 from ..compression_config import config as compression_scope
 from ..data.compact import held_formats, index_dtype
 from ..ops import keep as keeping
+from ..ops.chunks import gpu_chunk_policy, sample_chunking
 from ..ops.structure import cached_static_tensors
 from ..training.workloads import model_traits, prepare_graph
 
@@ -62,7 +63,7 @@ __all__ = ["PlanSpec", "PlanRecord", "SampleRun", "plan", "predict", "parse_byte
 
 #: the uniform settings a plan compares (the names ``dgl-exact bench`` uses)
 DEFAULT_SETTINGS = tuple(s.name for s in STANDARD if s.impl == "exact")
-# a multiple of 16 chunks x 64-row blocks: both samples run the same chunked loops (ops.keep.chunk_rows)
+# a multiple of 16 chunks x 64-row blocks: both samples run the same chunked loops (ops.chunks.chunk_rows)
 SAMPLE_NODES = 3072
 #: the most layers x settings one plan records: recording is linear in depth, one training step per layer,
 #: setting and sample graph (a GCN layer is about 290 operators; 64 layers of one setting recorded on both
@@ -329,16 +330,6 @@ def _track_life(record: StashRecord, kept: CompressedTensor, timeline: "_Timelin
         weakref.finalize(t, dead)
 
 
-@contextlib.contextmanager
-def _chunking(scale: float, max_chunks: int):
-    tokens = (keeping._chunk_scale.set(scale), keeping._max_chunks.set(max_chunks))
-    try:
-        yield
-    finally:
-        keeping._chunk_scale.reset(tokens[0])
-        keeping._max_chunks.reset(tokens[1])
-
-
 #: chunked backward loops of a sample run: at most this many chunks per tensor (the full graph may run more,
 #: smaller ones; the extrapolated chunk buffer is then at most ``1 / MAX_SAMPLE_CHUNKS`` of the tensor)
 MAX_SAMPLE_CHUNKS = 16
@@ -361,8 +352,8 @@ class SampleGraph:
         if setting.compression:
             stack.enter_context(compression_scope(setting.compression))
         if self.gpu:
-            stack.enter_context(keeping.gpu_chunk_policy())
-        stack.enter_context(_chunking(self.scale, MAX_SAMPLE_CHUNKS if self.scale < 1.0 else 0))
+            stack.enter_context(gpu_chunk_policy())
+        stack.enter_context(sample_chunking(self.scale, MAX_SAMPLE_CHUNKS if self.scale < 1.0 else 0))
         return stack
 
     def model_and_optimizer(self, setting: Setting):

@@ -14,7 +14,7 @@ from ..compression import draw_seed
 from ..compression_config import CompressionConfig
 from ..ops import linear
 from ..ops.gat import _attention, _chunk_budget, _GATAttention, _GATAttentionChunked
-from ..ops.keep import needs_saving
+from ..ops.saved import needs_saving
 from ._base import CompressedMixin, check_adjacency, is_sparse, materialize, sparse_edges, structure
 
 __all__ = ["GATConv"]

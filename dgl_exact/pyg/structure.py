@@ -26,7 +26,7 @@ import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
 from .. import kernels
-from ..ops.keep import chunk_elements_for
+from ..ops.chunks import chunk_elements_for
 from ..ops.structure import GraphStructure
 
 __all__ = ["EdgeStructure", "edge_structure", "clear_cache", "cache_size"]
@@ -103,7 +103,7 @@ class EdgeStructure(GraphStructure):
 
     def edge_dot(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         """:meth:`GraphStructure.edge_dot`; on the reference kernel in ranges of edges whose gathered rows hold
-        about :func:`~dgl_exact.ops.keep.chunk_elements_for` elements (not the ``[E, H, D]`` product at once)."""
+        about :func:`~dgl_exact.ops.chunks.chunk_elements_for` elements (not the ``[E, H, D]`` product at once)."""
         step = max(1, chunk_elements_for(a.device) // max(1, a.shape[1] * a.shape[2]))
         if self.num_edges <= step or not self._reference("sddmm_dot"):
             return super().edge_dot(a, b)
