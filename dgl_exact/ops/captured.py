@@ -53,7 +53,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
-import itertools
 import threading
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -61,95 +60,13 @@ import torch
 
 from ..compression_config import CFG_FIELDS as _CFG_FIELDS, CompressionConfig, config_at_trace  # noqa: F401
 from ..tracing import RUNTIME_SEED, SUPPORTED, active, assume_constant
+from .traced_graph import CapturedStructure, structure_by_handle, structure_tensor, structure_tensor_meta
 
-__all__ = ["SUPPORTED", "active", "apply", "structure", "RUNTIME_SEED", "CapturedStructure"]
+__all__ = ["SUPPORTED", "active", "apply", "RUNTIME_SEED"]
 
 _lock = threading.Lock()
-_counter = itertools.count()
-_STRUCTURES: Dict[str, Any] = {}
 _CALLS: Dict[str, "_Call"] = {}
 _assume_constant = assume_constant
-
-
-# --- graph structure while compiling ---------------------------------------------------------------------
-@_assume_constant
-def _graph_key(g, device) -> str:
-    """Register ``g``'s cached structure on ``device`` under a handle (dynamo runs this at trace time and
-    guards on the identity of ``g``)."""
-    from .structure import structure_of
-
-    st = structure_of(g, device)
-    with _lock:
-        key = getattr(st, "_capture_key", None)
-        if key is None:  # the counts in the key: compiled code cached on disk is only ever reused for a
-            # graph of the same shape (the structure itself is looked up by the key when the code runs)
-            key = f"g{next(_counter)}:{st.num_src}:{st.num_dst}:{st.num_edges}:{st.device}"
-            st._capture_key = key
-            _STRUCTURES[key] = st
-    return key
-
-
-@_assume_constant
-def _graph_value(key: str, name: str):
-    return getattr(_STRUCTURES[key], name)
-
-
-def _structure_tensor(key: str, name: str) -> torch.Tensor:
-    st = _STRUCTURES[key]
-    return getattr(st, name)() if name.endswith("degrees") else getattr(st, name)
-
-
-_META_OF: Dict[Tuple[str, str], Tuple] = {}
-
-
-@_assume_constant
-def _graph_tensor_meta(key: str, name: str) -> bool:
-    t = _structure_tensor(key, name)
-    _META_OF[key, name] = (tuple(t.shape), t.dtype, t.device)
-    return True
-
-
-def _graph_tensor(key: str, name: str) -> torch.Tensor:
-    """A cached index/degree tensor of the graph, as a graph op (a constant per graph handle)."""
-    _graph_tensor_meta(key, name)  # registers the fake's metadata at trace time
-    return torch.ops.dgl_exact_capture.graph_tensor(key, name)
-
-
-class CapturedStructure:
-    """What dynamo sees of a graph: counts, flags and index tensors (constants of the compiled graph), and a
-    handle the custom ops resolve to the real :class:`~.structure.GraphStructure` when they run."""
-
-    def __init__(self, key: str):
-        self.key = key
-        self.num_src = _graph_value(key, "num_src")
-        self.num_dst = _graph_value(key, "num_dst")
-        self.num_edges = _graph_value(key, "num_edges")
-        self.is_block = _graph_value(key, "is_block")
-        self.has_zero_in_degree = _graph_value(key, "has_zero_in_degree")
-
-    def in_degrees(self) -> torch.Tensor:
-        return _graph_tensor(self.key, "in_degrees")
-
-    def out_degrees(self) -> torch.Tensor:
-        return _graph_tensor(self.key, "out_degrees")
-
-    @property
-    def src(self) -> torch.Tensor:
-        return _graph_tensor(self.key, "src")
-
-    @property
-    def dst(self) -> torch.Tensor:
-        return _graph_tensor(self.key, "dst")
-
-    def edge_sum_to(self, e: torch.Tensor, side: str) -> torch.Tensor:
-        n = self.num_dst if side == "dst" else self.num_src
-        index = self.dst if side == "dst" else self.src
-        return e.new_zeros((n,) + tuple(e.shape[1:])).index_add_(0, index, e)
-
-
-def structure(g, device) -> CapturedStructure:
-    """:func:`~.structure.structure_of` while compiling."""
-    return CapturedStructure(_graph_key(g, torch.device(device)))
 
 
 # --- one traced call site ---------------------------------------------------------------------------------
@@ -201,7 +118,7 @@ def _resolve_args(call: _Call, tensors, seeds: List[int]):
         if isinstance(s, tuple) and s and s[0] == "tensor":
             args.append(tensors[s[1]])
         elif isinstance(s, tuple) and s and s[0] == "graph":
-            args.append(_STRUCTURES[s[1]])
+            args.append(structure_by_handle(s[1]))
         elif isinstance(s, tuple) and s and s[0] == "config":
             args.append(_config_of(s[1]))
         elif isinstance(s, tuple) and s and s[0] == "seed":
@@ -322,11 +239,11 @@ if SUPPORTED:
     @torch.library.custom_op("dgl_exact_capture::graph_tensor", mutates_args=(),
                              schema="(str key, str name) -> Tensor")
     def _graph_tensor_op(key: str, name: str) -> torch.Tensor:
-        return _structure_tensor(key, name).clone()  # a fresh output (the cached one stays the cache's)
+        return structure_tensor(key, name).clone()  # a fresh output (the cached one stays the cache's)
 
     @_graph_tensor_op.register_fake
     def _graph_tensor_fake(key, name):
-        return _meta_empty(_META_OF[key, name])
+        return _meta_empty(structure_tensor_meta(key, name))
 
     @torch.library.custom_op("dgl_exact_capture::forward", mutates_args=(),
                              schema="(str key, Tensor?[] tensors) -> Tensor[]")

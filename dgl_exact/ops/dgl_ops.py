@@ -33,11 +33,10 @@ from typing import Optional
 
 import torch
 
-from ..compression_config import CompressionConfig, resolve_config
+from ..compression_config import CompressionConfig
 from .dgl_originals import originals
-from .keep import fresh_outputs, stash, unstash
-from .double_backward import double_backward
-from .saved import load_kept, needs_saving, save_kept
+from .keep import fresh_outputs
+from .dgl_general import bilinear, readable
 from . import graph as _graph
 from .structure import structure_of
 
@@ -47,65 +46,6 @@ __all__ = ["gspmm", "gsddmm", "copy_u", "copy_v", "copy_e", "segment_reduce", "s
 _TARGETS = {"u": "u", "v": "v", "e": "e"}
 #: binary ops whose gradient for each operand is linear in the other alone (its own value unused)
 _BILINEAR = ("mul", "dot")
-
-
-def _readable(g):
-    """``g`` as DGL's own ops can read it: a graph restricted to CSC and CSR (as the trainer keeps a full
-    graph, :func:`~dgl_exact.data.compact.compact_graph`) is viewed with every format allowed (DGL's SDDMM,
-    also in the backward of its SpMM, needs a COO or a CSR it selects only among allowed COO); the view
-    shares the graph's arrays and data, and builds a COO only if a DGL kernel asks for one."""
-    formats = g.formats()
-    if "coo" in formats["created"] or "coo" in formats["not created"]:
-        return g
-    return g.formats(["coo", "csr", "csc"])
-
-
-class _Bilinear(torch.autograd.Function):
-    """``fn(a, b)``, bilinear in ``(a, b)``, run without autograd; keeps compressed the operand the other's
-    gradient needs. Backward re-runs ``fn`` with autograd on the decoded operands (zeros for one not kept:
-    its own gradient does not read it) and returns its vector-Jacobian product."""
-
-    @staticmethod
-    def forward(ctx, fn, name: str, a, b, cfg: CompressionConfig, exact_b: bool):
-        with torch.no_grad():
-            out = fn(a, b)
-        ctx.fn, ctx.name = fn, name
-        ctx.meta = [(t.shape, t.dtype, t.device) for t in (a, b)]
-        need_a, need_b = ctx.needs_input_grad[2], ctx.needs_input_grad[3]
-        save_kept(ctx, stash(a, cfg) if need_b else None, (b if exact_b else stash(b, cfg)) if need_a else None)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad):
-        kept = load_kept(ctx)
-        needs = ctx.needs_input_grad[2:4]
-        create = double_backward(ctx.name, *kept)
-        inputs = []
-        for item, (shape, dtype, device), need in zip(kept, ctx.meta, needs):
-            t = unstash(item)
-            if t is None:
-                t = torch.zeros(shape, dtype=dtype, device=device)
-            elif not create:
-                t = t.detach()
-            if need and not t.requires_grad:
-                t = t.detach().requires_grad_()
-            inputs.append(t)
-        with torch.enable_grad():
-            out = ctx.fn(*inputs)
-            wanted = [t for t, n in zip(inputs, needs) if n]
-            got = iter(torch.autograd.grad(out, wanted, grad, create_graph=create, allow_unused=True))
-        grads = []
-        for t, n in zip(inputs, needs):
-            g = next(got) if n else None
-            grads.append(torch.zeros_like(t) if n and g is None else g)
-        return None, None, grads[0], grads[1], None, None
-
-
-def _bilinear(fn, name: str, a, b, config: Optional[CompressionConfig], exact_b: bool = False):
-    """``fn(a, b)``, through :class:`_Bilinear` when autograd records it (``exact_b``: ``b`` kept exactly)."""
-    if not needs_saving(a, b):
-        return fn(a, b)
-    return _Bilinear.apply(fn, name, a, b, resolve_config(config), exact_b)
 
 
 # --- SpMM --------------------------------------------------------------------------------------------
@@ -129,10 +69,10 @@ def gspmm(g, op: str, reduce_op: str, lhs_data, rhs_data, *, config: Optional[Co
     if homogeneous and op == "mul" and reduce_op in ("sum", "mean"):
         if reduce_op == "sum" and _graph._mul_layout(tuple(lhs_data.shape[1:]), tuple(rhs_data.shape[1:])):
             return _graph.u_mul_e_sum(g, lhs_data, rhs_data, config=config)
-        dg = _readable(g)
-        return _bilinear(lambda a, b: dgl_gspmm(dg, op, reduce_op, a, b), f"u_mul_e_{reduce_op}", lhs_data,
+        dg = readable(g)
+        return bilinear(lambda a, b: dgl_gspmm(dg, op, reduce_op, a, b), f"u_mul_e_{reduce_op}", lhs_data,
                          rhs_data, config, exact_b=True)
-    return dgl_gspmm(_readable(g), op, reduce_op, lhs_data, rhs_data)
+    return dgl_gspmm(readable(g), op, reduce_op, lhs_data, rhs_data)
 
 
 def _fill_empty(g, out: torch.Tensor, reduce_op: str) -> torch.Tensor:
@@ -181,10 +121,10 @@ def gsddmm(g, op: str, lhs_data, rhs_data, lhs_target: str = "u", rhs_target: st
         raise ValueError(f"gsddmm: op must be one of {_SDDMM_OPS}, got {op!r}")
     dgl_gsddmm = originals().gsddmm
     if op in _BILINEAR and isinstance(lhs_data, torch.Tensor) and isinstance(rhs_data, torch.Tensor):
-        dg = _readable(g)
-        return _bilinear(lambda a, b: dgl_gsddmm(dg, op, a, b, lhs_target, rhs_target),
+        dg = readable(g)
+        return bilinear(lambda a, b: dgl_gsddmm(dg, op, a, b, lhs_target, rhs_target),
                          f"{lhs_target}_{op}_{rhs_target}", lhs_data, rhs_data, config)
-    return dgl_gsddmm(_readable(g), op, lhs_data, rhs_data, lhs_target, rhs_target)
+    return dgl_gsddmm(readable(g), op, lhs_data, rhs_data, lhs_target, rhs_target)
 
 
 def _make_sddmm(lhs: str, op: str, rhs: str):
@@ -200,17 +140,17 @@ def _make_sddmm(lhs: str, op: str, rhs: str):
 
 def copy_u(g, x):
     """DGL's ``copy_u``: each edge's source feature ``x[src]``; keeps nothing."""
-    return originals().copy_u(_readable(g), x)
+    return originals().copy_u(readable(g), x)
 
 
 def copy_v(g, x):
     """DGL's ``copy_v``: each edge's destination feature ``x[dst]``; keeps nothing."""
-    return originals().copy_v(_readable(g), x)
+    return originals().copy_v(readable(g), x)
 
 
 def copy_e(g, x):
     """DGL's ``copy_e``: the edge features themselves (through DGL's op, as DGL returns them)."""
-    return originals().copy_e(_readable(g), x)
+    return originals().copy_e(readable(g), x)
 
 
 # --- segment ops, gather_mm, edge_softmax --------------------------------------------------------------
@@ -229,7 +169,7 @@ def segment_mm(a, b, seglen_a, *, config: Optional[CompressionConfig] = None):
     """DGL's ``segment_mm``: ``a[segment i] @ b[i]``; keeps ``a`` compressed for ``b``'s gradient and ``b``
     (a weight: by reference) for ``a``'s."""
     dgl_segment_mm = originals().segment_mm
-    return _bilinear(lambda x, w: dgl_segment_mm(x, w, seglen_a), "segment_mm", a, b, config)
+    return bilinear(lambda x, w: dgl_segment_mm(x, w, seglen_a), "segment_mm", a, b, config)
 
 
 @fresh_outputs
@@ -237,7 +177,7 @@ def gather_mm(a, b, *, idx_b, config: Optional[CompressionConfig] = None):
     """DGL's ``gather_mm``: ``a[i] @ b[idx_b[i]]``; keeps ``a`` compressed for ``b``'s gradient and ``b`` (a
     weight: by reference) for ``a``'s."""
     dgl_gather_mm = originals().gather_mm
-    return _bilinear(lambda x, w: dgl_gather_mm(x, w, idx_b=idx_b), "gather_mm", a, b, config)
+    return bilinear(lambda x, w: dgl_gather_mm(x, w, idx_b=idx_b), "gather_mm", a, b, config)
 
 
 edge_softmax = _graph.edge_softmax

@@ -36,6 +36,8 @@ from ..kernels import reference as kernel_reference
 from .keep import fresh_outputs, stash, unstash
 from .double_backward import double_backward
 from .saved import load_kept, needs_saving, save_kept
+from .dgl_general import bilinear, readable
+from .dgl_originals import originals
 from .structure import GraphStructure, edge_softmax_forward, structure_of
 from . import captured
 
@@ -274,9 +276,8 @@ def u_mul_e_sum(g, x: torch.Tensor, y: torch.Tensor, *, config: Optional[Compres
         raise ValueError(f"edge values have {y.shape[0]} rows but the graph has {st.num_edges} edges")
     layout = _mul_layout(tuple(x.shape[1:]), tuple(y.shape[1:]))
     if layout is None:
-        from .dgl_ops import gspmm
-
-        return gspmm(g, "mul", "sum", x, y, config=config)
+        dg, dgl_gspmm = readable(g), originals().gspmm  # DGL's kernel, operands kept as dgl_ops.gspmm keeps them
+        return bilinear(lambda a, b: dgl_gspmm(dg, "mul", "sum", a, b), "u_mul_e_sum", x, y, config, exact_b=True)
     out_shape, heads, dim, heads_last = layout
     if not needs_saving(x, y):
         out = st.aggregate(_heads_first(x, heads, dim, heads_last), y.reshape(y.shape[0], heads).to(x.dtype))
@@ -345,9 +346,7 @@ def u_add_v(g, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     _check_nodes(st, y, "dst")
     xp, yp = _pad_feature_shapes(tuple(x.shape[1:]), tuple(y.shape[1:]))
     if xp != yp:  # broadcast between the operands: DGL's kernel (nothing kept either)
-        from .dgl_ops import gsddmm
-
-        return gsddmm(g, "add", x, y, "u", "v")
+        return originals().gsddmm(readable(g), "add", x, y, "u", "v")
     return captured.apply("_UAddV", x.reshape((x.shape[0],) + xp), y.reshape((y.shape[0],) + yp), st)
 
 
