@@ -1,6 +1,7 @@
 """Row chunks of a kept tensor (``ops.chunks.row_chunks``, what backward decodes so that no full-size decompressed
 copy is alive at its peak) decode exactly as the whole tensor does, at awkward sizes (one row, chunk and block
-boundaries, a last chunk shorter than a block, projection, fp16/bf16). Linear's and batch norm's chunked backward:
+boundaries, a last chunk shorter than a block, projection, fp16/bf16); the weight gradient summed over chunks
+(``weight_grad``) and a planner's sample scope (``sample_chunking``). Linear's and batch norm's chunked backward:
 tests/ops/test_dense.py."""
 import pytest
 import torch
@@ -37,20 +38,6 @@ def test_row_chunks_dtypes_and_3d(dtype):
     assert all(p.data_ptr() == x[r0].data_ptr() for r0, _, p in exact)  # exact tensors: views
 
 
-def test_reclaim_takes_back_a_donated_tensor_that_was_not_released():
-    from dgl_exact.ops.donation import Donated, Released, donate, reclaim, release
-    t = torch.randn(3, 2) * 1.0
-    values = t.clone()
-    assert type(donate(t)) is Donated
-    assert reclaim(t) is t and type(t) is torch.Tensor and torch.equal(t, values)
-    plain = torch.ones(2)
-    assert reclaim(plain) is plain and type(plain) is torch.Tensor
-    gone = donate(torch.randn(4) * 1.0)
-    assert release(gone) and type(gone) is Released
-    with pytest.raises(RuntimeError, match="released"):
-        reclaim(gone)
-
-
 @pytest.mark.parametrize("chunk", [40, 1000, 10 ** 6])
 def test_rows_together_decodes_each_item_as_unstash(chunk, monkeypatch):
     """Common row chunks over several kept items (different block sizes, a projected one, an exact tensor,
@@ -83,3 +70,39 @@ def test_rows_together_decodes_each_item_as_unstash(chunk, monkeypatch):
             torch.testing.assert_close(torch.cat(acc), unstash(item), rtol=1e-6, atol=1e-6)
         else:
             assert torch.equal(torch.cat(acc), unstash(item))
+
+
+@pytest.mark.parametrize("kept_first", [False, True])
+@pytest.mark.parametrize("shape", [(130, 6), (45, 3, 6)])
+def test_weight_grad_is_the_product_over_all_rows(shape, kept_first, monkeypatch):
+    """``grad^T x`` (``x^T grad`` with ``kept_first``) summed over row chunks equals the product over all rows
+    of the decoded item (fp32 sums in another order: a few ulps), leading dimensions flattened; an exact
+    tensor's chunks are views, a compressed one's decode chunk by chunk."""
+    monkeypatch.setattr(chunking, "CHUNK_ELEMENTS", 16 * shape[-1])  # several chunks
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(*shape, generator=gen)
+    grad = torch.randn(*shape[:-1], 4, generator=gen, dtype=torch.float64)
+    for item in (x, compress(x, _cfg(block_rows=4), seed=2)):
+        assert len(list(row_chunks(item))) > 1
+        xd = decompress(item) if item is not x else x
+        g2, x2 = grad.reshape(-1, 4), xd.reshape(-1, shape[-1]).to(grad.dtype)
+        want = x2.t().matmul(g2) if kept_first else g2.t().matmul(x2)
+        got = chunking.weight_grad(grad, item, kept_first=kept_first)
+        assert got.dtype == grad.dtype and got.shape == want.shape
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_weight_grad_of_no_rows_is_none():
+    assert chunking.weight_grad(torch.randn(0, 3), torch.randn(0, 5)) is None
+
+
+def test_sample_chunking_scales_and_caps_the_chunks_within_its_scope():
+    base = chunking.CHUNK_ELEMENTS
+    per_row = base // 64      # 1024 rows of this width: 16 full-size chunks
+    assert chunking.chunk_rows(1024, per_row, "cpu") == 64 and chunking.chunk_scale() == 1.0
+    with chunking.sample_chunking(0.25):
+        assert chunking.chunk_scale() == 0.25 and chunking.chunk_elements_for("cpu") == base // 4
+        with chunking.sample_chunking(1.0, 4):  # at most 4 chunks: 1024 / 4 rows each
+            assert chunking.chunk_rows(1024, per_row, "cpu") == 256
+        assert chunking.chunk_scale() == 0.25
+    assert chunking.chunk_scale() == 1.0 and chunking.chunk_elements_for("cpu") == base
