@@ -42,8 +42,8 @@ def progress_bar(iterable=None, enabled: bool = True, **kwargs):
 
 class LineProgress:
     """The part of tqdm's interface the loops use (iteration, ``set_postfix``, ``set_description``, ``update``,
-    ``close``), writing one line per item (per ``every`` items for batches) with the postfix last set and the
-    seconds since the previous line."""
+    ``close``), writing one line per item (per ``every`` items for batches) with the postfix set since the
+    previous line (the trainer sets loss, val and test on the epochs it evaluates) and the seconds since it."""
 
     def __init__(self, iterable, write, min_batches: int = 50, batch_lines: int = 10, desc=None, total=None,
                  unit: str = "it", initial: int = 0, **_tqdm_options):
@@ -74,6 +74,7 @@ class LineProgress:
         shown = "".join(f", {k}={v}" for k, v in self.postfix.items())
         self.write(f"{self.desc + ': ' if self.desc else ''}{where}{shown} ({now - self._last:.2f} s)")
         self._last = now
+        self.postfix = {}  # a line shows what was set for its own items (a bar would keep showing it)
 
     def set_postfix(self, ordered_dict=None, refresh=True, **kwargs) -> None:
         self.postfix = {**(ordered_dict or {}), **kwargs}

@@ -5,12 +5,12 @@ import re
 from dgl_exact._progress import LineProgress, _LINES, progress_bar, progress_lines
 
 
-def _epochs(n, start=0, postfix=True):
+def _epochs(n, start=0, evaluate_every=1):
     lines = []
     with progress_lines(lines.append):
         bar = progress_bar(range(start, n), False, desc="run 1/1", unit="epoch", initial=start, total=n, leave=False)
         for epoch in bar:
-            if postfix:
+            if (epoch + 1) % evaluate_every == 0:
                 bar.set_postfix(loss=f"{1 / (epoch + 1):.4f}", val="0.5000")
         bar.close()
     return lines
@@ -21,6 +21,12 @@ def test_one_line_per_epoch_with_what_the_bar_shows():
     assert len(lines) == 3
     assert re.fullmatch(r"run 1/1: epoch 1/3, loss=1\.0000, val=0\.5000 \(\d+\.\d\d s\)", lines[0]), lines[0]
     assert lines[2].startswith("run 1/1: epoch 3/3, loss=0.3333")
+
+
+def test_an_epoch_without_evaluation_shows_no_earlier_values():
+    lines = _epochs(4, evaluate_every=2)
+    assert [", loss=" in line for line in lines] == [False, True, False, True]
+    assert lines[3].startswith("run 1/1: epoch 4/4, loss=0.2500, val=0.5000 (")
 
 
 def test_a_resumed_loop_counts_from_where_it_starts():

@@ -48,8 +48,7 @@ def datasets(data_root, download, force_reload):
 
 @click.command()
 def info():
-    """Versions, devices and the active kernel backend (torch is imported; DGL is not: its version is read from
-    its installed metadata)."""
+    """Versions, devices and the active kernel backend (this imports torch and DGL: not as fast as --help)."""
     import platform
 
     import torch
@@ -70,20 +69,17 @@ def info():
 
 
 def _dgl_line() -> str:
-    """DGL's version and whether dgl_exact's graphbolt placeholder is (or will be, on ``import dgl``) in place,
-    without importing DGL."""
-    import importlib.metadata
-    import sys
-
-    from .._compat import graphbolt_stubbed
-    from _dgl_exact_import_hook import graphbolt_library_present
+    """DGL's version, and whether dgl_exact's graphbolt placeholder stands in for DGL's graphbolt."""
+    from .._compat import graphbolt_stubbed, import_dgl
 
     try:
-        version = sys.modules["dgl"].__version__ if "dgl" in sys.modules else importlib.metadata.version("dgl")
-    except importlib.metadata.PackageNotFoundError:
+        dgl = import_dgl()
+    except ModuleNotFoundError as e:
+        if e.name != "dgl":
+            raise
         return "not installed (pip install dgl==2.1.0; dgl_exact's core and dgl_exact.pyg work without it)"
-    stubbed = graphbolt_stubbed() if "dgl" in sys.modules else not graphbolt_library_present()
-    return version + (" (graphbolt unavailable for this torch: dgl_exact's placeholder stands in)" if stubbed else "")
+    return dgl.__version__ + (" (graphbolt unavailable for this torch: placeholder installed)"
+                              if graphbolt_stubbed() else "")
 
 
 # ------------------------------------------------------------------------------------------------------

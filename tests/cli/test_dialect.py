@@ -207,3 +207,24 @@ def test_console_entry_and_help_import_neither_torch_nor_dgl():
     """)
     assert out["package"] == [] and out["cli"] == []
     assert all(mods == [] for mods in out["helps"].values()), out["helps"]
+
+
+def test_info_reports_versions():
+    """`info` (which imports torch and DGL, unlike --help) names the installed versions and the backend."""
+    import importlib.metadata
+
+    out = _fresh("""
+        import contextlib, io, json
+        from dgl_exact.cli import main
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            main(["info"])
+        print(json.dumps({"text": buf.getvalue()}))
+    """)
+    lines = {}
+    for line in out["text"].splitlines():
+        if line.strip():
+            lines.setdefault(line.split()[0], line)  # the first: the backend's report names dgl and torch again
+    assert lines["dgl"].split()[1] == importlib.metadata.version("dgl")
+    assert lines["torch"].split()[1] == importlib.metadata.version("torch")
+    assert "kernel backend" in out["text"]
