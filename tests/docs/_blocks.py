@@ -128,3 +128,26 @@ def run_python_blocks(page, tmp_path, monkeypatch):
                 raise AssertionError(f"guide block {block.where} failed: {type(e).__name__}: {e}") from e
         ran += 1
     return ran, skipped
+
+
+def check_cli_command(args: list[str]) -> str | None:
+    """Why ``dgl-exact ARGS`` is not a command to document, or None: parsed by the CLI itself with ``--help``
+    appended (an unknown command or option fails, nothing runs), and no option spelled the old way (hidden
+    options that ``cli._common.renamed`` keeps working for one release)."""
+    import click
+    from click.testing import CliRunner
+
+    from dgl_exact.cli import cli
+
+    result = CliRunner().invoke(cli, [*args, "--help"])
+    if result.exit_code != 0:
+        return (result.output.strip().splitlines() or [repr(result.exception)])[-1]
+    command, rest, path = cli, list(args), ["dgl-exact"]
+    while isinstance(command, click.Group) and rest and rest[0] in command.commands:
+        command, rest = command.commands[rest[0]], rest[1:]
+        path.append(command.name)
+    hidden = {opt for p in command.params if isinstance(p, click.Option) and p.hidden for opt in p.opts}
+    old = [a.split("=", 1)[0] for a in rest if a.split("=", 1)[0] in hidden]
+    if old:
+        return f"deprecated spelling {', '.join(old)}: use the name `{' '.join(path)} --help` shows"
+    return None

@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from tests.docs._blocks import ROOT, SHELL, blocks, dgl_exact_args, run_python_blocks
+from tests.docs._blocks import ROOT, SHELL, blocks, check_cli_command, dgl_exact_args, run_python_blocks
 
 PAGES = sorted((ROOT / "docs" / "guide").glob("*.md")) + [ROOT / "docs" / "index.md",
                                                            ROOT / "docs" / "glossary.md"]
@@ -47,16 +47,11 @@ def test_cli_commands_parse(page):
     commands = list(_cli_commands(page))
     if not commands:
         pytest.skip("no dgl-exact command")
-    from click.testing import CliRunner
-
-    from dgl_exact.cli import cli
-
     bad = []
     for block, args in commands:
-        result = CliRunner().invoke(cli, [*args, "--help"])
-        if result.exit_code != 0:
-            last = (result.output.strip().splitlines() or [repr(result.exception)])[-1]
-            bad.append(f"{block.where}: dgl-exact {' '.join(args)}: {last}")
+        why = check_cli_command(args)
+        if why:
+            bad.append(f"{block.where}: dgl-exact {' '.join(args)}: {why}")
     assert not bad, "commands the CLI refuses:\n" + "\n".join(bad)
 
 
@@ -108,3 +103,27 @@ def test_repository_paths_exist():
                 if not any(ROOT.glob(path.rstrip("/"))):
                     missing.append(f"{page.relative_to(ROOT)}:{lineno}: {path}")
     assert not missing, "pages name paths that do not exist:\n" + "\n".join(missing)
+
+
+def test_cli_check_refuses_unknown_and_old_spellings():
+    import click
+
+    from dgl_exact.cli import cli
+
+    assert check_cli_command(["train", "--epochs", "3"]) is None
+    assert "--no-such-option" in check_cli_command(["train", "--no-such-option"])
+    assert check_cli_command(["no-such-command"]) is not None
+
+    def commands(group, path):
+        for name, command in group.commands.items():
+            if isinstance(command, click.Group):
+                yield from commands(command, [*path, name])
+            else:
+                yield [*path, name], command
+
+    old = [(path, opt) for path, command in commands(cli, []) for p in command.params
+           if isinstance(p, click.Option) and p.hidden and not p.is_flag for opt in p.opts]
+    if not old:
+        pytest.skip("no option has an old spelling in this release")
+    path, opt = old[0]
+    assert "deprecated spelling" in check_cli_command([*path, opt, "x"])
