@@ -22,6 +22,7 @@ from ..compression_config import CompressionConfig
 from ..compression_config import config as compression_scope
 from ..training.models import build_model
 from ..training.workloads import MODEL_TRAITS, prepare_graph
+from .pyg_models import PYG_MODEL_TRAITS, PYG_MODELS, build_pyg_model
 from .user_models import USER_MODEL_TRAITS, USER_MODELS, build_user_model
 from . import provenance
 from .results import ResultSink
@@ -29,8 +30,8 @@ from ..planning.settings import Setting
 
 dgl = import_dgl()
 
-#: every benchmarked model's workload facts: the trainer's models and the user models
-WORKLOAD_TRAITS = {**MODEL_TRAITS, **USER_MODEL_TRAITS}
+#: every benchmarked model's workload facts: the trainer's models, the user models and the PyG models
+WORKLOAD_TRAITS = {**MODEL_TRAITS, **USER_MODEL_TRAITS, **PYG_MODEL_TRAITS}
 
 MEMORY_COLUMNS = ["model", "setting", "activation_MiB", "ratio_vs_baseline", "step_peak_MiB", "peak_ratio_vs_baseline",
                   "device"]
@@ -65,11 +66,19 @@ class Workload:
             if traits.self_loops not in prepared:
                 prepared[traits.self_loops] = prepare_graph(g, traits, layout="as_given")
         self.graph_sl, self.graph_raw = prepared[True], prepared[False]
+        self._edge_index = None  # the PyG models' graph (graph_for), made on first use
         self.feat = g.ndata["feat"].to(self.device)
         self.train_idx = dataset.train_idx.to(self.device)
         self.train_label = g.ndata["label"].to(self.device)[self.train_idx]
 
     def graph_for(self, model: str):
+        """The graph ``model`` is called on: a DGL graph, or for a PyG model the ``edge_index`` of the graph as
+        loaded (PyG's convs add their own self loops)."""
+        if model in PYG_MODELS:
+            if self._edge_index is None:
+                src, dst = self.graph_raw.edges()
+                self._edge_index = torch.stack([src, dst]).to(self.device, torch.int64)
+            return self._edge_index
         return self.graph_sl if workload_traits(model).self_loops else self.graph_raw
 
     def hidden_for(self, model: str) -> int:
@@ -84,6 +93,9 @@ class Workload:
         """The benchmarked model (``recompute``: GCNII's segment length, see ``models.GCNII``)."""
         torch.manual_seed(seed)
         hidden = self.hidden_for(model)
+        if model in PYG_MODELS:
+            return build_pyg_model(model, self.dataset.num_features, hidden, self.dataset.num_classes,
+                                   self.layers_for(model), self.dropout, self.batch_norm, impl).to(self.device)
         if impl == "pyg":
             return _pyg_model(model, self.dataset.num_features, hidden, self.dataset.num_classes, self.layers,
                               self.dropout, self.batch_norm, self.graph_for(model), self.device)
@@ -102,8 +114,8 @@ class Workload:
         multilabel = self.dataset.multilabel
 
         def step():
-            logits = model(g, x)
-            if impl == "exact" and model_name not in USER_MODELS:
+            logits = model(x, g) if model_name in PYG_MODELS else model(g, x)
+            if impl == "exact" and model_name not in USER_MODELS and model_name not in PYG_MODELS:
                 loss = (ops.binary_cross_entropy_with_logits if multilabel else ops.cross_entropy)(logits, y, idx)
             else:
                 z = logits[idx]
@@ -118,8 +130,15 @@ class Workload:
             return f"n/a: recompute is a GCNII (gcn2) option, not {model}'s"
         if impl == "dgl" and self.device.type == "cuda" and not dgl_supports_device(torch.device("cuda")):
             return "n/a: this DGL build is CPU-only (dgl.nn cannot run on CUDA features)"
-        if impl == "pyg" and model is not None and model not in ("gcn", "sage"):
+        if model in PYG_MODELS and impl == "dgl":
+            return "n/a: a PyG model (its baseline: PyG fp32)"
+        if impl == "pyg" and model is not None and model not in ("gcn", "sage") + PYG_MODELS:
             return f"n/a: no PyG baseline for {model}"
+        if model in PYG_MODELS and impl != "pyg":
+            try:
+                import torch_geometric  # noqa: F401
+            except ImportError:
+                return "n/a: torch_geometric not installed"
         if impl == "pyg":
             try:
                 import torch_geometric  # noqa: F401
@@ -179,8 +198,8 @@ def memory_grid(work: Workload, models: Sequence[str], settings: Sequence[Settin
     Per setting: a fresh model and Adam, one warm-up step (Adam's state, code pages, structure caches),
     then :func:`dgl_exact.memory.measure_step` on the second step: the activations its forward keeps
     (EXACT protocol) and the peak of forward + loss + backward + Adam step above the memory before it
-    (the method is in each row's ``peak_method``). Both ratios are against DGL fp32 measured in the same
-    command (``ratio_vs_baseline``: activations; ``peak_ratio_vs_baseline``: step peak).
+    (the method is in each row's ``peak_method``). Both ratios are against DGL fp32 (a PyG model's: PyG fp32)
+    measured in the same command (``ratio_vs_baseline``: activations; ``peak_ratio_vs_baseline``: step peak).
 
     ``isolate`` (default: on the CPU) measures each setting in a fresh process: the CPU peak is a resident
     high-water mark, and the heap an earlier setting leaves behind (DGL's C++ kernels keep theirs resident
@@ -326,17 +345,20 @@ def memory_note(rows: Sequence[Dict]) -> str:
     peak = sorted({r["peak_method"] for r in rows if r.get("peak_method")})
     return (f". Activations: {', '.join(act) or 'n/a'}; step peak: forward + loss + backward + Adam step of the "
             f"second step above the memory before it, {', '.join(peak) or 'n/a'}. ratio_vs_baseline (activations) "
-            "and peak_ratio_vs_baseline (step peak): DGL fp32 / setting, measured in the same command")
+            "and peak_ratio_vs_baseline (step peak): DGL fp32 (a PyG model's: PyG fp32) / setting, measured in the "
+            "same command")
 
 
 def _add_ratios(rows, key, baseline_over_value, out="ratio_vs_baseline"):
-    """``ratio_vs_baseline`` per model against DGL fp32 (else the first measured setting): baseline / value
-    (memory: how many times smaller) or value / baseline (time: how many times slower)."""
+    """``ratio_vs_baseline`` per model against DGL fp32 (a PyG model's: PyG fp32; else the first measured
+    setting): baseline / value (memory: how many times smaller) or value / baseline (time: how many times
+    slower)."""
     by_model = {}
     for r in rows:
         by_model.setdefault(r["model"], []).append(r)
-    for group in by_model.values():
-        base = next((r[key] for r in group if r.get(key) and r["setting"] in ("DGL fp32",)), None)
+    for model, group in by_model.items():
+        ref = "PyG fp32" if model in PYG_MODELS else "DGL fp32"
+        base = next((r[key] for r in group if r.get(key) and r["setting"] == ref), None)
         if base is None:
             base = next((r[key] for r in group if r.get(key)), None)
         for r in group:

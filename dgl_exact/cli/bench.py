@@ -22,7 +22,8 @@ def _bench_options(f):
                      help="Graph to measure on (any dataset name; synthetic-arxiv is ogbn-arxiv-sized)."),
         click.option("--model", "models", default="sage,gcn", show_default=True,
                      help="Comma-separated: gcn,sage,gat,gcn2, or user-sage,user-sage-donate,user-block-gcn,"
-                          "user-block-sage,user-block-gat (bench/user_models.py)."),
+                          "user-block-sage,user-block-gat (bench/user_models.py), or PyG models "
+                          "pyg-gcn,pyg-sage,pyg-gat,pyg-gcn2 (bench/pyg_models.py; baseline PyG fp32)."),
         click.option("--settings", default="", show_default="all standard ones",
                      help="Comma-separated setting names."),
         click.option("--hidden", type=_COUNT, default=None,
@@ -68,9 +69,10 @@ def _bench_setup(dataset, models, settings, hidden, layers, device, data_root, b
     try:
         dev = resolve_device(device)
         chosen = select(settings, budgets=budgets)
+        from ..bench.pyg_models import PYG_MODELS
         from ..bench.user_models import USER_MODELS
 
-        model_list = check_names(models, MODELS + tuple(USER_MODELS), "--model")
+        model_list = check_names(models, MODELS + tuple(USER_MODELS) + PYG_MODELS, "--model")
         if not settings:
             chosen = chosen + [PYG]
         ds = load_dataset(dataset, data_root, quiet=quiet)
