@@ -3,7 +3,7 @@
 A mini-batch is small, so nothing is extrapolated: the real graph's real sampler
 (:class:`~dgl_exact.training.neighbor.NeighborSampler`) samples a few batches of the requested size, and the
 real model takes one recorded training step (``forward on the blocks -> loss -> backward -> Adam step``) on
-each under the full-graph planner's memory timeline (:class:`~dgl_exact.planning.timeline._Timeline`). The
+each under the full-graph planner's memory timeline (:class:`~dgl_exact.planning.timeline.Timeline`). The
 step peak is the largest point over the sampled batches. Static memory is what lives across steps: the graph
 (its created sparse formats), features, labels, parameters and Adam's state, plus the largest batch's own
 data (input-node features, seed labels, the blocks' structure), which exists before its step starts.
@@ -27,7 +27,7 @@ import torch
 from .. import memory
 from .predict import PlanRecord, build_for, check_depth, loss_fn, single_thread, spec_from_graph
 from .settings import Setting
-from .timeline import _Timeline
+from .timeline import Timeline
 from ..compression_config import config as compression_scope
 from ..training.neighbor import NeighborSampler
 
@@ -36,6 +36,10 @@ __all__ = ["BatchPrediction", "MinibatchPlanner", "largest_batch", "batch_elemen
 
 #: sampled batches per predicted batch size (the largest step peak of them is taken)
 DEFAULT_BATCHES = 3
+#: the search's pick is recorded on its first sampled batch; another of its batches with more elements is
+#: recorded too where the elements line puts its step peak more than this share above (else the line's rise
+#: is added: a fraction of a percent, where the line's error is a fraction of that)
+OTHER_BATCH_SHARE = 0.01
 
 
 @dataclasses.dataclass
@@ -145,7 +149,7 @@ class MinibatchPlanner:
         opt.zero_grad(set_to_none=True)
         return model, opt
 
-    def _step(self, setting: Setting, batch, timeline: Optional[_Timeline]) -> int:
+    def _step(self, setting: Setting, batch, timeline: Optional[Timeline]) -> int:
         """One training step on ``batch``; returns the bytes of the sparse formats DGL created for the blocks
         during the step (C++ allocations the timeline does not see)."""
         before = _block_bytes(batch.blocks)
@@ -183,7 +187,7 @@ class MinibatchPlanner:
                                b.blocks)
             peaks, acts = [], []
             for b in batches:
-                timeline = _Timeline(touched=True)
+                timeline = Timeline(touched=True)
                 formats = self._step(setting, b, timeline)
                 peaks.append(max([0] + timeline.totals) + formats)
                 acts.append(self.last_activation_bytes)
@@ -378,20 +382,27 @@ def largest_batch(planner: MinibatchPlanner, setting: Setting, budget: int, tole
         final = first[lo]
         count = planner.num_sampled(lo)
         if count > 1:
-            # of the pick's other sampled batches, record the one with the most elements (one step)
+            # of the pick's other sampled batches, the one with the most elements: where the line puts it more
+            # than OTHER_BATCH_SHARE above the first, it is recorded (one step); else the line's rise is added
             elements = [batch_elements(planner, lo, i) for i in range(count)]
             largest = max(range(count), key=elements.__getitem__)
             if largest != 0 and elements[largest] > elements[0]:
+                line = _line(planner, first, budget)
+                slope = line[2] if line is not None else final.step_peak_bytes / max(1, elements[0])
+                rise = int(math.ceil(slope * (elements[largest] - elements[0])))
                 t0 = time.perf_counter()
-                other = planner.record(setting, lo, index=largest)
-                final = _larger(final, other)
-                if log:
-                    log(f"{setting.name}: batch size {lo:,}: step peak {memory.format_bytes(final.step_peak_bytes)}"
-                        f" over {count} sampled batches (batch {largest + 1}, the most elements, recorded: "
-                        f"{time.perf_counter() - t0:.1f} s)")
-            elif log:
+                if rise > OTHER_BATCH_SHARE * final.step_peak_bytes:
+                    final = _larger(final, planner.record(setting, lo, index=largest))
+                    how = f"batch {largest + 1}, the most elements, recorded: {time.perf_counter() - t0:.1f} s"
+                else:
+                    final = _raised(final, rise)
+                    how = (f"batch {largest + 1} has {elements[largest] / elements[0] - 1:.2%} more elements: "
+                           f"+{memory.format_bytes(rise)} on the line")
+            else:
+                how = "the first has the most elements"
+            if log:
                 log(f"{setting.name}: batch size {lo:,}: step peak {memory.format_bytes(final.step_peak_bytes)} "
-                    f"over {count} sampled batches (the first has the most elements)")
+                    f"over {count} sampled batches ({how})")
         if final.step_peak_bytes <= budget:
             break
         if lo == 1:
@@ -408,6 +419,13 @@ def largest_batch(planner: MinibatchPlanner, setting: Setting, budget: int, tole
         log(f"{setting.name}: batch size {lo:,} (step peak {memory.format_bytes(final.step_peak_bytes)} of "
             f"{memory.format_bytes(budget)}; {len(first)} batch sizes recorded)")
     return BatchPrediction(setting.name, lo, budget, final, sizes)
+
+
+def _raised(record: PlanRecord, rise: int) -> PlanRecord:
+    """``record`` with ``rise`` bytes more step peak (and total)."""
+    total = record.total_bytes + rise
+    fits = None if record.device_bytes is None else total <= record.device_bytes
+    return dataclasses.replace(record, step_peak_bytes=record.step_peak_bytes + rise, total_bytes=total, fits=fits)
 
 
 def _larger(a: PlanRecord, b: PlanRecord) -> PlanRecord:
