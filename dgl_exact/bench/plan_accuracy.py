@@ -119,31 +119,13 @@ def budget_comparison(dataset, base_config, runs: int = 10, budgets: Sequence[st
         return build_model(cfg.model, dataset.num_features, dataset.num_classes, hidden=cfg.hidden,
                            layers=cfg.layers, dropout=cfg.dropout, batch_norm=cfg.batch_norm, heads=cfg.heads)
 
-    def train(name: str, setting_cfg: CompressionConfig, scope) -> Dict:
-        trainer = Trainer(cfg.replace(compression=setting_cfg), dataset=dataset, progress=False, log=None)
-        results = []
-        with scope:
-            for run in range(cfg.runs):
-                r = trainer.run(run, debug_mem=True, completed=[dataclasses.asdict(x) for x in results])
-                results.append(r)
-                peak = getattr(r, "peak_bytes", None)
-                rec = {"setting": name, "run": r.run, "seed": r.seed, "test": r.test, "val": r.val,
-                       "best_epoch": r.best_epoch, "peak_MiB": None if peak is None else peak / 2**20}
-                log(f"{name}: run {r.run + 1}/{cfg.runs} (seed {r.seed}): test {r.test:.4f}, val {r.val:.4f}, "
-                    f"best epoch {r.best_epoch}" + ("" if peak is None else f", step peak {peak / 2**20:.1f} MiB"))
-                if on_run is not None:
-                    on_run(rec)
-        tests = [r.test for r in results]
-        peaks = [r.peak_bytes for r in results if getattr(r, "peak_bytes", None)]
-        return {"test_mean": statistics.fmean(tests), "test_std": statistics.stdev(tests) if len(tests) > 1 else 0.0,
-                "tests": tests, "peak_meas_MiB": max(peaks) / 2**20 if peaks else None}
-
     rows, fp32 = [], None
     for setting in (select(",".join(uniform)) if uniform else []):  # none given: none (select("") is all)
         row = {"kind": "budget", "dataset": dataset.name, "model": cfg.model, "setting": setting.name, "runs": runs,
                "peak_pred_MiB": predicted[setting.name].step_peak_bytes / 2**20,
                "total_pred_bytes": predicted[setting.name].total_bytes}
-        row.update(train(setting.name, setting.compression, contextlib.nullcontext()))
+        row.update(_train_setting(cfg, dataset, setting.name, setting.compression, contextlib.nullcontext(),
+                                  log, on_run))
         row["grad_rel_variance"], row["grad_variance"] = gradient_variances(make_model, data, _scope_hook, draws,
                                                                            cfg.seed, setting.compression)
         if not setting.compression.enabled:
@@ -165,7 +147,7 @@ def budget_comparison(dataset, base_config, runs: int = 10, budgets: Sequence[st
                "budget_bytes": budget, "plan": plan.record.note}
         # under the scope its slots were recorded in (ops choose what to keep from the configuration in
         # force: GAT keeps a second copy only when compressing), for training and for the variance probe
-        row.update(train(name, plan.scope, plan.active()))
+        row.update(_train_setting(cfg, dataset, name, plan.scope, plan.active(), log, on_run))
         row["grad_rel_variance"], row["grad_variance"] = gradient_variances(make_model, data, plan.hook, draws,
                                                                            cfg.seed, plan.scope)
         rows.append(row)
@@ -175,6 +157,31 @@ def budget_comparison(dataset, base_config, runs: int = 10, budgets: Sequence[st
     for row in rows:
         row["delta_vs_fp32"] = None if fp32 is None else row["test_mean"] - fp32
     return rows
+
+
+def _train_setting(cfg, dataset, name: str, setting_cfg: CompressionConfig, scope, log: Callable[[str], None],
+                   on_run: Optional[Callable[[Dict], None]]) -> Dict:
+    """``cfg.runs`` runs of ``cfg`` at ``setting_cfg`` under ``scope``, each logged and passed to ``on_run``;
+    the test scores' mean, deviation and values, and the largest measured step peak (MiB)."""
+    from ..training.trainer import Trainer
+
+    trainer = Trainer(cfg.replace(compression=setting_cfg), dataset=dataset, progress=False, log=None)
+    results = []
+    with scope:
+        for run in range(cfg.runs):
+            r = trainer.run(run, debug_mem=True, completed=[dataclasses.asdict(x) for x in results])
+            results.append(r)
+            peak = getattr(r, "peak_bytes", None)
+            rec = {"setting": name, "run": r.run, "seed": r.seed, "test": r.test, "val": r.val,
+                   "best_epoch": r.best_epoch, "peak_MiB": None if peak is None else peak / 2**20}
+            log(f"{name}: run {r.run + 1}/{cfg.runs} (seed {r.seed}): test {r.test:.4f}, val {r.val:.4f}, "
+                f"best epoch {r.best_epoch}" + ("" if peak is None else f", step peak {peak / 2**20:.1f} MiB"))
+            if on_run is not None:
+                on_run(rec)
+    tests = [r.test for r in results]
+    peaks = [r.peak_bytes for r in results if getattr(r, "peak_bytes", None)]
+    return {"test_mean": statistics.fmean(tests), "test_std": statistics.stdev(tests) if len(tests) > 1 else 0.0,
+            "tests": tests, "peak_meas_MiB": max(peaks) / 2**20 if peaks else None}
 
 
 def _size(budget: str):
@@ -212,9 +219,9 @@ def format_rows(rows: Sequence[Dict]) -> str:
 def plot_budget(rows: Sequence[Dict], path: str) -> str:
     """Test accuracy (mean and std over seeds) against the step peak (measured where available, else
     predicted) for uniform settings and budgeted plans."""
-    from .plot import _plt, save_figure
+    from .plot import pyplot, save_figure
 
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
     for budgeted, marker, color, label in ((False, "o", "#1f77b4", "uniform"), (True, "*", "#d62728", "budgeted plan")):
         pts = [r for r in rows if r["setting"].startswith("budget") == budgeted]

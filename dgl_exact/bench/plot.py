@@ -7,7 +7,8 @@ from typing import Dict, List
 from .._files import atomic_write
 
 
-def _plt():
+def pyplot():
+    """matplotlib's ``pyplot`` on the Agg backend; ``ImportError`` saying how to install it where it is not."""
     try:
         import matplotlib
 
@@ -21,7 +22,7 @@ def _plt():
 def save_figure(fig, path: str) -> str:
     """Write ``fig`` to ``path`` (format from its extension), atomically (a failure leaves an earlier file as
     it was: :class:`~dgl_exact.errors.WriteError`), and close it; returns ``path``."""
-    plt = _plt()
+    plt = pyplot()
     try:
         with atomic_write(path, shared=True) as f:
             fig.savefig(f, format=os.path.splitext(path)[1][1:] or "png", dpi=120)
@@ -40,7 +41,7 @@ def _by_model(rows):
 def plot_memory(rows: List[Dict], path: str) -> str:
     """Activation memory and step peak per setting side by side (log scale), one panel per model; the
     ratio to the baseline (DGL fp32) written on each bar."""
-    plt = _plt()
+    plt = pyplot()
     groups = {m: [r for r in g if r.get("activation_MiB")] for m, g in _by_model(rows).items()}
     groups = {m: g for m, g in groups.items() if g}
     fig, axes = plt.subplots(1, len(groups), figsize=(6.5 * len(groups), 4.8), squeeze=False)
@@ -72,7 +73,7 @@ def plot_memory(rows: List[Dict], path: str) -> str:
 
 def plot_speed(rows: List[Dict], path: str) -> str:
     """Epoch time per setting with its standard deviation, one panel per model."""
-    plt = _plt()
+    plt = pyplot()
     groups = {m: [r for r in g if r.get("epoch_ms")] for m, g in _by_model(rows).items()}
     groups = {m: g for m, g in groups.items() if g}
     fig, axes = plt.subplots(1, len(groups), figsize=(6 * len(groups), 4.5), squeeze=False)
@@ -91,7 +92,7 @@ def plot_speed(rows: List[Dict], path: str) -> str:
 
 def plot_tradeoff(accuracy_rows: List[Dict], memory_rows: List[Dict], path: str) -> str:
     """Accuracy (mean ± std over seeds) against activation memory: the trade-off curve."""
-    plt = _plt()
+    plt = pyplot()
     mem = {(r["model"], r["setting"]): r.get("activation_MiB") for r in memory_rows}
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
     for model, g in _by_model(accuracy_rows).items():

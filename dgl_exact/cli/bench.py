@@ -53,7 +53,7 @@ def _bench_prechecks(out=None, plot=False, files=None, datasets=(), out_option="
         from ..bench import plot as plots
 
         try:
-            plots._plt()
+            plots.pyplot()
         except ImportError as e:
             raise UserError(f"--plot: {e}") from None
     for name, data_root in datasets:

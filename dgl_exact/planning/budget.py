@@ -143,29 +143,13 @@ def _budget_plan_once(spec: PlanSpec, budget: int, data=None, replicas: int = 2,
     setting itself. ``relative``: the variance minimised is relative to each parameter tensor's gradient
     (:func:`relative_weights`; for optimizers that scale each parameter's step, Adam and RMSprop), else
     plain (SGD)."""
-    given = dict(uniform or {})
     with single_thread() if data is None else contextlib.nullcontext():
         g1, g2 = samples or samples_for(spec, gpu, sample_nodes)
-        names = ["INT2", "INT1", "INT2 + RP(0.125) + blocks(64) + optimal", "dgl_exact fp32", "INT8", "INT4",
-                 "INT2 + RP(0.125)"]
-        uniform, runs, own = {}, {}, {}
-        for s in select(",".join(names)):
-            r1, r2 = g1.record(s), g2.record(s)
-            runs[s.name] = (r1, r2)
-            own[s.name] = combine(spec, s.name, r1, r2, g1.scale, g2.scale, budget)
-            uniform[s.name] = given.get(s.name) or own[s.name]
+        uniform, runs, own = _record_uniform(spec, budget, g1, g2, dict(uniform or {}))
         slots = slots_from_runs(*runs["INT2"], g1.scale, g2.scale)
         ref = uniform["INT2"]
         room = budget - ref.static_bytes    # for the step peak
-        for s in slots:  # sizes only: is there any plan at all?
-            s.variance = {n: float(-s.bytes[n]) for n in s.allowed()}
-        try:
-            allocate_for_peak(slots, room, uniform)
-        except BudgetError as e:
-            try:
-                trade_plans(slots, room, uniform)  # a trade plan may fit (if its recorded step confirms it)
-            except BudgetError as e2:
-                raise _Refusal(spec, budget, ref.static_bytes + min(e.needed, e2.needed), uniform) from None
+        _refuse_unless_any_plan(spec, budget, slots, room, uniform)
     if data is None:
         graph, feat, label, idx = g2.graph, g2.feat, g2.label, g2.idx
     else:
@@ -182,17 +166,7 @@ def _budget_plan_once(spec: PlanSpec, budget: int, data=None, replicas: int = 2,
         sound = (total_variance(slots), sound_ref, [s.choice for s in slots])
     except BudgetError:
         pass
-    models = {}
-    for name, (r1, r2) in runs.items():
-        option = uniform_option(name)
-        if option is not None and all(r.born >= 0 for r in r2.stashes if r.kept != "reference"):
-            try:
-                # on the verification's scale: own total + _shift within the budget, the room being the budget
-                # less the reference's static bytes
-                shift = _shift(uniform, own, name) + own[name].static_bytes - ref.static_bytes
-                models[name] = PeakModel(slots, r1, r2, g1.scale, g2.scale, option, shift)
-            except ValueError:  # a setting whose ops keep other activations (GAT's second copy when exact)
-                pass
+    models = _peak_models(slots, runs, uniform, own, g1, g2)
     try:
         candidates = trade_plans(slots, room, uniform, models)
     except BudgetError as e:
@@ -223,19 +197,76 @@ def _budget_plan_once(spec: PlanSpec, budget: int, data=None, replicas: int = 2,
     fallback = _no_worse_than_uniform(plan)
     if fallback in models:
         _upgrade_uniform(plan, fallback, room, models, g1, g2, own)
+    _finish(plan, models)
+    if log:
+        log(f"allocation: {plan.allocation}")
+    return plan
+
+
+#: the uniform settings a budget plan records on its samples: its references and bounds
+_RECORDED = ["INT2", "INT1", "INT2 + RP(0.125) + blocks(64) + optimal", "dgl_exact fp32", "INT8", "INT4",
+             "INT2 + RP(0.125)"]
+
+
+def _record_uniform(spec: PlanSpec, budget: int, g1, g2, given: Dict[str, PlanRecord]):
+    """``(uniform, runs, own)`` by setting name of :data:`_RECORDED`: the prediction used (the caller's in
+    ``given`` where it has one, else this recording's), the two sample runs, and this recording's own."""
+    uniform, runs, own = {}, {}, {}
+    for s in select(",".join(_RECORDED)):
+        r1, r2 = g1.record(s), g2.record(s)
+        runs[s.name] = (r1, r2)
+        own[s.name] = combine(spec, s.name, r1, r2, g1.scale, g2.scale, budget)
+        uniform[s.name] = given.get(s.name) or own[s.name]
+    return uniform, runs, own
+
+
+def _refuse_unless_any_plan(spec: PlanSpec, budget: int, slots: Sequence[Slot], room: int,
+                            uniform: Dict[str, PlanRecord]) -> None:
+    """:class:`_Refusal` (saying what would fit) unless some choice of the slots fits ``room`` on sizes alone
+    (a sound plan, or a trade plan its recorded step may confirm). Leaves size-only variances in the slots."""
+    for s in slots:
+        s.variance = {n: float(-s.bytes[n]) for n in s.allowed()}
+    try:
+        allocate_for_peak(slots, room, uniform)
+    except BudgetError as e:
+        try:
+            trade_plans(slots, room, uniform)  # a trade plan may fit (if its recorded step confirms it)
+        except BudgetError as e2:
+            needed = uniform["INT2"].static_bytes + min(e.needed, e2.needed)
+            raise _Refusal(spec, budget, needed, uniform) from None
+
+
+def _peak_models(slots: Sequence[Slot], runs: Dict[str, tuple], uniform: Dict[str, PlanRecord],
+                 own: Dict[str, PlanRecord], g1, g2) -> Dict[str, PeakModel]:
+    """A :class:`PeakModel` per recorded uniform setting whose kept activations were all tracked, on the
+    verification's scale: its own total + :func:`_shift` within the budget, the room being the budget less
+    the reference's (INT2's) static bytes."""
+    models = {}
+    ref = uniform["INT2"]
+    for name, (r1, r2) in runs.items():
+        option = uniform_option(name)
+        if option is not None and all(r.born >= 0 for r in r2.stashes if r.kept != "reference"):
+            try:
+                shift = _shift(uniform, own, name) + own[name].static_bytes - ref.static_bytes
+                models[name] = PeakModel(slots, r1, r2, g1.scale, g2.scale, option, shift)
+            except ValueError:  # a setting whose ops keep other activations (GAT's second copy when exact)
+                pass
+    return models
+
+
+def _finish(plan: BudgetPlan, models: Dict[str, PeakModel]) -> None:
+    """The plan's variance, which slots are alive at its step peak, whether it fits, and its note."""
+    slots = plan.slots
     plan.variance = total_variance(slots)
     model = models.get(plan.reference) or models.get(PROBE)
     if model is not None:
         alive = model.alive_at_peak([s.bytes[s.choice] for s in slots])
         for p, s in enumerate(slots):
             s.at_peak = p in alive
-    plan.record.fits = plan.record.total_bytes <= budget
+    plan.record.fits = plan.record.total_bytes <= plan.budget
     plan.record.note = "; ".join(f"{n}: {sum(1 for s in slots if s.choice == n)}"
                                  for n in OPTIONS if any(s.choice == n for s in slots))
     plan.record.note += f" [{plan.allocation}]"
-    if log:
-        log(f"allocation: {plan.allocation}")
-    return plan
 
 
 def _uniform_choice(slot: Slot, ref: str) -> str:

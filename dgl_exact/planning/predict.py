@@ -11,7 +11,7 @@ How (no per-model formula, so any model built from dgl_exact's ops or torch ops 
    alive until its last tensor dies, giving the live total after every operator (the step's memory
    timeline), and saved-tensor hooks give the activation bytes. On the CPU an output that is allocated
    empty and filled chunk by chunk counts the pages written so far, as the measured resident high-water
-   mark does (a GPU allocator counts it whole at allocation; see ``_Timeline``). Chunked backward passes
+   mark does (a GPU allocator counts it whole at allocation; see ``Timeline``). Chunked backward passes
    (row chunks of a fixed element count at full size) are run with chunks scaled by ``s``, so that the
    sample chunks where and as often as the full graph would.
 3. Every quantity that grows with the graph is affine in ``s`` (row counts are ``s N`` or ``s E``; weights,
@@ -46,7 +46,7 @@ from .. import memory, ops
 from ..units import device_bytes, format_bytes, parse_bytes
 from .._compat import import_dgl
 from .settings import STANDARD, Setting
-from .timeline import _Timeline
+from .timeline import Timeline
 from ..compression import CompressedTensor
 from ..compression_config import config as compression_scope
 from ..data.compact import held_formats, index_dtype
@@ -292,7 +292,7 @@ def loss_fn(impl: str):
     return lambda logits, y, idx: F.cross_entropy(logits[idx], y)
 
 
-def _stash_recorder(records: List[StashRecord], timeline: Optional["_Timeline"] = None):
+def _stash_recorder(records: List[StashRecord], timeline: Optional["Timeline"] = None):
     from ..compression_config import get_config
 
     def hook(x, cfg, force):
@@ -314,7 +314,7 @@ def _stash_recorder(records: List[StashRecord], timeline: Optional["_Timeline"] 
     return hook
 
 
-def _track_life(record: StashRecord, kept: CompressedTensor, timeline: "_Timeline") -> None:
+def _track_life(record: StashRecord, kept: CompressedTensor, timeline: "Timeline") -> None:
     """Note in ``record`` the timeline points at which the compressed copy is alive: from now until its last
     tensor dies (autograd frees saved tensors after their node's backward)."""
     record.born = len(timeline.totals)
@@ -408,7 +408,7 @@ class SampleGraph:
         model, opt = self.model_and_optimizer(setting)
         forward = self.forward_fn(model, setting.impl)
         stashes: List[StashRecord] = []
-        timeline = _Timeline(touched=not self.gpu)
+        timeline = Timeline(touched=not self.gpu)
         recorder = _stash_recorder(stashes, timeline)
         with self._context(setting):
             with timeline:
@@ -428,7 +428,7 @@ class SampleGraph:
 
 
 # --- extrapolation -----------------------------------------------------------------------------------------
-def _extrapolate(a: float, b: float, s1: float, s2: float, s: float = 1.0) -> float:
+def extrapolate(a: float, b: float, s1: float, s2: float, s: float = 1.0) -> float:
     if s2 == s1:
         return b
     return b + (b - a) * (s - s2) / (s2 - s1)
@@ -454,7 +454,7 @@ def extrapolated_points(r1: SampleRun, r2: SampleRun, s1: float, s2: float) -> L
         matcher = difflib.SequenceMatcher(None, a[pre:len(a) - suf], b[pre:len(b) - suf], autojunk=False)
         pairs += [(pre + i + k, pre + j + k) for i, j, size in matcher.get_matching_blocks() for k in range(size)]
         pairs += [(len(t1) - suf + k, len(t2) - suf + k) for k in range(suf)]
-    return [(_extrapolate(t1[i], t2[j], s1, s2), j) for i, j in pairs]
+    return [(extrapolate(t1[i], t2[j], s1, s2), j) for i, j in pairs]
 
 
 def extrapolated_peak(r1: SampleRun, r2: SampleRun, s1: float, s2: float) -> int:
@@ -506,8 +506,8 @@ def combine(spec: PlanSpec, name: str, r1: "SampleRun", r2: "SampleRun", s1: flo
             device_total: Optional[int], compression: str = "") -> PlanRecord:
     """A :class:`PlanRecord` extrapolated from the recorded steps on two samples."""
     peak = extrapolated_peak(r1, r2, s1, s2)
-    act = int(round(_extrapolate(r1.activation_bytes, r2.activation_bytes, s1, s2)))
-    structure = int(round(_extrapolate(r1.structure_bytes, r2.structure_bytes, s1, s2)))
+    act = int(round(extrapolate(r1.activation_bytes, r2.activation_bytes, s1, s2)))
+    structure = int(round(extrapolate(r1.structure_bytes, r2.structure_bytes, s1, s2)))
     breakdown = {
         "graph_bytes": _format_bytes(r2.formats, spec.nodes, spec.model_edges),
         "structure_cache_bytes": max(0, structure),

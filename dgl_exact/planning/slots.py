@@ -18,7 +18,7 @@ from ..compression import compressed_nbytes
 from ..compression_config import CompressionConfig
 from ..ops import keep as keeping
 from .settings import OPTIONS
-from .predict import _extrapolate
+from .predict import extrapolate
 
 
 #: what a slot may get, by name (the presets of :mod:`.settings`)
@@ -78,7 +78,7 @@ def slots_from_runs(r1, r2, s1: float, s2: float) -> List[Slot]:
     for a, b in zip(r1.stashes, r2.stashes):
         if b.kept == "reference":
             continue  # alive anyway (input features): kept by reference at no cost, nothing to choose
-        rows = int(round(_extrapolate(a.shape[0], b.shape[0], s1, s2))) if b.shape else 1
+        rows = int(round(extrapolate(a.shape[0], b.shape[0], s1, s2))) if b.shape else 1
         width = math.prod(b.shape[1:]) if len(b.shape) > 1 else (1 if b.shape else 1)
         size = torch.empty((), dtype=getattr(torch, b.dtype)).element_size()
         slot = Slot(b.index, max(rows, 0), width, size, b.projectable, b.shape)

@@ -1,6 +1,6 @@
 """The planner's step timeline: live bytes of the storages torch operators create, after every operator.
 
-:class:`_Timeline` is a ``TorchDispatchMode`` memory meter: on the CPU it counts a storage's pages once they
+:class:`Timeline` is a ``TorchDispatchMode`` memory meter: on the CPU it counts a storage's pages once they
 are written, as the resident high-water mark that :func:`dgl_exact.memory.measure_step` reads does; on a GPU
 whole at allocation, as the caching allocator does. :mod:`dgl_exact.planning.predict` records one training
 step under it on two small graphs and extrapolates every point of the timeline to the full graph.
@@ -33,7 +33,7 @@ def _tensors(tree, out=None) -> list:
     return out
 
 
-#: operators that allocate without writing: on the CPU their pages count only once written (see _Timeline)
+#: operators that allocate without writing: on the CPU their pages count only once written (see Timeline)
 _ALLOCATING = frozenset({"empty.memory_format", "empty_strided.default", "new_empty.default",
                          "new_empty_strided.default", "empty_like.default"})
 _PAGE = 4096
@@ -78,7 +78,7 @@ def _page_span(t: torch.Tensor) -> tuple:
     return start // _PAGE * _PAGE, -(-end // _PAGE) * _PAGE
 
 
-class _Timeline(TorchDispatchMode):
+class Timeline(TorchDispatchMode):
     """Live bytes of the storages operators create, after every operator.
 
     ``touched`` (the CPU): memory counts as a resident high-water mark counts it, once its pages are

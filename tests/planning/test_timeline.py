@@ -1,4 +1,4 @@
-"""The planner's step timeline (``dgl_exact.planning.timeline._Timeline``): live bytes after every operator,
+"""The planner's step timeline (``dgl_exact.planning.timeline.Timeline``): live bytes after every operator,
 counted as a GPU allocator counts them (whole at allocation) or, on the CPU, as the resident high-water
 mark counts them (pages once written)."""
 import pytest
@@ -6,7 +6,7 @@ import torch
 
 import dgl_exact  # noqa: F401  (before dgl)
 from dgl_exact.memory import vmhwm_available
-from dgl_exact.planning.timeline import _Timeline
+from dgl_exact.planning.timeline import Timeline
 
 MIB = 2**20
 ROWS_PER_MIB = MIB // (256 * 4)  # rows of a [*, 256] fp32 tensor per MiB
@@ -22,7 +22,7 @@ def _chunk_fill(x: torch.Tensor, rows: int = ROWS_PER_MIB) -> torch.Tensor:
 
 
 def _peak(fn, touched: bool) -> float:
-    tl = _Timeline(touched=touched)
+    tl = Timeline(touched=touched)
     with tl:
         fn()
     return max(tl.totals) / MIB
@@ -114,18 +114,18 @@ def test_extrapolated_peak_aligns_loops_of_different_lengths():
     import difflib
     from types import SimpleNamespace
 
-    from dgl_exact.planning.predict import _extrapolate, extrapolated_peak
+    from dgl_exact.planning.predict import extrapolate, extrapolated_peak
 
     head, tail = ["mm", "add", "relu"], ["sum", "mm", "copy_"]
     a = SimpleNamespace(names=head + ["view", "mm", "copy_"] * 2 + tail, timeline=list(range(0, 120, 10)))
     b = SimpleNamespace(names=head + ["view", "mm", "copy_"] * 3 + tail, timeline=[3 * t for t in range(15)])
 
     matcher = difflib.SequenceMatcher(None, a.names, b.names, autojunk=False)
-    want = max(_extrapolate(a.timeline[i + k], b.timeline[j + k], 1.0, 2.0)
+    want = max(extrapolate(a.timeline[i + k], b.timeline[j + k], 1.0, 2.0)
                for i, j, n in matcher.get_matching_blocks() for k in range(n))
     assert extrapolated_peak(a, b, 1.0, 2.0) == int(want)
     same = SimpleNamespace(names=list(a.names), timeline=[2 * t for t in a.timeline])
-    assert extrapolated_peak(a, same, 1.0, 2.0) == max(int(_extrapolate(x, 2 * x, 1.0, 2.0)) for x in a.timeline)
+    assert extrapolated_peak(a, same, 1.0, 2.0) == max(int(extrapolate(x, 2 * x, 1.0, 2.0)) for x in a.timeline)
 
 
 @pytest.mark.parametrize("touched", [False, True])
@@ -144,7 +144,7 @@ def test_released_donation_leaves_the_timeline(touched):
         return a, b, c, view            # b (released) and the view live on as objects
 
     for keep_view, left in ((False, 2.0), (True, 3.0)):
-        tl = _Timeline(touched=touched)
+        tl = Timeline(touched=touched)
         with tl:
             held = run(keep_view)
             tl.totals.append(tl.total)  # after the release
