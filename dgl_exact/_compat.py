@@ -25,7 +25,7 @@ import contextlib
 import functools
 import sys
 
-__all__ = ["import_dgl", "graphbolt_stubbed", "dgl_supports_device", "patch_numpy_for_numba"]
+__all__ = ["import_dgl", "DGL_MISSING", "graphbolt_stubbed", "dgl_supports_device", "patch_numpy_for_numba"]
 
 from _dgl_exact_import_hook import GRAPHBOLT as _GRAPHBOLT
 from _dgl_exact_import_hook import STUB_FLAG as _STUB_FLAG
@@ -39,12 +39,25 @@ def graphbolt_stubbed() -> bool:
     return getattr(sys.modules.get(_GRAPHBOLT), _STUB_FLAG, False)
 
 
+#: what :func:`import_dgl` says when DGL is not installed (the core and ``dgl_exact.pyg`` work without it)
+DGL_MISSING = ("this part of dgl_exact (its DGL front end: dgl_exact.nn, data, training, the CLI's DGL models) "
+               "needs DGL, which is not installed: pip install dgl==2.1.0 (or pip install dgl-exact with its "
+               "dependencies); dgl_exact's core (compression, kernels, ops on index tensors) and dgl_exact.pyg "
+               "work without it")
+
+
 def import_dgl():
-    """Import and return ``dgl``, installing the graphbolt placeholder first if (and only if) needed."""
-    _install_placeholder()
-    if "dgl" not in sys.modules:
-        _import_dgl_without_update_check()
-    import dgl
+    """Import and return ``dgl``, installing the graphbolt placeholder first if (and only if) needed. Without
+    DGL installed: ``ModuleNotFoundError`` (``name == "dgl"``) saying what needs it and how to install it."""
+    try:
+        _install_placeholder()
+        if "dgl" not in sys.modules:
+            _import_dgl_without_update_check()
+        import dgl
+    except ModuleNotFoundError as exc:
+        if exc.name != "dgl":  # DGL is there but one of its own dependencies is not: DGL's message says which
+            raise
+        raise ModuleNotFoundError(DGL_MISSING, name="dgl") from exc
 
     stub = sys.modules.get(_GRAPHBOLT)
     if graphbolt_stubbed() and "graphbolt" not in vars(dgl):

@@ -27,25 +27,15 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from .. import kernels
 from ..ops.chunks import chunk_elements_for
-from ..ops.structure import GraphStructure
+from ..ops.structure import IndexStructure
 
 __all__ = ["EdgeStructure", "edge_structure", "clear_cache", "cache_size"]
 
 
-def _compressed(rows: torch.Tensor, cols: torch.Tensor, n_rows: int):
-    """``(indptr, indices, eids)`` grouping the edges by ``rows`` (stable: edge order within a row);
-    ``eids`` is None where the edges are already grouped (their ids are their positions)."""
-    counts = torch.bincount(rows, minlength=n_rows)
-    indptr = torch.zeros(n_rows + 1, dtype=torch.int64, device=rows.device)
-    torch.cumsum(counts, 0, out=indptr[1:])
-    if rows.numel() < 2 or bool((rows[1:] >= rows[:-1]).all()):
-        return indptr, cols, None
-    perm = torch.sort(rows, stable=True).indices
-    return indptr, cols[perm], perm
-
-
-class EdgeStructure(GraphStructure):
-    """CSC/CSR index tensors of a graph given by its edges' endpoints (no DGL graph), on one device.
+class EdgeStructure(IndexStructure):
+    """CSC/CSR index tensors of a graph given by its edges' endpoints (no DGL graph), on one device: an
+    :class:`~dgl_exact.ops.structure.IndexStructure` whose reference-kernel sums and dot products over several
+    heads run in pieces (never an ``[E, H, D]`` product at once).
 
     Parameters
     ----------
@@ -57,31 +47,7 @@ class EdgeStructure(GraphStructure):
         Where the index tensors live (the features' device).
     """
 
-    def __init__(self, src: torch.Tensor, dst: torch.Tensor, num_src: int, num_dst: int, device):
-        # no GraphStructure.__init__: it reads a DGL graph index
-        self.device = torch.device(device)
-        self.symmetric = False
-        self.num_src, self.num_dst = int(num_src), int(num_dst)
-        self.num_edges = int(src.numel())
-        self.is_block = False
-        self._gidx = self._rev = None
-        # own copies: the cache of edge_structure holds its key (the user's edge_index) weakly, and a view
-        # would keep it alive through ``_base``
-        self._src = src.to(self.device, torch.int64, copy=True)
-        self._dst = dst.to(self.device, torch.int64, copy=True)
-        if self.num_edges and (int(self._src.min()) < 0 or int(self._dst.min()) < 0
-                               or int(self._src.max()) >= self.num_src or int(self._dst.max()) >= self.num_dst):
-            raise ValueError(f"edge_index refers to nodes outside the graph: sources must be in [0, {self.num_src}) "
-                             f"and targets in [0, {self.num_dst}); pass as many feature rows as nodes (or `size`)")
-        self._csc = self._csr = None
-        self._in_deg = self._out_deg = None
-        self._has_zero = None
-
-    def _kernel(self, op: str, transpose: bool = False, side: str = "csc"):
-        """``(function, CSR triple)``: dgl_exact's kernels (no DGL graph index to hand to the ``dgl`` backend)."""
-        with kernels.exclude("dgl"):
-            fn = kernels.get(op, self.device)
-        return fn, (self.csr if transpose else self.csc)
+    outside_hint = "pass as many feature rows as nodes (or `size`)"
 
     def _reference(self, op: str) -> bool:
         """Whether ``op`` runs on the reference kernel here (the CPU: DGL's kernels are out, Numba has no graph
@@ -112,30 +78,6 @@ class EdgeStructure(GraphStructure):
             src, dst = self._src[e0:e0 + step], self._dst[e0:e0 + step]
             out[e0:e0 + step] = (a[src] * b[dst]).sum(-1)
         return out
-
-    @property
-    def csc(self) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
-        if self._csc is None:
-            self._csc = _compressed(self._dst, self._src, self.num_dst)
-        return self._csc
-
-    @property
-    def csr(self) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
-        if self._csr is None:
-            self._csr = _compressed(self._src, self._dst, self.num_src)
-        return self._csr
-
-    def _graph_degrees(self, side: str) -> torch.Tensor:
-        if side == "in":
-            return torch.bincount(self._dst, minlength=self.num_dst)
-        return torch.bincount(self._src, minlength=self.num_src)
-
-    def src_edge_norm(self, degrees: str, kind: str, dtype: torch.dtype) -> torch.Tensor:
-        return self.node_norm(degrees, kind, dtype)[self._src]
-
-    @property
-    def reverse_gidx(self):
-        raise TypeError("an EdgeStructure has no DGL graph index; its kernels take the CSR tensors")
 
 
 _cache: "WeakIdKeyDictionary" = WeakIdKeyDictionary()
