@@ -24,7 +24,7 @@ _PUBLIC = {
     "GATConv": ".nn", "GCN2Conv": ".nn", "GraphConv": ".nn", "SAGEConv": ".nn", "compress_model": ".nn",
     "get_model_config": ".nn", "set_model_config": ".nn",
     "explain": ".nn.paths",
-    "donate": (".ops.donation", ".ops.keep"),  # ops.keep's rule 5 moves to ops.donation: found in either
+    "donate": ".ops.donation",
     "message_passing": ".ops.routing",
     "mark_symmetric": ".ops.structure",
     "compress_saved": ".saved_tensors", "keep_exact": ".saved_tensors",
@@ -50,24 +50,10 @@ def _install_dgl_finder() -> None:
 _install_dgl_finder()
 
 
-def _lookup(name, modules):
-    """``name`` from the first of ``modules`` (relative) that exists and defines it."""
-    for i, module in enumerate(modules):
-        last = i == len(modules) - 1
-        try:
-            return getattr(_importlib.import_module(module, __name__), name)
-        except ModuleNotFoundError as exc:
-            if last or exc.name != __name__ + module:
-                raise
-        except AttributeError:
-            if last:
-                raise
-
-
 def __getattr__(name):
-    modules = _PUBLIC.get(name)
-    if modules is not None:
-        value = _lookup(name, (modules,) if isinstance(modules, str) else modules)
+    module = _PUBLIC.get(name)
+    if module is not None:
+        value = getattr(_importlib.import_module(module, __name__), name)
         globals()[name] = value  # looked up once
         return value
     if name in _SUBMODULES:

@@ -53,3 +53,21 @@ def test_unknown_attribute_still_raises_attribute_error():
 
 def test_dir_lists_lazy_subpackages():
     assert {"data", "training", "planning", "bench", "cli", "ops", "nn"} <= set(dir(dgl_exact))
+
+
+def test_plain_import_is_light_and_every_public_name_resolves_in_fresh_interpreter():
+    """``import dgl_exact`` imports neither torch nor DGL (PEP 562: names load on first use); ``import *`` gives
+    every name of ``__all__``; a plain ``import dgl`` afterwards works (the graphbolt finder is installed)."""
+    out = run_fresh("""
+        import json, sys
+        import dgl_exact
+        light = sorted(m for m in ("torch", "dgl", "dgl_exact.nn", "dgl_exact.ops") if m in sys.modules)
+        names = {}
+        exec("from dgl_exact import *", names)
+        import dgl
+        edges = int(dgl.graph(([0, 1], [1, 2])).num_edges())
+        print(json.dumps({"light": light, "missing": sorted(set(dgl_exact.__all__) - set(names)), "edges": edges,
+                          "same": names["GraphConv"] is dgl_exact.nn.GraphConv,
+                          "listed": sorted(set(dgl_exact.__all__) - set(dir(dgl_exact)))}))
+    """)
+    assert out == {"light": [], "missing": [], "edges": 2, "same": True, "listed": []}
