@@ -1,15 +1,17 @@
-"""Machine descriptions and the assembly of ``BENCHMARKS.md`` from per-machine reports."""
+"""Machine descriptions, the layout of ``benchmarks/`` (``<machine>/<suite>/``) and the assembly of ``BENCHMARKS.md``
+from its suites' reports."""
 from __future__ import annotations
 
 import datetime
-import glob
 import os
 import platform
+import re
 from typing import Optional
 
 import torch
 
 from .._files import atomic_write
+from ..errors import WriteError
 from .results import markdown_table
 from .runner import published_rows
 
@@ -40,51 +42,117 @@ def machine_line(device) -> str:
             f"kernel backend {backend(device).primary}; {datetime.date.today().isoformat()}")
 
 
+#: the suites of a machine's folder (``benchmarks/<machine>/<suite>/``), in the order BENCHMARKS.md shows them,
+#: with their headings; each suite folder holds its current results and a README.md (heading, command, machine,
+#: code, tables) that :func:`assemble` copies into BENCHMARKS.md. ``dgl-exact bench all`` writes the first four.
+SUITES = {
+    "memory": "Activation memory and step peak",
+    "speed": "Epoch time",
+    "kernels": "Kernel throughput",
+    "accuracy": "Accuracy",
+    "profile": "A training step on the GPU code path, counted",
+    "plan": "Plan: predicted against measured memory",
+    "budget": "Budgeted plans",
+    "minibatch": "Largest mini-batch within a memory budget",
+    "checks": "Checks",
+}
+SUITE_README = "README.md"
+
 HEADER = """# Benchmarks
 
-Every number below comes from the command written next to it, run on the machine named with it. Ratios
-compare settings measured side by side in one process. Activation memory follows EXACT's protocol:
-bytes kept for backward by one training forward pass, excluding model, data, graph and the step's
-outputs (CUDA: allocated-memory delta; CPU: unique storages saved for backward, see `dgl_exact.memory`).
-Whether a graph fits is decided by the **step peak** beside it: the highest memory of a whole training
-step (forward, loss, backward, Adam step; the second step, after a warm-up) above the memory before it
-(CUDA: `max_memory_allocated`; CPU: resident high-water mark, `VmHWM` after `clear_refs`, see
-`dgl_exact.memory.measure_step`). Memory numbers do not depend on machine load; timings do.
+Current results, per machine and suite. Every number comes from the command written next to it, run on the
+machine named with it; each suite's files are in `benchmarks/MACHINE/SUITE/` (this file is assembled from
+their `README.md`s by `dgl-exact bench all --benchmarks-md BENCHMARKS.md`, which also reruns the memory, speed,
+kernels and accuracy suites of one machine: `--label MACHINE`). Earlier results are in the git history; what
+changed, in CHANGELOG.md.
 
-Regenerate a machine's section with `dgl-exact bench all --label NAME --benchmarks-md FILE` (writes
-`benchmarks/NAME/bench-all/` and rebuilds FILE from every `REPORT.md` under `benchmarks/`).
+Activation memory follows EXACT's protocol: bytes kept for backward by one training forward pass, excluding
+model, data, graph and the step's outputs (CUDA: allocated-memory delta; CPU: unique storages saved for
+backward, see `dgl_exact.memory`). Whether a graph fits is decided by the **step peak** beside it: the highest
+memory of a whole training step (forward, loss, backward, Adam step; the second step, after a warm-up) above the
+memory before it (CUDA: `max_memory_allocated`; CPU: resident high-water mark, `VmHWM` after `clear_refs`, see
+`dgl_exact.memory.measure_step`). Ratios compare settings measured side by side in one command. Memory numbers
+do not depend on machine load; timings do.
 
 ## Published figures (not measured here)
 
 {published}
 """
 
+_LINK = re.compile(r"(\]\()([^)#\s]+)(\))")
+
+
+def _rebase_links(text: str, from_dir: str, to_dir: str) -> str:
+    """Relative Markdown links of a file in ``from_dir`` rewritten to resolve from ``to_dir``."""
+    def rebase(m):
+        target = m.group(2)
+        if "://" in target or target.startswith(("/", "mailto:")):
+            return m.group(0)
+        return m.group(1) + os.path.relpath(os.path.join(from_dir, target), to_dir).replace(os.sep, "/") + m.group(3)
+
+    return _LINK.sub(rebase, text)
+
+
+def _ordered_suites(machine_dir: str) -> list:
+    present = [d for d in sorted(os.listdir(machine_dir))
+               if os.path.isfile(os.path.join(machine_dir, d, SUITE_README))]
+    return [s for s in SUITES if s in present] + [s for s in present if s not in SUITES]
+
+
+def render(root: str = "benchmarks", out_dir: str = ".") -> str:
+    """The text of BENCHMARKS.md: the published rows and, for every machine folder under ``root`` (sorted), its
+    ``README.md`` (if any) and each suite's ``README.md`` in :data:`SUITES` order (other suites after them,
+    sorted), relative links rewritten to resolve from ``out_dir``."""
+    out_dir = os.path.abspath(out_dir)
+    parts = [HEADER.format(published=markdown_table(published_rows(), ["source", "setting", "claim"]))]
+    names = os.listdir(root) if os.path.isdir(root) else []
+    machines = sorted(d for d in names if os.path.isdir(os.path.join(root, d)))
+    for machine in machines:
+        machine_dir = os.path.join(root, machine)
+        suites = _ordered_suites(machine_dir)
+        intro = os.path.join(machine_dir, SUITE_README)
+        if not suites and not os.path.isfile(intro):
+            continue
+        parts.append(f"## {machine}\n")
+        for path in ([intro] if os.path.isfile(intro) else []) + [os.path.join(machine_dir, s, SUITE_README)
+                                                                  for s in suites]:
+            with open(path, encoding="utf-8") as f:
+                parts.append(_rebase_links(f.read().rstrip("\n") + "\n", os.path.dirname(os.path.abspath(path)),
+                                           out_dir))
+    return "\n".join(parts)
+
 
 def assemble(root: str = "benchmarks", out: str = "BENCHMARKS.md") -> str:
-    """Rebuild ``out`` from the published rows and every ``REPORT.md`` under ``root``."""
-    parts = [HEADER.format(published=markdown_table(published_rows(), ["source", "setting", "claim"]))]
-    for report in sorted(glob.glob(os.path.join(root, "**", "REPORT.md"), recursive=True)):
-        with open(report) as f:
-            parts.append(f.read())
-    text = "\n".join(parts)
+    """Rebuild ``out`` from the reports under ``root`` (:func:`render`); returns ``out``."""
+    text = render(root, os.path.dirname(os.path.abspath(out)))
     with atomic_write(out, "w", encoding="utf-8", shared=True) as f:
         f.write(text)
     return out
 
 
-def write_report(folder: str, label: str, command: str, sections, figures, device: Optional[str] = None,
-                 link_base: Optional[str] = None) -> str:
-    """``<folder>/REPORT.md``: the command, the machine, the code measured and each section's Markdown."""
+def write_suite_report(root: str, machine: str, suite: str, command: str, section: str, figures=(),
+                       device: Optional[str] = None) -> str:
+    """``<root>/<machine>/<suite>/README.md``: the suite's heading, the command, the machine, the code measured,
+    ``section`` (its Markdown tables) and ``figures`` (linked relative to the suite folder)."""
     from .provenance import stamp
 
-    lines = [f"## {label}", "", f"Command: `{command}`", "", f"Machine: {machine_line(device or 'cpu')}", "",
-             f"Code: {stamp()['code']}", ""]
-    for text in sections:
-        lines += [text, ""]
+    folder = os.path.join(root, machine, suite)
+    section = section.strip()
+    if section.startswith("### "):  # a result table's own heading (ResultSink.finish): the suite's replaces it
+        section = section.split("\n", 1)[1].strip() if "\n" in section else ""
+    lines = [f"### {SUITES.get(suite, suite)}", "", f"Command: `{command}`", "",
+             f"Machine: {machine_line(device or 'cpu')}", ""]
+    if "Code: " not in section:  # ResultSink.finish writes it under the table's header
+        lines += [f"Code: {stamp()['code']}", ""]
+    lines += [section, ""]
     for fig in figures:
-        rel = os.path.relpath(fig, link_base or os.getcwd())  # as linked from BENCHMARKS.md
+        rel = os.path.relpath(os.path.abspath(fig), os.path.abspath(folder)).replace(os.sep, "/")
         lines += [f"![{os.path.basename(fig)}]({rel})", ""]
-    path = os.path.join(folder, "REPORT.md")
+    path = os.path.join(folder, SUITE_README)
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as e:
+        raise WriteError(folder, e) from None
     with atomic_write(path, "w", encoding="utf-8", shared=True) as f:
         f.write("\n".join(lines))
     return path

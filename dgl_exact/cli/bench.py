@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 import click
 
@@ -307,12 +306,32 @@ def bench_accuracy(dataset, models, settings, runs, epochs, conf, device, data_r
         click.echo("figure: " + plots.plot_tradeoff(rows, read_rows(mem_path), os.path.join(out, "tradeoff.png")))
 
 
+def _command_line(ctx, prefix: str, skip=()) -> str:
+    """The command as given: ``prefix`` and each option set on the command line (not its defaults), quoted for a
+    shell, in the order the command declares them."""
+    import shlex
+
+    from click.core import ParameterSource
+
+    words = [prefix]
+    for param in ctx.command.params:
+        if param.name in skip or ctx.get_parameter_source(param.name) != ParameterSource.COMMANDLINE:
+            continue
+        value = ctx.params[param.name]
+        flag = max(param.opts, key=len)
+        if getattr(param, "is_flag", False):
+            words += [flag] if value else []
+        else:
+            words += [flag, shlex.quote(str(value))]
+    return " ".join(words)
+
+
 @bench.command("all")
 @provenance_checked
 @renamed("--models", "--model", "models")
 @renamed("--root", "--out", "root", type=click.Path(file_okay=False))
 @click.option("--label", default="cpu", show_default=True,
-              help="Machine label: results go to OUT/LABEL/bench-all/.")
+              help="Machine label: results go to OUT/LABEL/SUITE/ (memory, speed, kernels, accuracy).")
 @click.option("--dataset", default="synthetic-arxiv", show_default=True, help="Graph for memory and speed.")
 @click.option("--model", "models", default="sage,gcn", show_default=True, help="Comma-separated models.")
 @click.option("--accuracy-dataset", default="cora", show_default=True)
@@ -321,17 +340,17 @@ def bench_accuracy(dataset, models, settings, runs, epochs, conf, device, data_r
 @click.option("--device", default=DEFAULT_DEVICE, show_default=True)
 @click.option("--data-root", default=lambda: os.environ.get("DGL_EXACT_DATA", "data"), show_default=DATA_ROOT_SHOWN)
 @click.option("--out", "root", default="benchmarks", show_default=True, type=click.Path(file_okay=False),
-              help="Folder of the results of every machine (this one's: OUT/LABEL/bench-all/).")
+              help="Folder of the results of every machine (this one's: OUT/LABEL/SUITE/).")
 @click.option("--benchmarks-md", default=None, show_default="none", type=click.Path(dir_okay=False),
-              help="Also rebuild this file from every REPORT.md under --out (replacing it: the repository's "
-                   "BENCHMARKS.md is edited by hand, with details beside the results).")
+              help="Also rebuild this file from every suite's README.md under --out (the repository's "
+                   "BENCHMARKS.md is built so: `--benchmarks-md BENCHMARKS.md`).")
 @click.option("--quiet", "-q", is_flag=True)
 def bench_all(label, dataset, models, accuracy_dataset, runs, speed_epochs, device, data_root, root, benchmarks_md,
               quiet):
-    """Run every benchmark and write OUT/LABEL/bench-all/REPORT.md with figures (and, with
-    --benchmarks-md, rebuild that file from every REPORT.md)."""
+    """Run the memory, speed, kernels and accuracy suites and write each one's results, figures and README.md to
+    OUT/LABEL/SUITE/ (and, with --benchmarks-md, rebuild that file from every suite's README.md under OUT)."""
     from ..bench import plot as plots
-    from ..bench.report import assemble, write_report
+    from ..bench.report import assemble, write_suite_report
     from ..bench.results import ResultSink
     from ..bench.runner import (ACCURACY_COLUMNS, KERNEL_COLUMNS, MEMORY_COLUMNS, SPEED_COLUMNS, accuracy_grid,
                                kernel_grid, memory_grid, memory_note, speed_grid)
@@ -339,25 +358,25 @@ def bench_all(label, dataset, models, accuracy_dataset, runs, speed_epochs, devi
     from ..planning.settings import select
     from ..data import load_dataset
 
-    out = os.path.join(root, label, "bench-all")
-    _bench_prechecks(out, files={"--benchmarks-md": benchmarks_md}, datasets=[(accuracy_dataset, data_root)],
+    machine = os.path.join(root, label)
+    _bench_prechecks(machine, files={"--benchmarks-md": benchmarks_md}, datasets=[(accuracy_dataset, data_root)],
                      out_option="--out/--label")
     work, model_list, chosen = _bench_setup(dataset, models, "", None, 3, device, data_root)
     progress = not quiet
     sections = []
-    mem_sink = ResultSink(out, "memory")
+    mem_sink = ResultSink(os.path.join(machine, "memory"), "memory")
     mem = memory_grid(work, model_list, chosen, mem_sink, progress=progress)
     sections.append(mem_sink.finish(MEMORY_COLUMNS + ["note"], "Activation memory and step peak",
                                     _bench_header("memory", work, memory_note(mem))))
-    spd_sink = ResultSink(out, "speed")
+    spd_sink = ResultSink(os.path.join(machine, "speed"), "speed")
     spd = speed_grid(work, model_list, chosen, spd_sink, epochs=speed_epochs, warmup=1, progress=progress)
     sections.append(spd_sink.finish(SPEED_COLUMNS + ["note"], "Epoch time",
                                     _bench_header("speed", work, f"; {speed_epochs} timed epochs after 1 warm-up")))
-    k_sink = ResultSink(out, "kernels")
+    k_sink = ResultSink(os.path.join(machine, "kernels"), "kernels")
     kernel_grid(k_sink, work.device, progress=progress)
     sections.append(k_sink.finish(KERNEL_COLUMNS, "Kernel throughput", "best of 5, 169343 x 128 fp32"))
     acc_ds = load_dataset(accuracy_dataset, data_root)
-    a_sink = ResultSink(out, "accuracy")
+    a_sink = ResultSink(os.path.join(machine, "accuracy"), "accuracy")
     acc = []
     acc_settings = select("dgl_exact fp32,INT8,INT2,INT2 + RP(0.125),INT2 + RP(0.125) + blocks(64) + optimal,INT1")
     for model in model_list:
@@ -365,14 +384,18 @@ def bench_all(label, dataset, models, accuracy_dataset, runs, speed_epochs, devi
         acc += accuracy_grid(acc_ds, cfg, acc_settings, runs, a_sink, progress=progress)
     sections.append(a_sink.finish(ACCURACY_COLUMNS, "Accuracy", f"{acc_ds.summary()}; {runs} seeds per setting, "
                                                                   "default `dgl-exact train` hyperparameters"))
-    figures = []
+    figures = {"memory": [], "speed": [], "kernels": [], "accuracy": []}
     try:
-        figures = plots.save_all(out, memory_rows=mem, speed_rows=spd, accuracy_rows=acc)
+        figures["memory"] = [plots.plot_memory(mem, os.path.join(machine, "memory", "memory.png"))]
+        figures["speed"] = [plots.plot_speed(spd, os.path.join(machine, "speed", "speed.png"))]
+        if acc and mem:
+            figures["accuracy"] = [plots.plot_tradeoff(acc, mem, os.path.join(machine, "accuracy", "tradeoff.png"))]
     except ImportError as e:
         click.echo(f"no figures: {e}", err=True)
-    command = "dgl-exact bench all " + " ".join(a for a in sys.argv[3:] if a not in ("-q", "--quiet"))
-    report = write_report(out, label, command.strip(), sections, figures, device=str(work.device),
-                          link_base=os.path.dirname(os.path.abspath(benchmarks_md or ".")))
-    click.echo(f"report: {report}")
+    command = _command_line(click.get_current_context(), "dgl-exact bench all", skip=("quiet",))
+    for suite, section in zip(figures, sections):
+        report = write_suite_report(root, label, suite, command, section, figures[suite],
+                                    device=str(work.device))
+        click.echo(f"report: {report}")
     if benchmarks_md:
         click.echo(f"rebuilt {assemble(root, benchmarks_md)}")

@@ -1,28 +1,63 @@
-"""dgl_exact/bench/report.py: REPORT.md and the assembled BENCHMARKS.md are written atomically (a full disk
-leaves the earlier files as they were)."""
+"""dgl_exact/bench/report.py: the layout of ``benchmarks/`` (``<machine>/<suite>/README.md``), the assembled
+BENCHMARKS.md (machines sorted, suites in their fixed order, links rebased), both written atomically (a full
+disk leaves the earlier files as they were)."""
 import os
+import re
+from pathlib import Path
 
 import pytest
 
-from dgl_exact.bench.report import assemble, write_report
+from dgl_exact.bench.report import SUITES, assemble, render, write_suite_report
 from dgl_exact.errors import WriteError
 
 
-def test_report_and_assembly(tmp_path):
-    report = write_report(str(tmp_path / "run"), "label", "dgl-exact bench all", ["### section"], [])
-    assert open(report).read().startswith("## label\n") and "### section" in open(report).read()
-    out = assemble(str(tmp_path), str(tmp_path / "BENCHMARKS.md"))
-    assert "### section" in open(out).read()
+def test_suite_reports_assemble_per_machine_in_suite_order(tmp_path):
+    root = tmp_path / "benchmarks"
+    (root / "gpu" / "memory").mkdir(parents=True)
+    (root / "gpu" / "memory" / "memory.png").write_bytes(b"png")
+    for machine, suite in (("laptop", "accuracy"), ("laptop", "memory"), ("gpu", "memory"), ("laptop", "extra")):
+        figures = [str(root / machine / suite / "memory.png")] if machine == "gpu" else []
+        path = write_suite_report(str(root), machine, suite, f"dgl-exact bench all --label {machine}",
+                                  f"| {machine} {suite} |", figures)
+        assert path == str(root / machine / suite / "README.md")
+        text = open(path).read()
+        assert text.startswith(f"### {SUITES.get(suite, suite)}\n") and f"--label {machine}`" in text
+    assert "![memory.png](memory.png)" in open(root / "gpu" / "memory" / "README.md").read()
+    (root / "laptop" / "README.md").write_text("Laptop: 4 cores, see [memory](memory/README.md).\n")
+    (root / "empty").mkdir()
+    out = assemble(str(root), str(tmp_path / "BENCHMARKS.md"))
+    text = open(out).read()
+    order = [text.index(s) for s in ("## Published figures", "## gpu", "| gpu memory |", "## laptop", "Laptop: 4",
+                                     "| laptop memory |", "| laptop accuracy |", "| laptop extra |")]
+    assert order == sorted(order), text
+    assert "## empty" not in text  # a machine folder without reports adds nothing
+    # links resolve from BENCHMARKS.md's folder
+    assert "![memory.png](benchmarks/gpu/memory/memory.png)" in text
+    assert "[memory](benchmarks/laptop/memory/README.md)" in text
 
 
 def test_report_and_assembly_on_a_full_disk_keep_the_earlier_files(tmp_path, request):
-    report = write_report(str(tmp_path / "run"), "label", "cmd", ["### earlier"], [])
-    out = assemble(str(tmp_path), str(tmp_path / "BENCHMARKS.md"))
+    root = tmp_path / "b"
+    report = write_suite_report(str(root), "m", "memory", "cmd", "### earlier")
+    out = assemble(str(root), str(tmp_path / "BENCHMARKS.md"))
     before = {p: open(p).read() for p in (report, out)}
     request.getfixturevalue("full_disk")
     with pytest.raises(WriteError, match=f"could not write {report}: no space left on device"):
-        write_report(str(tmp_path / "run"), "label", "cmd", ["### new"], [])
+        write_suite_report(str(root), "m", "memory", "cmd", "### new")
     with pytest.raises(WriteError, match=f"could not write {out}: no space left on device"):
-        assemble(str(tmp_path), out)
+        assemble(str(root), out)
     assert {p: open(p).read() for p in before} == before
-    assert sorted(os.listdir(tmp_path)) == ["BENCHMARKS.md", "run"] and os.listdir(tmp_path / "run") == ["REPORT.md"]
+    assert sorted(os.listdir(tmp_path)) == ["BENCHMARKS.md", "b"] and os.listdir(root / "m" / "memory") == ["README.md"]
+
+
+def test_the_repository_benchmarks_md_is_the_assembly_of_benchmarks():
+    """BENCHMARKS.md is generated: it equals what `dgl-exact bench all --benchmarks-md BENCHMARKS.md` assembles
+    from benchmarks/ (edit a suite's README.md, then reassemble), and every link in it resolves."""
+    repo = Path(__file__).resolve().parents[2]
+    text = render(str(repo / "benchmarks"), str(repo))
+    assert text == (repo / "BENCHMARKS.md").read_text(), (
+        "BENCHMARKS.md is not the assembly of benchmarks/*/*/README.md: rebuild it with "
+        "python -c 'from dgl_exact.bench.report import assemble; assemble()'")
+    for target in re.findall(r"\]\(([^)#\s]+)\)", text):
+        if "://" not in target:
+            assert (repo / target).exists(), target
