@@ -55,7 +55,6 @@ from ..ops.chunks import gpu_chunk_policy, sample_chunking
 from ..ops.structure import cached_static_tensors
 from ..training.workloads import model_traits, prepare_graph
 
-dgl = import_dgl()
 
 __all__ = ["PlanSpec", "PlanRecord", "SampleRun", "plan", "predict", "parse_bytes", "device_bytes", "check_depth",
            "MAX_RECORDED_LAYERS",
@@ -247,7 +246,7 @@ def sample_graph(spec: PlanSpec, n: int, e: int, seed: int = 0, impl: str = "exa
     dst = (src + torch.randint(1, n, src.shape, generator=gen)) % n  # no self loops
     if spec.symmetric:  # both directions of e // 2 pairs
         src, dst = torch.cat([src, dst]), torch.cat([dst, src])
-    g = prepare_sample_graph(spec, dgl.graph((src, dst), num_nodes=n), impl)
+    g = prepare_sample_graph(spec, import_dgl().graph((src, dst), num_nodes=n), impl)  # DGL here, not at import
     feat = torch.randn(n, spec.features, generator=gen)
     label = torch.randint(0, spec.classes, (n,), generator=gen)
     n_train = max(1, min(n, int(round(spec.train_count * n / spec.nodes))))
