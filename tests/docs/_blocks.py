@@ -21,7 +21,7 @@ PYTHON = {"python", "py", "pycon"}
 SHELL = {"bash", "sh", "shell", "console"}
 # modules of the extras (setup.cfg): a page whose block imports one that is not installed is skipped from there on
 OPTIONAL = {"torch_geometric": 'pip install ".[pyg]"', "matplotlib": 'pip install ".[plot]"'}
-_MARK = re.compile(r"<!--\s*(skip|no-run)\s*:\s*(.+?)\s*-->")
+_MARK = re.compile(r"<!--\s*(skip|no-run|needs)\s*:\s*(.+?)\s*-->")
 
 
 @dataclass
@@ -30,7 +30,7 @@ class Block:
     line: int           # 1-based line of the opening fence
     lang: str
     code: str
-    skip: str | None = None     # reason, from <!-- skip: ... -->
+    skip: str | None = None     # reason, from <!-- skip: ... --> (or an unmet <!-- needs: torch>=X.Y -->)
     no_run: str | None = None   # reason, from <!-- no-run: ... -->
     commands: list = field(default_factory=list)
 
@@ -61,12 +61,26 @@ def blocks(path: Path) -> list[Block]:
         prev = lines[start - 1].strip() if start else ""
         mark = _MARK.fullmatch(prev)
         block = Block(path, start + 1, lang, "\n".join(body) + "\n")
-        if mark:
+        if mark and mark.group(1) == "needs":
+            block.skip = unmet(mark.group(2))
+        elif mark:
             setattr(block, "skip" if mark.group(1) == "skip" else "no_run", mark.group(2))
         if lang in SHELL:
             block.commands = shell_commands(block.code)
         out.append(block)
     return out
+
+
+def unmet(requirement: str) -> str | None:
+    """``torch>=2.4``: None where the installed torch satisfies it, else the reason to skip."""
+    m = re.fullmatch(r"torch\s*>=\s*(\d+)\.(\d+)", requirement.strip())
+    if not m:
+        raise ValueError(f"<!-- needs: {requirement} -->: only torch>=X.Y is understood")
+    import torch
+
+    have = tuple(int(p) for p in re.findall(r"\d+", torch.__version__)[:2])
+    want = (int(m.group(1)), int(m.group(2)))
+    return None if have >= want else f"needs {requirement} (torch {torch.__version__} installed)"
 
 
 def shell_commands(code: str) -> list[list[str]]:

@@ -86,6 +86,10 @@ def test_blocks_are_found_and_marks_read(tmp_path):
                                  ["dgl-exact", "info"]]
     assert [dgl_exact_args(a) for a in found[2].commands] == [["train", "--model", "sage"], None, ["info"]]
     assert dgl_exact_args(["torchrun", "--nproc-per-node", "4", "-m", "dgl_exact", "train"]) == ["train"]
+    page.write_text("<!-- needs: torch>=2.0 -->\n```python\nx = 1\n```\n"
+                    "<!-- needs: torch>=99.0 -->\n```python\ny = 2\n```\n")
+    assert [b.skip for b in blocks(page)][0] is None
+    assert blocks(page)[1].skip.startswith("needs torch>=99.0")
 
 
 _PATH = re.compile(r"(?<![\w/.-])((?:benchmarks|scripts|dgl_exact|tests|examples|cuda|docs)/[\w./*<>-]*[\w*/])")
