@@ -112,13 +112,3 @@ def plot_tradeoff(accuracy_rows: List[Dict], memory_rows: List[Dict], path: str)
     fig.tight_layout()
     return save_figure(fig, path)
 
-
-def save_all(out_dir: str, memory_rows=None, speed_rows=None, accuracy_rows=None) -> List[str]:
-    paths = []
-    if memory_rows:
-        paths.append(plot_memory(memory_rows, os.path.join(out_dir, "memory.png")))
-    if speed_rows:
-        paths.append(plot_speed(speed_rows, os.path.join(out_dir, "speed.png")))
-    if accuracy_rows and memory_rows:
-        paths.append(plot_tradeoff(accuracy_rows, memory_rows, os.path.join(out_dir, "tradeoff.png")))
-    return paths
