@@ -299,13 +299,13 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 
 class _Entry:
-    __slots__ = ("ref", "bytes", "shape", "dtype", "data", "line", "op", "operator", "phase", "device")
+    __slots__ = ("ref", "bytes", "shape", "dtype", "data", "line", "op", "operator", "phase", "device", "saved")
 
 
 class _CensusMode(TorchDispatchMode):
-    def __init__(self, min_bytes: int, existing: Dict[tuple, StorageWeakRef], saved: set):
+    def __init__(self, min_bytes: int, existing: Dict[tuple, StorageWeakRef]):
         super().__init__()
-        self.min_bytes, self.existing, self.saved = min_bytes, existing, saved
+        self.min_bytes, self.existing = min_bytes, existing
         self.live: Dict[tuple, _Entry] = {}
         self.total = 0
         self.index = 0
@@ -340,9 +340,18 @@ class _CensusMode(TorchDispatchMode):
         if outside:
             e.data += " outside torch"
         e.line, e.op, e.operator, e.phase = line, op, operator, self.phase
-        e.device = str(t.device)
+        e.device, e.saved = str(t.device), False
         self.live[key] = e
         self.total += n
+
+    def mark_saved(self, t: torch.Tensor) -> None:
+        """``t`` is being saved for backward: its storage's entry (made when an operator created it) says so."""
+        if t.device.type == "meta":
+            return
+        storage = t.untyped_storage()
+        e = self.live.get((t.device.type, t.device.index, storage.data_ptr()))
+        if e is not None and not e.ref.expired():
+            e.saved = True
 
     def _frames(self):
         node = torch._C._current_autograd_node()
@@ -414,15 +423,10 @@ def census(step: Callable[[], Any], *, warmup: int = 1, min_bytes: int = 256 * 1
     for _ in range(int(warmup)):
         step()
     gc.collect()
-    saved: set = set()
-
-    def record(t):
-        s = t.untyped_storage()
-        saved.add((t.device.type, t.device.index, s.data_ptr()))
-
     from . import observe_saved  # the meter's observer (fused ops show it what they hold privately)
 
-    mode = _CensusMode(int(min_bytes), _existing_storages(), saved)
+    mode = _CensusMode(int(min_bytes), _existing_storages())
+    record = mode.mark_saved
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*[Aa]nomaly.*")
         with torch.autograd.set_detect_anomaly(True, check_nan=False), observe_saved(record), mode:
@@ -436,7 +440,7 @@ def census(step: Callable[[], Any], *, warmup: int = 1, min_bytes: int = 256 * 1
         for key, e in live:
             role = {"backward": "backward", "optimizer": "optimizer"}.get(e.phase)
             if role is None:
-                role = "saved for backward" if key in saved or e.data == "compressed" else "forward value"
+                role = "saved for backward" if e.saved or e.data == "compressed" else "forward value"
             tensors.append(CensusTensor(e.bytes, e.shape, e.dtype, e.data, role, e.line, e.op, e.operator,
                                         e.phase))
         peaks.append(PhasePeak(phase, total, operator, index, tensors))
