@@ -130,8 +130,11 @@ def _why_fp32(module: nn.Module, saved_tensors: bool, refused: Optional[str] = N
     if list(module.children()):
         return ("custom module: its graph ops (DGL's built-in message passing, edge_softmax, dgl_exact.ops) run "
                 "compressed at the model's config; what its other functional calls save (F.relu, torch ops, "
-                "Python message functions; a residual add saves nothing) is not visible" + fallback)
-    return "custom module, forward unknown" + fallback
+                "Python message functions; a residual add saves nothing) is not visible here: "
+                "dgl_exact.explain(model, *inputs) runs the forward and names each op that keeps fp32, its line and "
+                "why" + fallback)
+    return ("custom module, forward unknown (dgl_exact.explain(model, *inputs) names each op of it that keeps "
+            "fp32)" + fallback)
 
 
 def compress_model(model: nn.Module, config: Optional[CompressionConfig] = None, fuse: bool = True,
