@@ -145,14 +145,14 @@ def measure(step: Callable[[], Any], *, modules: Iterable[torch.nn.Module] = (),
         return MemoryReport(after - before - out_bytes, peak, out_bytes, "allocated-memory delta (EXACT protocol)",
                             str(device), result)
 
-    with _saved_tensors() as saved:
+    with saved_storages() as saved:
         result = step()
-    act, out_bytes = _activation_bytes(saved, modules, exclude, result)
+    act, out_bytes = activation_bytes(saved, modules, exclude, result)
     return MemoryReport(act, None, out_bytes, "saved-tensor hooks", str(device), result)
 
 
 @contextlib.contextmanager
-def _saved_tensors():
+def saved_storages():
     """Records ``{storage key: bytes}`` of every tensor saved for backward inside the block."""
     saved = {}
 
@@ -166,7 +166,7 @@ def _saved_tensors():
         yield saved
 
 
-def _activation_bytes(saved: dict, modules, exclude, result):
+def activation_bytes(saved: dict, modules, exclude, result):
     """(activation bytes, output bytes): saved storages minus parameters, buffers, ``exclude``, the cached
     graph structure and the returned tensors."""
     static = [p for m in modules for p in m.parameters()] + [b for m in modules for b in m.buffers()]
@@ -355,9 +355,9 @@ def measure_step(forward: Callable[[], Any], optimizer=None, *, backward: Option
             act = torch.cuda.memory_allocated(device) - before - out_bytes
             method = "allocated-memory delta (EXACT protocol)"
         else:
-            with _saved_tensors() as saved:
+            with saved_storages() as saved:
                 result = forward()
-            act, out_bytes = _activation_bytes(saved, modules, exclude, result)
+            act, out_bytes = activation_bytes(saved, modules, exclude, result)
             method = "saved-tensor hooks"
         backward(result)
         if opt_step is not None:

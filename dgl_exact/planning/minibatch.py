@@ -159,10 +159,10 @@ class MinibatchPlanner:
         idx = torch.arange(y.shape[0])
         with (compression_scope(setting.compression) if setting.compression else _null()):
             with (timeline if timeline is not None else _null()):
-                with memory._saved_tensors() as saved:
+                with memory.saved_storages() as saved:
                     logits = model(batch.blocks, feat)
                     loss = loss_of(logits, y, idx)
-                self.last_activation_bytes, _ = memory._activation_bytes(saved, [model], [feat, y, idx],
+                self.last_activation_bytes, _ = memory.activation_bytes(saved, [model], [feat, y, idx],
                                                                          (loss, logits))
                 del logits
                 loss.backward()

@@ -411,10 +411,10 @@ class SampleGraph:
         recorder = _stash_recorder(stashes, timeline)
         with self._context(setting):
             with timeline:
-                with memory._saved_tensors() as saved, keeping.stash_hook(hook(recorder) if hook else recorder,
+                with memory.saved_storages() as saved, keeping.stash_hook(hook(recorder) if hook else recorder,
                                                                          records_only=hook is None):
                     result = forward()
-                act, _ = memory._activation_bytes(saved, [model], [self.feat, self.label, self.idx], result)
+                act, _ = memory.activation_bytes(saved, [model], [self.feat, self.label, self.idx], result)
                 result[0].backward()
                 opt.step()
                 del result
