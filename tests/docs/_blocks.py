@@ -165,3 +165,17 @@ def check_cli_command(args: list[str]) -> str | None:
     if old:
         return f"deprecated spelling {', '.join(old)}: use the name `{' '.join(path)} --help` shows"
     return None
+
+
+def inline_commands(path: Path) -> list[tuple[int, list[str]]]:
+    """``dgl-exact ...`` code spans in a page's prose, as (line, arguments), a span wrapped over lines joined;
+    spans written as a pattern (``[--compile]``, ``A|B``, ``<what>``, ``...``) are left out."""
+    text = path.read_text()
+    text = re.sub(r"^(```|~~~).*?^\1", lambda m: "\n" * m.group(0).count("\n"), text, flags=re.S | re.M)
+    out = []
+    for m in re.finditer(r"`(dgl-exact [^`]+)`", text):
+        command = " ".join(m.group(1).split())
+        if any(c in command for c in "[|<") or "..." in command:
+            continue
+        out.append((text.count("\n", 0, m.start()) + 1, shlex.split(command)[1:]))
+    return out

@@ -17,7 +17,8 @@ import sys
 
 import pytest
 
-from tests.docs._blocks import ROOT, SHELL, blocks, check_cli_command, dgl_exact_args, run_python_blocks
+from tests.docs._blocks import (ROOT, SHELL, blocks, check_cli_command, dgl_exact_args, inline_commands,
+                                run_python_blocks)
 
 PAGES = sorted((ROOT / "docs" / "guide").glob("*.md")) + [ROOT / "docs" / "index.md",
                                                            ROOT / "docs" / "glossary.md"]
@@ -52,6 +53,18 @@ def test_cli_commands_parse(page):
         why = check_cli_command(args)
         if why:
             bad.append(f"{block.where}: dgl-exact {' '.join(args)}: {why}")
+    assert not bad, "commands the CLI refuses:\n" + "\n".join(bad)
+
+
+def test_inline_commands_parse():
+    """``dgl-exact ...`` written in the prose of the guide and the README (``dgl-exact bench accuracy --dataset cora
+    --runs 10`` beside a number) names options that exist, in their current spelling."""
+    bad = []
+    for page in [*PAGES, ROOT / "README.md"]:
+        for line, args in inline_commands(page):
+            why = check_cli_command(args)
+            if why:
+                bad.append(f"{page.relative_to(ROOT)}:{line}: dgl-exact {' '.join(args)}: {why}")
     assert not bad, "commands the CLI refuses:\n" + "\n".join(bad)
 
 
@@ -90,6 +103,9 @@ def test_blocks_are_found_and_marks_read(tmp_path):
                     "<!-- needs: torch>=99.0 -->\n```python\ny = 2\n```\n")
     assert [b.skip for b in blocks(page)][0] is None
     assert blocks(page)[1].skip.startswith("needs torch>=99.0")
+    page.write_text("Run `dgl-exact train\n  --epochs 3` or `dgl-exact train [--compile]`.\n"
+                    "```bash\n`dgl-exact x`\n```\n")
+    assert inline_commands(page) == [(1, ["train", "--epochs", "3"])]
 
 
 _PATH = re.compile(r"(?<![\w/.-])((?:benchmarks|scripts|dgl_exact|tests|examples|cuda|docs)/[\w./*<>-]*[\w*/])")
