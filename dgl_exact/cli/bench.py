@@ -111,6 +111,47 @@ def bench_memory(dataset, models, settings, hidden, layers, device, data_root, o
         click.echo("figure: " + plots.plot_memory(rows, os.path.join(out, "memory.png")))
 
 
+@bench.command("census")
+@_bench_options
+@click.option("--top", type=_COUNT, default=20, show_default=True, help="Rows printed per peak (the JSON has all).")
+@click.option("--min-kib", type=_COUNT, default=256, show_default=True, help="Smallest storage followed, KiB.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), show_default="none",
+              help="Also write every model's report (dgl_exact.memory.CensusReport.to_dict) here.")
+def bench_census(dataset, models, settings, hidden, layers, device, data_root, out, plot, quiet, top, min_kib,
+                 json_path):
+    """Which source lines hold each model's forward and backward peak (dgl_exact.memory.census) under one
+    setting (--settings, one name; INT2 if not given): the tensors alive at each peak, by the line that made them,
+    fp32 or compressed, largest first."""
+    from ..bench.census import model_census
+
+    if plot:
+        raise UserError("bench census writes tables, not figures: leave out --plot")
+    _bench_prechecks(files={"--json": json_path})
+    work, model_list, chosen = _bench_setup(dataset, models, settings or "INT2", hidden, layers, device, data_root,
+                                            quiet=quiet)
+    if len(chosen) != 1:
+        raise UserError(f"bench census runs one setting: give --settings one name, got {len(chosen)}: "
+                        f"{', '.join(s.name for s in chosen)}")
+    setting = chosen[0]
+    records = []
+    for model_name in model_list:
+        why = work.runnable(setting.impl, model_name, recompute=setting.recompute)
+        if why:
+            click.echo(f"{model_name}, {setting.name}: {why}")
+            continue
+        report = model_census(work, model_name, setting, top=top, min_bytes=min_kib * 1024)
+        click.echo(f"{model_name} ({work.layers_for(model_name)} layers x {work.hidden_for(model_name)}), "
+                   f"{setting.name}, {_bench_header('census', work)}")
+        click.echo(str(report) + "\n")
+        records.append({"model": model_name, "setting": setting.name, "dataset": dataset,
+                        "layers": work.layers_for(model_name), "hidden": work.hidden_for(model_name),
+                        **report.to_dict()})
+    if json_path:
+        with atomic_write(json_path, "w", encoding="utf-8", shared=True) as f:
+            json.dump(records, f, indent=1)
+        click.echo(f"records: {json_path}")
+
+
 @bench.command("minibatch")
 @click.option("--dataset", default="synthetic-products", show_default=True)
 @click.option("--settings", default="DGL fp32,dgl_exact fp32,INT2,INT2 + RP(0.125) + blocks(64) + optimal",
