@@ -110,8 +110,6 @@ def _config_of(fields) -> CompressionConfig:
     return CompressionConfig(**dict(zip(_CFG_FIELDS, fields)))
 
 
-
-
 def _resolve_args(call: _Call, tensors, seeds: List[int]):
     args, seeds = [], iter(seeds)
     for s in call.statics:

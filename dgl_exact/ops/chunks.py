@@ -45,7 +45,6 @@ def gpu_chunk_policy():
         _gpu_policy_on_cpu.reset(token)
 
 
-
 @contextlib.contextmanager
 def sample_chunking(scale: float, max_chunks: int = 0):
     """Within this scope chunk sizes are scaled by ``scale`` (a planner's sample run of a graph ``scale`` times
@@ -181,7 +180,6 @@ def rows_together(items, n_rows: int, device):
         r1 = starts[i + 1] if i + 1 < len(starts) else n_rows
         yield r0, r1, [_decode_rows(it, r0, r1) if w else (None if x is None else x[r0:r1])
                        for it, w, x in zip(items, wise, whole)]
-
 
 
 def weight_grad(grad: torch.Tensor, item: Stashed, kept_first: bool = False) -> Optional[torch.Tensor]:

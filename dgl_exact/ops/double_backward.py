@@ -59,7 +59,6 @@ def recompute_vjp(fn, inputs, needs, grads) -> list:
     return result
 
 
-
 def double_backward(op: str, *kept: Stashed) -> bool:
     """In a Function's ``backward``: whether the gradient must be differentiable (the caller asked for
     ``create_graph=True``, :func:`create_graph_requested`), having checked that it can be: raises

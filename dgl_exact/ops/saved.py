@@ -168,7 +168,6 @@ SECOND_BACKWARD_MESSAGE = (
     "by layer during the first backward.)")
 
 
-
 def needs_saving(*tensors: Optional[torch.Tensor]) -> bool:
     """Whether autograd will record the op (grad mode on and some input requires grad). Always True while
     dynamo traces: every op then runs its Function, as one captured custom op (see :mod:`.captured`)."""
