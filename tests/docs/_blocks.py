@@ -182,3 +182,17 @@ def inline_commands(path: Path) -> list[tuple[int, list[str]]]:
             continue
         out.append((text.count("\n", 0, m.start()) + 1, shlex.split(command)[1:]))
     return out
+
+
+def resolve(dotted: str):
+    """The object ``dgl_exact.a.b.c`` names (modules imported as needed); AttributeError/ImportError if none."""
+    import importlib
+
+    parts = dotted.split(".")
+    obj = importlib.import_module(parts[0])
+    for i, part in enumerate(parts[1:], 1):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            obj = importlib.import_module(".".join(parts[:i + 1]))
+    return obj

@@ -10,6 +10,8 @@
 """
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import os
 import re
 import subprocess
@@ -18,7 +20,9 @@ import sys
 import pytest
 
 from tests.docs._blocks import (ROOT, SHELL, blocks, check_cli_command, dgl_exact_args, inline_commands,
-                                run_python_blocks)
+                                resolve, run_python_blocks)
+
+NEEDS_EXTRA = {"dgl_exact.pyg": "torch_geometric"}  # names in these modules are checked where the extra is installed
 
 PAGES = sorted((ROOT / "docs" / "guide").glob("*.md")) + [ROOT / "docs" / "index.md",
                                                            ROOT / "docs" / "glossary.md"]
@@ -106,6 +110,9 @@ def test_blocks_are_found_and_marks_read(tmp_path):
     page.write_text("Run `dgl-exact train\n  --epochs 3` or `dgl-exact train [--compile]`.\n"
                     "```bash\n`dgl-exact x`\n```\n")
     assert inline_commands(page) == [(1, ["train", "--epochs", "3"])]
+    assert resolve("dgl_exact.ops.keep") is importlib.import_module("dgl_exact.ops.keep")
+    with pytest.raises(ImportError):
+        resolve("dgl_exact.ops.no_such_name")
 
 
 _PATH = re.compile(r"(?<![\w/.-])((?:benchmarks|scripts|dgl_exact|tests|examples|cuda|docs)/[\w./*<>-]*[\w*/])")
@@ -147,3 +154,22 @@ def test_cli_check_refuses_unknown_and_old_spellings():
         pytest.skip("no option has an old spelling in this release")
     path, opt = old[0]
     assert "deprecated spelling" in check_cli_command([*path, opt, "x"])
+
+
+_NAME = re.compile(r"(?<![\w/.])(dgl_exact(?:\.\w+)+)")
+
+
+def test_named_objects_exist():
+    """Every ``dgl_exact.x.y`` the pages name (a function, a class, a module, an attribute) exists."""
+    missing = []
+    for page in [*PAGES, ROOT / "README.md"]:
+        for lineno, line in enumerate(page.read_text().splitlines(), 1):
+            for name in _NAME.findall(line):
+                module = ".".join(name.split(".")[:2])
+                if module in NEEDS_EXTRA and importlib.util.find_spec(NEEDS_EXTRA[module]) is None:
+                    continue
+                try:
+                    resolve(name)
+                except (AttributeError, ImportError) as e:
+                    missing.append(f"{page.relative_to(ROOT)}:{lineno}: {name} ({type(e).__name__}: {e})")
+    assert not missing, "pages name objects that do not exist:\n" + "\n".join(missing)
