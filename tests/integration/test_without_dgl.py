@@ -18,15 +18,16 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 # DGL absent as an uninstalled package is: ``sys.modules["dgl"] = None`` makes ``import dgl`` and ``import
 # dgl.<sub>`` raise ModuleNotFoundError (name 'dgl') and ``importlib.util.find_spec("dgl")`` return None, as
-# without DGL (a finder raising from find_spec would break code that asks find_spec, which an absent package
-# answers with None); the finder after it catches any ``dgl.<sub>`` import that bypasses the parent.
+# without DGL (a finder raising from find_spec alone would break code that asks find_spec, which an absent
+# package answers with None); the finder is the backstop should anything remove that entry: the real DGL is
+# never found.
 BLOCK_DGL = textwrap.dedent("""
     import importlib.abc
     import sys
 
     class _NoDGL(importlib.abc.MetaPathFinder):
         def find_spec(self, name, path=None, target=None):
-            if name.startswith("dgl."):
+            if name == "dgl" or name.startswith("dgl."):
                 raise ModuleNotFoundError(f"No module named {name!r}", name="dgl")
             return None
 
