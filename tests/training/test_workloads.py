@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import dgl_exact  # noqa: F401  (before dgl)
+from dgl_exact.bench.pyg_models import PYG_MODEL_TRAITS, PYG_MODELS
 from dgl_exact.bench.runner import WORKLOAD_TRAITS, Workload
 from dgl_exact.bench.user_models import USER_MODEL_TRAITS, USER_MODELS
 from dgl_exact.data import load_dataset
@@ -42,7 +43,8 @@ def _csc(g):
 def test_the_table_covers_every_model():
     assert set(MODEL_TRAITS) == set(MODELS)
     assert set(USER_MODEL_TRAITS) == set(USER_MODELS)
-    assert set(WORKLOAD_TRAITS) == set(MODELS) | set(USER_MODELS)
+    assert set(PYG_MODEL_TRAITS) == set(PYG_MODELS)
+    assert set(WORKLOAD_TRAITS) == set(MODELS) | set(USER_MODELS) | set(PYG_MODELS)
     assert all(name == t.name for name, t in WORKLOAD_TRAITS.items())
 
 
