@@ -27,7 +27,8 @@ from ._common import (MAX_COUNT, MODELS, SAINT_MODES, SAMPLERS, Choice, UserErro
 # "decided from other options"), written here so that `dgl-exact train --help` needs no torch;
 # tests/cli/test_dialect.py checks them against dgl_exact.training.config.TrainConfig.
 TRAIN_DEFAULTS = {
-    "dataset": "cora", "model": "gcn", "sampler": "full", "bits": 2, "kept_frac": 1.0, "block_rows": 1,
+    "dataset": "cora", "model": "gcn", "sampler": "full", "framework": "dgl", "bits": 2, "kept_frac": 1.0,
+    "block_rows": 1,
     "levels": "uniform", "act_fp": False, "amp": False, "grad_norm": "none", "loss": "ce", "epochs": 200,
     "lr": 0.01, "lr_warmup": 0, "weight_decay": 0.0005, "optimizer": "adam", "hidden": 64, "layers": 2,
     "dropout": 0.5, "batch_norm": False, "dropout2": False, "heads": 3, "edge_drop": 0.0, "use_attn_dst": True,
@@ -46,6 +47,9 @@ def _train_options(f):
         click.option("--model", type=Choice(MODELS), help="Architecture."),
         click.option("--sampler", type=Choice(SAMPLERS),
                      help="full graph, GraphSAINT, ClusterGCN, or neighbour-sampled blocks (DGL's NeighborSampler)."),
+        click.option("--framework", type=Choice(("dgl", "pyg")),
+                     help="Layers the model is built of: DGL's, or PyTorch Geometric's (pip install "
+                          "'dgl-exact[pyg]'; full graph, saint, cluster), converted by compress_model."),
         click.option("--bits", type=Choice(["1", "2", "4", "8"]), callback=_int_choice,
                      help="Bits per saved activation value."),
         click.option("--kept-frac", type=float, help="Random projection: fraction of columns kept, (0, 1]."),

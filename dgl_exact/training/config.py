@@ -23,6 +23,8 @@ from ..compression_config import MAX_BLOCK_ROWS, VALID_BITS, VALID_LEVELS, Compr
 from .models import MODELS, recompute_length
 
 SAMPLERS = ("full", "saint", "cluster", "neighbor")
+#: the layers a model is built of (TrainConfig.framework)
+FRAMEWORKS = ("dgl", "pyg")
 SAINT_MODES = ("node", "edge", "walk")
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
 
@@ -147,6 +149,7 @@ FIELD_RULES: Dict[str, Rule] = {
     "dataset": Rule("str"),
     "model": Rule("choice", choices=tuple(MODELS)),
     "sampler": Rule("choice", choices=SAMPLERS),
+    "framework": Rule("choice", choices=FRAMEWORKS),
     "bits": Rule("int", choices=VALID_BITS),
     "kept_frac": Rule("number", 0.0, 1.0, lo_open=True, note="1 disables random projection"),
     "block_rows": Rule("int", 1, MAX_BLOCK_ROWS, note="rows sharing one min/scale; 1 = one per row"),
@@ -227,6 +230,9 @@ class TrainConfig:
     dataset: str = "cora"
     model: str = "gcn"
     sampler: str = "full"
+    # the layers the model is built of: DGL's converted to dgl_exact's ("dgl"), or PyTorch Geometric's
+    # converted by compress_model to dgl_exact.pyg's ("pyg"; whole graphs and the subgraph samplers)
+    framework: str = "dgl"
     # activation compression; the constructor also takes its fields as flat options (see the class docstring)
     compression: CompressionConfig = DEFAULT_COMPRESSION
     amp: bool = False
@@ -299,9 +305,30 @@ class TrainConfig:
                 setattr(self, f.name, check_field(f.name, getattr(self, f.name)))
         self._check_neighbor_options()
         self._check_recompute()
+        self._check_framework()
         if self.seed + self.runs - 1 > MAX_SEED:
             raise ValueError(f"seed + runs - 1 must be <= 2**64 - 1 (run r uses seed + r), got seed {self.seed} "
                              f"with {self.runs} runs")
+
+    def _check_framework(self) -> None:
+        """``framework: pyg``: PyTorch Geometric installed, no neighbour-sampled blocks, and none of the options
+        only the DGL-built models have (EXACT's GAT and GCNII variants, non-inverted dropout, input dropout)."""
+        if self.framework != "pyg":
+            return
+        import importlib.util
+
+        if importlib.util.find_spec("torch_geometric") is None:
+            raise ValueError("framework pyg needs PyTorch Geometric: pip install 'dgl-exact[pyg]'")
+        if self.sampler == "neighbor":
+            raise ValueError("framework pyg runs on whole graphs and sampled subgraphs (--sampler full, saint, "
+                             "cluster), not on the neighbour sampler's blocks")
+        defaults = {"input_dropout": 0.0, "dropout2": False, "edge_drop": 0.0, "residual": False,
+                    "use_attn_dst": True, "shared_weights": True, "identity_mapping": True, "recompute": None}
+        given = [name for name, value in defaults.items() if getattr(self, name) != value]
+        if given:
+            raise ValueError(f"framework pyg builds PyG's GCN, GraphSAGE, GAT and GCNII without "
+                             f"{', '.join('--' + option_label(n) for n in given)}: leave "
+                             f"{'them' if len(given) > 1 else 'it'} at the default or use framework dgl")
 
     def _check_recompute(self) -> None:
         """``recompute``: a segment length, ``auto`` or off; GCNII's only."""

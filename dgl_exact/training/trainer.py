@@ -330,7 +330,8 @@ class Trainer:
                             alpha=cfg.alpha, lambda_=cfg.lambda_, input_dropout=cfg.input_dropout,
                             shared_weights=cfg.shared_weights, residual=cfg.residual,
                             identity_mapping=cfg.identity_mapping, dropout2=cfg.dropout2, edge_drop=cfg.edge_drop,
-                            use_attn_dst=cfg.use_attn_dst, recompute=cfg.recompute).to(self.device)
+                            use_attn_dst=cfg.use_attn_dst, recompute=cfg.recompute,
+                            framework=cfg.framework).to(self.device)
         opt_cls = {"adam": torch.optim.Adam, "rmsprop": torch.optim.RMSprop, "sgd": torch.optim.SGD}[cfg.optimizer]
         optimizer = opt_cls(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         scaler = None
