@@ -127,18 +127,31 @@ def _check_outputs(files=None, folders=None) -> None:
         seen[real] = option
 
 
-def _hold_outputs(files) -> None:
+def hold_outputs(files) -> None:
     """Lock each output file ``files`` maps an option name to (None: not given) for the rest of the command
     (:class:`dgl_exact._files.OutputLock`, released when the command ends): a second run on the same file
     stops here, before any work, in one line naming the pid of the run that holds it."""
+    _hold([(option, path) for option, path in files.items() if path is not None])
+
+
+def hold_results(folder, *suites, option: str = "--out") -> None:
+    """Lock, for the rest of the command, the results of each of ``suites`` in the benchmark folder ``folder``:
+    the lock of ``<folder>/<suite>.jsonl`` (``.<suite>.jsonl.lock`` there), the file the suite's
+    :class:`~dgl_exact.bench.results.ResultSink` writes; it stands for every file of that suite in the folder
+    (its CSV, Markdown, per-row tables and figure). Two runs of one suite into one folder would rewrite each
+    other's rows: the second stops before any work, in one line naming the holder's pid. Different suites
+    write different files, so they may share a folder and run at the same time."""
+    _hold([(option, os.path.join(folder, f"{suite}.jsonl")) for suite in suites])
+
+
+def _hold(outputs) -> None:
     import click
 
     from .._files import OutputLock
 
     ctx = click.get_current_context()
-    for option, path in files.items():
-        if path is not None:
-            ctx.with_resource(OutputLock(path, option))
+    for option, path in outputs:
+        ctx.with_resource(OutputLock(path, option))
 
 
 def parse_size(text, option: str) -> int:

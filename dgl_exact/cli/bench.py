@@ -10,7 +10,7 @@ import click
 from .._files import atomic_write
 from ._common import MAX_COUNT as _MAX_COUNT
 from ._common import (DATA_ROOT_SHOWN, DEFAULT_DEVICE, MODELS, UserError, _check_dataset, _check_outputs,
-                      check_names, provenance_checked, renamed)
+                      check_names, hold_outputs, hold_results, provenance_checked, renamed)
 
 _COUNT, _COUNT0 = click.IntRange(1, _MAX_COUNT), click.IntRange(0, _MAX_COUNT)  # counts and sizes (int32)
 
@@ -44,9 +44,11 @@ def _bench_options(f):
     return renamed("--models", "--model", "models")(f)
 
 
-def _bench_prechecks(out=None, plot=False, files=None, datasets=(), out_option="--out") -> None:
+def _bench_prechecks(out=None, plot=False, files=None, datasets=(), out_option="--out", suites=()) -> None:
     """Before a benchmark does any work: its output folder ``out`` and ``files`` can be written,
-    matplotlib is there if figures are asked for, and each of ``datasets`` (name, data root) can be loaded."""
+    matplotlib is there if figures are asked for, and each of ``datasets`` (name, data root) can be loaded;
+    then ``files`` and the results of ``suites`` in ``out`` are locked for the command's life
+    (:func:`~._common.hold_results`: one run of a suite per folder)."""
     _check_outputs(files=files, folders={out_option: out})
     if plot:
         from ..bench import plot as plots
@@ -57,6 +59,9 @@ def _bench_prechecks(out=None, plot=False, files=None, datasets=(), out_option="
             raise UserError(f"--plot: {e}") from None
     for name, data_root in datasets:
         _check_dataset(name, data_root)
+    hold_outputs(files or {})
+    if suites:
+        hold_results(out, *suites, option=out_option)
 
 
 def _bench_setup(dataset, models, settings, hidden, layers, device, data_root, budgets=False, quiet=False):
@@ -100,7 +105,7 @@ def bench_memory(dataset, models, settings, hidden, layers, device, data_root, o
     from ..bench.results import ResultSink
     from ..bench.runner import MEMORY_COLUMNS, memory_grid, memory_note
 
-    _bench_prechecks(out, plot)
+    _bench_prechecks(out, plot, suites=["memory"])
     work, model_list, chosen = _bench_setup(dataset, models, settings, hidden, layers, device, data_root, budgets=True,
                                             quiet=quiet)
     sink = ResultSink(out, "memory")
@@ -178,7 +183,7 @@ def bench_minibatch(dataset, settings, fanouts, hidden, memory_budget, max_batch
     from ..training.neighbor import parse_fanouts
     from ._common import parse_size
 
-    _bench_prechecks(out)
+    _bench_prechecks(out, suites=["minibatch"])
     memory.prepare_cpu_peak()  # before the dataset grows the heap: every step peak is measured in this process
     try:
         budget = parse_size(memory_budget, "--memory-budget")
@@ -217,7 +222,7 @@ def bench_speed(dataset, models, settings, hidden, layers, device, data_root, ou
     from ..bench.results import ResultSink
     from ..bench.runner import SPEED_COLUMNS, speed_grid
 
-    _bench_prechecks(out, plot)
+    _bench_prechecks(out, plot, suites=["speed"])
     work, model_list, chosen = _bench_setup(dataset, models, settings, hidden, layers, device, data_root, quiet=quiet)
     sink = ResultSink(out, "speed")
     rows = speed_grid(work, model_list, chosen, sink, epochs=epochs, warmup=warmup, progress=not quiet)
@@ -251,7 +256,7 @@ def bench_profile(dataset, models, settings, hidden, layers, device, data_root, 
         raise UserError("bench profile writes tables, not figures: leave out --plot")
     if json_path and not emulate_gpu:
         raise UserError("--json goes with --emulate-gpu (the timed profile writes its rows to --out)")
-    _bench_prechecks(out, files={"--json": json_path})
+    _bench_prechecks(out, files={"--json": json_path}, suites=["opcount" if emulate_gpu else "profile"])
     work, model_list, chosen = _bench_setup(dataset, models, settings, hidden, layers, device, data_root, quiet=quiet)
     if emulate_gpu:
         from ..bench.opcount import COLUMNS, count_grid, records_for_json
@@ -289,7 +294,7 @@ def bench_kernels(rows, cols, repeats, device, out, quiet):
     from ..bench.runner import KERNEL_COLUMNS, kernel_grid
     from ..training.trainer import resolve_device
 
-    _bench_prechecks(out)
+    _bench_prechecks(out, suites=["kernels"])
     try:
         dev = resolve_device(device)
     except ValueError as e:
@@ -324,7 +329,7 @@ def bench_accuracy(dataset, models, settings, runs, epochs, conf, device, data_r
     from ..planning.settings import select
     from ..data import load_dataset
 
-    _bench_prechecks(out, plot)
+    _bench_prechecks(out, plot, suites=["accuracy"])
     try:
         chosen = select(settings)
         base = load_conf(conf) if conf else {}
@@ -402,6 +407,8 @@ def bench_all(label, dataset, models, accuracy_dataset, runs, speed_epochs, devi
     machine = os.path.join(root, label)
     _bench_prechecks(machine, files={"--benchmarks-md": benchmarks_md}, datasets=[(accuracy_dataset, data_root)],
                      out_option="--out/--label")
+    for suite in ("memory", "speed", "kernels", "accuracy"):  # as `bench SUITE --out OUT/LABEL/SUITE` locks them
+        hold_results(os.path.join(machine, suite), suite, option="--out/--label")
     work, model_list, chosen = _bench_setup(dataset, models, "", None, 3, device, data_root)
     progress = not quiet
     sections = []

@@ -21,7 +21,7 @@ from .._files import atomic_write
 from .._progress import progress_lines
 from .._environment import MAX_SECONDS
 from ._common import (MAX_COUNT, MODELS, SAINT_MODES, SAMPLERS, Choice, UserError, _check_dataset, _check_outputs,
-                      _hold_outputs, _int_choice, bundled_configs, parse_size)
+                      hold_outputs, _int_choice, bundled_configs, parse_size)
 
 # What --help shows as each training option's default: TrainConfig's defaults (as text where None means
 # "decided from other options"), written here so that `dgl-exact train --help` needs no torch;
@@ -261,7 +261,7 @@ def train(ctx, conf, debug_mem, test_speed, json_path, checkpoint, resume, resum
     worker = distributed.in_distributed_env()
     if not worker or (not distributed.is_launched_child() and _environment.read("RANK") == 0):
         # one writer per output, for the whole run: the --nproc launcher (not its workers) or torchrun's rank 0
-        _hold_outputs({"--checkpoint": checkpoint, "--json": json_path})
+        hold_outputs({"--checkpoint": checkpoint, "--json": json_path})
     if download and worker and not distributed.is_launched_child():
         raise UserError(f"--download under torchrun would download once per process; run `dgl-exact datasets "
                         f"--download {cfg.dataset} --data-root {cfg.data_root}` first, then train without it")

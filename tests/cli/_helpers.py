@@ -1,5 +1,11 @@
-"""Helpers shared by the command-line tests: run ``dgl-exact`` in-process and check its one-line errors."""
+"""Helpers shared by the command-line tests: run ``dgl-exact`` in-process and check its one-line errors, and hold
+an output's lock from another process."""
+import contextlib
+import os
 import signal
+import subprocess
+import sys
+import textwrap
 
 import pytest
 
@@ -39,3 +45,30 @@ def assert_one_line_error(result, *needles):
     for needle in needles:
         assert needle in lines[0], lines[0]
     return lines[0]
+
+
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_HOLDER = f"""
+    import sys, types
+    package = types.ModuleType("dgl_exact")  # dgl_exact._files alone: no torch, no DGL
+    package.__path__ = [{os.path.join(_REPO, "dgl_exact")!r}]
+    sys.modules["dgl_exact"] = package
+    from dgl_exact._files import lock_output
+    lock_output(sys.argv[1])
+    print("locked", flush=True)
+    sys.stdin.readline()
+"""
+
+
+@contextlib.contextmanager
+def held_by_another_process(path):
+    """Yields the process (another, live one) that holds the lock of output ``path``; at the end it is killed
+    (SIGKILL: it releases nothing, its lock file stays behind with its pid in it, for the next run to take over)."""
+    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(_HOLDER), str(path)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "locked", proc.stderr.read()
+        yield proc
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate()

@@ -41,7 +41,6 @@ PRIVATE_IMPORTS: Set[str] = {
     "dgl_exact/cli/plan.py -> dgl_exact.cli._common._check_outputs",
     "dgl_exact/cli/train.py -> dgl_exact.cli._common._check_dataset",
     "dgl_exact/cli/train.py -> dgl_exact.cli._common._check_outputs",
-    "dgl_exact/cli/train.py -> dgl_exact.cli._common._hold_outputs",
     "dgl_exact/cli/train.py -> dgl_exact.cli._common._int_choice",
     "dgl_exact/kernels/_numba_gpu.py -> dgl_exact.kernels._numba_cpu._HALF",
     "dgl_exact/kernels/_numba_gpu.py -> dgl_exact.kernels._numba_cpu._ONE",
