@@ -12,7 +12,8 @@ The record, one table (:func:`recorded_fields`):
   (``eval_every``, ``eval_batch_size``); ``seed``;
 * the run's own values, :data:`RUN_FIELDS` (the checkpoint's ``recorded``): the world size of a data-parallel
   run, the memory budget and the per-tensor compression plan it resolved to, and a fingerprint of the data
-  (node, edge, feature and class counts, split sizes).
+  (node, edge, feature and class counts, split sizes, and hashes of the edge list and of the node values, so
+  that a dataset of the same sizes with other content is told apart).
 
 :data:`MAY_CHANGE` lists the recorded fields a resumed run may change, and why. Options that are not
 recorded at all do not change what is computed: output paths (``--checkpoint``, ``--json``),
@@ -22,8 +23,10 @@ A difference is a ``ValueError`` (the CLI: ``error: ...``, exit 2) unless the ca
 (``--resume-mismatch-ok``); then each difference is one warning line, training continues with the resumed
 run's values, and the checkpoint records those from then on. A checkpoint written before the run fields were
 recorded (no ``recorded``) is refused the same way, naming the fields it cannot be checked against: an
-unchecked resume is what mixed a budgeted run with uniform INT2, or two processes' steps with one's. Config
-options newer than a checkpoint are taken to have had their default value (what the code did before them).
+unchecked resume is what mixed a budgeted run with uniform INT2, or two processes' steps with one's. The data
+hashes (:data:`UNKNOWN_IF_ABSENT`) came later: a checkpoint without them is resumed with no error, its data
+checked by the counts only. Config options newer than a checkpoint are taken to have had their default value
+(what the code did before them).
 """
 from __future__ import annotations
 
@@ -34,11 +37,12 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 from .checkpoint import RunState
 from .config import TrainConfig
 from .results import RunResult
+from .sampler_cache import graph_fingerprint
 from ..units import format_bytes
 
-__all__ = ["RunField", "RUN_FIELDS", "MAY_CHANGE", "MISMATCH_FLAG", "recorded_fields", "checked_fields",
-           "data_record", "compare", "check_resume", "ResumeMismatchWarning", "refuse_existing_checkpoint",
-           "resume_plan", "resume_line"]
+__all__ = ["RunField", "RUN_FIELDS", "MAY_CHANGE", "UNKNOWN_IF_ABSENT", "MISMATCH_FLAG", "recorded_fields",
+           "checked_fields", "data_record", "values_fingerprint", "compare", "check_resume", "ResumeMismatchWarning",
+           "refuse_existing_checkpoint", "resume_plan", "resume_line"]
 
 #: the ``dgl-exact train`` flag (and :meth:`Trainer.fit` argument, ``resume_mismatch_ok``) that continues anyway
 MISMATCH_FLAG = "--resume-mismatch-ok"
@@ -116,7 +120,16 @@ RUN_FIELDS: Tuple[RunField, ...] = (
     RunField("data_features", "input features per node"),
     RunField("data_classes", "classes (labels per node for multi-label data)"),
     RunField("data_split", "training, validation and test nodes", _show_split),
+    RunField("data_graph_hash", "a hash of the edge list in edge-id order (dgl_exact.training.sampler_cache."
+             "graph_fingerprint): the same counts with other edges differ here"),
+    RunField("data_values_hash", "a hash of the node features, labels and split masks (values_fingerprint): the "
+             "same shapes with other values differ here"),
 )
+
+#: Run fields recorded later than the others (the data hashes): a checkpoint without one is taken as unknown
+#: for it and resumed with no error and no warning (its data is still checked by the counts, ``data_*``);
+#: one that records it must match.
+UNKNOWN_IF_ABSENT = frozenset({"data_graph_hash", "data_values_hash"})
 
 #: The recorded fields a resumed run may change (everything else recorded must match), and why.
 MAY_CHANGE: Dict[str, str] = {
@@ -139,12 +152,32 @@ def checked_fields() -> List[str]:
     return [name for name in recorded_fields() if name not in MAY_CHANGE]
 
 
+def values_fingerprint(dataset) -> str:
+    """A short hash of a :class:`~dgl_exact.data.GraphDataset`'s node values: features, labels and the train,
+    validation and test masks (dtype, shape and bytes of each, hashed in place: one pass, no copy of a
+    contiguous CPU tensor)."""
+    import hashlib
+
+    import numpy as np
+    import torch
+
+    h = hashlib.blake2b(digest_size=8)
+    for t in (dataset.features, dataset.labels, *(dataset.mask(s) for s in ("train", "val", "test"))):
+        t = t.detach().cpu().contiguous()
+        if t.dtype == torch.bool:
+            t = t.to(torch.uint8)
+        h.update(f"{t.dtype}{tuple(t.shape)}".encode())
+        h.update(memoryview(np.ascontiguousarray(t.numpy())).cast("B"))
+    return h.hexdigest()
+
+
 def data_record(dataset) -> Dict[str, Any]:
     """The data fingerprint of :data:`RUN_FIELDS` for a :class:`~dgl_exact.data.GraphDataset` (as loaded):
-    counts only, cheap on any graph."""
+    counts, and hashes of its edge list and node values (one linear pass over each: a fraction of an epoch)."""
     return {"data_nodes": dataset.num_nodes, "data_edges": dataset.num_edges, "data_features": dataset.num_features,
             "data_classes": int(dataset.num_classes),
-            "data_split": [int(dataset.mask(s).sum()) for s in ("train", "val", "test")]}
+            "data_split": [int(dataset.mask(s).sum()) for s in ("train", "val", "test")],
+            "data_graph_hash": graph_fingerprint(dataset.graph), "data_values_hash": values_fingerprint(dataset)}
 
 
 def _shown(name: str, saved: Any, now: Any) -> Tuple[str, str]:
@@ -167,7 +200,7 @@ def compare(saved_config: Dict[str, Any], saved_run: Optional[Dict[str, Any]], c
     fields were recorded); ``current``: the resumed run's values of :func:`recorded_fields` (a field it
     lacks, or one in ``skip``, is not compared). Returns ``(differences, unrecorded)``: ``(name, saved, now)``
     as messages write the values, in the order of :func:`recorded_fields`; the run fields the checkpoint
-    does not record.
+    does not record (those of :data:`UNKNOWN_IF_ABSENT` aside: not recorded, they are not compared).
     """
     skip = set(skip) | set(MAY_CHANGE)
     defaults = TrainConfig().to_dict()  # an option newer than the checkpoint had its default value then
@@ -178,7 +211,8 @@ def compare(saved_config: Dict[str, Any], saved_run: Optional[Dict[str, Any]], c
             continue
         if name in run_names:
             if saved_run is None or name not in saved_run:
-                unrecorded.append(name)
+                if name not in UNKNOWN_IF_ABSENT:
+                    unrecorded.append(name)
                 continue
             saved = saved_run[name]
         else:

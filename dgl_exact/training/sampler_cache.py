@@ -29,8 +29,8 @@ def graph_fingerprint(g) -> str:
     src, dst = g.edges(order="eid")
     h = hashlib.blake2b(digest_size=8)
     h.update(np.array([g.num_nodes(), g.num_edges()], dtype=np.int64).tobytes())
-    h.update(src.to(torch.int64).numpy().tobytes())
-    h.update(dst.to(torch.int64).numpy().tobytes())
+    for ids in (src, dst):  # hashed in place (no copy of an int64 edge list: resume checks it on every graph)
+        h.update(memoryview(np.ascontiguousarray(ids.to(torch.int64).numpy())).cast("B"))
     return h.hexdigest()
 
 

@@ -4,8 +4,11 @@ trainer records what it runs with; ``--resume-mismatch-ok`` continues with one w
 
 The per-field cases test the comparison directly; the trainer and the CLI are run end to end on a 200-node
 synthetic graph (one or two epochs), the budget planner's own run and two processes in the slow tests."""
+import dataclasses
 import re
 import signal
+
+import dgl
 
 import pytest
 import torch
@@ -17,6 +20,7 @@ from dgl_exact.training import resume
 from dgl_exact.training.checkpoint import load_checkpoint, save_checkpoint
 from dgl_exact.training.config import TrainConfig
 from dgl_exact.training.distributed import GlobalBatchTrainer
+from dgl_exact.training.sampler_cache import graph_fingerprint
 from dgl_exact.training.trainer import Trainer
 
 SMALL = "synthetic-small:num_nodes=200,num_features=8,num_classes=3"
@@ -66,7 +70,8 @@ def _cli(args, capsys):
 # ------------------------------------------------------------------------------------------------
 _PLAN = [[1, "fp32"], [3, "INT2"], [4, "INT2"]]
 _BASE_RUN = {"world_size": 1, "memory_budget": 2**30, "memory_plan": _PLAN, "data_nodes": 200, "data_edges": 1890,
-             "data_features": 8, "data_classes": 3, "data_split": [120, 40, 40]}
+             "data_features": 8, "data_classes": 3, "data_split": [120, 40, 40], "data_graph_hash": "76ec749bf4ab2e42",
+             "data_values_hash": "a933b807b4b399fd"}
 # realistic other values where the generic rule (_other) would make an odd one
 _OTHER = {"world_size": 2, "memory_budget": 512 * 2**20, "memory_plan": [[1, "INT2"], [3, "INT2"], [4, "INT2"]],
           "data_split": [100, 60, 40], "model": "sage", "sampler": "saint", "levels": "optimal", "bits": 4,
@@ -183,7 +188,7 @@ def test_a_checkpoint_without_the_run_record_is_refused_naming_what_it_lacks():
     config, run = _baseline()
     with pytest.raises(ValueError) as e:
         resume.check_resume(config, None, {**config, **run}, "ck.pt")
-    names = ", ".join(f.name for f in resume.RUN_FIELDS)
+    names = ", ".join(f.name for f in resume.RUN_FIELDS if f.name not in resume.UNKNOWN_IF_ABSENT)
     assert str(e.value).startswith(f"--resume: checkpoint ck.pt does not record {names} (written by an older "
                                    f"dgl_exact, they cannot be checked); if this run has the settings it was written "
                                    f"with, add {resume.MISMATCH_FLAG} to continue it"), str(e.value)
@@ -203,7 +208,9 @@ def test_the_checkpoint_records_the_run(small, tmp_path):
     assert state["recorded"] == {"world_size": 1, "memory_budget": 3 * 2**20, "memory_plan": _PLAN,
                                  "data_nodes": small.num_nodes, "data_edges": small.num_edges, "data_features": 8,
                                  "data_classes": 3, "data_split": [int(small.mask(s).sum())
-                                                                   for s in ("train", "val", "test")]}
+                                                                   for s in ("train", "val", "test")],
+                                 "data_graph_hash": graph_fingerprint(small.graph),
+                                 "data_values_hash": resume.values_fingerprint(small)}
     assert state["config"] == _cfg(tmp_path, epochs=1).to_dict()
 
 
@@ -244,6 +251,50 @@ def test_other_data_under_the_same_name_is_refused(small, tmp_path):
     other = load_dataset("synthetic-small:num_nodes=240,num_features=8,num_classes=3", "unused")
     with pytest.raises(ValueError, match=r"data_nodes=200 \(this run: 240\), data_edges="):
         Trainer(_cfg(tmp_path), dataset=other, progress=False, log=None).fit(checkpoint=path, resume=True)
+
+
+def _same_sizes(small, edges=False, features=False):
+    """``small`` with the same counts and split sizes, and other edges (each edge's destination moved to the
+    next node) or features (one value changed)."""
+    src, dst = small.graph.edges(order="eid")
+    g = dgl.graph((src, (dst + 1) % small.num_nodes if edges else dst), num_nodes=small.num_nodes)
+    for key, value in small.graph.ndata.items():
+        g.ndata[key] = value.clone()
+    if features:
+        g.ndata["feat"][7, 3] += 1.0
+    return dataclasses.replace(small, graph=g)
+
+
+@pytest.mark.parametrize("changed, field", [("edges", "data_graph_hash"), ("features", "data_values_hash")])
+def test_a_same_sized_dataset_with_other_content_is_refused_naming_the_hash(small, tmp_path, changed, field):
+    path = _checkpoint(small, tmp_path)
+    other = _same_sizes(small, **{changed: True})
+    saved, now = resume.data_record(small), resume.data_record(other)
+    assert [k for k in saved if saved[k] != now[k]] == [field]  # the counts alone would not tell them apart
+    with pytest.raises(ValueError) as e:
+        Trainer(_cfg(tmp_path), dataset=other, progress=False, log=None).fit(checkpoint=path, resume=True)
+    assert str(e.value).startswith(f"--resume: checkpoint {path} was written with {field}={saved[field]}, this run "
+                                   f"has {field}={now[field]}; "), str(e.value)
+
+
+def test_a_checkpoint_without_the_data_hashes_resumes_with_no_word(small, tmp_path):
+    """Written before the hashes were recorded: unknown, not checked, no error and no warning; the counts
+    still are, and the hashes are recorded from then on."""
+    path = _checkpoint(small, tmp_path)
+    state = load_checkpoint(path)
+    for name in resume.UNKNOWN_IF_ABSENT:
+        del state["recorded"][name]
+    save_checkpoint(state, path)
+    warned = []
+    trainer = _trainer(small, tmp_path, log=None)
+    trainer.warn = warned.append
+    res = trainer.fit(checkpoint=path, resume=True)
+    assert warned == [] and [h["epoch"] for h in res.runs[0].history] == [0, 1]
+    assert load_checkpoint(path)["recorded"] == trainer.recorded()
+    config, run = _baseline()
+    old = {k: v for k, v in run.items() if k not in resume.UNKNOWN_IF_ABSENT}
+    assert resume.compare(config, old, {**config, **run, "data_graph_hash": "other"}) == ([], [])
+    assert [d[0] for d in resume.compare(config, old, {**config, **run, "data_nodes": 201})[0]] == ["data_nodes"]
 
 
 def test_world_size_two_resumed_in_one_process_is_refused(small, tmp_path):
