@@ -145,12 +145,28 @@ def hold_results(folder, *suites, option: str = "--out") -> None:
 
 
 def _hold(outputs) -> None:
+    """Lock each ``(option, path)`` until the command ends. A lock file needs its folder: folders made for it
+    are removed again when the command ends if they are still empty (a command refused after its lock, e.g. on
+    an unknown dataset, leaves nothing behind)."""
+    import contextlib
+
     import click
 
     from .._files import OutputLock
 
     ctx = click.get_current_context()
     for option, path in outputs:
+        made, folder = [], os.path.dirname(os.path.abspath(path))
+        while not os.path.lexists(folder):
+            made.append(folder)
+            folder = os.path.dirname(folder)
+
+        def remove_if_empty(made=made) -> None:  # runs after the lock is released: its callbacks unwind LIFO
+            for folder in made:
+                with contextlib.suppress(OSError):
+                    os.rmdir(folder)
+
+        ctx.call_on_close(remove_if_empty)
         ctx.with_resource(OutputLock(path, option))
 
 
