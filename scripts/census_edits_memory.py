@@ -1,0 +1,97 @@
+"""The census-guided edits of docs/guide/census.md, measured as ``dgl-exact bench memory`` measures a row.
+
+One edit per process (the CPU step peak is a resident high-water mark): the model of
+``dgl_exact/bench/user_models.py`` with the edit, converted by ``compress_model``, INT2, a fresh Adam, one
+warm-up step, then ``dgl_exact.memory.measure_step`` on the second. Prints one JSON line (saved for backward
+and step peak, MiB); with ``--census`` the census of the edited model's step first.
+
+    PYTHONPATH=. python scripts/census_edits_memory.py gcn-relu-module [--dataset synthetic-arxiv] [--census]
+
+Edits: ``gcn-relu-module`` (``nn.ReLU()`` passed as the activation instead of ``F.relu``), ``gcn-sequential``
+(batch norm, ``nn.ReLU()`` and dropout as one ``nn.Sequential`` per layer), ``gcn-saved-tensors`` and
+``gat-saved-tensors`` (``compress_model(model, saved_tensors=True)``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from dgl_exact import memory
+
+EDITS = ("gcn-relu-module", "gcn-sequential", "gcn-saved-tensors", "gat-saved-tensors")
+
+
+def build(edit: str, num_features: int, classes: int):
+    """(benchmark model name, the edited model converted by compress_model)."""
+    import dgl_exact
+    from dgl_exact.bench import user_models as um
+
+    if edit == "gcn-relu-module":
+        return "arxiv-gcn-user", dgl_exact.compress_model(um.ArxivGCN(num_features, 256, classes, 3, nn.ReLU(), 0.5))
+    if edit == "gcn-sequential":
+        class SequentialGCN(um.ArxivGCN):
+            def __init__(self, *args):
+                super().__init__(*args)
+                self.posts = nn.ModuleList(nn.Sequential(norm, nn.ReLU(), nn.Dropout(0.5)) for norm in self.norms)
+
+            def forward(self, graph, feat):
+                h = self.input_drop(feat)
+                for i in range(self.layers):
+                    h = self.convs[i](graph, h) + self.linears[i](h)
+                    if i < self.layers - 1:
+                        h = self.posts[i](h)
+                return h
+
+        return "arxiv-gcn-user", dgl_exact.compress_model(SequentialGCN(num_features, 256, classes, 3, nn.ReLU(), 0.5))
+    if edit == "gcn-saved-tensors":
+        return "arxiv-gcn-user", dgl_exact.compress_model(um.ArxivGCN(num_features, 256, classes, 3, F.relu, 0.5),
+                                                          saved_tensors=True)
+    if edit == "gat-saved-tensors":
+        return "arxiv-gat-user", dgl_exact.compress_model(
+            um.ArxivGAT(num_features, 128, classes, 3, um.ARXIV_GAT_HEADS, F.relu, 0.5), saved_tensors=True)
+    raise SystemExit(f"error: unknown edit {edit!r}; use one of {', '.join(EDITS)}")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("edit", choices=EDITS)
+    ap.add_argument("--dataset", default="synthetic-arxiv")
+    ap.add_argument("--data-root", default="data")
+    ap.add_argument("--census", action="store_true", help="print the census of the edited model's step first")
+    a = ap.parse_args(argv)
+    memory.prepare_cpu_peak()
+    from dgl_exact.bench.runner import Workload
+    from dgl_exact.compression_config import config as scope
+    from dgl_exact.data import load_dataset
+    from dgl_exact.planning.settings import select
+
+    work = Workload(load_dataset(a.dataset, a.data_root, quiet=True), "cpu")
+    torch.manual_seed(0)
+    name, model = build(a.edit, work.dataset.num_features, work.dataset.num_classes)
+    model.train()
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    forward = work.step_fn(name, model, "exact")
+    with scope(select("INT2")[0].compression):
+        if a.census:
+            def step():
+                opt.zero_grad(set_to_none=True)
+                loss, logits = forward()
+                del logits
+                loss.backward()
+                opt.step()
+            print(memory.census(step, top=8), flush=True)
+        for warm in (True, False):
+            opt.zero_grad(set_to_none=True)
+            report = memory.measure_step(forward, opt, modules=[model], cpu_method="none" if warm else "auto",
+                                         exclude=[work.feat, work.train_idx, work.train_label])
+            report.result = None
+    print(json.dumps({"edit": a.edit, "saved_MiB": report.activation_bytes / 2**20, "step_peak_MiB": report.peak_mib,
+                      "peak_method": report.peak_method}))
+
+
+if __name__ == "__main__":
+    main()
