@@ -40,6 +40,8 @@ DEFAULT_BATCHES = 3
 #: recorded too where the elements line puts its step peak more than this share above (else the line's rise
 #: is added: a fraction of a percent, where the line's error is a fraction of that)
 OTHER_BATCH_SHARE = 0.01
+#: a recorded step of fewer :func:`batch_elements` runs in one thread (see :meth:`MinibatchPlanner.record`)
+ONE_THREAD_ELEMENTS = 2**24
 
 
 @dataclasses.dataclass
@@ -175,22 +177,26 @@ class MinibatchPlanner:
         """``setting``'s :class:`PlanRecord` for one mini-batch step of ``batch_size`` seed nodes: the largest
         recorded step peak and the largest saved activations over the sampled batches (the first
         ``num_batches``, default :attr:`num_batches`; or batch ``index`` alone)."""
-        with single_thread():
-            if setting.impl not in self._warm:  # lazy initialisation outside any recorded step
+        if setting.impl not in self._warm:  # lazy initialisation outside any recorded step
+            with single_thread():
                 self._step(setting, self.batches(batch_size, 1)[0], None)
-                self._warm.add(setting.impl)
-            # fresh blocks: no formats created by an earlier step
-            start = 0 if index is None else index
-            batches = self.batches(batch_size, num_batches if index is None else index + 1, start=start)
-            for i, b in enumerate(batches, start):  # their sizes, for the search: no sampling again
-                self._remember((int(batch_size), i), b.node_data["feat"].shape[0], b.node_data["label"].shape[0],
-                               b.blocks)
-            peaks, acts = [], []
-            for b in batches:
-                timeline = Timeline(touched=True)
+            self._warm.add(setting.impl)
+        # fresh blocks: no formats created by an earlier step
+        start = 0 if index is None else index
+        batches = self.batches(batch_size, num_batches if index is None else index + 1, start=start)
+        for i, b in enumerate(batches, start):  # their sizes, for the search: no sampling again
+            self._remember((int(batch_size), i), b.node_data["feat"].shape[0], b.node_data["label"].shape[0],
+                           b.blocks)
+        peaks, acts = [], []
+        for i, b in enumerate(batches, start):
+            timeline = Timeline(touched=True)
+            # one thread is faster for a small step (no waiting on a descheduled worker per small operator);
+            # a large one computes for seconds: all threads (the recorded tensors do not depend on them)
+            small = self.sampled(batch_size, i).elements < ONE_THREAD_ELEMENTS
+            with (single_thread() if small else _null()):
                 formats = self._step(setting, b, timeline)
-                peaks.append(max([0] + timeline.totals) + formats)
-                acts.append(self.last_activation_bytes)
+            peaks.append(max([0] + timeline.totals) + formats)
+            acts.append(self.last_activation_bytes)
         model, opt = self._model(setting)
         params = sum(p.numel() * p.element_size() for p in model.parameters())
         state = memory.tensor_bytes([t for st in opt.state.values() for t in st.values()
@@ -253,23 +259,41 @@ def batch_elements(planner: MinibatchPlanner, batch_size: int, index: int = 0) -
 def _batch_for(planner: MinibatchPlanner, target: float, lo: int, hi: int, resolution: float = 0.02) -> int:
     """About the largest batch size in ``[lo, hi]`` whose :func:`batch_elements` is at most ``target``, to
     within ``resolution`` (relative; the target is itself a line's estimate, and the search's tolerance is
-    larger): the elements grow with the batch size as a slowly bending power (neighbourhoods overlap), so the
-    next size sampled is interpolated between the nearest sampled sizes around the target on a log-log line
-    (regula falsi), kept at least a sixteenth of the bracket inside it, so the bracket shrinks geometrically: a
-    few samplings, each cached and shared by every setting's search."""
-    if batch_elements(planner, hi) <= target:
-        return hi
-    if batch_elements(planner, lo) > target:
+    larger). The elements grow with the batch size as a slowly bending power (neighbourhoods overlap): sizes
+    sampled before (by this or another setting's search, or recorded) narrow the bracket; without a size known
+    above the target, the log-log line through the two largest sampled sizes (slope 1 with one) names a size
+    a little past the target, sampled next (never ``hi`` itself unless named: sampling all training nodes is
+    the costliest sampling there is); then the next size is interpolated between the bracket's ends on a
+    log-log line (regula falsi), kept a sixteenth of the bracket inside it. A few samplings, each cached."""
+    def elements(b: int) -> int:
+        return batch_elements(planner, b)
+
+    if lo >= hi or elements(lo) > target:
         return lo
-    known = sorted(b for (b, i) in _sampled_keys(planner) if i == 0 and lo < b < hi)
-    for b in known:  # narrow the bracket with sizes sampled before (by this or another setting's search)
-        if batch_elements(planner, b) <= target:
+    upper = None
+    for b in sorted(b for (b, i) in _sampled_keys(planner) if i == 0 and lo < b <= hi):
+        if elements(b) <= target:
             lo = b
         else:
-            hi = b
+            upper = b
             break
+    while upper is None:  # extrapolate past the target, step by step
+        below = sorted(b for (b, i) in _sampled_keys(planner) if i == 0 and b <= lo)[-2:]
+        slope = 1.0
+        if len(below) == 2 and elements(below[0]) > 0 and elements(below[1]) > elements(below[0]):
+            slope = math.log(elements(below[1]) / elements(below[0])) / math.log(below[1] / below[0])
+        slope = min(max(slope, 0.05), 1.0)
+        guess = lo * (target / max(1, elements(lo))) ** (1 / slope) * (1 + 4 * resolution)
+        b = int(min(hi, max(lo + 1, guess)))
+        if elements(b) <= target:
+            if b >= hi:
+                return hi
+            lo = b
+        else:
+            upper = b
+    hi = upper
     while hi - lo > max(1, int(lo * resolution)):
-        e_lo, e_hi = batch_elements(planner, lo), batch_elements(planner, hi)
+        e_lo, e_hi = elements(lo), elements(hi)
         if e_lo > 0 and e_hi > e_lo and target > 0:
             frac = math.log(target / e_lo) / math.log(e_hi / e_lo)
             guess = math.exp(math.log(lo) + frac * math.log(hi / lo))
@@ -277,7 +301,7 @@ def _batch_for(planner: MinibatchPlanner, target: float, lo: int, hi: int, resol
             guess = (lo + hi) / 2
         margin = max(1, (hi - lo) // 16)
         mid = int(min(max(guess, lo + margin), hi - margin))
-        if batch_elements(planner, mid) <= target:
+        if elements(mid) <= target:
             lo = mid
         else:
             hi = mid

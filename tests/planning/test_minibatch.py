@@ -269,3 +269,31 @@ def test_bench_measures_a_step_whose_batch_features_outweigh_it(tmp_path):
 def test_a_deep_model_is_refused_before_any_step(tiny_planner):
     with pytest.raises(ValueError, match=r"--layers 513: the mini-batch planner .* it plans at most 512 layers"):
         MinibatchPlanner(tiny_planner.dataset, "sage", [2] * 513, hidden=8)
+
+
+def test_a_recorded_step_does_not_depend_on_the_thread_count(tiny_planner, monkeypatch):
+    """Large steps are recorded with all threads, small ones with one: the recorded tensors are the same."""
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)  # restored below: "all threads" is two
+    try:
+        _record_both_ways(tiny_planner, monkeypatch)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _record_both_ways(tiny_planner, monkeypatch):
+    import dgl_exact.planning.minibatch as M
+
+    setting = select("INT2")[0]
+    tiny_planner.record(setting, 8)  # warm: the first step of a setting runs unrecorded in one thread
+    monkeypatch.setattr(M, "ONE_THREAD_ELEMENTS", 0)
+    threads = []
+    monkeypatch.setattr(M.MinibatchPlanner, "_step",
+                        lambda self, *a, _step=M.MinibatchPlanner._step: (threads.append(torch.get_num_threads()),
+                                                                          _step(self, *a))[1])
+    every = tiny_planner.record(setting, 64).step_peak_bytes
+    monkeypatch.setattr(M, "ONE_THREAD_ELEMENTS", 2**62)
+    one = tiny_planner.record(setting, 64).step_peak_bytes
+    assert one == every
+    assert threads[-1] == 1 and threads[0] == 2
