@@ -399,7 +399,7 @@ def bench_all(label, dataset, models, accuracy_dataset, runs, speed_epochs, devi
     from ..bench.report import assemble, write_suite_report
     from ..bench.results import ResultSink
     from ..bench.runner import (ACCURACY_COLUMNS, KERNEL_COLUMNS, MEMORY_COLUMNS, SPEED_COLUMNS, accuracy_grid,
-                               kernel_grid, memory_grid, memory_note, speed_grid)
+                                kernel_grid, memory_grid, memory_note, speed_grid)
     from ..training.config import TrainConfig
     from ..planning.settings import select
     from ..data import load_dataset
