@@ -3,7 +3,7 @@
 import torch
 
 import dgl_exact
-from dgl_exact.bench.census import Census
+from tests._op_census import Census
 from dgl_exact.ops import chunks as chunking
 
 

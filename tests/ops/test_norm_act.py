@@ -64,7 +64,7 @@ def test_without_running_statistics_and_without_affine():
 
 def test_one_layer_sized_buffer_fewer():
     """Composed, batch norm's output and ReLU+dropout's output are alive at once; fused, one buffer."""
-    from dgl_exact.bench.census import Census
+    from tests._op_census import Census
 
     n, c = 256, 64
     x, w, b = _inputs(n, c)

@@ -110,7 +110,7 @@ def test_hooks_and_eval_take_the_composed_path(monkeypatch):
 def test_block_backward_holds_one_input_sized_buffer():
     """The hidden layer's backward on a block whose source side is much larger than its destination side: at its
     peak one [N_src, D] fp32 buffer (the input gradient) besides small ones; the composed ops hold three."""
-    from dgl_exact.bench.census import Census
+    from tests._op_census import Census
 
     block = _block(n=3000, seeds=40, fanout=15)
     n_src, d = block.num_src_nodes(), 64

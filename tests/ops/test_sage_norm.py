@@ -157,7 +157,7 @@ def test_peaks_hold_one_layer_sized_buffer(monkeypatch):
     """At the first layer the forward holds one ``[N_dst, D]`` fp32 buffer (the output) and the backward none
     beyond the output and its incoming gradient (row chunks of a sixteenth); the composed modules hold two
     in the forward and two more in the backward."""
-    from dgl_exact.bench.census import Census
+    from tests._op_census import Census
 
     g, blocks = _blocks(n=6000, seeds=2000, fanouts=(3,))
     block, d = blocks[0], 128
@@ -215,7 +215,7 @@ def test_the_op_refuses_what_it_does_not_cover():
 def test_model_peaks_not_above_the_composed_modules(on_blocks, monkeypatch):
     """The project model with the op: neither the forward's nor the backward's peak above the modules' own
     calls (the first layer's output goes once the next conv has kept it, as the composed path's does)."""
-    from dgl_exact.bench.census import Census
+    from tests._op_census import Census
 
     g, blocks = _blocks(n=3000, seeds=1500, fanouts=(4, 3, 2))
     x = torch.randn(g.num_nodes(), 16)
