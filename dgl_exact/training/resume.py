@@ -37,12 +37,11 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 from .checkpoint import RunState
 from .config import TrainConfig
 from .results import RunResult
-from .sampler_cache import graph_fingerprint
 from ..units import format_bytes
 
 __all__ = ["RunField", "RUN_FIELDS", "MAY_CHANGE", "UNKNOWN_IF_ABSENT", "MISMATCH_FLAG", "recorded_fields",
-           "checked_fields", "data_record", "values_fingerprint", "compare", "check_resume", "ResumeMismatchWarning",
-           "refuse_existing_checkpoint", "resume_plan", "resume_line"]
+           "checked_fields", "data_record", "structure_fingerprint", "values_fingerprint", "compare", "check_resume",
+           "ResumeMismatchWarning", "refuse_existing_checkpoint", "resume_plan", "resume_line"]
 
 #: the ``dgl-exact train`` flag (and :meth:`Trainer.fit` argument, ``resume_mismatch_ok``) that continues anyway
 MISMATCH_FLAG = "--resume-mismatch-ok"
@@ -121,7 +120,7 @@ RUN_FIELDS: Tuple[RunField, ...] = (
     RunField("data_classes", "classes (labels per node for multi-label data)"),
     RunField("data_split", "training, validation and test nodes", _show_split),
     RunField("data_graph_hash", "a hash of the edge list in edge-id order (dgl_exact.training.sampler_cache."
-             "graph_fingerprint): the same counts with other edges differ here"),
+             "structure_fingerprint): the same counts with other edges differ here"),
     RunField("data_values_hash", "a hash of the node features, labels and split masks (values_fingerprint): the "
              "same shapes with other values differ here"),
 )
@@ -152,6 +151,66 @@ def checked_fields() -> List[str]:
     return [name for name in recorded_fields() if name not in MAY_CHANGE]
 
 
+_MASK64 = (1 << 64) - 1
+_EDGE_CHUNK = 1 << 22
+
+
+def _wrap(x: int) -> int:
+    """``x`` as a signed 64-bit int (two's complement): torch's int64 arithmetic wraps the same way."""
+    x &= _MASK64
+    return x - (1 << 64) if x >= 1 << 63 else x
+
+
+def _mix(x):
+    """splitmix64's finalizer on an int64 tensor (wrapping; logical shifts by masking the arithmetic ones)."""
+    for mult in (0xBF58476D1CE4E5B9, 0x94D049BB133111EB):
+        x = x ^ ((x >> 30) & ((1 << 34) - 1))
+        x = x * _wrap(mult)
+    return x ^ ((x >> 31) & ((1 << 33) - 1))
+
+
+def structure_fingerprint(g) -> str:
+    """A short hash of a graph's structure: node and edge counts and the set of ``(source, destination, edge
+    id)`` triples, read from a sparse format the graph already holds (COO, CSC or CSR: none is created) in
+    chunks of :data:`_EDGE_CHUNK` edges (no copy of the edge list). Each triple is mixed to 64 bits
+    (splitmix64) and the mixes are summed: the same edges with the same ids give the same hash whichever format
+    holds them and whatever their order; another edge or id changes it but for a 2**-64 chance."""
+    import hashlib
+
+    import numpy as np
+    import torch
+
+    created = g.formats()["created"]
+    n = g.num_nodes()
+    total = torch.zeros((), dtype=torch.int64)
+    k1, k2 = _wrap(0x9E3779B97F4A7C15), _wrap(0xC2B2AE3D27D4EB4F)
+
+    def add(src, dst, eid):
+        nonlocal total
+        x = _mix(src.to(torch.int64) * k1 + dst.to(torch.int64)) * k2 + eid.to(torch.int64)
+        total = total + _mix(x).sum()
+
+    if "coo" in created or not ({"csc", "csr"} & set(created)):
+        src, dst = g.edges(order="eid")
+        for a in range(0, src.numel(), _EDGE_CHUNK):
+            ids = torch.arange(a, min(a + _EDGE_CHUNK, src.numel()), dtype=torch.int64)
+            add(src[a:a + _EDGE_CHUNK], dst[a:a + _EDGE_CHUNK], ids)
+    else:
+        fmt = "csc" if "csc" in created else "csr"
+        indptr, indices, eids = g.adj_tensors(fmt)
+        indptr = indptr.to(torch.int64)
+        for a in range(0, indices.numel(), _EDGE_CHUNK):
+            b = min(a + _EDGE_CHUNK, indices.numel())
+            pos = torch.arange(a, b, dtype=torch.int64)
+            rows = torch.searchsorted(indptr, pos, right=True) - 1   # the node each stored edge belongs to
+            ids = pos if eids is None or eids.numel() == 0 else eids[a:b]
+            src, dst = (indices[a:b], rows) if fmt == "csc" else (rows, indices[a:b])
+            add(src, dst, ids)
+    h = hashlib.blake2b(digest_size=8)
+    h.update(np.array([n, g.num_edges(), int(total)], dtype=np.int64).tobytes())
+    return h.hexdigest()
+
+
 def values_fingerprint(dataset) -> str:
     """A short hash of a :class:`~dgl_exact.data.GraphDataset`'s node values: features, labels and the train,
     validation and test masks (dtype, shape and bytes of each, hashed in place: one pass, no copy of a
@@ -177,7 +236,7 @@ def data_record(dataset) -> Dict[str, Any]:
     return {"data_nodes": dataset.num_nodes, "data_edges": dataset.num_edges, "data_features": dataset.num_features,
             "data_classes": int(dataset.num_classes),
             "data_split": [int(dataset.mask(s).sum()) for s in ("train", "val", "test")],
-            "data_graph_hash": graph_fingerprint(dataset.graph), "data_values_hash": values_fingerprint(dataset)}
+            "data_graph_hash": structure_fingerprint(dataset.graph), "data_values_hash": values_fingerprint(dataset)}
 
 
 def _shown(name: str, saved: Any, now: Any) -> Tuple[str, str]:

@@ -20,7 +20,6 @@ from dgl_exact.training import resume
 from dgl_exact.training.checkpoint import load_checkpoint, save_checkpoint
 from dgl_exact.training.config import TrainConfig
 from dgl_exact.training.distributed import GlobalBatchTrainer
-from dgl_exact.training.sampler_cache import graph_fingerprint
 from dgl_exact.training.trainer import Trainer
 
 SMALL = "synthetic-small:num_nodes=200,num_features=8,num_classes=3"
@@ -209,7 +208,7 @@ def test_the_checkpoint_records_the_run(small, tmp_path):
                                  "data_nodes": small.num_nodes, "data_edges": small.num_edges, "data_features": 8,
                                  "data_classes": 3, "data_split": [int(small.mask(s).sum())
                                                                    for s in ("train", "val", "test")],
-                                 "data_graph_hash": graph_fingerprint(small.graph),
+                                 "data_graph_hash": resume.structure_fingerprint(small.graph),
                                  "data_values_hash": resume.values_fingerprint(small)}
     assert state["config"] == _cfg(tmp_path, epochs=1).to_dict()
 
@@ -456,3 +455,26 @@ def test_cli_memory_budget_run_resumed_without_or_with_another_budget(tmp_path, 
     assert code == 2 and "memory_budget=2.00MiB, this run has memory_budget=3.00MiB" in err, err
     code, out, err = _cli([*common, "--epochs", "2", "--resume", "--memory-budget", "2MiB"], capsys)
     assert code == 0 and f"resuming from {path}: epoch 1 of 2 done" in out, out + err
+
+
+def test_structure_fingerprint_reads_whichever_format_the_graph_holds_and_creates_none():
+    """The same edges with the same ids hash alike from a COO, a CSC or a CSR, in int32 or int64, and reading
+    it creates no format (a products-sized COO is 2 GB); another edge changes it."""
+    import dgl
+
+    gen = torch.Generator().manual_seed(0)
+    src, dst = torch.randint(0, 50, (300,), generator=gen), torch.randint(0, 50, (300,), generator=gen)
+    g = dgl.graph((src, dst), num_nodes=50)
+    csc = dgl.graph((src, dst), num_nodes=50).formats("csc")
+    csc.create_formats_()
+    csr = dgl.graph((src.int(), dst.int()), num_nodes=50).formats("csr")
+    csr.create_formats_()
+    hashes = {resume.structure_fingerprint(x) for x in (g, csc, csr)}
+    assert len(hashes) == 1
+    assert csc.formats()["created"] == ["csc"] and csr.formats()["created"] == ["csr"]
+    moved = dst.clone()
+    moved[7] = (moved[7] + 1) % 50
+    assert resume.structure_fingerprint(dgl.graph((src, moved), num_nodes=50)) not in hashes
+    swapped = torch.cat([src[1:2], src[:1], src[2:]]), torch.cat([dst[1:2], dst[:1], dst[2:]])  # other ids
+    if (src[0], dst[0]) != (src[1], dst[1]):
+        assert resume.structure_fingerprint(dgl.graph(swapped, num_nodes=50)) not in hashes
