@@ -41,7 +41,17 @@ TRAIN_DEFAULTS = {
 
 
 def _train_options(f):
-    opts = [
+    opts = _model_options() + _sampling_options()
+    for opt in reversed(opts):
+        f = opt(f)
+    for param in f.__click_params__[-len(opts):]:  # the options just added: --help shows TrainConfig's default
+        param.show_default = _shown(TRAIN_DEFAULTS[param.name])
+    return f
+
+
+def _model_options() -> list:
+    """train's options on the data, the model, its compression and its optimisation."""
+    return [
         click.option("--dataset", help="cora (bundled), ogbn-arxiv, ogbn-products, flickr, reddit, reddit2, yelp, "
                                        "synthetic[-small|-arxiv|-products]. See `dgl-exact datasets`."),
         click.option("--model", type=Choice(MODELS), help="Architecture."),
@@ -89,6 +99,12 @@ def _train_options(f):
                      help="GCNII: run the hidden layers in segments of L layers that keep only their compressed "
                           "input and re-run in the backward (auto: round(sqrt(layers)); 0: off). The forward "
                           "is exact; the gradients read activations recomputed from the compressed boundary."),
+    ]
+
+
+def _sampling_options() -> list:
+    """train's options on batches, evaluation, runs and where it runs."""
+    return [
         click.option("--saint-mode", type=Choice(SAINT_MODES), help="GraphSAINT sampler."),
         click.option("--saint-budget", type=int, help="GraphSAINT nodes/edges/walk roots per subgraph."),
         click.option("--walk-length", type=int), click.option("--num-parts", type=int, help="ClusterGCN partitions."),
@@ -117,11 +133,6 @@ def _train_options(f):
         click.option("--seed", type=int), click.option("--device", help="auto, cpu, cuda or cuda:N."),
         click.option("--data-root", type=click.Path(file_okay=False), help="Folder holding the datasets."),
     ]
-    for opt in reversed(opts):
-        f = opt(f)
-    for param in f.__click_params__[-len(opts):]:  # the options just added: --help shows TrainConfig's default
-        param.show_default = _shown(TRAIN_DEFAULTS[param.name])
-    return f
 
 
 def _shown(value) -> str:
