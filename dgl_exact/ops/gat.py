@@ -84,6 +84,26 @@ def _node_sum(grad: torch.Tensor, item, dtype: torch.dtype, rows: int) -> torch.
     return out
 
 
+def _score_gradients(ctx, grad_fs, grad_el, grad_er, kept, attn_l, attn_r, ct):
+    """``(grad_fs, grad_fd, grad_attn_l, grad_attn_r)`` from the scores' per-node gradients ``grad_el``,
+    ``grad_er``: the attention vectors' from the second kept copy of the source features (``kept = (fs_s,
+    fs2_s, fd_s)``; the destination features: its first rows unless kept on their own), the features' added
+    to ``grad_fs`` (the aggregation's)."""
+    fs_s, fs2_s, fd_s = kept
+    second = fs_s if fs2_s is None else fs2_s
+    grad_attn_l = _node_sum(grad_el, second, ct, grad_el.shape[0]).view(attn_l.shape) \
+        if ctx.needs_input_grad[2] else None
+    grad_attn_r = _node_sum(grad_er, second if fd_s is None else fd_s, ct, ctx.n_dst).view(attn_r.shape) \
+        if ctx.needs_input_grad[3] else None
+    grad_fs = _add_product(grad_fs, grad_el.unsqueeze(-1), attn_l)
+    grad_fd = None
+    if ctx.same:
+        grad_fs = _add_product(grad_fs, grad_er.unsqueeze(-1), attn_r)
+    elif ctx.needs_input_grad[1]:
+        grad_fd = grad_er.unsqueeze(-1) * attn_r
+    return grad_fs, grad_fd, grad_attn_l, grad_attn_r
+
+
 @captured.capturable
 class _GATAttention(torch.autograd.Function):
     @staticmethod
@@ -151,17 +171,8 @@ class _GATAttention(torch.autograd.Function):
         # forward; destination features: its first n_dst rows unless kept on their own), decoded row chunk by
         # row chunk: no whole decompressed copy and no [N, H, D] product
         ct = torch.promote_types(grad_el.dtype, dtype)
-        second = fs_s if fs2_s is None else fs2_s
-        grad_attn_l = _node_sum(grad_el, second, ct, grad_el.shape[0]).view(attn_l.shape) \
-            if ctx.needs_input_grad[2] else None
-        grad_attn_r = _node_sum(grad_er, second if fd_s is None else fd_s, ct, ctx.n_dst).view(attn_r.shape) \
-            if ctx.needs_input_grad[3] else None
-        grad_fs = _add_product(grad_fs, grad_el.unsqueeze(-1), attn_l)
-        grad_fd = None
-        if ctx.same:
-            grad_fs = _add_product(grad_fs, grad_er.unsqueeze(-1), attn_r)
-        elif ctx.needs_input_grad[1]:
-            grad_fd = grad_er.unsqueeze(-1) * attn_r
+        grad_fs, grad_fd, grad_attn_l, grad_attn_r = _score_gradients(
+            ctx, grad_fs, grad_el, grad_er, (fs_s, fs2_s, fd_s), attn_l, attn_r, ct)
         return grad_fs, grad_fd, grad_attn_l, grad_attn_r, grad_ew, None, None, None, None, None
 
 
@@ -275,17 +286,8 @@ class _GATAttentionChunked(torch.autograd.Function):
             grad_fs[ch.r0:ch.r1] = ch.aggregate(g_out, a.to(dtype))
             del a
         del emax_all, den_all
-        second = fs_s if fs2_s is None else fs2_s
-        grad_attn_l = _node_sum(grad_el, second, ct, grad_el.shape[0]).view(attn_l.shape) \
-            if ctx.needs_input_grad[2] else None
-        grad_attn_r = _node_sum(grad_er, second if fd_s is None else fd_s, ct, ctx.n_dst).view(attn_r.shape) \
-            if ctx.needs_input_grad[3] else None
-        grad_fs = _add_product(grad_fs, grad_el.unsqueeze(-1), attn_l)
-        grad_fd = None
-        if ctx.same:
-            grad_fs = _add_product(grad_fs, grad_er.unsqueeze(-1), attn_r)
-        elif ctx.needs_input_grad[1]:
-            grad_fd = grad_er.unsqueeze(-1) * attn_r
+        grad_fs, grad_fd, grad_attn_l, grad_attn_r = _score_gradients(
+            ctx, grad_fs, grad_el, grad_er, (fs_s, fs2_s, fd_s), attn_l, attn_r, ct)
         if grad_ew is not None:
             grad_ew = grad_ew.view(ew.shape)
         return grad_fs, grad_fd, grad_attn_l, grad_attn_r, grad_ew, None, None, None, None, None
