@@ -50,7 +50,8 @@ def _measured(planner, setting, batch_size):
 # Nightly, not in .ci/run: in about one process of three the measured high-water mark of this 7 MiB step is
 # 10-17 MiB (the prediction, 6.9 MiB, is the same in every process). Diagnosed (2026-12-03): the extra is
 # where glibc places the step's small (< 128 KiB, heap-served) allocations, which depends on the process's
-# address layout (`python scripts/minibatch_peak_noise.py`): with ASLR off (`setarch -R`) and one
+# address layout (scripts/minibatch_peak_noise.py, removed in 771b700, in git history): with ASLR off
+# (`setarch -R`) and one
 # PYTHONHASHSEED, processes measured the same nine steps within 0.3 MiB of each other (7.3-8.3 MiB); with ASLR
 # on, from 7.1 to 17.3 MiB per step across processes, the first steps of a process the highest. Neither threads (one
 # OS thread), huge pages (none mapped) nor file-backed pages (RssFile unchanged by the step) took part. The
