@@ -59,7 +59,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
+from torch.utils._pytree import tree_flatten
 
 
 __all__ = ["census", "CensusReport", "PhasePeak", "CensusRow", "CensusTensor", "PHASES"]
@@ -371,14 +371,14 @@ class _CensusMode(TorchDispatchMode):
         operator = node.name() if node is not None else func.overloadpacket.__name__
         frames = None
         # tensors a torch operator reads for the first time that the step made outside torch (DGL's kernels)
-        for t in tree_leaves((args, kwargs)):
+        for t in tree_flatten((args, kwargs))[0]:
             if isinstance(t, torch.Tensor) and not isinstance(t, torch.nn.Parameter):
                 if t.untyped_storage().nbytes() >= self.min_bytes:
                     frames = frames or self._frames()
                     self._record(t, operator + " (first read)", frames, outside=True)
         out = func(*args, **(kwargs or {}))
         self.index += 1
-        for t in tree_leaves(out):
+        for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor):
                 frames = frames or self._frames()
                 self._record(t, operator, frames, outside=False)

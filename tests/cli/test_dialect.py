@@ -226,5 +226,6 @@ def test_info_reports_versions():
         if line.strip():
             lines.setdefault(line.split()[0], line)  # the first: the backend's report names dgl and torch again
     assert lines["dgl"].split()[1] == importlib.metadata.version("dgl")
-    assert lines["torch"].split()[1] == importlib.metadata.version("torch")
+    # the local version label (+cpu, +cu121) is in torch.__version__ and not always in the wheel's metadata
+    assert lines["torch"].split()[1].split("+")[0] == importlib.metadata.version("torch").split("+")[0]
     assert "kernel backend" in out["text"]
