@@ -2,16 +2,12 @@
 (exit 2) and leave the previous file as it was; a second run on an output a live run holds is refused before
 any work, naming the holder's pid, and a lock left by a killed run is taken over."""
 import os
-import signal
-import subprocess
-import sys
-import textwrap
 
 import pytest
 
-from tests.cli._helpers import TINY, _in_tmp_and_signals_restored, assert_one_line_error, run  # noqa: F401
+from tests.cli._helpers import (TINY, _in_tmp_and_signals_restored, assert_one_line_error,  # noqa: F401
+                               held_by_another_process, run)
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TRAIN = ["train", "--dataset", TINY, "--hidden", "8", "--epochs", "1", "-q"]
 
 
@@ -50,25 +46,6 @@ def test_new_checkpoint_on_a_full_disk_leaves_nothing(tmp_path, capsys, full_dis
 # ------------------------------------------------------------------------------------------------
 # One writer per run
 # ------------------------------------------------------------------------------------------------
-_HOLDER = f"""
-    import sys, types
-    package = types.ModuleType("dgl_exact")  # dgl_exact._files alone: no torch, no DGL
-    package.__path__ = [{os.path.join(REPO, "dgl_exact")!r}]
-    sys.modules["dgl_exact"] = package
-    from dgl_exact._files import lock_output
-    lock_output(sys.argv[1])
-    print("locked", flush=True)
-    sys.stdin.readline()
-"""
-
-
-def _holder(path):
-    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(_HOLDER), str(path)], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert proc.stdout.readline().strip() == "locked", proc.stderr.read()
-    return proc
-
-
 def _no_training(monkeypatch):
     import dgl_exact.training.trainer as T
 
@@ -82,16 +59,12 @@ def _no_training(monkeypatch):
 def test_second_run_on_a_held_output_is_refused_up_front_then_takes_it_over(tmp_path, capsys, monkeypatch, option,
                                                                             name):
     path = tmp_path / name
-    proc = _holder(path)
-    try:
+    with held_by_another_process(path) as proc:  # killed at the end: it releases nothing
         with monkeypatch.context() as m:
             _no_training(m)
             for resume in ([], ["--resume"]) if option == "--checkpoint" else ([],):
                 assert_one_line_error(run([*TRAIN, option, path, *resume], capsys),
                                       f"{option} {path} is in use by another dgl-exact run (pid {proc.pid})")
-    finally:
-        proc.send_signal(signal.SIGKILL)  # the holder dies without releasing anything
-        proc.wait()
     code, out, err = run([*TRAIN, option, path], capsys)
     assert code == 0, err
     assert path.exists() and _left(tmp_path) == []
