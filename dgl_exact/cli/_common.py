@@ -8,7 +8,7 @@ import click
 
 from ..errors import UserError, did_you_mean
 
-__all__ = ["UserError", "parse_size"]
+__all__ = ["UserError", "check_dataset", "check_outputs", "int_choice", "parse_size"]
 
 # The names the options offer, known here without importing torch (dgl_exact.training.config and .models, which
 # define them, import it), so that ``dgl-exact --help`` and ``dgl-exact <cmd> --help`` stay fast;
@@ -82,12 +82,12 @@ def renamed(old: str, new: str, name=None, **option_kwargs):
     return decorate
 
 
-def _int_choice(ctx, param, value):
+def int_choice(ctx, param, value):
     """A ``click.Choice`` of numbers as the int it names (None stays None)."""
     return None if value is None else int(value)
 
 
-def _check_outputs(files=None, folders=None) -> None:
+def check_outputs(files=None, folders=None) -> None:
     """Refuse, before any work is done, output paths that could not be written when the results are:
     ``files`` and ``folders`` map an option name to the path it was given (None: not given).
 
@@ -181,7 +181,7 @@ def parse_size(text, option: str) -> int:
         raise UserError(str(e)) from None
 
 
-def _check_dataset(name, data_root) -> None:
+def check_dataset(name, data_root) -> None:
     """A dataset name that cannot be loaded (unknown, files missing, bad ``synthetic:key=value``) is a
     one-line error before any work; nothing is loaded here."""
     from ..data import dataset_status

@@ -9,7 +9,7 @@ import click
 
 from .._files import atomic_write
 from ._common import MAX_COUNT as _MAX_COUNT
-from ._common import (DATA_ROOT_SHOWN, DEFAULT_DEVICE, MODELS, UserError, _check_dataset, _check_outputs,
+from ._common import (DATA_ROOT_SHOWN, DEFAULT_DEVICE, MODELS, UserError, check_dataset, check_outputs,
                       check_names, hold_outputs, hold_results, provenance_checked, renamed)
 
 _COUNT, _COUNT0 = click.IntRange(1, _MAX_COUNT), click.IntRange(0, _MAX_COUNT)  # counts and sizes (int32)
@@ -49,7 +49,7 @@ def _bench_prechecks(out=None, plot=False, files=None, datasets=(), out_option="
     matplotlib is there if figures are asked for, and each of ``datasets`` (name, data root) can be loaded;
     then ``files`` and the results of ``suites`` in ``out`` are locked for the command's life
     (:func:`~._common.hold_results`: one run of a suite per folder)."""
-    _check_outputs(files=files, folders={out_option: out})
+    check_outputs(files=files, folders={out_option: out})
     if plot:
         from ..bench import plot as plots
 
@@ -58,7 +58,7 @@ def _bench_prechecks(out=None, plot=False, files=None, datasets=(), out_option="
         except ImportError as e:
             raise UserError(f"--plot: {e}") from None
     for name, data_root in datasets:
-        _check_dataset(name, data_root)
+        check_dataset(name, data_root)
     hold_outputs(files or {})
     if suites:
         hold_results(out, *suites, option=out_option)

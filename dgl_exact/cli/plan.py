@@ -9,7 +9,7 @@ import time
 import click
 
 from .._files import atomic_write
-from ._common import (DEFAULT_DEVICE, DEFAULT_MODEL, MODELS, Choice, UserError, _check_outputs, check_names,
+from ._common import (DEFAULT_DEVICE, DEFAULT_MODEL, MODELS, Choice, UserError, check_outputs, check_names,
                       hold_outputs, hold_results, parse_size)
 from ._common import MAX_COUNT as _MAX_COUNT
 from ._common import DATA_ROOT_SHOWN, provenance_checked, renamed
@@ -77,7 +77,7 @@ def plan_command(dataset, nodes, edges, features, classes, train_nodes, model, h
         budget = parse_size(budget, "--memory-budget")
     if str(device).strip() != "cpu" and not str(device).strip().startswith("cuda"):
         parse_size(device, "--device")
-    _check_outputs(files={"--json": json_path})   # before any work, as train's --json
+    check_outputs(files={"--json": json_path})   # before any work, as train's --json
     hold_outputs({"--json": json_path})  # one writer per file, for the command's life
     try:
         if dataset is not None:
@@ -180,7 +180,7 @@ def _plan_minibatch(dataset, nodes, model, hidden, dropout, batch_norm, heads, d
     from ..training.neighbor import parse_fanouts
 
     t0 = time.perf_counter()
-    _check_outputs(files={"--json": json_path})
+    check_outputs(files={"--json": json_path})
     hold_outputs({"--json": json_path})
     try:
         if dataset is None or nodes is not None:
@@ -267,7 +267,7 @@ def bench_plan_command(dataset, models, settings, hidden, layers, device, data_r
     from ..planning.predict import DEFAULT_SETTINGS, check_depth
     from ..bench.plan_validation import format_rows, validation_grid
 
-    _check_outputs(folders={"--out": out})
+    check_outputs(folders={"--out": out})
     hold_results(out, "plan")
     try:
         dev = resolve_device(device)
@@ -319,7 +319,7 @@ def bench_budget_command(dataset, model, conf, hidden, layers, batch_norm, epoch
     from .. import memory
     from ..bench.plan_accuracy import budget_comparison, format_rows
 
-    _check_outputs(folders={"--out": out})
+    check_outputs(folders={"--out": out})
     hold_results(out, "budget")  # and with it budget-runs.jsonl and budget.png
     memory.prepare_cpu_peak()  # before the dataset grows the heap: every row's step peak is measured here
     try:

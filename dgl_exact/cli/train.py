@@ -20,8 +20,8 @@ from .. import _environment
 from .._files import atomic_write
 from .._progress import progress_lines
 from .._environment import MAX_SECONDS
-from ._common import (MAX_COUNT, MODELS, SAINT_MODES, SAMPLERS, Choice, UserError, _check_dataset, _check_outputs,
-                      hold_outputs, _int_choice, bundled_configs, parse_size)
+from ._common import (MAX_COUNT, MODELS, SAINT_MODES, SAMPLERS, Choice, UserError, check_dataset, check_outputs,
+                      hold_outputs, int_choice, bundled_configs, parse_size)
 
 # What --help shows as each training option's default: TrainConfig's defaults (as text where None means
 # "decided from other options"), written here so that `dgl-exact train --help` needs no torch;
@@ -60,7 +60,7 @@ def _model_options() -> list:
         click.option("--framework", type=Choice(("dgl", "pyg")),
                      help="Layers the model is built of: DGL's, or PyTorch Geometric's (pip install "
                           "'dgl-exact[pyg]'; full graph, saint, cluster), converted by compress_model."),
-        click.option("--bits", type=Choice(["1", "2", "4", "8"]), callback=_int_choice,
+        click.option("--bits", type=Choice(["1", "2", "4", "8"]), callback=int_choice,
                      help="Bits per saved activation value."),
         click.option("--kept-frac", type=float, help="Random projection: fraction of columns kept, (0, 1]."),
         click.option("--block-rows", type=int, help="Rows sharing one min/scale (1 = per row; i-EXACT uses blocks)."),
@@ -268,7 +268,7 @@ def train(ctx, conf, debug_mem, test_speed, json_path, checkpoint, resume, resum
     if dist_timeout is not None and not 0 < dist_timeout <= MAX_SECONDS:
         raise UserError(f"--dist-timeout must be a finite number of seconds > 0, at most {MAX_SECONDS:g} "
                         f"(Python's longest timedelta), got {dist_timeout}")
-    _check_outputs(files={"--json": json_path, "--checkpoint": checkpoint})
+    check_outputs(files={"--json": json_path, "--checkpoint": checkpoint})
     worker = distributed.in_distributed_env()
     if not worker or (not distributed.is_launched_child() and _environment.read("RANK") == 0):
         # one writer per output, for the whole run: the --nproc launcher (not its workers) or torchrun's rank 0
@@ -277,7 +277,7 @@ def train(ctx, conf, debug_mem, test_speed, json_path, checkpoint, resume, resum
         raise UserError(f"--download under torchrun would download once per process; run `dgl-exact datasets "
                         f"--download {cfg.dataset} --data-root {cfg.data_root}` first, then train without it")
     dataset = _download_dataset(cfg, quiet) if download and not worker else None
-    _check_dataset(cfg.dataset, cfg.data_root)
+    check_dataset(cfg.dataset, cfg.data_root)
     if memory_budget is not None and ((nproc or 1) > 1 or worker):
         raise UserError("--memory-budget plans one-process training; leave out --nproc (with --nproc, pick the batch "
                         "with `dgl-exact plan --sampler neighbor --batch-size auto --memory-budget SIZE` and pass "

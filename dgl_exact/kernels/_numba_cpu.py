@@ -34,9 +34,10 @@ _S13 = np.uint64(13)
 _S16 = np.uint64(16)
 _S32 = np.uint64(32)
 _TWO_M24 = np.float32(1.0 / (1 << 24))
-_HALF = np.float32(0.5)
-_ZERO = np.float32(0.0)
-_ONE = np.float32(1.0)
+# float32 constants the kernels of both backends compare and multiply with (:mod:`._numba_gpu` imports them)
+HALF = np.float32(0.5)
+ZERO = np.float32(0.0)
+ONE = np.float32(1.0)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -68,11 +69,11 @@ def code_uniform_py(xv, lo_g, inv_g, top, u):
     """The code of one value with uniform levels: fp32 ``xv``, its group's ``lo`` and ``1/step``."""
     t = (xv - lo_g) * inv_g
     if t != t:  # nan_to_num
-        t = _ZERO
+        t = ZERO
     # clamp to [0, top] (spelled out: Numba's CUDA target implements min/max as device functions that
     # need a GPU context even to compile)
-    if t < _ZERO:
-        t = _ZERO
+    if t < ZERO:
+        t = ZERO
     if t > np.float32(top):
         t = np.float32(top)
     j = np.int64(t)  # floor: t >= 0 (math.floor types as float on the CUDA target, int on the CPU)
@@ -88,9 +89,9 @@ def code_levels_py(xv, lo_g, inv_g, levels, top, u):
     """The code of one value with the level table ``levels`` (fp32, ascending, ``top + 1`` entries)."""
     t = (xv - lo_g) * inv_g
     if t != t:
-        t = _ZERO
-    if t < _ZERO:
-        t = _ZERO
+        t = ZERO
+    if t < ZERO:
+        t = ZERO
     if t > np.float32(top):
         t = np.float32(top)
     # last j with levels[j] <= t (levels[0] == 0 <= t): branch-free binary search over top + 1 entries
@@ -113,9 +114,9 @@ def code_levels4_py(xv, lo_g, inv_g, l0, l1, l2, l3, u):
     levels), branch-free: ``j`` = the number of interior levels ``<= t``."""
     t = (xv - lo_g) * inv_g
     if t != t:
-        t = _ZERO
-    if t < _ZERO:
-        t = _ZERO
+        t = ZERO
+    if t < ZERO:
+        t = ZERO
     if t > np.float32(3.0):
         t = np.float32(3.0)
     j = np.int64(l1 <= t) + np.int64(l2 <= t)
@@ -149,31 +150,31 @@ def group_meta1_py(mnv, mxv, factor, top):
     exactly in fp64, rounded up to bf16's denormal grid 2^-133). A finite group whose top code
     ``lo + top * step`` would not decode finite (``reference.DECODE_MAX``) or whose step's reciprocal would not
     be normal is wide: redone once from its min and max divided by 16, its step returned negated."""
-    if mnv - mnv != _ZERO or mxv - mxv != _ZERO:  # the group holds a NaN or an inf
-        return _NAN32, _ZERO
+    if mnv - mnv != ZERO or mxv - mxv != ZERO:  # the group holds a NaN or an inf
+        return _NAN32, ZERO
     lo = mnv
-    step = _ZERO
+    step = ZERO
     for attempt in range(2):
         lo = mnv
-        if mnv != _ZERO:
+        if mnv != ZERO:
             a = np.float64(abs(mnv))
             q = math.ldexp(1.0, math.frexp(a)[1] - 8)  # a = m 2^e with 0.5 <= m < 1: 8 significant bits
             if q < _TWO_M133:
                 q = _TWO_M133
-            if mnv > _ZERO:
+            if mnv > ZERO:
                 lo = np.float32(math.floor(a / q) * q)
             else:
                 lo = np.float32(-(math.ceil(a / q) * q))  # may round to -inf, as the bit pattern does
         span = mxv - lo
-        if span - span != _ZERO:  # overflowed (the bit-pattern path: lo NaN-free, step inf)
+        if span - span != ZERO:  # overflowed (the bit-pattern path: lo NaN-free, step inf)
             step = _INF32
-        elif not span > _ZERO:
-            step = _ZERO
+        elif not span > ZERO:
+            step = ZERO
         else:
             p = span * factor
             if p < _MIN_NORMAL:  # the fp32 product lost bits: exact in fp64, up to a multiple of 2^-133
                 step = np.float32(math.ceil(np.float64(span) * np.float64(factor) * _TWO_133) * _TWO_M133)
-            elif p - p != _ZERO:  # overflowed to inf
+            elif p - p != ZERO:  # overflowed to inf
                 step = p
             else:
                 a = np.float64(p)
@@ -189,11 +190,13 @@ def group_meta1_py(mnv, mxv, factor, top):
     return lo, step
 
 
-_hash_u = njit(inline="always", cache=True)(hash_u_py)
-_code_levels4 = njit(inline="always", cache=True)(code_levels4_py)
-_code_uniform = njit(inline="always", cache=True)(code_uniform_py)
-_code_levels = njit(inline="always", cache=True)(code_levels_py)
-_group_meta1 = njit(inline="always", cache=True)(group_meta1_py)
+# The jitted helpers: the CPU kernels below call them, and :mod:`._numba_gpu` calls them from its CUDA kernels
+# (Numba recompiles each as a device function).
+hash_u = njit(inline="always", cache=True)(hash_u_py)
+code_levels4 = njit(inline="always", cache=True)(code_levels4_py)
+code_uniform = njit(inline="always", cache=True)(code_uniform_py)
+code_levels = njit(inline="always", cache=True)(code_levels_py)
+group_meta1 = njit(inline="always", cache=True)(group_meta1_py)
 
 
 _SEG = 1024  # codes computed per segment before packing (a segment never crosses a row)
@@ -244,7 +247,7 @@ def group_meta(mn, mx, factor, top, out, start, end):
     """``out[i], out[G + i]`` = lo, step of group ``i`` (``G = mn.size``). Units: groups."""
     g = mn.size
     for i in range(start, end):
-        lo, step = _group_meta1(mn[i], mx[i], factor, top)
+        lo, step = group_meta1(mn[i], mx[i], factor, top)
         out[i] = lo
         out[g + i] = step
 
@@ -261,8 +264,8 @@ def quantize_pack(x, e0, k, block_rows, lo, inv, pre, levels, has_levels, bits, 
     e = start * per_byte
     e_b = min(n, end * per_byte)
     buf = np.empty(_SEG, np.uint8)
-    u_mul = _ONE if stochastic else _ZERO
-    u_add = _ZERO if stochastic else _HALF
+    u_mul = ONE if stochastic else ZERO
+    u_add = ZERO if stochastic else HALF
     acc = 0
     sh = 0
     bi = start
@@ -279,16 +282,16 @@ def quantize_pack(x, e0, k, block_rows, lo, inv, pre, levels, has_levels, bits, 
         if has_levels and bits == 2:
             l0, l1, l2, l3 = levels[0], levels[1], levels[2], levels[3]
             for j in range(m):
-                u = _hash_u(ge + j, s_lo, s_hi) * u_mul + u_add
-                buf[j] = _code_levels4(x[e + j] * pre_g, lo_g, inv_g, l0, l1, l2, l3, u)
+                u = hash_u(ge + j, s_lo, s_hi) * u_mul + u_add
+                buf[j] = code_levels4(x[e + j] * pre_g, lo_g, inv_g, l0, l1, l2, l3, u)
         elif has_levels:
             for j in range(m):
-                u = _hash_u(ge + j, s_lo, s_hi) * u_mul + u_add
-                buf[j] = _code_levels(x[e + j] * pre_g, lo_g, inv_g, levels, top, u)
+                u = hash_u(ge + j, s_lo, s_hi) * u_mul + u_add
+                buf[j] = code_levels(x[e + j] * pre_g, lo_g, inv_g, levels, top, u)
         else:
             for j in range(m):
-                u = _hash_u(ge + j, s_lo, s_hi) * u_mul + u_add
-                buf[j] = _code_uniform(x[e + j] * pre_g, lo_g, inv_g, top, u)
+                u = hash_u(ge + j, s_lo, s_hi) * u_mul + u_add
+                buf[j] = code_uniform(x[e + j] * pre_g, lo_g, inv_g, top, u)
         # pack: single codes until byte-aligned, then whole bytes, then the tail
         j = 0
         while j < m and sh != 0:
@@ -394,7 +397,7 @@ def dropout(x, e0, p, s_lo, s_hi, scale, out, start, end):
     """``out = (x * keep) * scale``, ``keep = u(seed, e) >= p`` (fp32, flat elements ``e0 ..``). Units:
     elements."""
     for e in range(start, end):
-        keep = _ONE if _hash_u(e0 + e, s_lo, s_hi) >= p else _ZERO
+        keep = ONE if hash_u(e0 + e, s_lo, s_hi) >= p else ZERO
         out[e] = (x[e] * keep) * scale
 
 
@@ -403,11 +406,11 @@ def _relu_dropout_byte(x, e, cnt, e0, use_p, p, s_lo, s_hi, scale, out):
     acc = 0
     for i in range(cnt):
         xv = x[e + i]
-        on = xv > _ZERO
+        on = xv > ZERO
         if use_p:
-            on = on & (_hash_u(e0 + e + i, s_lo, s_hi) >= p)
+            on = on & (hash_u(e0 + e + i, s_lo, s_hi) >= p)
         acc |= np.int64(on) << i
-        out[e + i] = (xv * (_ONE if on else _ZERO)) * scale
+        out[e + i] = (xv * (ONE if on else ZERO)) * scale
     return acc
 
 
@@ -440,11 +443,11 @@ def masked_scale(g, e0, packed, a_on, a_off, c, out, start, end):
 def hash_uniform(e0, s_lo, s_hi, out, start, end):
     """``out[i] = u(seed, e0 + i)``. Units: elements."""
     for i in range(start, end):
-        out[i] = _hash_u(e0 + i, s_lo, s_hi)
+        out[i] = hash_u(e0 + i, s_lo, s_hi)
 
 
 @njit(**_KERNEL)
 def rademacher(s_lo, s_hi, v, out, start, end):
     """``out[e] = v if u(seed, e) < 0.5 else -v`` (the flat ``[d, k]`` projection matrix). Units: elements."""
     for e in range(start, end):
-        out[e] = v if _hash_u(e, s_lo, s_hi) < _HALF else -v
+        out[e] = v if hash_u(e, s_lo, s_hi) < HALF else -v

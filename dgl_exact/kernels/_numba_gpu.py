@@ -21,7 +21,7 @@ from numba import config as _numba_config
 from numba import cuda
 
 from . import _numba_cpu
-from ._numba_cpu import _HALF, _ONE, _ZERO
+from ._numba_cpu import HALF, ONE, ZERO
 
 SIMULATOR = bool(_numba_config.ENABLE_CUDASIM)
 
@@ -39,10 +39,10 @@ else:  # pragma: no cover - needs a GPU (tests compile these to PTX without one)
 
     # the CPU module's njit helpers: Numba retargets a CPU dispatcher called from a kernel to a device
     # function compiled from the same Python source (inline="always")
-    _hash_u = _numba_cpu._hash_u
-    _code_uniform = _numba_cpu._code_uniform
-    _code_levels = _numba_cpu._code_levels
-    _group_meta1 = _numba_cpu._group_meta1
+    _hash_u = _numba_cpu.hash_u
+    _code_uniform = _numba_cpu.code_uniform
+    _code_levels = _numba_cpu.code_levels
+    _group_meta1 = _numba_cpu.group_meta1
     _fmul = _libdevice.fmul_rn
 
 
@@ -70,7 +70,7 @@ def quantize_pack(x, e0, k, block_rows, lo, inv, pre, levels, has_levels, bits, 
             if stochastic:
                 u = _hash_u(ge, s_lo, s_hi)
             else:
-                u = _HALF
+                u = HALF
             if has_levels:
                 q = _code_levels(_fmul(x[e + i], pre[g]), lo[g], inv[g], levels, top, u)
             else:
@@ -116,7 +116,7 @@ def unpack_mask(packed, out):
 @cuda.jit
 def dropout(x, e0, p, s_lo, s_hi, scale, out):
     for e in range(cuda.grid(1), x.size, cuda.gridsize(1)):
-        keep = _ONE if _hash_u(e0 + e, s_lo, s_hi) >= p else _ZERO
+        keep = ONE if _hash_u(e0 + e, s_lo, s_hi) >= p else ZERO
         out[e] = (x[e] * keep) * scale
 
 
@@ -128,14 +128,14 @@ def relu_dropout(x, e0, use_p, p, s_lo, s_hi, scale, out, packed):
         acc = 0
         for i in range(n - e if n - e < 8 else 8):
             xv = x[e + i]
-            on = xv > _ZERO
+            on = xv > ZERO
             if use_p and on:
                 on = _hash_u(e0 + e + i, s_lo, s_hi) >= p
             if on:
                 acc |= 1 << i
-                out[e + i] = (xv * _ONE) * scale
+                out[e + i] = (xv * ONE) * scale
             else:
-                out[e + i] = (xv * _ZERO) * scale
+                out[e + i] = (xv * ZERO) * scale
         packed[b] = acc
 
 
@@ -161,7 +161,7 @@ def hash_uniform(e0, s_lo, s_hi, out):
 def rademacher(s_lo, s_hi, v, out):
     """``out[e] = v if u(seed, e) < 0.5 else -v`` (the flat ``[d, k]`` projection matrix)."""
     for e in range(cuda.grid(1), out.size, cuda.gridsize(1)):
-        if _hash_u(e, s_lo, s_hi) < _HALF:
+        if _hash_u(e, s_lo, s_hi) < HALF:
             out[e] = v
         else:
             out[e] = -v

@@ -325,10 +325,10 @@ class _TorchOps:
         out = torch.empty((n_rows, k), dtype=dtype, device=packed.device)
         if n == 0:
             return out
-        from .reference import _finite_max, decode_params
+        from .reference import decode_params, finite_max
 
         lo32, step32, post = (t.contiguous() for t in decode_params(lo, step))
-        vmax = _f32(_finite_max(dtype))
+        vmax = _f32(finite_max(dtype))
         table = self._table(levels, bits, packed.device)
         flat = out.view(-1)
         eng = self.engine

@@ -21,7 +21,7 @@ Compression (``quantize_pack`` / ``unpack_dequantize``)
     ``(lo + L[q] * |step|) * 16``; then clamped to the finite range of ``dtype`` (fp32's for fp32/fp64) and
     cast. The clamp only moves a level that lies past that range (a group within one step of fp16's, bf16's
     or fp32's largest value): values whose neighbouring levels are both finite stay unbiased, the others
-    are biased toward zero by less than one step (``decode_params``, ``_finite_max``).
+    are biased toward zero by less than one step (``decode_params``, ``finite_max``).
 
     ``lo`` and ``step`` may be fp32 or bf16 tensors (the values are read as fp32 either way; compression
     keeps bf16 metadata, and the kernels read it directly instead of a converted copy).
@@ -185,7 +185,7 @@ def _lo_step(mn: torch.Tensor, mx: torch.Tensor, factor: float):
     return lo, span, torch.where(tiny, exact, step)
 
 
-def _finite_max(dtype: torch.dtype) -> float:
+def finite_max(dtype: torch.dtype) -> float:
     """The largest finite value a decode to ``dtype`` may produce (fp32's for fp32 and fp64: decoding is fp32)."""
     if dtype in (torch.float16, torch.bfloat16):
         return float(torch.finfo(dtype).max)
@@ -271,7 +271,7 @@ def unpack_dequantize(packed: torch.Tensor, lo: torch.Tensor, step: torch.Tensor
     lo, s, post = decode_params(lo, step)  # bf16 metadata (as compression keeps it) holds fp32 values exactly
     vals = q.float() if levels is None else levels.float()[q]
     v = (_group_expand(lo, n_rows, block_rows) + vals * _group_expand(s, n_rows, block_rows))
-    vmax = _finite_max(dtype)  # a level past the dtype's largest value (a group near it) decodes to that value
+    vmax = finite_max(dtype)  # a level past the dtype's largest value (a group near it) decodes to that value
     return (v * _group_expand(post, n_rows, block_rows)).clamp_(-vmax, vmax).to(dtype)
 
 

@@ -194,9 +194,9 @@ def _plain_dropout(module: nn.Module) -> bool:
 def check_feature_rows(st, feat_src) -> None:
     """ValueError naming the node count when the features do not have one row per source node (before an
     elementwise degree normalisation would fail with a bare broadcasting error)."""
-    from ..ops.graph import _check_nodes
+    from ..ops.graph import check_nodes
 
-    _check_nodes(st, feat_src, "src")
+    check_nodes(st, feat_src, "src")
 
 
 def check_zero_in_degree(module, st) -> None:

@@ -207,26 +207,26 @@ def _prelu_weight_view(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 class _PReLU(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, cfg):
-        from .elementwise import _kernel_for
+        from .elementwise import pack_mask
 
         y = F.prelu(x, weight)
         pos = x > 0
         ctx.weight_shape = weight.shape
         # the weight gradient reads x only where x <= 0; the input gradient only the sign
         keep_x = stash(x, _kept_cfg(cfg)) if ctx.needs_input_grad[1] else None
-        save_kept(ctx, _kernel_for("pack_mask", x)(pos), keep_x, weight)
+        save_kept(ctx, pack_mask(pos), keep_x, weight)
         return y
 
     @staticmethod
     def backward(ctx, grad):
-        from .elementwise import _mask_like
+        from .elementwise import mask_like
 
         packed, x_s, weight = load_kept(ctx)
         needs = ctx.needs_input_grad
         if double_backward("prelu", x_s):
             gx, gw = recompute_vjp(F.prelu, [x_s, weight], [needs[0], needs[1]], [grad])
             return gx, gw, None
-        pos = _mask_like(packed, grad)
+        pos = mask_like(packed, grad)
         w = _prelu_weight_view(weight, grad).to(grad.dtype)
         gx = torch.where(pos, grad, grad * w) if needs[0] else None
         gw = None

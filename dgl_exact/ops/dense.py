@@ -22,7 +22,7 @@ from .chunks import chunk_elements_for, chunk_rows, needs_chunks, row_chunks, we
 from .double_backward import double_backward, recompute_vjp
 from .saved import load_kept, needs_saving, save_kept
 
-__all__ = ["linear", "linear_reusing", "batch_norm"]
+__all__ = ["linear", "linear_reusing", "batch_norm", "BatchNorm"]
 
 
 @captured.capturable
@@ -128,7 +128,7 @@ def linear_reusing(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.T
     return linear(x, weight, bias, cfg)
 
 
-class _BatchNorm(torch.autograd.Function):
+class BatchNorm(torch.autograd.Function):
     """ATen's batch-norm kernels (fused, multithreaded / cuDNN-free) on both passes; only what backward
     reads changes: the input comes from its compressed copy."""
 
@@ -149,8 +149,8 @@ class _BatchNorm(torch.autograd.Function):
     def backward(ctx, grad):
         x_s, stat_a, stat_b, weight = load_kept(ctx)
         if double_backward("batch_norm", x_s):
-            return _BatchNorm._differentiable_backward(ctx, grad, x_s, stat_a, stat_b, weight)
-        return _BatchNorm.gradients(ctx, grad, x_s, stat_a, stat_b, weight)
+            return BatchNorm.differentiable_backward(ctx, grad, x_s, stat_a, stat_b, weight)
+        return BatchNorm.gradients(ctx, grad, x_s, stat_a, stat_b, weight)
 
     @staticmethod
     def gradients(ctx, grad, x_s, stat_a, stat_b, weight, grad_owned: bool = False):
@@ -159,7 +159,7 @@ class _BatchNorm(torch.autograd.Function):
         so a chunked backward forms the input gradient in ``grad``'s own rows."""
         cdt = stat_a.dtype
         if isinstance(x_s, CompressedTensor) and needs_chunks(x_s):
-            return _BatchNorm._chunked_backward(ctx, grad, x_s, stat_a, stat_b, weight, grad_owned)
+            return BatchNorm._chunked_backward(ctx, grad, x_s, stat_a, stat_b, weight, grad_owned)
         x = unstash(x_s).to(cdt)
         w = None if weight is None else weight.to(cdt)
         if ctx.training:
@@ -230,7 +230,7 @@ class _BatchNorm(torch.autograd.Function):
         return gx, gw, gb, None, None, None, None, None, None
 
     @staticmethod
-    def _differentiable_backward(ctx, grad, x, stat_a, stat_b, weight):
+    def differentiable_backward(ctx, grad, x, stat_a, stat_b, weight):
         """Double backward: ``F.batch_norm`` (no running-statistics update) re-run on the exact input."""
         cdt = stat_a.dtype
 
@@ -260,5 +260,5 @@ def batch_norm(x: torch.Tensor, running_mean: Optional[torch.Tensor], running_va
     if captured.active() or not needs_saving(x, weight, bias):  # compiled: ATen's op, uncompressed (it
         # updates the running statistics in place, which one generic captured op cannot declare)
         return F.batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)
-    return _BatchNorm.apply(x, weight, bias, running_mean, running_var, training, momentum, eps,
+    return BatchNorm.apply(x, weight, bias, running_mean, running_var, training, momentum, eps,
                             resolve_config(config))

@@ -67,7 +67,7 @@ def gspmm(g, op: str, reduce_op: str, lhs_data, rhs_data, *, config: Optional[Co
         return _fill_empty(g, out, reduce_op) if reduce_op in ("max", "min") else out
     dgl_gspmm = originals().gspmm
     if homogeneous and op == "mul" and reduce_op in ("sum", "mean"):
-        if reduce_op == "sum" and _graph._mul_layout(tuple(lhs_data.shape[1:]), tuple(rhs_data.shape[1:])):
+        if reduce_op == "sum" and _graph.mul_layout(tuple(lhs_data.shape[1:]), tuple(rhs_data.shape[1:])):
             return _graph.u_mul_e_sum(g, lhs_data, rhs_data, config=config)
         dg = readable(g)
         return bilinear(lambda a, b: dgl_gspmm(dg, op, reduce_op, a, b), f"u_mul_e_{reduce_op}", lhs_data,

@@ -42,14 +42,21 @@ from .keep import fresh_outputs, offer_compressed, stash, stash_hook_active, uns
 from .double_backward import double_backward
 from .saved import load_kept, needs_saving, save_kept
 
-__all__ = ["relu", "leaky_relu", "elu", "dropout", "relu_dropout"]
+__all__ = ["relu", "leaky_relu", "elu", "dropout", "relu_dropout", "pack_mask", "mask_like"]
 
 
 def _kernel_for(op: str, x: torch.Tensor):
     return kernels.get(op, x.device)
 
 
-def _mask_like(packed, grad):
+def pack_mask(mask: torch.Tensor) -> torch.Tensor:
+    """``mask`` (bool) packed to one bit per element by its device's kernel: how an op keeps a sign or
+    dropout mask for backward (:func:`mask_like` reads it back)."""
+    return _kernel_for("pack_mask", mask)(mask)
+
+
+def mask_like(packed: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    """The bool mask :func:`pack_mask` packed into ``packed``, in the shape (and on the device) of ``grad``."""
     return _kernel_for("unpack_mask", grad)(packed, grad.numel()).view(grad.shape)
 
 
@@ -70,7 +77,7 @@ class _ReLUDropout(torch.autograd.Function):
     def backward(ctx, grad):
         (packed,) = load_kept(ctx)
         if double_backward("relu_dropout"):  # differentiable in grad (relu'' = 0)
-            return grad * (_mask_like(packed, grad).to(grad.dtype) * ctx.scale), None, None, None
+            return grad * (mask_like(packed, grad).to(grad.dtype) * ctx.scale), None, None, None
         return _kernel_for("masked_scale", grad)(grad.contiguous(), packed, ctx.scale, 0.0), None, None, None
 
 
@@ -125,14 +132,14 @@ class _LeakyReLU(torch.autograd.Function):
     def forward(ctx, x, slope: float):
         mask = x > 0
         ctx.slope = slope
-        save_kept(ctx, _kernel_for("pack_mask", x)(mask))
+        save_kept(ctx, pack_mask(mask))
         return torch.where(mask, x, x * slope)
 
     @staticmethod
     def backward(ctx, grad):
         (packed,) = load_kept(ctx)
         if double_backward("leaky_relu"):
-            return torch.where(_mask_like(packed, grad), grad, grad * ctx.slope), None
+            return torch.where(mask_like(packed, grad), grad, grad * ctx.slope), None
         return _kernel_for("masked_scale", grad)(grad.contiguous(), packed, 1.0, ctx.slope), None
 
 
@@ -152,7 +159,7 @@ class _ELU(torch.autograd.Function):
         mask = x > 0
         ctx.alpha = alpha
         # the output is a fresh tensor nobody else keeps: compress it (no projection: not linear)
-        save_kept(ctx, _kernel_for("pack_mask", x)(mask), stash(y, cfg.replace(kept_frac=1.0), force=True))
+        save_kept(ctx, pack_mask(mask), stash(y, cfg.replace(kept_frac=1.0), force=True))
         return y
 
     @staticmethod

@@ -25,9 +25,9 @@ from .double_backward import double_backward, recompute_vjp
 from .saved import load_kept, needs_saving, save_kept
 from .structure import GraphStructure, edge_softmax_forward, structure_of
 from . import captured
-from .graph import _check_nodes, _edge_softmax_ref, _softmax_backward, _spmm_ref
+from .graph import check_nodes, edge_softmax_ref, softmax_backward, spmm_ref
 
-__all__ = ["gat_attention"]
+__all__ = ["gat_attention", "GATAttention", "GATAttentionChunked", "edge_attention", "attention_chunk_budget"]
 
 
 def _is_prefix_view(dst: torch.Tensor, src: torch.Tensor) -> bool:
@@ -35,7 +35,7 @@ def _is_prefix_view(dst: torch.Tensor, src: torch.Tensor) -> bool:
             and dst.stride() == src.stride() and dst.shape[0] <= src.shape[0])
 
 
-def _attention(st, el, er, slope, p, seed, ew):
+def edge_attention(st, el, er, slope, p, seed, ew):
     """Recomputable forward of GAT's attention: returns (pre-activation scores, softmax, final weights)."""
     raw = el[st.src] + er[st.dst]
     e = torch.nn.functional.leaky_relu(raw, slope)
@@ -51,12 +51,12 @@ def _gat_reference(st, feat_src, feat_dst, attn_l, attn_r, ew, slope, p, seed):
     el = (feat_src * attn_l).sum(dim=-1)
     er = (feat_dst * attn_r).sum(dim=-1)
     e = torch.nn.functional.leaky_relu(el.index_select(0, st.src) + er.index_select(0, st.dst), slope)
-    a = _edge_softmax_ref(st, e)
+    a = edge_softmax_ref(st, e)
     if p > 0:
         a = kernel_reference.dropout(a, p, seed)
     if ew is not None:
         a = a * ew
-    return _spmm_ref(st, feat_src, a), a
+    return spmm_ref(st, feat_src, a), a
 
 
 def _add_product(buf: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -105,13 +105,17 @@ def _score_gradients(ctx, grad_fs, grad_el, grad_er, kept, attn_l, attn_r, ct):
 
 
 @captured.capturable
-class _GATAttention(torch.autograd.Function):
+class GATAttention(torch.autograd.Function):
+    """``apply(feat_src, feat_dst, attn_l, attn_r, ew, st, slope, p, seed, cfg)``: :func:`gat_attention`'s op
+    on a structure ``st``: ``(out [N_dst, H, D], attention [E, H])``; keeps ``feat_src`` compressed (twice,
+    independently, where the attention vectors need gradients), ``el``/``er`` and no per-edge tensor."""
+
     @staticmethod
     def forward(ctx, feat_src, feat_dst, attn_l, attn_r, ew, st: GraphStructure, slope: float, p: float,
                 seed: int, cfg: CompressionConfig):
         el = (feat_src * attn_l).sum(dim=-1)
         er = (feat_dst * attn_r).sum(dim=-1)
-        _, _, a = _attention(st, el, er, slope, p, seed, ew)
+        _, _, a = edge_attention(st, el, er, slope, p, seed, ew)
         out = st.aggregate(feat_src, a.to(feat_src.dtype))
         prefix = _is_prefix_view(feat_dst, feat_src)
         ctx.st, ctx.slope, ctx.p, ctx.seed, ctx.prefix, ctx.n_dst = st, slope, p, seed, prefix, feat_dst.shape[0]
@@ -142,7 +146,7 @@ class _GATAttention(torch.autograd.Function):
                                   [fs_s, fd_s, attn_l, attn_r, ew], ctx.needs_input_grad[:5], [g_out, g_a])
             return (*grads, None, None, None, None, None)
         dtype = g_out.dtype
-        raw, s, a = _attention(st, el, er, ctx.slope, ctx.p, ctx.seed, ew)
+        raw, s, a = edge_attention(st, el, er, ctx.slope, ctx.p, ctx.seed, ew)
         g_out = g_out.contiguous()
         fs = unstash(fs_s)  # whole (edges read any source row), and dropped before the feature gradient exists
         grad_a = st.edge_dot(fs.to(dtype), g_out)
@@ -157,7 +161,7 @@ class _GATAttention(torch.autograd.Function):
                     if ew.shape[-1] == 1 else grad_a * d
             grad_a = grad_a * ew
         grad_s = kernels.get("dropout", s.device)(grad_a, ctx.p, ctx.seed) if ctx.p > 0 else grad_a
-        grad_e = _softmax_backward(st, s, grad_s)
+        grad_e = softmax_backward(st, s, grad_s)
         grad_raw = torch.where(raw > 0, grad_e, grad_e * ctx.slope)
         del raw, s, grad_a, grad_s, grad_e
         grad_el = st.edge_sum_to(grad_raw, "src")
@@ -211,9 +215,9 @@ def _gat_chunked_forward(st, feat_src, el, er, slope, ew, budget: int, need_atte
     return out, att
 
 
-class _GATAttentionChunked(torch.autograd.Function):
-    """:class:`_GATAttention` without attention dropout, its per-edge tensors formed one edge chunk at a time
-    (:mod:`.edge_chunks`) in forward and backward. Keeps exactly what :class:`_GATAttention` keeps."""
+class GATAttentionChunked(torch.autograd.Function):
+    """:class:`GATAttention` without attention dropout, its per-edge tensors formed one edge chunk at a time
+    (:mod:`.edge_chunks`) in forward and backward. Keeps exactly what :class:`GATAttention` keeps."""
 
     @staticmethod
     def forward(ctx, feat_src, feat_dst, attn_l, attn_r, ew, st: GraphStructure, slope: float,
@@ -225,7 +229,7 @@ class _GATAttentionChunked(torch.autograd.Function):
         ctx.st, ctx.slope, ctx.prefix, ctx.n_dst, ctx.budget = st, slope, prefix, feat_dst.shape[0], budget
         ctx.same = feat_dst is feat_src
         fs_kept = stash(feat_src, cfg)
-        # the same stash calls as _GATAttention (see there: a second, independent copy for the attention
+        # the same stash calls as GATAttention (see there: a second, independent copy for the attention
         # vectors' gradients; feat_dst by reference when it is a prefix of an exactly kept feat_src)
         second = cfg.enabled and (ctx.needs_input_grad[2] or (prefix and ctx.needs_input_grad[3]))
         fd_kept = (feat_dst if isinstance(fs_kept, torch.Tensor) else None) if prefix else stash(feat_dst, cfg)
@@ -293,7 +297,7 @@ class _GATAttentionChunked(torch.autograd.Function):
         return grad_fs, grad_fd, grad_attn_l, grad_attn_r, grad_ew, None, None, None, None, None
 
 
-def _chunk_budget(st: GraphStructure, p: float, feat_src: Optional[torch.Tensor] = None) -> Optional[int]:
+def attention_chunk_budget(st: GraphStructure, p: float, feat_src: Optional[torch.Tensor] = None) -> Optional[int]:
     """The edge budget of a chunked attention, or None where it runs over all edges at once: no chunk budget
     for this graph (:func:`dgl_exact.ops.edge_chunks.chunk_budget_for`), attention dropout (its mask is drawn
     over all edges), or under capture/compilation."""
@@ -324,8 +328,8 @@ def gat_attention(g, feat_src: torch.Tensor, feat_dst: torch.Tensor, attn_l: tor
     one chunk of destination (or source) nodes at a time; ``need_attention=False`` then also spares the
     returned ``[E, H]`` attention (``None`` is returned in its place)."""
     st = structure_of(g, feat_src.device)
-    _check_nodes(st, feat_src, "src")
-    _check_nodes(st, feat_dst, "dst")
+    check_nodes(st, feat_src, "src")
+    check_nodes(st, feat_dst, "dst")
     if feat_src.dim() > 3:
         return _gat_attention_folded(g, feat_src, feat_dst, attn_l, attn_r, negative_slope, attn_drop, edge_weight,
                                      training, config, need_attention)
@@ -335,24 +339,24 @@ def gat_attention(g, feat_src: torch.Tensor, feat_dst: torch.Tensor, attn_l: tor
         if edge_weight.shape[0] != st.num_edges:
             raise ValueError(f"edge_weight has {edge_weight.shape[0]} rows but the graph has {st.num_edges} edges")
         ew = edge_weight.reshape(st.num_edges, -1)
-    budget = _chunk_budget(st, p, feat_src)
+    budget = attention_chunk_budget(st, p, feat_src)
     if budget is not None:
         if not needs_saving(feat_src, feat_dst, attn_l, attn_r, ew):
             el = (feat_src * attn_l).sum(dim=-1)
             er = (feat_dst * attn_r).sum(dim=-1)
             out, att = _gat_chunked_forward(st, feat_src, el, er, float(negative_slope), ew, budget, need_attention)
         else:
-            res = _GATAttentionChunked.apply(feat_src, feat_dst, attn_l, attn_r, ew, st, float(negative_slope),
+            res = GATAttentionChunked.apply(feat_src, feat_dst, attn_l, attn_r, ew, st, float(negative_slope),
                                              resolve_config(config), budget, need_attention)
             out, att = res if need_attention else (res, None)
         return out, (None if att is None else att.unsqueeze(-1))
     if not needs_saving(feat_src, feat_dst, attn_l, attn_r, ew):
         el = (feat_src * attn_l).sum(dim=-1)
         er = (feat_dst * attn_r).sum(dim=-1)
-        _, _, a = _attention(st, el, er, negative_slope, p, draw_seed() if p > 0 else 0, ew)
+        _, _, a = edge_attention(st, el, er, negative_slope, p, draw_seed() if p > 0 else 0, ew)
         return st.aggregate(feat_src, a.to(feat_src.dtype)), a.unsqueeze(-1)
     seed = draw_seed() if p > 0 else 0
-    out, a = captured.apply("_GATAttention", feat_src, feat_dst, attn_l, attn_r, ew, st, float(negative_slope), p, seed,
+    out, a = captured.apply("GATAttention", feat_src, feat_dst, attn_l, attn_r, ew, st, float(negative_slope), p, seed,
                                  resolve_config(config))
     return out, a.unsqueeze(-1)
 

@@ -58,7 +58,7 @@ from .double_backward import refuse_double_backward
 from .saved import (SECOND_BACKWARD_MESSAGE, graph_freed_after_backward, load_kept, private_keeping_allowed, save_kept,
                     show_private)
 
-__all__ = ["BatchNormArgs", "GCN2Layer", "GCN2Step", "degree_norm", "gcnii_layers"]
+__all__ = ["BatchNormArgs", "GCN2Layer", "GCN2Step", "degree_norm", "gcnii_layers", "layer_forward", "row_ranges"]
 
 #: columns per chunk of the propagation (both directions) where a layer is chunked on its device
 COLUMN_CHUNK = 16
@@ -115,7 +115,7 @@ def _propagate_(st, x: torch.Tensor, norm: torch.Tensor, scale: float, transpose
         del a
 
 
-def _row_ranges(x):
+def row_ranges(x):
     """Row chunks of a layer-sized ``[N, D]`` tensor (or anything with its ``shape`` and ``device``)."""
     n, d = x.shape[0], x.shape[1] if len(x.shape) > 1 else 1
     rows = chunk_rows(n, max(1, d) if n else 1, x.device)
@@ -140,7 +140,7 @@ class _LayerRecord:
     mask_seeds: List[int] = dataclasses.field(default_factory=list)  # the dropout seeds, per row chunk
 
 
-def _layer_forward(x, h0, weight1, bias, bn_weight, bn_bias, st, norm, step: GCN2Step,
+def layer_forward(x, h0, weight1, bias, bn_weight, bn_bias, st, norm, step: GCN2Step,
                    bn: Optional[BatchNormArgs], cfg: CompressionConfig, need_weight: bool, keep: bool = True,
                    replay: Optional["_LayerRecord"] = None):
     """One hidden layer written into ``x`` (allocated by this stack; a new buffer holding ``dropout(h0)`` when
@@ -151,7 +151,7 @@ def _layer_forward(x, h0, weight1, bias, bn_weight, bn_bias, st, norm, step: GCN
     dropout seeds are drawn again (its recompute: the same masks)."""
     kernel_dropout = kernels.get("dropout", h0.device)
     kernel_relu_dropout = kernels.get("relu_dropout", h0.device)
-    ranges = _row_ranges(h0)
+    ranges = row_ranges(h0)
     if replay is not None and replay.ranges != ranges:
         raise RuntimeError("gcn2: a recomputed layer's row chunks differ from its forward's")
     first = x is None
@@ -294,7 +294,7 @@ class _GCNIIStack(torch.autograd.Function):
         x, kept, records, own = None, [], [], []
         for i, (step, bn, cfg) in enumerate(zip(steps, bns, cfgs)):
             w1, b, bw, bb = params[4 * i:4 * i + 4]
-            x, items, rec = _layer_forward(x, h0, w1, b, bw, bb, st, norm, step, bn, cfg, needs[10 + 4 * i])
+            x, items, rec = layer_forward(x, h0, w1, b, bw, bb, st, norm, step, bn, cfg, needs[10 + 4 * i])
             rec.start = len(kept)
             if private:  # the kept s and o and the masks: made here from x, never returned
                 own.append([items[0], items[1], *items[4 + rec.n_stats:]])

@@ -10,7 +10,7 @@ layers and the output linear as one autograd Function), but keeps for backward o
 * the dropout seeds of every layer (two integers per row chunk) and the last layer's output for the
   output linear's weight gradient, as the fused stack does.
 
-The forward runs every layer through the fused stack's own layer loop (``gcn2._layer_forward``) keeping
+The forward runs every layer through the fused stack's own layer loop (``gcn2.layer_forward``) keeping
 nothing. The backward walks the segments from the last: it decodes the segment's boundary into a buffer
 of its own, runs the segment's layers forward again with the same loop, keeping what the fused stack
 keeps for those layers only, and runs their backward in place in the one gradient buffer
@@ -56,7 +56,7 @@ import torch.nn.functional as F
 from .. import kernels
 from ..compression import draw_seed, seed_stream
 from ..compression_config import CompressionConfig
-from .gcn2 import GCN2Layer, _layer_forward, _row_ranges, degree_norm, layers_backward
+from .gcn2 import GCN2Layer, layer_forward, row_ranges, degree_norm, layers_backward
 from .keep import stash, unstash
 from .chunks import row_chunks, weight_grad
 from .double_backward import refuse_double_backward
@@ -135,7 +135,7 @@ def _stem_forward(x, w, b, p: float):
     if p > 0:
         xd = kernels.get("dropout", x.device)(x.contiguous(), p, draw_seed())
     h0 = F.linear(xd, w, b)
-    ranges = _row_ranges(h0)
+    ranges = row_ranges(h0)
     pack = kernels.get("pack_mask", x.device)
     drop_masks = [pack(xd[r0:r1] != 0) for r0, r1 in ranges] if p > 0 else []
     del xd
@@ -183,7 +183,7 @@ class _GCNIIRecomputed(torch.autograd.Function):
         if plan.stem_dropout is not None:   # h0 is the features x: the input layer runs here
             x_in = h0
             h0, masks, drop_masks = _stem_forward(x_in, stem_w, stem_b, plan.stem_dropout)
-            stem = (stash(x_in, plan.stem_config), masks + drop_masks, _row_ranges(h0))
+            stem = (stash(x_in, plan.stem_config), masks + drop_masks, row_ranges(h0))
         # read by every recompute; never written (made here when the input layer is folded in: compressed)
         kept_h0 = stash(h0, plan.cfgs[0], force=stem is not None)
         x, boundaries, seeds, records = None, [], [], []
@@ -193,7 +193,7 @@ class _GCNIIRecomputed(torch.autograd.Function):
             seeds.append(draw_seed())   # the segment's own stream for its recompute's compression
             for i in range(s, e):
                 w1, b, bw, bb = params[4 * i:4 * i + 4]
-                x, _, rec = _layer_forward(x, h0, w1, b, bw, bb, st, norm, plan.steps[i], plan.bns[i],
+                x, _, rec = layer_forward(x, h0, w1, b, bw, bb, st, norm, plan.steps[i], plan.bns[i],
                                            plan.cfgs[i], False, keep=False)
                 records.append(rec)
         logits = F.linear(x, head_w, head_b)
@@ -245,7 +245,7 @@ class _GCNIIRecomputed(torch.autograd.Function):
                 with seed_stream(ctx.seeds[k]):   # the compression's noise: a stream of the segment's own
                     for i in range(s, e):
                         w1, b, bw, bb = params[4 * i:4 * i + 4]
-                        x, items, rec = _layer_forward(x, h0, w1, b, bw, bb, ctx.st, norm, plan.steps[i],
+                        x, items, rec = layer_forward(x, h0, w1, b, bw, bb, ctx.st, norm, plan.steps[i],
                                                        _no_running_stats(plan.bns[i]), plan.cfgs[i],
                                                        param_needs[4 * i], replay=records[i])
                         seg_records[i], seg_items[i] = rec, items

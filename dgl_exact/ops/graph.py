@@ -42,7 +42,11 @@ from .structure import GraphStructure, edge_softmax_forward, structure_of
 from . import captured
 
 __all__ = ["normalize_edge_weight", "copy_u_sum", "copy_u_mean", "u_mul_e_sum", "copy_u_max", "copy_u_min", "u_add_v",
-           "edge_softmax"]
+           "edge_softmax",
+           # the pieces other ops build on: the shape check, the autograd Functions on a structure (the PyG
+           # drop-ins run them on theirs), DGL's feature-shape rule, and the differentiable references
+           "check_nodes", "CopyUReduce", "UMulESum", "CopyUMinMax", "mul_layout", "spmm_ref", "edge_softmax_ref",
+           "softmax_backward"]
 
 
 def _as3(x: torch.Tensor) -> torch.Tensor:
@@ -66,14 +70,15 @@ def _node_output(out: torch.Tensor, shape) -> torch.Tensor:
     return out.new_empty(0).set_(out.untyped_storage(), out.storage_offset(), shape, view.stride())
 
 
-def _check_nodes(st: GraphStructure, x: torch.Tensor, side: str = "src"):
+def check_nodes(st: GraphStructure, x: torch.Tensor, side: str = "src"):
+    """Raise a one-line ValueError unless ``x`` has one row per ``side`` ('src' or 'dst') node of ``st``."""
     n = st.num_src if side == "src" else st.num_dst
     if x.shape[0] != n:
         raise ValueError(f"features have {x.shape[0]} rows but the graph has {n} {side} nodes; pass one row per "
                          f"{'source' if side == 'src' else 'destination'} node")
 
 
-def _spmm_ref(st: GraphStructure, x3: torch.Tensor, w2: Optional[torch.Tensor] = None,
+def spmm_ref(st: GraphStructure, x3: torch.Tensor, w2: Optional[torch.Tensor] = None,
               transpose: bool = False) -> torch.Tensor:
     """``st.aggregate`` in differentiable torch ops (any order): ``x3 [n, H, D]``, ``w2 [E, H]`` or None."""
     src, dst, n = (st.dst, st.src, st.num_src) if transpose else (st.src, st.dst, st.num_dst)
@@ -88,7 +93,7 @@ def _edge_dot_ref(st: GraphStructure, a: torch.Tensor, b: torch.Tensor) -> torch
     return (a.index_select(0, st.src) * b.index_select(0, st.dst)).sum(-1)
 
 
-def _edge_softmax_ref(st: GraphStructure, e: torch.Tensor) -> torch.Tensor:
+def edge_softmax_ref(st: GraphStructure, e: torch.Tensor) -> torch.Tensor:
     """Per-destination softmax of ``e [E, ...]`` in differentiable torch ops (the max shift is a constant)."""
     with torch.no_grad():
         idx = st.dst.view(-1, *([1] * (e.dim() - 1))).expand_as(e)
@@ -107,7 +112,10 @@ def _narrow_index(arg: torch.Tensor, n: int) -> torch.Tensor:
 
 # --- copy_u sum / mean ------------------------------------------------------------------------------
 @captured.capturable
-class _CopyUReduce(torch.autograd.Function):
+class CopyUReduce(torch.autograd.Function):
+    """``apply(x, st, mean)``: the sum (``mean``: the mean) over each node's in-edges of ``x``'s source rows, on
+    a structure ``st``; keeps nothing (the backward is the transposed sum)."""
+
     @staticmethod
     def forward(ctx, x, st: GraphStructure, mean: bool):
         out = st.aggregate(_as3(x))
@@ -123,7 +131,7 @@ class _CopyUReduce(torch.autograd.Function):
         if ctx.mean:
             g = g / st.in_degrees().clamp(min=1).to(g.dtype).view(-1, 1, 1)
         if double_backward("copy_u_sum"):  # linear: nothing kept, always exact
-            return _spmm_ref(st, g, transpose=True).reshape(ctx.xshape), None, None
+            return spmm_ref(st, g, transpose=True).reshape(ctx.xshape), None, None
         return st.aggregate(g, transpose=True).view(ctx.xshape), None, None
 
 
@@ -131,16 +139,16 @@ class _CopyUReduce(torch.autograd.Function):
 def copy_u_sum(g, x: torch.Tensor) -> torch.Tensor:
     """``out[v] = sum_{u -> v} x[u]``; keeps nothing for backward."""
     st = structure_of(g, x.device)
-    _check_nodes(st, x)
-    return captured.apply("_CopyUReduce", x, st, False)
+    check_nodes(st, x)
+    return captured.apply("CopyUReduce", x, st, False)
 
 
 @fresh_outputs
 def copy_u_mean(g, x: torch.Tensor) -> torch.Tensor:
     """``out[v] = mean_{u -> v} x[u]`` (0 without in-edges); keeps nothing for backward."""
     st = structure_of(g, x.device)
-    _check_nodes(st, x)
-    return captured.apply("_CopyUReduce", x, st, True)
+    check_nodes(st, x)
+    return captured.apply("CopyUReduce", x, st, True)
 
 
 # --- sum weighted by a source-node normalisation ----------------------------------------------------------
@@ -163,7 +171,7 @@ class _SrcNormSum(torch.autograd.Function):
         g = _as3(grad.contiguous())
         norm = st.node_norm(ctx.degrees, ctx.kind, g.dtype).view(-1, 1, 1)
         if double_backward("src_norm_sum"):  # linear: nothing kept, always exact
-            return (_spmm_ref(st, g, transpose=True) * norm).reshape(ctx.xshape), None, None, None
+            return (spmm_ref(st, g, transpose=True) * norm).reshape(ctx.xshape), None, None, None
         # every edge out of u carries u's factor: the transposed sum needs no edge weights (so a symmetric
         # graph's CSC serves it), and the factor scales the sum's own buffer in place
         return st.aggregate(g, transpose=True).mul_(norm).view(ctx.xshape), None, None, None
@@ -179,7 +187,7 @@ def src_norm_sum(g, x: torch.Tensor, kind: str = "sqrt", degrees: str = "out") -
     if kind not in ("sqrt", "inv") or degrees not in ("out", "in"):
         raise ValueError(f"src_norm_sum: kind is 'sqrt' or 'inv' and degrees 'out' or 'in', got {kind!r}, {degrees!r}")
     st = structure_of(g, x.device)
-    _check_nodes(st, x)
+    check_nodes(st, x)
     return captured.apply("_SrcNormSum", x, st, degrees, kind)
 
 
@@ -190,7 +198,7 @@ def _pad_feature_shapes(xs: tuple, ws: tuple):
     return (1,) * (k - len(xs)) + tuple(xs), (1,) * (k - len(ws)) + tuple(ws)
 
 
-def _mul_layout(xs: tuple, ws: tuple) -> Optional[tuple]:
+def mul_layout(xs: tuple, ws: tuple) -> Optional[tuple]:
     """``(out_shape, heads, dim, heads_last)`` when ``x * w`` (DGL's broadcasting of feature shapes ``xs`` and
     ``ws``) is the kernel's ``x [n, heads, dim] * w [E, heads, 1]``: ``w``'s feature shape, right-aligned, is a
     prefix of ``x``'s followed by 1s (``heads_last`` False), or 1s followed by a suffix of ``x``'s (``x [n,
@@ -226,7 +234,11 @@ def _heads_back(t: torch.Tensor, heads_last: bool) -> torch.Tensor:
 
 
 @captured.capturable
-class _UMulESum(torch.autograd.Function):
+class UMulESum(torch.autograd.Function):
+    """``apply(x, w, st, out_shape, heads, dim, cfg, heads_last=False)``: ``out[v] = sum_{(u, e, v)} x[u] * w[e]``
+    on a structure ``st`` with the layout :func:`mul_layout` gives; keeps ``x`` compressed under ``cfg`` (for
+    the edge gradient) and ``w`` exactly (for the feature gradient)."""
+
     @staticmethod
     def forward(ctx, x, w, st: GraphStructure, out_shape: tuple, heads: int, dim: int, cfg: CompressionConfig,
                 heads_last: bool = False):
@@ -250,7 +262,7 @@ class _UMulESum(torch.autograd.Function):
         g = _heads_first(grad.contiguous(), ctx.heads, ctx.dim, ctx.heads_last)
         gx = gw = None
         if double_backward("u_mul_e_sum", x_s):
-            aggregate, edge_dot = functools.partial(_spmm_ref, st), functools.partial(_edge_dot_ref, st)
+            aggregate, edge_dot = functools.partial(spmm_ref, st), functools.partial(_edge_dot_ref, st)
         else:
             aggregate, edge_dot = st.aggregate, st.edge_dot
         if ctx.needs_input_grad[0]:
@@ -271,10 +283,10 @@ def u_mul_e_sum(g, x: torch.Tensor, y: torch.Tensor, *, config: Optional[Compres
     per-head dot product). Shapes the fused kernel does not take (``y`` broadcasting against a middle
     feature dim, ``x`` broadcast by ``y``) run the general path of :mod:`.dgl_ops`, which keeps the same."""
     st = structure_of(g, x.device)
-    _check_nodes(st, x)
+    check_nodes(st, x)
     if y.shape[0] != st.num_edges:
         raise ValueError(f"edge values have {y.shape[0]} rows but the graph has {st.num_edges} edges")
-    layout = _mul_layout(tuple(x.shape[1:]), tuple(y.shape[1:]))
+    layout = mul_layout(tuple(x.shape[1:]), tuple(y.shape[1:]))
     if layout is None:
         dg, dgl_gspmm = readable(g), originals().gspmm  # DGL's kernel, operands kept as dgl_ops.gspmm keeps them
         return bilinear(lambda a, b: dgl_gspmm(dg, "mul", "sum", a, b), "u_mul_e_sum", x, y, config, exact_b=True)
@@ -282,12 +294,15 @@ def u_mul_e_sum(g, x: torch.Tensor, y: torch.Tensor, *, config: Optional[Compres
     if not needs_saving(x, y):
         out = st.aggregate(_heads_first(x, heads, dim, heads_last), y.reshape(y.shape[0], heads).to(x.dtype))
         return _node_output(_heads_back(out, heads_last), (st.num_dst,) + out_shape)
-    return captured.apply("_UMulESum", x, y, st, out_shape, heads, dim, resolve_config(config), heads_last)
+    return captured.apply("UMulESum", x, y, st, out_shape, heads, dim, resolve_config(config), heads_last)
 
 
 # --- copy_u max / min -------------------------------------------------------------------------------
 @captured.capturable
-class _CopyUMinMax(torch.autograd.Function):
+class CopyUMinMax(torch.autograd.Function):
+    """``apply(x, st, reduce)``: the max or min (``reduce``) over each node's in-edges of ``x``'s source rows
+    (0 without in-edges), on a structure ``st``; keeps the winning source per element, narrowest int type."""
+
     @staticmethod
     def forward(ctx, x, st: GraphStructure, reduce: str):
         out, arg = st.aggregate_minmax(_as3(x), reduce)
@@ -311,15 +326,15 @@ class _CopyUMinMax(torch.autograd.Function):
 def copy_u_max(g, x: torch.Tensor) -> torch.Tensor:
     """``out[v] = max_{u -> v} x[u]`` (0 without in-edges); keeps the winning source per element."""
     st = structure_of(g, x.device)
-    _check_nodes(st, x)
-    return captured.apply("_CopyUMinMax", x, st, "max")
+    check_nodes(st, x)
+    return captured.apply("CopyUMinMax", x, st, "max")
 
 
 @fresh_outputs
 def copy_u_min(g, x: torch.Tensor) -> torch.Tensor:
     st = structure_of(g, x.device)
-    _check_nodes(st, x)
-    return captured.apply("_CopyUMinMax", x, st, "min")
+    check_nodes(st, x)
+    return captured.apply("CopyUMinMax", x, st, "min")
 
 
 # --- u_add_v -----------------------------------------------------------------------------------------
@@ -342,8 +357,8 @@ class _UAddV(torch.autograd.Function):
 def u_add_v(g, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """Per-edge ``x[src] + y[dst]`` (DGL's ``u_add_v``, its broadcasting); keeps nothing."""
     st = structure_of(g, x.device)
-    _check_nodes(st, x, "src")
-    _check_nodes(st, y, "dst")
+    check_nodes(st, x, "src")
+    check_nodes(st, y, "dst")
     xp, yp = _pad_feature_shapes(tuple(x.shape[1:]), tuple(y.shape[1:]))
     if xp != yp:  # broadcast between the operands: DGL's kernel (nothing kept either)
         return originals().gsddmm(readable(g), "add", x, y, "u", "v")
@@ -351,7 +366,7 @@ def u_add_v(g, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 # --- edge softmax ------------------------------------------------------------------------------------
-def _softmax_backward(st: GraphStructure, s: torch.Tensor, gs: torch.Tensor, by: str = "dst") -> torch.Tensor:
+def softmax_backward(st: GraphStructure, s: torch.Tensor, gs: torch.Tensor, by: str = "dst") -> torch.Tensor:
     """Gradient of a per-destination (``by='src'``: per-source) softmax with output ``s`` given output
     gradient ``gs``."""
     return s * (gs - st.edge_sum_to(gs * s, by)[st.dst if by == "dst" else st.src])
@@ -377,7 +392,7 @@ class _EdgeSoftmax(torch.autograd.Function):
         (s,) = load_kept(ctx)
         double_backward("edge_softmax", s)  # raises unless s is the output itself: the ops below are then exact
         s = unstash(s).to(grad.dtype)
-        return _softmax_backward(ctx.st, s, grad, ctx.by), None, None, None
+        return softmax_backward(ctx.st, s, grad, ctx.by), None, None, None
 
 
 def _edge_config(cfg: CompressionConfig, heads: int) -> CompressionConfig:

@@ -24,7 +24,7 @@ import torch
 from .. import kernels
 from ..compression import draw_seed
 from ..compression_config import CompressionConfig, resolve_config
-from .dense import _BatchNorm
+from .dense import BatchNorm
 from .keep import stash
 from .double_backward import double_backward
 from .saved import load_kept, save_kept
@@ -58,10 +58,10 @@ class _BatchNormReLUDropout(torch.autograd.Function):
         if double_backward("batch_norm_relu_dropout", x_s):
             mask = kernels.get("unpack_mask", grad.device)(packed, grad.numel()).view(grad.shape)
             g = grad * (mask.to(grad.dtype) * ctx.scale)  # differentiable in grad (relu'' = 0)
-            return _BatchNorm._differentiable_backward(ctx, g, x_s, stat_a, stat_b, weight)[:3] + none
+            return BatchNorm.differentiable_backward(ctx, g, x_s, stat_a, stat_b, weight)[:3] + none
         # a new buffer (the incoming gradient is never written: rule 2); batch norm's backward may reuse it
         g = kernels.get("masked_scale", grad.device)(grad.contiguous(), packed, ctx.scale, 0.0)
-        return _BatchNorm.gradients(ctx, g, x_s, stat_a, stat_b, weight, grad_owned=True)[:3] + none
+        return BatchNorm.gradients(ctx, g, x_s, stat_a, stat_b, weight, grad_owned=True)[:3] + none
 
 
 def batch_norm_relu_dropout(x: torch.Tensor, running_mean: Optional[torch.Tensor],

@@ -42,10 +42,10 @@ from .._compat import autocast_dtype
 from .chunks import chunk_elements_for, chunk_rows, needs_chunks, row_chunks, weight_grad
 from .double_backward import refuse_double_backward
 from .saved import load_kept, save_kept
-from .graph import _check_nodes
+from .graph import check_nodes
 from .structure import structure_of
 
-__all__ = ["sage_mean"]
+__all__ = ["sage_mean", "SAGEMean"]
 
 #: columns per chunk of the backward's transposed aggregation (input features; output features where the
 #: layer projects first), when the layer is chunked at all
@@ -89,7 +89,10 @@ def aggregate_then_project(x: torch.Tensor, w_neigh: torch.Tensor, st, cfg: Comp
     return s.matmul(w_neigh.t()), kept_s
 
 
-class _SAGEMean(torch.autograd.Function):
+class SAGEMean(torch.autograd.Function):
+    """``apply(x, w_self, b_self, w_neigh, st, cfg)``: :func:`sage_mean`'s op on a structure ``st``,
+    ``x_dst W_self^T + b_self + mean_{u -> v}(x[u]) W_neigh^T``; keeps ``x`` compressed under ``cfg``."""
+
     @staticmethod
     def forward(ctx, x, w_self, b_self, w_neigh, st, cfg: CompressionConfig):
         # Under autocast the weights arrive cast (``cd``, e.g. bf16) and ``x`` as it was: the products run in
@@ -221,7 +224,7 @@ def sage_mean(g, x: torch.Tensor, w_self: torch.Tensor, b_self: Optional[torch.T
     ``w_self, w_neigh [D_out, D_in]``; the activations kept compressed under ``config``."""
     st = structure_of(g, x.device)
     if x.dim() >= 1:
-        _check_nodes(st, x)
+        check_nodes(st, x)
     if (not st.is_block and st.num_src != st.num_dst) or x.dim() != 2 or x.shape[0] != st.num_src:
         raise ValueError(f"sage_mean needs a homogeneous graph or a block and [N, D] features with one row per "
                          f"(source) node; got features {tuple(x.shape)} on a graph of {st.num_src} source / "
@@ -229,9 +232,9 @@ def sage_mean(g, x: torch.Tensor, w_self: torch.Tensor, b_self: Optional[torch.T
     cfg = resolve_config(config)
     dtype = autocast_dtype(x.device.type)
     if dtype is None:
-        return _SAGEMean.apply(x, w_self, b_self, w_neigh, st, cfg)
+        return SAGEMean.apply(x, w_self, b_self, w_neigh, st, cfg)
     # autocast: the weights cast as the composed linears cast them (their gradients flow back through the
     # casts); x stays as it is, kept as it is, and is cast inside (no cast copy kept)
     with torch.autocast(x.device.type, enabled=False):
-        return _SAGEMean.apply(x, w_self.to(dtype), None if b_self is None else b_self.to(dtype),
+        return SAGEMean.apply(x, w_self.to(dtype), None if b_self is None else b_self.to(dtype),
                                w_neigh.to(dtype), st, cfg)

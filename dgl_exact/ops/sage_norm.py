@@ -38,7 +38,7 @@ from .keep import alive_anyway, fresh_outputs, offer_compressed, stash, stash_ho
 from .chunks import rows_together
 from .double_backward import refuse_double_backward
 from .saved import load_kept, save_kept
-from .graph import _check_nodes
+from .graph import check_nodes
 from .sage import aggregate_then_project
 from .structure import structure_of
 
@@ -134,7 +134,7 @@ def sage_mean_bn_relu_dropout(g, x: torch.Tensor, w_self: torch.Tensor, b_self: 
     activations kept compressed under ``config`` (compression on). ``compress_for``: how the next op keeps
     the output, as for :func:`dgl_exact.ops.relu_dropout` (its compressed copy is offered)."""
     st = structure_of(g, x.device)
-    _check_nodes(st, x)
+    check_nodes(st, x)
     if (not st.is_block and st.num_src != st.num_dst) or x.dim() != 2 or x.shape[0] != st.num_src:
         raise ValueError(f"sage_mean_bn_relu_dropout needs a homogeneous graph or a block and [N, D] features "
                          f"with one row per (source) node; got features {tuple(x.shape)} on a graph of "

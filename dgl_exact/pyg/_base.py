@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from ..compression_config import CompressionConfig, ConfiguredModule
-from ..ops.graph import _CopyUMinMax, _CopyUReduce, _UMulESum
+from ..ops.graph import CopyUMinMax, CopyUReduce, UMulESum
 from ..ops.keep import fresh_outputs
 from ..ops.saved import needs_saving
 from .structure import EdgeStructure, edge_structure
@@ -108,7 +108,7 @@ def weighted_sum(st: EdgeStructure, x: Tensor, edge_weight: Optional[Tensor], cf
     if x.shape[0] != st.num_src:
         raise ValueError(f"features have {x.shape[0]} rows but the graph has {st.num_src} source nodes")
     if edge_weight is None:
-        return _CopyUReduce.apply(x, st, False)
+        return CopyUReduce.apply(x, st, False)
     if edge_weight.numel() != st.num_edges:
         raise ValueError(f"edge_weight has {edge_weight.numel()} values but the graph has {st.num_edges} edges")
     out_shape = tuple(x.shape[1:])
@@ -117,7 +117,7 @@ def weighted_sum(st: EdgeStructure, x: Tensor, edge_weight: Optional[Tensor], cf
     if not needs_saving(x, w):
         out = st.aggregate(x.reshape(x.shape[0], 1, dim), w.to(x.dtype))
         return out.view((st.num_dst,) + out_shape)
-    return _UMulESum.apply(x, w, st, out_shape, 1, dim, cfg)
+    return UMulESum.apply(x, w, st, out_shape, 1, dim, cfg)
 
 
 @fresh_outputs
@@ -132,7 +132,7 @@ def symmetric_norm_sum(st: EdgeStructure, x: Tensor, owned: bool = False) -> Ten
     d.masked_fill_(d == float("inf"), 0.0)
     d = d.view(-1, *([1] * (x.dim() - 1)))
     x = x.mul_(d) if owned else x * d
-    return _CopyUReduce.apply(x, st, False).mul_(d)
+    return CopyUReduce.apply(x, st, False).mul_(d)
 
 
 @fresh_outputs
@@ -141,7 +141,7 @@ def mean(st: EdgeStructure, x: Tensor) -> Tensor:
     aggregation counts it); keeps nothing."""
     if x.shape[0] != st.num_src:
         raise ValueError(f"features have {x.shape[0]} rows but the graph has {st.num_src} source nodes")
-    return _CopyUReduce.apply(x, st, True)
+    return CopyUReduce.apply(x, st, True)
 
 
 @fresh_outputs
@@ -149,7 +149,7 @@ def plain_sum(st: EdgeStructure, x: Tensor) -> Tensor:
     """``out[v] = sum_{(u, v)} x[u]``; keeps nothing."""
     if x.shape[0] != st.num_src:
         raise ValueError(f"features have {x.shape[0]} rows but the graph has {st.num_src} source nodes")
-    return _CopyUReduce.apply(x, st, False)
+    return CopyUReduce.apply(x, st, False)
 
 
 @fresh_outputs
@@ -158,4 +158,4 @@ def maximum(st: EdgeStructure, x: Tensor) -> Tensor:
     per element (the narrowest integer type that holds it), PyG the ``[E, *F]`` messages."""
     if x.shape[0] != st.num_src:
         raise ValueError(f"features have {x.shape[0]} rows but the graph has {st.num_src} source nodes")
-    return _CopyUMinMax.apply(x, st, "max")
+    return CopyUMinMax.apply(x, st, "max")

@@ -14,7 +14,7 @@ from .gat_conv import GATConv
 from .gcn2_conv import GCN2Conv
 from .gcn_conv import GCNConv
 from .linear import Linear
-from .sage_conv import _AGGREGATIONS, SAGEConv
+from .sage_conv import AGGREGATIONS, SAGEConv
 
 __all__ = ["CONVERSIONS", "refusal", "convert"]
 
@@ -34,8 +34,8 @@ def refusal(module: torch.nn.Module) -> Optional[str]:
     if module.decomposed_layers != 1:
         return "decomposed_layers > 1"
     if kind is pyg_nn.SAGEConv:
-        if not isinstance(module.aggr, str) or module.aggr not in _AGGREGATIONS:
-            return f"aggr {module.aggr!r} (supported: {', '.join(map(repr, _AGGREGATIONS))})"
+        if not isinstance(module.aggr, str) or module.aggr not in AGGREGATIONS:
+            return f"aggr {module.aggr!r} (supported: {', '.join(map(repr, AGGREGATIONS))})"
     elif module.aggr != "add":
         return f"aggr {module.aggr!r} (supported: 'add')"
     if kind is pyg_nn.GATConv and module.lin_edge is not None:

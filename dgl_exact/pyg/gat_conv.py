@@ -13,7 +13,7 @@ from .. import kernels
 from ..compression import draw_seed
 from ..compression_config import CompressionConfig
 from ..ops import linear
-from ..ops.gat import _attention, _chunk_budget, _GATAttention, _GATAttentionChunked
+from ..ops.gat import edge_attention, attention_chunk_budget, GATAttention, GATAttentionChunked
 from ..ops.saved import needs_saving
 from ._base import CompressedMixin, check_adjacency, is_sparse, materialize, sparse_edges, structure
 
@@ -40,8 +40,8 @@ def _without_dgl_kernels(function):
     return WithoutDGL
 
 
-_Attention = _without_dgl_kernels(_GATAttention)
-_AttentionChunked = _without_dgl_kernels(_GATAttentionChunked)
+_Attention = _without_dgl_kernels(GATAttention)
+_AttentionChunked = _without_dgl_kernels(GATAttentionChunked)
 
 
 class GATConv(CompressedMixin, pyg_nn.GATConv):
@@ -208,9 +208,9 @@ class GATConv(CompressedMixin, pyg_nn.GATConv):
             if not needs_saving(h_src, h_dst, att_src, att_dst):
                 el = (h_src * att_src).sum(dim=-1)
                 er = (h_dst * att_dst).sum(dim=-1)
-                _, _, a = _attention(st, el, er, slope, p, draw_seed() if p > 0 else 0, None)
+                _, _, a = edge_attention(st, el, er, slope, p, draw_seed() if p > 0 else 0, None)
                 return st.aggregate(h_src, a.to(h_src.dtype)), a
-        budget = _chunk_budget(st, p, h_src)
+        budget = attention_chunk_budget(st, p, h_src)
         if budget is not None:
             res = _AttentionChunked.apply(h_src, h_dst, att_src, att_dst, None, st, slope, cfg, budget, need_attention)
             return res if need_attention else (res, None)

@@ -12,14 +12,14 @@ from ..compression_config import CompressionConfig
 from ..ops import linear, relu
 from .._compat import autocast_dtype
 from ..ops.saved import needs_saving
-from ..ops.sage import _SAGEMean
+from ..ops.sage import SAGEMean
 from ._base import (CompressedMixin, check_adjacency, is_sparse, materialize, maximum, mean, plain_sum, sparse_edges,
                     structure)
 
-__all__ = ["SAGEConv"]
+__all__ = ["SAGEConv", "AGGREGATIONS"]
 
 #: PyG's aggregation names this module computes, and the aggregation op of each
-_AGGREGATIONS = {"mean": mean, "add": plain_sum, "sum": plain_sum, "max": maximum}
+AGGREGATIONS = {"mean": mean, "add": plain_sum, "sum": plain_sum, "max": maximum}
 
 
 class SAGEConv(CompressedMixin, pyg_nn.SAGEConv):
@@ -79,8 +79,8 @@ class SAGEConv(CompressedMixin, pyg_nn.SAGEConv):
     def __init__(self, in_channels: Union[int, Tuple[int, int]], out_channels: int, aggr: str = "mean",
                  normalize: bool = False, root_weight: bool = True, project: bool = False, bias: bool = True, *,
                  compression: Optional[CompressionConfig] = None, **kwargs):
-        if not isinstance(aggr, str) or aggr not in _AGGREGATIONS:
-            raise NotImplementedError(f"dgl_exact.pyg.SAGEConv supports aggr {', '.join(map(repr, _AGGREGATIONS))}, "
+        if not isinstance(aggr, str) or aggr not in AGGREGATIONS:
+            raise NotImplementedError(f"dgl_exact.pyg.SAGEConv supports aggr {', '.join(map(repr, AGGREGATIONS))}, "
                                       f"got {aggr!r}; use torch_geometric.nn.SAGEConv for it")
         super().__init__(in_channels, out_channels, aggr=aggr, normalize=normalize, root_weight=root_weight,
                          project=project, bias=bias, **kwargs)
@@ -113,9 +113,9 @@ class SAGEConv(CompressedMixin, pyg_nn.SAGEConv):
         if self.root_weight and x_dst is not None:
             materialize(self.lin_r, x_dst)
         if self._fused(cfg, x_src, x_dst, st):
-            out = _SAGEMean.apply(x_src, self.lin_r.weight, self.lin_l.bias, self.lin_l.weight, st, cfg)
+            out = SAGEMean.apply(x_src, self.lin_r.weight, self.lin_l.bias, self.lin_l.weight, st, cfg)
         else:
-            out = linear(_AGGREGATIONS[self.aggr](st, x_src), self.lin_l.weight, self.lin_l.bias, cfg)
+            out = linear(AGGREGATIONS[self.aggr](st, x_src), self.lin_l.weight, self.lin_l.bias, cfg)
             if self.root_weight and x_dst is not None:
                 out = out + linear(x_dst, self.lin_r.weight, None, cfg)
         if self.normalize:

@@ -35,44 +35,7 @@ LONG_FUNCTIONS: Dict[str, int] = {
     "dgl_exact/nn/conv/sageconv.py:SAGEConv.forward": 103,
 }
 #: ``module -> other.module._name``: a module that uses another module's underscore name
-PRIVATE_IMPORTS: Set[str] = {
-    "dgl_exact/cli/bench.py -> dgl_exact.cli._common._check_dataset",
-    "dgl_exact/cli/bench.py -> dgl_exact.cli._common._check_outputs",
-    "dgl_exact/cli/plan.py -> dgl_exact.cli._common._check_outputs",
-    "dgl_exact/cli/train.py -> dgl_exact.cli._common._check_dataset",
-    "dgl_exact/cli/train.py -> dgl_exact.cli._common._check_outputs",
-    "dgl_exact/cli/train.py -> dgl_exact.cli._common._int_choice",
-    "dgl_exact/kernels/_numba_gpu.py -> dgl_exact.kernels._numba_cpu._HALF",
-    "dgl_exact/kernels/_numba_gpu.py -> dgl_exact.kernels._numba_cpu._ONE",
-    "dgl_exact/kernels/_numba_gpu.py -> dgl_exact.kernels._numba_cpu._ZERO",
-    "dgl_exact/kernels/_numba_gpu.py -> dgl_exact.kernels._numba_cpu._code_levels",
-    "dgl_exact/kernels/_numba_gpu.py -> dgl_exact.kernels._numba_cpu._code_uniform",
-    "dgl_exact/kernels/_numba_gpu.py -> dgl_exact.kernels._numba_cpu._group_meta1",
-    "dgl_exact/kernels/_numba_gpu.py -> dgl_exact.kernels._numba_cpu._hash_u",
-    "dgl_exact/kernels/numba_kernels.py -> dgl_exact.kernels.reference._finite_max",
-    "dgl_exact/nn/_base.py -> dgl_exact.ops.graph._check_nodes",
-    "dgl_exact/ops/blocks.py -> dgl_exact.ops.elementwise._kernel_for",
-    "dgl_exact/ops/blocks.py -> dgl_exact.ops.elementwise._mask_like",
-    "dgl_exact/ops/dgl_ops.py -> dgl_exact.ops.graph._mul_layout",
-    "dgl_exact/ops/gat.py -> dgl_exact.ops.graph._check_nodes",
-    "dgl_exact/ops/gat.py -> dgl_exact.ops.graph._edge_softmax_ref",
-    "dgl_exact/ops/gat.py -> dgl_exact.ops.graph._softmax_backward",
-    "dgl_exact/ops/gat.py -> dgl_exact.ops.graph._spmm_ref",
-    "dgl_exact/ops/gcn2_recompute.py -> dgl_exact.ops.gcn2._layer_forward",
-    "dgl_exact/ops/gcn2_recompute.py -> dgl_exact.ops.gcn2._row_ranges",
-    "dgl_exact/ops/norm_act.py -> dgl_exact.ops.dense._BatchNorm",
-    "dgl_exact/ops/sage.py -> dgl_exact.ops.graph._check_nodes",
-    "dgl_exact/ops/sage_norm.py -> dgl_exact.ops.graph._check_nodes",
-    "dgl_exact/pyg/_base.py -> dgl_exact.ops.graph._CopyUMinMax",
-    "dgl_exact/pyg/_base.py -> dgl_exact.ops.graph._CopyUReduce",
-    "dgl_exact/pyg/_base.py -> dgl_exact.ops.graph._UMulESum",
-    "dgl_exact/pyg/conversions.py -> dgl_exact.pyg.sage_conv._AGGREGATIONS",
-    "dgl_exact/pyg/gat_conv.py -> dgl_exact.ops.gat._GATAttention",
-    "dgl_exact/pyg/gat_conv.py -> dgl_exact.ops.gat._GATAttentionChunked",
-    "dgl_exact/pyg/gat_conv.py -> dgl_exact.ops.gat._attention",
-    "dgl_exact/pyg/gat_conv.py -> dgl_exact.ops.gat._chunk_budget",
-    "dgl_exact/pyg/sage_conv.py -> dgl_exact.ops.sage._SAGEMean",
-}
+PRIVATE_IMPORTS: Set[str] = set()
 
 
 def _modules() -> Iterator[Tuple[str, pathlib.Path]]:

@@ -163,15 +163,15 @@ def test_double_backward_exact_and_refused_when_compressed():
 def test_attention_dropout_runs_over_all_edges():
     """Attention dropout draws its mask over all edges: chunking does not apply (the same result)."""
     g = _graph()
-    from dgl_exact.ops.gat import _chunk_budget
+    from dgl_exact.ops.gat import attention_chunk_budget
     from dgl_exact.ops.structure import structure_of
 
     st = structure_of(g, torch.device("cpu"))
     with edge_chunks(10):
-        assert _chunk_budget(st, 0.5) is None
-        assert _chunk_budget(st, 0.0) == 10
+        assert attention_chunk_budget(st, 0.5) is None
+        assert attention_chunk_budget(st, 0.0) == 10
     with edge_chunks(None):
-        assert edge_chunk_budget() is None and _chunk_budget(st, 0.0) is None
+        assert edge_chunk_budget() is None and attention_chunk_budget(st, 0.0) is None
     with pytest.raises(ValueError):
         with edge_chunks(0):
             pass

@@ -60,7 +60,7 @@ GRAPH_OPS = {
                     True),
 }
 # DGL right-aligns feature shapes: [E, 4] against [N, 3, 4] multiplies the last dim (the general path)
-# ... and [E, 4] (or [E, 1, 4]) against [N, 3, 4] is the heads-last layout: run heads first (ops.graph._mul_layout)
+# ... and [E, 4] (or [E, 1, 4]) against [N, 3, 4] is the heads-last layout: run heads first (ops.graph.mul_layout)
 SHAPES = {"2d": ((5,), (1,)), "3d-heads": ((3, 4), (3, 1)), "3d-w-last": ((3, 4), (4,)), "w-1d": ((5,), ()),
           "3d-heads-last": ((3, 4), (1, 4)), "4d-heads-last": ((2, 3, 4), (3, 4)), "4d-mixed": ((2, 3, 4), (2, 1, 4))}
 

@@ -47,8 +47,8 @@ def exact_kept():
 
 def _spy(monkeypatch):
     calls = []
-    real = sage._SAGEMean.apply
-    monkeypatch.setattr(sage._SAGEMean, "apply", lambda *a: calls.append(a) or real(*a))
+    real = sage.SAGEMean.apply
+    monkeypatch.setattr(sage.SAGEMean, "apply", lambda *a: calls.append(a) or real(*a))
     return calls
 
 

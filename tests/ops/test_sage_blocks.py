@@ -31,8 +31,8 @@ def _pair(d_in, d_out, bias=True):
 
 def _spy(monkeypatch):
     calls = []
-    real = sage._SAGEMean.apply
-    monkeypatch.setattr(sage._SAGEMean, "apply", lambda *a: calls.append(a) or real(*a))
+    real = sage.SAGEMean.apply
+    monkeypatch.setattr(sage.SAGEMean, "apply", lambda *a: calls.append(a) or real(*a))
     return calls
 
 
