@@ -227,16 +227,7 @@ def train(ctx, conf, debug_mem, test_speed, json_path, checkpoint, resume, resum
           quiet, nproc, dist_timeout, download, memory_budget, compile_mode, **params):
     """Train a model; with no options, a GCN with INT2 activations on the bundled Cora graph."""
     params["conf"] = conf
-    auto_batch = False
-    if params.get("batch_size") is not None:
-        text = str(params["batch_size"]).strip()
-        if text.lower() == "auto":
-            auto_batch, params["batch_size"] = True, None
-        else:
-            try:
-                params["batch_size"] = int(text)
-            except ValueError:
-                raise UserError(f"--batch-size must be a positive int (or 'auto'), got {text!r}") from None
+    auto_batch = _parse_batch_size(params)
     cfg = _config_from(ctx, params)
     if memory_budget is not None:
         memory_budget = parse_size(memory_budget, "--memory-budget")
@@ -249,50 +240,12 @@ def train(ctx, conf, debug_mem, test_speed, json_path, checkpoint, resume, resum
         prepare_cpu_peak()  # before the dataset and the plan grow the heap (see dgl_exact.memory)
     from ..data import DatasetNotFoundError
     from ..training import distributed
-    from ..training.config import COMPRESSION_OPTIONS
-    from ..training.trainer import Trainer
 
-    if resume and not checkpoint:
-        raise UserError("--resume needs --checkpoint PATH")
-    if resume_mismatch_ok and not resume:
-        raise UserError("--resume-mismatch-ok goes with --resume (it lets a resumed run differ from its checkpoint)")
-    if checkpoint_batches is not None and not 1 <= checkpoint_batches <= MAX_COUNT:
-        raise UserError(f"--checkpoint-batches must be in [1, {MAX_COUNT}], got {checkpoint_batches}")
-    if checkpoint_batches is not None and (not checkpoint or cfg.sampler == "full"):
-        raise UserError("--checkpoint-batches needs N >= 1, --checkpoint PATH and a mini-batch sampler "
-                        "(--sampler saint, cluster or neighbor)")
-    if test_speed is not None and not 1 <= test_speed <= MAX_COUNT:
-        raise UserError(f"--test-speed needs a number of epochs in [1, {MAX_COUNT}], got {test_speed}")
-    if nproc is not None and nproc < 1:
-        raise UserError(f"--nproc must be >= 1, got {nproc}")
-    if dist_timeout is not None and not 0 < dist_timeout <= MAX_SECONDS:
-        raise UserError(f"--dist-timeout must be a finite number of seconds > 0, at most {MAX_SECONDS:g} "
-                        f"(Python's longest timedelta), got {dist_timeout}")
-    check_outputs(files={"--json": json_path, "--checkpoint": checkpoint})
+    _check_run_options(cfg, checkpoint, resume, resume_mismatch_ok, checkpoint_batches, test_speed, nproc,
+                       dist_timeout)
     worker = distributed.in_distributed_env()
-    if not worker or (not distributed.is_launched_child() and _environment.read("RANK") == 0):
-        # one writer per output, for the whole run: the --nproc launcher (not its workers) or torchrun's rank 0
-        hold_outputs({"--checkpoint": checkpoint, "--json": json_path})
-    if download and worker and not distributed.is_launched_child():
-        raise UserError(f"--download under torchrun would download once per process; run `dgl-exact datasets "
-                        f"--download {cfg.dataset} --data-root {cfg.data_root}` first, then train without it")
-    dataset = _download_dataset(cfg, quiet) if download and not worker else None
-    check_dataset(cfg.dataset, cfg.data_root)
-    if memory_budget is not None and ((nproc or 1) > 1 or worker):
-        raise UserError("--memory-budget plans one-process training; leave out --nproc (with --nproc, pick the batch "
-                        "with `dgl-exact plan --sampler neighbor --batch-size auto --memory-budget SIZE` and pass "
-                        "--batch-size N)" if auto_batch else
-                        "--memory-budget plans one-process full-graph training; leave out --nproc")
-    if compile_mode is not None and (cfg.sampler != "full" or (nproc or 1) > 1 or worker or memory_budget is not None):
-        raise UserError("--compile is for one-process full-graph training (static shapes): use --sampler full and "
-                        "leave out --nproc and --memory-budget")
-    if checkpoint_batches is not None and ((nproc or 1) > 1 or worker):
-        raise UserError("--checkpoint-batches is for one-process training; with --nproc, checkpoints are saved "
-                        "after every epoch (leave it out)")
-    if ((nproc or 1) > 1 or worker) and cfg.sampler == "full":
-        raise UserError(distributed.FULL_GRAPH_ERROR)
-    if worker and (nproc or 1) > 1 and not distributed.is_launched_child():
-        raise UserError("--nproc starts the processes itself; under torchrun (WORLD_SIZE set) leave it out")
+    dataset = _claim_outputs_and_data(cfg, json_path, checkpoint, download, quiet, worker)
+    _check_process_options(cfg, worker, nproc, memory_budget, auto_batch, compile_mode, checkpoint_batches)
     # Ctrl-C and kill both stop at once, keeping the last finished epoch's checkpoint. SIGINT is installed
     # explicitly: a shell starting us in the background (``cmd &``) leaves it ignored.
     signal.signal(signal.SIGTERM, _raise_interrupt)
@@ -307,52 +260,10 @@ def train(ctx, conf, debug_mem, test_speed, json_path, checkpoint, resume, resum
         sys.exit(code)
     trainer = None
     try:
-        if worker:
-            trainer = distributed.DistributedTrainer(cfg, progress=False if quiet else None, log=click.echo,
-                                                     timeout=dist_timeout)
-        else:
-            trainer = Trainer(cfg, dataset=dataset, progress=False if quiet else None, log=click.echo)
-            trainer.compile_mode = compile_mode
-            trainer.checkpoint_batches = checkpoint_batches
-        trainer.memory_budget = memory_budget  # recorded in the checkpoint, checked by --resume
-        trainer.warn = lambda message: click.echo(f"warning: {message}", err=True)
-        if trainer.rank == 0:
-            click.echo(trainer.dataset_summary)
-            click.echo(f"model {cfg.model}, {cfg.layers} layers x {cfg.hidden}, sampler {cfg.sampler}, "
-                       f"activations {cfg.compression.describe()}, device {trainer.device}, "
-                       f"graph {trainer.structure_note}"
-                       + (f", {trainer.ctx.describe()}" if worker else ""))
-        budget_plan = None
-        if resume and memory_budget is not None and not resume_mismatch_ok:
-            # before the search or the plan (probe steps), what they do not decide: refused at once if it differs
-            trainer.check_resume(trainer.read_checkpoint(checkpoint), checkpoint,
-                                 skip=("batch_size",) if auto_batch else ("memory_plan", *COMPRESSION_OPTIONS))
-        if auto_batch:
-            trainer.cfg = _pick_batch(trainer, memory_budget)
-        elif memory_budget is not None:  # a per-tensor plan (dgl_exact.planning.budget); the step peak is measured
-            from ..planning.budget import budget_report, plan_for_training
-
-            budget_plan, debug_mem = plan_for_training(trainer, memory_budget, log=click.echo), True
-            trainer.memory_plan = budget_plan.choices()
-        # without a terminal to draw the bars on, one line per epoch (and per tenth of a long mini-batch epoch)
-        lines = progress_lines(click.echo) if not quiet and trainer.rank == 0 else contextlib.nullcontext()
-        with budget_plan.active() if budget_plan is not None else contextlib.nullcontext(), lines:
-            results = trainer.fit(checkpoint=checkpoint, resume=resume, debug_mem=debug_mem, test_speed=test_speed,
-                                  resume_mismatch_ok=resume_mismatch_ok)
-        if budget_plan is not None:
-            from ..memory import format_bytes
-
-            measured = [r.peak_bytes for r in results.runs if getattr(r, "peak_bytes", None) is not None]
-            click.echo(f"memory budget plan: predicted step peak {format_bytes(budget_plan.record.step_peak_bytes)}, "
-                       f"measured {format_bytes(max(measured)) if measured else 'n/a'}")
-            results.memory_budget = budget_report(budget_plan, max(measured) if measured else None)
-            over = results.memory_budget["over_budget_bytes"]
-            if over:
-                static = format_bytes(budget_plan.record.static_bytes)
-                total = format_bytes(results.memory_budget["measured_total_bytes"])
-                click.echo(f"memory budget exceeded: predicted static {static} + measured step peak "
-                           f"{format_bytes(max(measured))} = {total}, "
-                           f"{format_bytes(over)} over the budget of {format_bytes(budget_plan.budget)}")
+        trainer = _start_trainer(cfg, worker, dataset, quiet, dist_timeout, compile_mode, checkpoint_batches,
+                                 memory_budget)
+        results = _fit(trainer, checkpoint, resume, resume_mismatch_ok, debug_mem, test_speed, quiet, memory_budget,
+                       auto_batch)
     except KeyboardInterrupt:
         saved = checkpoint and ((resume and os.path.exists(checkpoint)) or getattr(trainer, "checkpoint_saved", False))
         last = "epoch or batch" if checkpoint_batches else "epoch"
@@ -380,6 +291,153 @@ def train(ctx, conf, debug_mem, test_speed, json_path, checkpoint, resume, resum
     finally:
         ctx.close()  # releases the outputs' locks: the worker exits without unwinding
         distributed.exit_worker(code)
+
+
+def _parse_batch_size(params) -> bool:
+    """``--batch-size`` as an int in ``params`` (None for ``auto``); whether it was ``auto``."""
+    if params.get("batch_size") is None:
+        return False
+    text = str(params["batch_size"]).strip()
+    if text.lower() == "auto":
+        params["batch_size"] = None
+        return True
+    try:
+        params["batch_size"] = int(text)
+    except ValueError:
+        raise UserError(f"--batch-size must be a positive int (or 'auto'), got {text!r}") from None
+    return False
+
+
+def _check_run_options(cfg, checkpoint, resume, resume_mismatch_ok, checkpoint_batches, test_speed, nproc,
+                       dist_timeout) -> None:
+    """The options' values and the options they need, refused in one line before anything is touched."""
+    if resume and not checkpoint:
+        raise UserError("--resume needs --checkpoint PATH")
+    if resume_mismatch_ok and not resume:
+        raise UserError("--resume-mismatch-ok goes with --resume (it lets a resumed run differ from its checkpoint)")
+    if checkpoint_batches is not None and not 1 <= checkpoint_batches <= MAX_COUNT:
+        raise UserError(f"--checkpoint-batches must be in [1, {MAX_COUNT}], got {checkpoint_batches}")
+    if checkpoint_batches is not None and (not checkpoint or cfg.sampler == "full"):
+        raise UserError("--checkpoint-batches needs N >= 1, --checkpoint PATH and a mini-batch sampler "
+                        "(--sampler saint, cluster or neighbor)")
+    if test_speed is not None and not 1 <= test_speed <= MAX_COUNT:
+        raise UserError(f"--test-speed needs a number of epochs in [1, {MAX_COUNT}], got {test_speed}")
+    if nproc is not None and nproc < 1:
+        raise UserError(f"--nproc must be >= 1, got {nproc}")
+    if dist_timeout is not None and not 0 < dist_timeout <= MAX_SECONDS:
+        raise UserError(f"--dist-timeout must be a finite number of seconds > 0, at most {MAX_SECONDS:g} "
+                        f"(Python's longest timedelta), got {dist_timeout}")
+
+
+def _claim_outputs_and_data(cfg, json_path, checkpoint, download, quiet: bool, worker: bool):
+    """Check and lock the output files, download the dataset where asked (returned; else None) and check that
+    it can be loaded, all before any training."""
+    from ..training import distributed
+
+    check_outputs(files={"--json": json_path, "--checkpoint": checkpoint})
+    if not worker or (not distributed.is_launched_child() and _environment.read("RANK") == 0):
+        # one writer per output, for the whole run: the --nproc launcher (not its workers) or torchrun's rank 0
+        hold_outputs({"--checkpoint": checkpoint, "--json": json_path})
+    if download and worker and not distributed.is_launched_child():
+        raise UserError(f"--download under torchrun would download once per process; run `dgl-exact datasets "
+                        f"--download {cfg.dataset} --data-root {cfg.data_root}` first, then train without it")
+    dataset = _download_dataset(cfg, quiet) if download and not worker else None
+    check_dataset(cfg.dataset, cfg.data_root)
+    return dataset
+
+
+def _check_process_options(cfg, worker: bool, nproc, memory_budget, auto_batch: bool, compile_mode,
+                           checkpoint_batches) -> None:
+    """The options that one-process training alone takes, and the ones torchrun and ``--nproc`` refuse."""
+    from ..training import distributed
+
+    several = (nproc or 1) > 1 or worker
+    if memory_budget is not None and several:
+        raise UserError("--memory-budget plans one-process training; leave out --nproc (with --nproc, pick the batch "
+                        "with `dgl-exact plan --sampler neighbor --batch-size auto --memory-budget SIZE` and pass "
+                        "--batch-size N)" if auto_batch else
+                        "--memory-budget plans one-process full-graph training; leave out --nproc")
+    if compile_mode is not None and (cfg.sampler != "full" or several or memory_budget is not None):
+        raise UserError("--compile is for one-process full-graph training (static shapes): use --sampler full and "
+                        "leave out --nproc and --memory-budget")
+    if checkpoint_batches is not None and several:
+        raise UserError("--checkpoint-batches is for one-process training; with --nproc, checkpoints are saved "
+                        "after every epoch (leave it out)")
+    if several and cfg.sampler == "full":
+        raise UserError(distributed.FULL_GRAPH_ERROR)
+    if worker and (nproc or 1) > 1 and not distributed.is_launched_child():
+        raise UserError("--nproc starts the processes itself; under torchrun (WORLD_SIZE set) leave it out")
+
+
+def _start_trainer(cfg, worker: bool, dataset, quiet: bool, dist_timeout, compile_mode, checkpoint_batches,
+                   memory_budget):
+    """The trainer of this process (one of ``--nproc``'s or torchrun's workers, or the only one), after
+    printing (rank 0) the dataset and the run's setting."""
+    from ..training import distributed
+    from ..training.trainer import Trainer
+
+    if worker:
+        trainer = distributed.DistributedTrainer(cfg, progress=False if quiet else None, log=click.echo,
+                                                 timeout=dist_timeout)
+    else:
+        trainer = Trainer(cfg, dataset=dataset, progress=False if quiet else None, log=click.echo)
+        trainer.compile_mode = compile_mode
+        trainer.checkpoint_batches = checkpoint_batches
+    trainer.memory_budget = memory_budget  # recorded in the checkpoint, checked by --resume
+    trainer.warn = lambda message: click.echo(f"warning: {message}", err=True)
+    if trainer.rank == 0:
+        click.echo(trainer.dataset_summary)
+        click.echo(f"model {cfg.model}, {cfg.layers} layers x {cfg.hidden}, sampler {cfg.sampler}, "
+                   f"activations {cfg.compression.describe()}, device {trainer.device}, "
+                   f"graph {trainer.structure_note}"
+                   + (f", {trainer.ctx.describe()}" if worker else ""))
+    return trainer
+
+
+def _fit(trainer, checkpoint, resume, resume_mismatch_ok, debug_mem, test_speed, quiet: bool, memory_budget,
+         auto_batch: bool):
+    """Train (the batch picked or the per-tensor plan made first under ``--memory-budget``); the results, with
+    the budget plan's report where there is one."""
+    from ..training.config import COMPRESSION_OPTIONS
+
+    budget_plan = None
+    if resume and memory_budget is not None and not resume_mismatch_ok:
+        # before the search or the plan (probe steps), what they do not decide: refused at once if it differs
+        trainer.check_resume(trainer.read_checkpoint(checkpoint), checkpoint,
+                             skip=("batch_size",) if auto_batch else ("memory_plan", *COMPRESSION_OPTIONS))
+    if auto_batch:
+        trainer.cfg = _pick_batch(trainer, memory_budget)
+    elif memory_budget is not None:  # a per-tensor plan (dgl_exact.planning.budget); the step peak is measured
+        from ..planning.budget import plan_for_training
+
+        budget_plan, debug_mem = plan_for_training(trainer, memory_budget, log=click.echo), True
+        trainer.memory_plan = budget_plan.choices()
+    # without a terminal to draw the bars on, one line per epoch (and per tenth of a long mini-batch epoch)
+    lines = progress_lines(click.echo) if not quiet and trainer.rank == 0 else contextlib.nullcontext()
+    with budget_plan.active() if budget_plan is not None else contextlib.nullcontext(), lines:
+        results = trainer.fit(checkpoint=checkpoint, resume=resume, debug_mem=debug_mem, test_speed=test_speed,
+                              resume_mismatch_ok=resume_mismatch_ok)
+    if budget_plan is not None:
+        _report_budget(budget_plan, results)
+    return results
+
+
+def _report_budget(budget_plan, results) -> None:
+    """``--memory-budget``: the plan's predicted step peak against the measured one, in ``results`` and printed."""
+    from ..memory import format_bytes
+    from ..planning.budget import budget_report
+
+    measured = [r.peak_bytes for r in results.runs if getattr(r, "peak_bytes", None) is not None]
+    click.echo(f"memory budget plan: predicted step peak {format_bytes(budget_plan.record.step_peak_bytes)}, "
+               f"measured {format_bytes(max(measured)) if measured else 'n/a'}")
+    results.memory_budget = budget_report(budget_plan, max(measured) if measured else None)
+    over = results.memory_budget["over_budget_bytes"]
+    if over:
+        static = format_bytes(budget_plan.record.static_bytes)
+        total = format_bytes(results.memory_budget["measured_total_bytes"])
+        click.echo(f"memory budget exceeded: predicted static {static} + measured step peak "
+                   f"{format_bytes(max(measured))} = {total}, "
+                   f"{format_bytes(over)} over the budget of {format_bytes(budget_plan.budget)}")
 
 
 # `train` options that only the --nproc launcher acts on (--download: it downloads before starting them).

@@ -232,8 +232,27 @@ def load_dataset(name: str, root: str | os.PathLike | None = None, *, seed: int 
       loads this way. Off by default: the graph then has DGL's int64 ids, which DGL code expects (its
       ``DataLoader`` wants seed ids of the graph's type, and DGL's examples pass ``torch.arange``).
     """
+    ds = _read(name, _root(root), seed, force_reload, download, quiet, kwargs)
+    if compact:
+        ds.graph = compact_graph(ds.graph)  # int32 ids when the counts allow: half the structure memory
+    if self_loop:
+        from .._compat import import_dgl
+
+        dgl = import_dgl()
+        ds.graph = dgl.add_self_loop(dgl.remove_self_loop(ds.graph))
+        ds.info["self_loop"] = True
+        ds.key += "-selfloop"
+    if standardize:
+        ds.graph.ndata["feat"] = standardize_features(ds.graph.ndata["feat"])
+        ds.info["standardized"] = True
+        ds.key += "-std"
+    return ds
+
+
+def _read(name: str, root: str, seed: int, force_reload: bool, download: bool, quiet: bool,
+          kwargs: dict) -> GraphDataset:
+    """Dataset ``name`` as its loader gives it (:func:`load_dataset`'s arguments; ``root`` resolved)."""
     key = _canonical(name)
-    root = _root(root)
     if key == "cora":
         from .cora import load_cora
 
@@ -267,19 +286,6 @@ def load_dataset(name: str, root: str | os.PathLike | None = None, *, seed: int 
             ds = _load_pyg(key, folder)    # nothing cached for PyG's layout
     else:  # pragma: no cover - DATASETS and the loaders are kept in sync
         raise ValueError(f"no loader for {name!r}")
-    if compact:
-        ds.graph = compact_graph(ds.graph)  # int32 ids when the counts allow: half the structure memory
-    if self_loop:
-        from .._compat import import_dgl
-
-        dgl = import_dgl()
-        ds.graph = dgl.add_self_loop(dgl.remove_self_loop(ds.graph))
-        ds.info["self_loop"] = True
-        ds.key += "-selfloop"
-    if standardize:
-        ds.graph.ndata["feat"] = standardize_features(ds.graph.ndata["feat"])
-        ds.info["standardized"] = True
-        ds.key += "-std"
     return ds
 
 

@@ -27,24 +27,16 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from .. import kernels
 from ..ops.chunks import chunk_elements_for
-from ..ops.structure import IndexStructure
+from ..ops.index_structure import IndexStructure
 
 __all__ = ["EdgeStructure", "edge_structure", "clear_cache", "cache_size"]
 
 
 class EdgeStructure(IndexStructure):
     """CSC/CSR index tensors of a graph given by its edges' endpoints (no DGL graph), on one device: an
-    :class:`~dgl_exact.ops.structure.IndexStructure` whose reference-kernel sums and dot products over several
-    heads run in pieces (never an ``[E, H, D]`` product at once).
-
-    Parameters
-    ----------
-    src, dst : torch.Tensor
-        ``[E]`` integer source and destination node of every edge, in edge-id order.
-    num_src, num_dst : int
-        Numbers of source and destination nodes (equal for a graph, different for a bipartite one).
-    device : torch.device
-        Where the index tensors live (the features' device).
+    :class:`~dgl_exact.ops.index_structure.IndexStructure` whose reference-kernel sums and dot products over several
+    heads run in pieces (never an ``[E, H, D]`` product at once). Built as an ``IndexStructure`` is (same
+    constructor and ``from_*`` class methods).
     """
 
     outside_hint = "pass as many feature rows as nodes (or `size`)"

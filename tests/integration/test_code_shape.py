@@ -23,13 +23,9 @@ MAX_FUNCTION_LINES = 80
 
 # --- allowlists (issue 44): entries may only be removed or lowered ------------------------------------------
 #: module -> its line count
-LONG_MODULES: Dict[str, int] = {
-    "dgl_exact/ops/structure.py": 641,
-}
+LONG_MODULES: Dict[str, int] = {}
 #: ``module:qualified.function`` -> its line count
 LONG_FUNCTIONS: Dict[str, int] = {
-    "dgl_exact/cli/train.py:train": 157,
-    "dgl_exact/data/registry.py:load_dataset": 84,
     "dgl_exact/nn/conv/gatconv.py:GATConv.forward": 82,
     "dgl_exact/nn/conv/graphconv.py:GraphConv.forward": 88,
     "dgl_exact/nn/conv/sageconv.py:SAGEConv.forward": 103,

@@ -47,7 +47,7 @@ CORE = textwrap.dedent("""
         importlib.import_module(name)
     import dgl_exact
     from dgl_exact import ops
-    from dgl_exact.ops.structure import IndexStructure
+    from dgl_exact.ops.index_structure import IndexStructure
 
     # a graph op on a structure built from edge_index, compressed, forward and backward
     src, dst = torch.tensor([0, 1, 2, 3, 0, 2]), torch.tensor([1, 2, 3, 0, 2, 1])

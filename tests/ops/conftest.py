@@ -10,7 +10,7 @@ from dgl_exact.data.compact import TRAINING_FORMATS, compact_graph
 
 @pytest.fixture(scope="module")
 def graphs():
-    import dgl  # here: the tests of structures built without DGL (test_structure_index.py) run where it is absent
+    import dgl  # here: the tests of structures built without DGL (test_index_structure.py) run where it is absent
 
     torch.manual_seed(3)
     g = dgl.add_self_loop(dgl.rand_graph(24, 70))

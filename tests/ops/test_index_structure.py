@@ -1,4 +1,4 @@
-"""Graph structures built from index tensors, without DGL (``IndexStructure`` of ops/structure.py): built from
+"""Graph structures built from index tensors, without DGL (``IndexStructure`` of ops/index_structure.py): built from
 edge endpoints, PyG's ``edge_index``, a CSC or a CSR (with or without edge ids), the graph ops take one in
 place of a DGL graph and give the dense adjacency's results and gradients. Runs without DGL installed (the
 CI's no-DGL job)."""
@@ -9,7 +9,8 @@ import torch
 
 import dgl_exact
 from dgl_exact import CompressionConfig, ops
-from dgl_exact.ops.structure import IndexStructure, structure_of
+from dgl_exact.ops.index_structure import IndexStructure
+from dgl_exact.ops.structure import structure_of
 
 N_SRC, N_DST = 9, 7
 OFF = CompressionConfig(enabled=False)
