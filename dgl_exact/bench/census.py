@@ -11,40 +11,25 @@ included). See :mod:`dgl_exact.memory.peak_census` for what the census can and c
 from __future__ import annotations
 
 import argparse
-import contextlib
-
-import torch
 
 from .. import memory
-from ..compression_config import config as compression_scope
 from ..planning.settings import Setting
+from .runner import Workload, training_step
 
 
 def model_census(work, model_name: str, setting: Setting, *, top: int = 20,
                  min_bytes: int = 256 * 1024) -> memory.CensusReport:
     """The census of ``model_name``'s training step on ``work`` (a :class:`~.runner.Workload`) under
-    ``setting``: a fresh model and Adam, one warm-up step, then the censused step."""
-    model = work.build(model_name, setting.impl, recompute=setting.recompute)
-    model.train()
-    opt = torch.optim.Adam(model.parameters(), lr=0.01)
-    forward = work.step_fn(model_name, model, setting.impl)
-
-    def step():
-        opt.zero_grad(set_to_none=True)
-        loss, logits = forward()
-        del logits
-        loss.backward()
-        opt.step()
-
-    scope = compression_scope(setting.compression) if setting.compression else contextlib.nullcontext()
+    ``setting``: a fresh model and Adam (:func:`~.runner.training_step`), one warm-up step, then the censused
+    step."""
+    _, one_step, scope = training_step(work, model_name, setting)
     with scope:
-        return memory.census(step, warmup=1, top=top, min_bytes=min_bytes, device=str(work.device))
+        return memory.census(one_step, warmup=1, top=top, min_bytes=min_bytes, device=str(work.device))
 
 
 def main(argv=None):
     from ..data import load_dataset
     from ..planning.settings import select
-    from .runner import Workload
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dataset", default="synthetic-arxiv")

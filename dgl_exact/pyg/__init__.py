@@ -6,6 +6,10 @@ backward are compressed under its ``compression`` (or the configuration in force
 aggregation kernels over the graph read from ``edge_index`` (:mod:`.structure`), without a DGL graph.
 A conv on which a PyG hook is registered (``register_propagate_forward_hook`` and the like) or ``explain`` is
 set runs PyG's own forward instead (uncompressed): those hooks see per-edge tensors the fused ops never form.
+
+Besides PyG's arguments, every drop-in takes ``compression``: this module's
+:class:`~dgl_exact.CompressionConfig` (default None: the configuration in force); the convs pass their other
+keyword arguments (``**kwargs``) to :class:`torch_geometric.nn.MessagePassing` (``flow``).
 """
 try:
     import torch_geometric  # noqa: F401

@@ -81,16 +81,16 @@ class GATConv(CompressedMixin, pyg_nn.GATConv):
         Replace the graph's self loops by one per node.
     bias, residual : bool
         As in PyG.
-    compression : CompressionConfig, optional
-        This module's compression; default: the configuration in force.
-    **kwargs
-        :class:`torch_geometric.nn.MessagePassing`'s arguments (``flow``).
+    compression, **kwargs
+        As every drop-in takes them (:mod:`dgl_exact.pyg`).
 
     Example
     -------
-    >>> import torch, dgl_exact.pyg
+    >>> import torch
+    >>> from dgl_exact.pyg import GATConv
+    >>> from dgl_exact import CompressionConfig
     >>> edge_index = torch.randint(0, 100, (2, 500))
-    >>> conv = dgl_exact.pyg.GATConv(16, 8, heads=3, compression=dgl_exact.CompressionConfig(bits=2))
+    >>> conv = GATConv(16, 8, heads=3, compression=CompressionConfig(bits=2))
     >>> conv(torch.randn(100, 16), edge_index).shape
     torch.Size([100, 24])
     """

@@ -47,16 +47,15 @@ class GCN2Conv(CompressedMixin, pyg_nn.GCN2Conv):
         One weight for both terms (else ``weight2`` for the initial residual).
     cached, add_self_loops, normalize : bool
         As in :class:`~dgl_exact.pyg.GCNConv`.
-    compression : CompressionConfig, optional
-        This module's compression; default: the configuration in force.
-    **kwargs
-        :class:`torch_geometric.nn.MessagePassing`'s arguments (``flow``).
+    compression, **kwargs
+        As every drop-in takes them (:mod:`dgl_exact.pyg`).
 
     Example
     -------
-    >>> import torch, dgl_exact.pyg
+    >>> import torch
+    >>> from dgl_exact.pyg import GCN2Conv
     >>> edge_index = torch.randint(0, 100, (2, 500))
-    >>> conv = dgl_exact.pyg.GCN2Conv(16, alpha=0.1, theta=0.5, layer=1)
+    >>> conv = GCN2Conv(16, alpha=0.1, theta=0.5, layer=1)
     >>> x0 = torch.randn(100, 16)
     >>> conv(x0, x0, edge_index).shape
     torch.Size([100, 16])

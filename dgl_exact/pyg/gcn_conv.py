@@ -51,16 +51,16 @@ class GCNConv(CompressedMixin, pyg_nn.GCNConv):
         Symmetric normalisation (with self loops) on the fly.
     bias : bool, default True
         Learnable bias.
-    compression : CompressionConfig, optional
-        This module's compression; default: the configuration in force.
-    **kwargs
-        :class:`torch_geometric.nn.MessagePassing`'s arguments (``flow``; ``aggr`` must stay ``'add'``).
+    compression, **kwargs
+        As every drop-in takes them (:mod:`dgl_exact.pyg`); ``aggr`` must stay ``'add'``.
 
     Example
     -------
-    >>> import torch, dgl_exact.pyg
+    >>> import torch
+    >>> from dgl_exact.pyg import GCNConv
+    >>> from dgl_exact import CompressionConfig
     >>> edge_index = torch.randint(0, 100, (2, 500))
-    >>> conv = dgl_exact.pyg.GCNConv(16, 8, compression=dgl_exact.CompressionConfig(bits=2))
+    >>> conv = GCNConv(16, 8, compression=CompressionConfig(bits=2))
     >>> conv(torch.randn(100, 16), edge_index).shape
     torch.Size([100, 8])
     """

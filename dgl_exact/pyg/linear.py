@@ -33,7 +33,7 @@ class Linear(CompressedMixin, pyg_nn.Linear):
     weight_initializer, bias_initializer : str, optional
         PyG's initialisers (``'glorot'``, ``'uniform'``, ``'kaiming_uniform'``, ``'zeros'``, None: torch's).
     compression : CompressionConfig, optional
-        This module's compression; default: the configuration in force.
+        As every drop-in takes it (:mod:`dgl_exact.pyg`).
 
     Example
     -------

@@ -57,16 +57,16 @@ class SAGEConv(CompressedMixin, pyg_nn.SAGEConv):
         Transform the source features by ``lin`` and a ReLU first.
     bias : bool, default True
         ``lin_l``'s bias.
-    compression : CompressionConfig, optional
-        This module's compression; default: the configuration in force.
-    **kwargs
-        :class:`torch_geometric.nn.MessagePassing`'s arguments (``flow``).
+    compression, **kwargs
+        As every drop-in takes them (:mod:`dgl_exact.pyg`).
 
     Example
     -------
-    >>> import torch, dgl_exact.pyg
+    >>> import torch
+    >>> from dgl_exact.pyg import SAGEConv
+    >>> from dgl_exact import CompressionConfig
     >>> edge_index = torch.randint(0, 100, (2, 500))
-    >>> conv = dgl_exact.pyg.SAGEConv(16, 8, compression=dgl_exact.CompressionConfig(bits=2))
+    >>> conv = SAGEConv(16, 8, compression=CompressionConfig(bits=2))
     >>> conv(torch.randn(100, 16), edge_index).shape
     torch.Size([100, 8])
     """
