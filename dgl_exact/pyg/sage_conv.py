@@ -62,13 +62,16 @@ class SAGEConv(CompressedMixin, pyg_nn.SAGEConv):
 
     Example
     -------
+    Max aggregation from 100 source nodes into 30 destination nodes (a bipartite graph):
+
     >>> import torch
     >>> from dgl_exact.pyg import SAGEConv
     >>> from dgl_exact import CompressionConfig
-    >>> edge_index = torch.randint(0, 100, (2, 500))
-    >>> conv = SAGEConv(16, 8, compression=CompressionConfig(bits=2))
-    >>> conv(torch.randn(100, 16), edge_index).shape
-    torch.Size([100, 8])
+    >>> x_src, x_dst = torch.randn(100, 16), torch.randn(30, 16)
+    >>> edge_index = torch.stack([torch.randint(0, 100, (500,)), torch.randint(0, 30, (500,))])
+    >>> conv = SAGEConv(16, 8, aggr="max", compression=CompressionConfig(bits=2))
+    >>> conv((x_src, x_dst), edge_index).shape
+    torch.Size([30, 8])
     """
 
     # PyG compiles each class's ``propagate`` from the types its source declares, reading sources cached by class
