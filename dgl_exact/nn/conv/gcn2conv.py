@@ -5,18 +5,14 @@ from typing import Optional
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from ..._compat import autocast_dtype, compiling, import_dgl
-from ...ops.keep import stash
-from ...ops.chunks import chunk_rows, weight_grad
 from ...ops.donation import Donated
-from ...ops.double_backward import refuse_double_backward
-from ...ops.saved import load_kept, needs_saving, save_kept
+from ...ops.saved import needs_saving
 from ... import ops
 from ...compression_config import CompressionConfig
 from ...ops import captured
-from ...ops.gcn2 import BatchNormArgs, GCN2Layer, GCN2Step, gcnii_layers
+from ...ops.gcn2 import BatchNormArgs, GCN2Layer, GCN2Step, gcn2_mix, gcnii_layers
 from ...ops.gcn2_recompute import StemArgs, gcnii_layers_recomputed
 from ..layers import BatchNorm1d, Linear
 from .. import paths as explain
@@ -116,9 +112,9 @@ class GCN2Conv(CompressedModuleMixin, dgl.nn.GCN2Conv):
         else:
             edge_weight = ops.normalize_edge_weight(graph, edge_weight, "both")
             h = into(ops.u_mul_e_sum(graph, feat, edge_weight, config=cfg), "mul", 1 - self.alpha)
-        if _MixGCN2.applies(self, h, feat_0, cfg):
-            return self._activate(_MixGCN2.apply(h, feat_0, self.weight1, self.bias if self._bias else None,
-                                                 float(self.alpha), float(self.beta), cfg), cfg)
+        if self._mix_applies(h, feat_0, cfg):
+            return self._activate(gcn2_mix(h, feat_0, self.weight1, self.bias if self._bias else None,
+                                           self.alpha, self.beta, cfg), cfg)
         # slice only when needed: the backward of a slice allocates a full-size zero-padded gradient
         feat_0 = feat_0 if feat_0.size(0) == h.size(0) else feat_0[: h.size(0)]
         feat_0 = feat_0 * self.alpha
@@ -144,64 +140,17 @@ class GCN2Conv(CompressedModuleMixin, dgl.nn.GCN2Conv):
             rst = into(rst, "add", self.bias)
         return self._activate(rst, cfg)
 
+    def _mix_applies(self, h, feat_0, cfg) -> bool:
+        return (self._project_initial_features and cfg.enabled and h._base is None and not compiling()
+                and feat_0.shape == h.shape and feat_0.dtype == h.dtype == self.weight1.dtype
+                and (not self._bias or self.bias.dtype == h.dtype)
+                and autocast_dtype(h.device.type) is None
+                and needs_saving(h, feat_0, self.weight1, self.bias if self._bias else None))
+
     def _activate(self, rst, cfg):
         if self._activation is not None:
             rst = compressed_activation(self._activation, cfg)(rst)
         return rst
-
-
-class _MixGCN2(torch.autograd.Function):
-    """GCNII's mix after the propagation, in one op over the propagation's own buffer ``h`` (already times
-    ``1 - alpha``): ``s = h + alpha h0``, ``out = (1 - beta) s + beta s W (+ b)``, the same operations in
-    the same order as the unfused chain (bit-identical forward), keeping only ``s`` compressed. Backward
-    holds two layer-sized buffers besides its input gradient (``gs = (1 - beta) g + beta g W^T``, then
-    ``alpha gs``) instead of autograd's five, and the weight gradient comes from ``s`` in row chunks.
-    Used only with compression on (compressed copies cannot do double backward anyway); otherwise the
-    module runs the unfused chain, exact to any order."""
-
-    @staticmethod
-    def applies(conv, h, feat_0, cfg) -> bool:
-        return (conv._project_initial_features and cfg.enabled and h._base is None and not compiling()
-                and feat_0.shape == h.shape and feat_0.dtype == h.dtype == conv.weight1.dtype
-                and (not conv._bias or conv.bias.dtype == h.dtype)
-                and autocast_dtype(h.device.type) is None
-                and needs_saving(h, feat_0, conv.weight1, conv.bias if conv._bias else None))
-
-    @staticmethod
-    def forward(ctx, h, feat_0, weight1, bias, alpha, beta, cfg):
-        # row chunks: every step is row-local, so only chunk-sized temporaries exist besides h itself
-        rows = chunk_rows(h.shape[0], h[0].numel(), h.device)
-        for r0 in range(0, h.shape[0], rows):
-            h[r0:r0 + rows].add_(feat_0[r0:r0 + rows] * alpha)  # s
-        kept = stash(h, cfg, force=True, overwritten=True) if ctx.needs_input_grad[2] else None
-        for r0 in range(0, h.shape[0], rows):
-            part = h[r0:r0 + rows]
-            proj = F.linear(part, weight1.t()).mul_(beta)
-            part.mul_(1 - beta).add_(proj)
-            if bias is not None:
-                part.add_(bias)
-        del proj
-        ctx.mark_dirty(h)
-        ctx.alpha, ctx.beta, ctx.has_bias = alpha, beta, bias is not None
-        save_kept(ctx, kept, weight1)
-        return h
-
-    @staticmethod
-    def backward(ctx, grad):
-        kept, weight1 = load_kept(ctx)
-        refuse_double_backward("GCN2Conv")  # only built with compression on
-        needs = ctx.needs_input_grad
-        gh = gf0 = gw = gb = None
-        if needs[0] or needs[1]:
-            gs = grad.matmul(weight1.t()).mul_(ctx.beta).add_(grad, alpha=1 - ctx.beta)
-            gf0 = gs * ctx.alpha if needs[1] else None
-            gh = gs if needs[0] else None
-            del gs
-        if needs[2]:
-            gw = weight_grad(grad, kept, kept_first=True).mul_(ctx.beta)
-        if ctx.has_bias and needs[3]:
-            gb = grad.sum(0)
-        return gh, gf0, gw, gb, None, None, None
 
 
 def gcnii_stack(graph, convs, norms, h0: torch.Tensor, dropout: float, input_dropout: float, head: nn.Module,

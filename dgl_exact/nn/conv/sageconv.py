@@ -11,8 +11,8 @@ from ..._compat import autocast_dtype, import_dgl
 from ... import ops
 from ..._compat import compiling
 from ...ops import captured
-from ...ops.keep import mark_fresh
 from ...ops.saved import needs_saving
+from ...ops.sage import divide_by_in_degrees
 from ...compression_config import CompressionConfig
 from .. import paths as explain
 from .._base import (CompressedModuleMixin, hooks_present, apply_dropout, apply_linear, compressed_activation, into,
@@ -28,33 +28,6 @@ def _warn_fallback_once(reason: str) -> None:
     if reason not in _fallback_warned:
         warnings.warn(f"dgl_exact.SAGEConv: {reason} runs uncompressed (DGL's implementation)", stacklevel=3)
         _fallback_warned.add(reason)
-
-
-@captured.capturable
-class _DivideByInDegrees(torch.autograd.Function):
-    """``x / max(in_degree, 1)`` per destination row, keeping nothing (the degrees come from the structure
-    again in backward; a plain division would keep the degree vector)."""
-
-    @staticmethod
-    def forward(ctx, x, st):
-        ctx.st = st
-        return x / _in_degrees(st, x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad / _in_degrees(ctx.st, grad), None  # differentiable in grad: double backward exact
-
-
-def _in_degrees(st, like):
-    return st.in_degrees().clamp(min=1).to(like.dtype).view(-1, *([1] * (like.dim() - 1)))
-
-
-def _divide_by_in_degrees(x, st):
-    """copy_u_mean's values as sum then division: in backward the division's output gradient dies before
-    the aggregation backward allocates (one layer-sized buffer fewer at the peak than copy_u_mean)."""
-    if needs_saving(x):
-        return ops.captured.apply("_DivideByInDegrees", x, st)
-    return mark_fresh(x / _in_degrees(st, x))  # fresh without autograd: fc_neigh compresses it
 
 
 class SAGEConv(CompressedModuleMixin, dgl.nn.SAGEConv):
@@ -244,7 +217,7 @@ class SAGEConv(CompressedModuleMixin, dgl.nn.SAGEConv):
             h = fc(self.fc_neigh, feat_src) if lin_before_mp else feat_src
             # the sum, then the division (copy_u_mean's values): in backward the division's output
             # gradient dies before the aggregation allocates, one layer-sized buffer fewer at the peak
-            h_neigh = _divide_by_in_degrees(aggregate_sum(h), st)
+            h_neigh = divide_by_in_degrees(aggregate_sum(h), st)
             del h
             if not lin_before_mp:
                 h_neigh = fc(self.fc_neigh, h_neigh)
