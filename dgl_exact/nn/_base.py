@@ -43,12 +43,23 @@ class Dropout(nn.Dropout):
 class CompressedModuleMixin(ConfiguredModule):
     """``compression``: a :class:`CompressionConfig` for this module, or None to follow the configuration
     in force (``dgl_exact.config(...)`` scopes, then ``dgl_exact.set_config``). Modules in ``eval()``
-    mode compress nothing."""
+    mode compress nothing.
+
+    Also what a model may ask any dgl_exact module (the protocol :mod:`dgl_exact.training.models` uses, with
+    defaults a module overrides where it has more to say): :meth:`input_compression`,
+    :meth:`forward_bn_relu_dropout`."""
 
     def input_compression(self, graph, feat) -> Optional[CompressionConfig]:
         """The configuration under which this module's forward on ``graph`` keeps ``feat`` itself (the very
         tensor) for backward, compressed; None where it does not, or not knowably. A producer of ``feat`` may then make
         the compressed copy in its own pass (``ops.relu_dropout(..., compress_for=...)``)."""
+        return None
+
+    def forward_bn_relu_dropout(self, graph, feat, bn: nn.Module, p: float, *,
+                                compress_for: Optional[CompressionConfig] = None) -> Optional[torch.Tensor]:
+        """``dropout(relu(bn(self(graph, feat))), p)`` as one fused op where this module has such a path and
+        it applies (:mod:`dgl_exact.nn.fastpaths`; ``compress_for``: how the next module keeps the output);
+        None, before anything is computed, where the caller must call the modules. The default: no fused form."""
         return None
 
 

@@ -1,9 +1,9 @@
 """Which path each module's call took: a fused fast path or the modules' own calls, and why.
 
-A fast path (GCNII's fused stack, SAGEConv's fused mean layer, a donated input released early, a linear
-written in place) is taken only where it computes what the modules compute (see
-:mod:`dgl_exact.ops.keep`). Where it is refused the step peak is higher; :func:`explain` says why, per
-module::
+A fast path (GCNII's fused stack, SAGEConv's fused mean layer, a donated input released early, ...) is
+taken only where it computes what the modules compute (see :mod:`dgl_exact.ops.keep`); every path and its
+conditions are declared in :mod:`dgl_exact.nn.fastpaths`, whose decisions leave the notes :func:`explain`
+prints. Where a path is refused the step peak is higher; :func:`explain` says why, per module::
 
     >>> print(dgl_exact.explain(model, g, x))     # doctest: +SKIP
     module        type       path                                   why not fused
@@ -35,20 +35,25 @@ from ..ops.routing import message_passing_active
 
 __all__ = ["Explanation", "Fp32Op", "explain", "record"]
 
-_recorder: "contextvars.ContextVar[Optional[Dict[int, Tuple[str, Optional[str]]]]]" = contextvars.ContextVar(
-    "dgl_exact_paths", default=None)
+_recorder: "contextvars.ContextVar[Optional[Dict[int, Tuple[Optional[str], str, Optional[str]]]]]" = \
+    contextvars.ContextVar("dgl_exact_paths", default=None)
 
 COMPOSED = "modules' own calls"
 
 
-def record(modules: Iterable[nn.Module], path: Optional[str], reason: Optional[str] = None) -> None:
+def record(modules: Iterable[nn.Module], path: Optional[str], reason: Optional[str] = None,
+           key: Optional[str] = None) -> None:
     """Note, while :func:`explain` runs, that ``modules`` took ``path`` (None: the modules' own calls,
-    because of ``reason``). The last note per module wins. No-op otherwise."""
+    because of ``reason``); ``key``: the fast path decided (:mod:`dgl_exact.nn.fastpaths`, whose decisions
+    are the only callers). The first note per module wins (the outermost decision: a fused stack or run is
+    decided before its modules run their own forwards), except that a later decision of the same path
+    replaces it. No-op otherwise."""
     seen = _recorder.get()
     if seen is None:
         return
     for m in modules:
-        seen[id(m)] = (path or COMPOSED, reason)
+        if id(m) not in seen or seen[id(m)][0] == key:
+            seen[id(m)] = (key, path or COMPOSED, reason)
 
 
 @contextlib.contextmanager
@@ -145,8 +150,8 @@ def explain(model: nn.Module, *inputs, **kwargs) -> Explanation:
         if entry is None:
             if not type(m).__module__.startswith("dgl_exact."):
                 continue
-            entry = (COMPOSED, "")
-        rows.append((name or "<root>", type(m).__name__, entry[0], entry[1] or ""))
+            entry = (None, COMPOSED, "")
+        rows.append((name or "<root>", type(m).__name__, entry[1], entry[2] or ""))
     return Explanation(rows, fp32)
 
 

@@ -11,30 +11,24 @@ A run is decided from the container's own children at every call (never from a u
 order an ``nn.Sequential`` calls its children in is known): a dgl_exact :class:`BatchNorm1d` directly followed
 by a dgl_exact :class:`ReLUDropout` (what ``compress_model`` makes of ``ReLU, Dropout``) or a dgl_exact
 :class:`ReLU`. It is fused only where that computes what the modules compute (:mod:`dgl_exact.ops.keep`, rule
-7): batch norm in training mode, grad enabled with something requiring grad, an fp32 ``[N, C]`` input of more
-than one row, a dropout probability below 1, no hook on either module nor a global one, not while compiling,
-capturing or under autocast. Everywhere else, and for every other child, the children are called one by one.
-:func:`dgl_exact.explain` says which path ran and why.
+7), as :data:`dgl_exact.nn.fastpaths.BN_RELU_DROPOUT` declares: batch norm in training mode, something
+requiring grad, an fp32 ``[N, C]`` input of more than one row, a dropout probability below 1, no hook on
+either module nor a global one, not while compiling or under autocast. Everywhere else, and for every other
+child, the children are called one by one. :func:`dgl_exact.explain` says which path ran and why.
 """
 from __future__ import annotations
 
-from typing import Optional
 
 import torch
 import torch.nn as nn
 
 from .. import ops
-from .._compat import autocast_dtype, compiling
-from ..compression_config import get_config
-from ..ops import captured
-from ..ops.saved import needs_saving
-from . import paths
-from ._base import hooks_present
+from .fastpaths import BN_RELU_DROPOUT
 from .layers import BatchNorm1d, ReLU, ReLUDropout
 
 __all__ = ["Sequential", "fusable_runs"]
 
-FUSED = "fused BatchNorm1d+ReLU+Dropout (one op, in place)"
+FUSED = BN_RELU_DROPOUT.name
 
 
 def _run_at(mods, i) -> bool:
@@ -50,32 +44,6 @@ def fusable_runs(seq: nn.Sequential) -> list:
     return [(names[i], names[i + 1]) for i in range(len(mods)) if _run_at(mods, i)]
 
 
-def _refusal(bn: BatchNorm1d, act: nn.Module, x) -> Optional[str]:
-    """Why the run ``bn, act`` on ``x`` must run as the modules' own calls (None: it may be fused)."""
-    if not isinstance(x, torch.Tensor):
-        return "the input is not a tensor"
-    if not bn.training:
-        return "batch norm in eval mode"
-    if hooks_present(bn, act):
-        return "a module has hooks (they see each module's own call)"
-    if compiling() or captured.active():
-        return "torch.compile: the modules' ops are captured one by one"
-    if x.dim() != 2 or x.dtype != torch.float32 or (bn.weight is not None and bn.weight.dtype != torch.float32):
-        return "not an fp32 [N, C] input"
-    if x.shape[0] < 2:
-        return "one row under batch norm"
-    if autocast_dtype(x.device.type) is not None:
-        return "autocast"
-    if not needs_saving(x, bn.weight, bn.bias):
-        return "no grad (nothing is kept)"
-    if type(act) is ReLUDropout and act.training and act.p >= 1.0:
-        return "dropout probability 1"
-    if type(act) is ReLUDropout and act.training and act.p > 0 and not get_config().enabled:
-        # the module draws torch's own mask then (ops.relu_dropout(like_torch=True)); the fused op cannot
-        return "compression off: dropout draws torch's masks (the modules' own calls)"
-    return None
-
-
 class Sequential(nn.Sequential):
     """:class:`torch.nn.Sequential` running each ``BatchNorm1d -> ReLU (+ Dropout)`` run of dgl_exact modules as
     one op where that computes what the modules compute (see the module doc); the same children, parameters
@@ -88,9 +56,7 @@ class Sequential(nn.Sequential):
         while i < len(mods):
             if _run_at(mods, i):
                 bn, act = mods[i], mods[i + 1]
-                why = _refusal(bn, act, input)
-                paths.record([bn, act], FUSED if why is None else None, why)
-                if why is None:
+                if BN_RELU_DROPOUT.runs(bn, act, input):
                     input = _fused(bn, act, input)
                     i += 2
                     continue

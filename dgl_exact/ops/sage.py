@@ -37,15 +37,16 @@ import torch
 
 from ..compression import CompressedTensor
 from ..compression_config import CompressionConfig, resolve_config
-from .keep import alive_anyway, fresh_outputs, stash
+from . import captured
+from .keep import alive_anyway, fresh_outputs, mark_fresh, stash
 from .._compat import autocast_dtype
 from .chunks import chunk_elements_for, chunk_rows, needs_chunks, row_chunks, weight_grad
 from .double_backward import refuse_double_backward
-from .saved import load_kept, save_kept
+from .saved import load_kept, needs_saving, save_kept
 from .graph import check_nodes
 from .structure import structure_of
 
-__all__ = ["sage_mean", "SAGEMean"]
+__all__ = ["DivideByInDegrees", "SAGEMean", "divide_by_in_degrees", "sage_mean"]
 
 #: columns per chunk of the backward's transposed aggregation (input features; output features where the
 #: layer projects first), when the layer is chunked at all
@@ -238,3 +239,32 @@ def sage_mean(g, x: torch.Tensor, w_self: torch.Tensor, b_self: Optional[torch.T
     with torch.autocast(x.device.type, enabled=False):
         return SAGEMean.apply(x, w_self.to(dtype), None if b_self is None else b_self.to(dtype),
                                w_neigh.to(dtype), st, cfg)
+
+
+@captured.capturable
+class DivideByInDegrees(torch.autograd.Function):
+    """``x / max(in_degree, 1)`` per destination row, keeping nothing (the degrees come from the structure
+    again in backward; a plain division would keep the degree vector)."""
+
+    @staticmethod
+    def forward(ctx, x, st):
+        ctx.st = st
+        return x / _in_degrees(st, x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad / _in_degrees(ctx.st, grad), None  # differentiable in grad: double backward exact
+
+
+def _in_degrees(st, like):
+    return st.in_degrees().clamp(min=1).to(like.dtype).view(-1, *([1] * (like.dim() - 1)))
+
+
+def divide_by_in_degrees(x: torch.Tensor, st) -> torch.Tensor:
+    """copy_u_mean's values as sum then division (SAGEConv's composed 'mean' aggregation): in backward the
+    division's output gradient dies before the aggregation backward allocates (one layer-sized buffer fewer
+    at the peak than copy_u_mean). Keeps nothing; where nothing needs saving the result is marked fresh
+    (the next linear may compress it in place)."""
+    if needs_saving(x):
+        return captured.apply("DivideByInDegrees", x, st)
+    return mark_fresh(x / _in_degrees(st, x))

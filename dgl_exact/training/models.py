@@ -5,7 +5,9 @@ Every hidden layer is ``conv -> BatchNorm (optional) -> ReLU -> Dropout``; dgl_e
 into one op keeping a single bit per element. A first GraphSAGE layer on input features (the largest hidden
 rows of a neighbour-sampled step) runs with its BatchNorm, ReLU and Dropout as one op where that computes
 what the modules compute (:meth:`dgl_exact.SAGEConv.forward_bn_relu_dropout`: one layer-sized buffer at the
-forward's and the backward's peak instead of two).
+forward's and the backward's peak instead of two). A model asks its convs through the methods every dgl_exact
+module has (:class:`dgl_exact.nn._base.CompressedModuleMixin`: ``forward_bn_relu_dropout``,
+``input_compression``); when a fast path runs is decided in :mod:`dgl_exact.nn.fastpaths`.
 
 ``dropout2`` (EXACT's ``--dropout2``, its ``QDropout2``) turns every dropout of a model into the original,
 non-inverted dropout: kept values are not scaled by ``1 / (1 - p)`` while training, and evaluation
@@ -29,7 +31,7 @@ from .. import ops
 from .._compat import import_dgl
 from ..compression import draw_seed
 from ..data.compact import keep_edges
-from ..nn._base import hooks_present
+from ..nn._base import CompressedModuleMixin, hooks_present
 from ..ops.donation import donate, reclaim
 from ..ops.recompute import recompute_segment
 from ..nn.conv.gcn2conv import gcnii_stack
@@ -176,8 +178,7 @@ class StackedGNN(nn.Module):
         """Whether the first conv may run with its batch norm, ReLU and dropout as one op (dgl_exact layers,
         a hidden first layer with batch norm, inverted dropout; the conv decides the rest)."""
         return (self._lib.impl == "exact" and not self._lib.dropout2 and self.norms is not None
-                and len(self.convs) > 1 and self.training
-                and hasattr(self.convs[0], "forward_bn_relu_dropout"))
+                and len(self.convs) > 1 and self.training and isinstance(self.convs[0], CompressedModuleMixin))
 
     def _drop_edges(self, graph, edge_weight):
         """The graph with a random ``1 - edge_drop`` of its edges (in their order) and their edge weights."""
@@ -195,7 +196,7 @@ class StackedGNN(nn.Module):
         output in the same pass; None where unknown."""
         nxt = self.convs[i + 1]
         return (nxt.input_compression(next_graph, h)
-                if next_graph is not None and hasattr(nxt, "input_compression") else None)
+                if next_graph is not None and isinstance(nxt, CompressedModuleMixin) else None)
 
     def _after_conv(self, i, h, next_graph=None):
         """What follows convolution ``i``: heads merged, BatchNorm, ReLU and dropout (hidden layers)."""

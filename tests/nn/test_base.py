@@ -201,7 +201,7 @@ def test_gcn2_fused_mix(n, bias, with_ew, dtype, monkeypatch):
     """The fused GCNII mix (compression on): forward bit-identical to the unfused chain (compression off),
     the gradients of h, h0 and the bias equal the unfused ones (no activation involved), and the weight
     gradient is beta * s_hat^T g from the kept copy."""
-    from dgl_exact.nn.conv import gcn2conv
+    from dgl_exact.ops import gcn2 as ops_gcn2
     from dgl_exact.ops import keep as keeping
 
     kept = []
@@ -222,7 +222,7 @@ def test_gcn2_fused_mix(n, bias, with_ew, dtype, monkeypatch):
     for cfg in (dgl_exact.CompressionConfig(bits=2), dgl_exact.CompressionConfig(enabled=False)):
         conv.compression = cfg
         calls = []
-        monkeypatch.setattr(gcn2conv._MixGCN2, "apply", _spy(gcn2conv._MixGCN2.apply, calls))
+        monkeypatch.setattr(ops_gcn2.MixGCN2, "apply", _spy(ops_gcn2.MixGCN2.apply, calls))
         out = conv(g, x * 1, x0 * 1, edge_weight=ew)
         assert bool(calls) == cfg.enabled  # fused with compression on only
         outs.append(out)

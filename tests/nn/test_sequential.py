@@ -77,7 +77,7 @@ def test_eval_mode_equals_torchs_modules():
     torch.testing.assert_close(fused(x), seq(x), rtol=0, atol=0)
     with torch.no_grad():
         torch.testing.assert_close(fused(x), seq(x), rtol=0, atol=0)
-    assert dgl_exact.explain(fused, x).reason("0") == "batch norm in eval mode"
+    assert dgl_exact.explain(fused, x).reason("0") == "eval mode"
 
 
 def test_state_dict_and_module_identity_unchanged():

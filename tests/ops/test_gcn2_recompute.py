@@ -3,6 +3,7 @@ compression). The forward equals the fused stack's bit for bit; with every bound
 recomputed activations equal the forward's bit for bit and the gradients equal the fused stack's; the
 recompute's compression noise is independent of the forward's; hooks, eval mode and no_grad run the plain
 paths and double backward raises; only the boundaries are kept."""
+import dataclasses
 import itertools
 
 import pytest
@@ -11,7 +12,7 @@ import torch.nn.functional as F
 
 import dgl_exact
 from dgl_exact.ops import gcn2, gcn2_recompute
-from dgl_exact.nn.conv import gcn2conv
+from dgl_exact.nn import fastpaths
 from dgl_exact.ops import keep as keeping
 from dgl_exact.ops import chunks as chunking
 from dgl_exact.training.models import GCNII
@@ -212,6 +213,13 @@ def test_hooks_eval_no_grad_take_the_plain_paths(monkeypatch):
         assert "recomputed in segments of 2" in str(dgl_exact.explain(m, g, x))
 
 
+def _refuse_stem(monkeypatch):
+    """The input layer is never folded in (one more condition on its fast path, always false)."""
+    stem = fastpaths.GCNII_STEM
+    refused = dataclasses.replace(stem, conditions=stem.conditions + ((lambda c: False, "refused for the test"),))
+    monkeypatch.setattr(fastpaths, "GCNII_STEM", refused)
+
+
 def test_retain_graph_gives_the_same_gradient_twice():
     g, x, y = _data()
     torch.manual_seed(0)
@@ -240,7 +248,7 @@ def test_input_layer_folded_in_forms_no_h0_gradient(monkeypatch):
     monkeypatch.setattr(gcn2_recompute, "layers_backward", spy)
     _, folded, _ = _step(2, dropout=0.3, batch_norm=True, exact=True)
     assert seen and set(seen) == {gcn2_recompute._StemGradient}
-    monkeypatch.setattr(gcn2conv, "_stem_refusal", lambda *a: "refused for the test")
+    _refuse_stem(monkeypatch)
     seen.clear()
     _, unfolded, m = _step(2, dropout=0.3, batch_norm=True, exact=True)
     assert torch.Tensor in seen
@@ -266,7 +274,7 @@ def test_folded_input_layer_with_zero_features_reads_the_forwards_dropout(monkey
 
     calls = _spy_apply(monkeypatch)
     folded, _ = step()
-    monkeypatch.setattr(gcn2conv, "_stem_refusal", lambda *a: "refused for the test")
+    _refuse_stem(monkeypatch)
     unfolded, m = step()
     assert [c.stem_dropout for c in calls] == [0.6, None]
     for (name, _), a, b in zip(m.named_parameters(), folded, unfolded):
@@ -282,7 +290,7 @@ def test_input_layer_wider_than_hidden_not_folded(monkeypatch):
     with dgl_exact.config(enabled=True, bits=2):
         F.cross_entropy(m(g, x), y).backward()
     assert len(calls) == 1 and calls[0].stem_dropout is None
-    assert "in_feats 6 > hidden 5" in gcn2conv._stem_refusal(m.lin_in, x, 0.3, 2, 5)
+    assert "in_feats > hidden" in fastpaths.GCNII_STEM.refusal(m.lin_in, x, 0.3, 2, 5)
 
 
 @pytest.mark.parametrize("why", ["x needs a gradient", "a hook on the input layer", "input layer in eval mode"])

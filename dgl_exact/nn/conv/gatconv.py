@@ -4,18 +4,15 @@ from __future__ import annotations
 import warnings
 from typing import Optional
 
-import torch
 import torch.nn as nn
 
 from ..._compat import import_dgl
 from ... import ops
 from ...compression_config import CompressionConfig
-from ..._compat import compiling
-from ...ops.keep import stash_hook_active
 from ...ops.donation import Donated, release
-from .. import paths as explain
-from .._base import (CompressedModuleMixin, apply_dropout, apply_linear, check_zero_in_degree,
-                     compressed_activation, hooks_present, into, plain_dropout_p, plain_linear)
+from .. import fastpaths
+from .._base import CompressedModuleMixin, apply_dropout, apply_linear, check_zero_in_degree, compressed_activation, \
+    into, plain_dropout_p
 
 dgl = import_dgl()
 
@@ -107,34 +104,10 @@ class GATConv(CompressedModuleMixin, dgl.nn.GATConv):
                 _fallback_warned = True
             return super().forward(graph, feat, edge_weight, get_attention)
         cfg = self._config()
-        heads, out = self._num_heads, self._out_feats
-
-        def fc(layer, x):
-            return apply_linear(layer, x, cfg)
-
-        if isinstance(feat, tuple):
-            src_prefix, dst_prefix = feat[0].shape[:-1], feat[1].shape[:-1]
-            h_src = apply_dropout(self.feat_drop, feat[0])
-            h_dst = apply_dropout(self.feat_drop, feat[1])
-            st = ops.structure_of(graph, h_src.device)
-            check_zero_in_degree(self, st)
-            src_layer = self.fc if not hasattr(self, "fc_src") else self.fc_src
-            dst_layer = self.fc if not hasattr(self, "fc_src") else self.fc_dst
-            feat_src = fc(src_layer, h_src).view(*src_prefix, heads, out)
-            feat_dst = fc(dst_layer, h_dst).view(*dst_prefix, heads, out)
-        else:
-            src_prefix = dst_prefix = feat.shape[:-1]
-            h_src = h_dst = apply_dropout(self.feat_drop, feat)
-            st = ops.structure_of(graph, h_src.device)
-            check_zero_in_degree(self, st)
-            feat_src = feat_dst = fc(self.fc, h_src).view(*src_prefix, heads, out)
-            if st.is_block:
-                n_dst = st.num_dst
-                feat_dst, h_dst = feat_src[:n_dst], h_dst[:n_dst]
-                dst_prefix = (n_dst,) + tuple(dst_prefix[1:])
+        feat_src, feat_dst, h_dst, dst_prefix = self._project(graph, feat, cfg)
         if self.res_fc is None:
-            del h_src, h_dst  # no local name keeps the (dropped-out) input past its product
-            if self._may_release(feat, cfg):
+            del h_dst  # no local name keeps the (dropped-out) input past its product
+            if type(feat) is Donated and fastpaths.GAT_DONATED_INPUT.runs(self, feat, cfg):
                 release(feat)  # donated: its memory goes before the attention op allocates (rule 5)
         rst, attention = ops.gat_attention(graph, feat_src, feat_dst, self.attn_l, self.attn_r,
                                            negative_slope=self.leaky_relu.negative_slope, attn_drop=attn_p,
@@ -144,31 +117,37 @@ class GATConv(CompressedModuleMixin, dgl.nn.GATConv):
         # bias and the activation; the residual and the bias are added into the op's own output
         del feat_src, feat_dst
         if self.res_fc is not None:
-            rst = into(rst, "add", fc(self.res_fc, h_dst).view(*dst_prefix, -1, out))
+            rst = into(rst, "add", apply_linear(self.res_fc, h_dst, cfg).view(*dst_prefix, -1, self._out_feats))
         if self.has_explicit_bias:
-            rst = into(rst, "add", self.bias.view(*((1,) * len(dst_prefix)), heads, out))
+            rst = into(rst, "add", self.bias.view(*((1,) * len(dst_prefix)), self._num_heads, self._out_feats))
         if self.activation:
             rst = compressed_activation(self.activation, cfg)(rst)
         if get_attention:
             return rst, attention
         return rst
 
-    def _may_release(self, feat, cfg) -> bool:
-        """Whether a donated ``feat`` may be released once projected (rule 5 of :mod:`dgl_exact.ops.keep`):
-        ``fc`` is a plain linear that kept its input compressed (compression on, no planner hook choosing
-        otherwise), nothing else reads ``feat`` later (no residual; feature dropout keeps nothing), training
-        with grad, no hooks, not compiled."""
-        if type(feat) is not Donated:
-            return False
-        reason = None
-        if not (self.training and torch.is_grad_enabled()) or compiling():
-            reason = "not a training forward with grad"
-        elif hooks_present(self):
-            reason = "the module has hooks"
-        elif self.res_fc is not None or not plain_linear(self.fc, cfg) or plain_dropout_p(self.feat_drop) is None:
-            reason = "a residual, or fc / feat_drop replaced by other modules"
-        elif not cfg.enabled or stash_hook_active() or feat._base is not None:
-            reason = "the input may be kept by reference (compression off, a planner hook, or a view)"
-        explain.record([self], "donated input released once projected" if reason is None else None,
-                       reason and f"donated input kept: {reason}")
-        return reason is None
+    def _project(self, graph, feat, cfg):
+        """``(feat_src, feat_dst, h_dst, dst_prefix)``: the projected features ``[*, heads, out]`` of the
+        sources and destinations, the destinations' (dropped-out) input features and their leading shape."""
+        heads, out = self._num_heads, self._out_feats
+        if isinstance(feat, tuple):
+            src_prefix, dst_prefix = feat[0].shape[:-1], feat[1].shape[:-1]
+            h_src = apply_dropout(self.feat_drop, feat[0])
+            h_dst = apply_dropout(self.feat_drop, feat[1])
+            check_zero_in_degree(self, ops.structure_of(graph, h_src.device))
+            src_layer = self.fc if not hasattr(self, "fc_src") else self.fc_src
+            dst_layer = self.fc if not hasattr(self, "fc_src") else self.fc_dst
+            feat_src = apply_linear(src_layer, h_src, cfg).view(*src_prefix, heads, out)
+            del h_src
+            return feat_src, apply_linear(dst_layer, h_dst, cfg).view(*dst_prefix, heads, out), h_dst, dst_prefix
+        src_prefix = dst_prefix = feat.shape[:-1]
+        h_src = h_dst = apply_dropout(self.feat_drop, feat)
+        st = ops.structure_of(graph, h_src.device)
+        check_zero_in_degree(self, st)
+        feat_src = feat_dst = apply_linear(self.fc, h_src, cfg).view(*src_prefix, heads, out)
+        del h_src
+        if st.is_block:
+            n_dst = st.num_dst
+            feat_dst, h_dst = feat_src[:n_dst], h_dst[:n_dst]
+            dst_prefix = (n_dst,) + tuple(dst_prefix[1:])
+        return feat_src, feat_dst, h_dst, dst_prefix

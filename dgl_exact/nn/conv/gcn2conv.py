@@ -5,23 +5,15 @@ from typing import Optional
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
-from ..._compat import autocast_dtype, compiling, import_dgl
-from ...ops.keep import stash
-from ...ops.chunks import chunk_rows, weight_grad
-from ...ops.donation import Donated
-from ...ops.double_backward import refuse_double_backward
-from ...ops.saved import load_kept, needs_saving, save_kept
+from ..._compat import import_dgl
 from ... import ops
 from ...compression_config import CompressionConfig
-from ...ops import captured
-from ...ops.gcn2 import BatchNormArgs, GCN2Layer, GCN2Step, gcnii_layers
+from ...ops.gcn2 import BatchNormArgs, GCN2Layer, GCN2Step, gcn2_mix, gcnii_layers
 from ...ops.gcn2_recompute import StemArgs, gcnii_layers_recomputed
-from ..layers import BatchNorm1d, Linear
-from .. import paths as explain
+from .. import fastpaths
 from .._base import (CompressedModuleMixin, check_feature_rows, check_zero_in_degree, compressed_activation,
-                     hooks_present, into, kept_by_reference)
+                     into, kept_by_reference)
 
 dgl = import_dgl()
 
@@ -116,9 +108,9 @@ class GCN2Conv(CompressedModuleMixin, dgl.nn.GCN2Conv):
         else:
             edge_weight = ops.normalize_edge_weight(graph, edge_weight, "both")
             h = into(ops.u_mul_e_sum(graph, feat, edge_weight, config=cfg), "mul", 1 - self.alpha)
-        if _MixGCN2.applies(self, h, feat_0, cfg):
-            return self._activate(_MixGCN2.apply(h, feat_0, self.weight1, self.bias if self._bias else None,
-                                                 float(self.alpha), float(self.beta), cfg), cfg)
+        if fastpaths.GCN2_MIX.runs(self, h, feat_0, cfg):
+            return self._activate(gcn2_mix(h, feat_0, self.weight1, self.bias if self._bias else None,
+                                           self.alpha, self.beta, cfg), cfg)
         # slice only when needed: the backward of a slice allocates a full-size zero-padded gradient
         feat_0 = feat_0 if feat_0.size(0) == h.size(0) else feat_0[: h.size(0)]
         feat_0 = feat_0 * self.alpha
@@ -150,60 +142,6 @@ class GCN2Conv(CompressedModuleMixin, dgl.nn.GCN2Conv):
         return rst
 
 
-class _MixGCN2(torch.autograd.Function):
-    """GCNII's mix after the propagation, in one op over the propagation's own buffer ``h`` (already times
-    ``1 - alpha``): ``s = h + alpha h0``, ``out = (1 - beta) s + beta s W (+ b)``, the same operations in
-    the same order as the unfused chain (bit-identical forward), keeping only ``s`` compressed. Backward
-    holds two layer-sized buffers besides its input gradient (``gs = (1 - beta) g + beta g W^T``, then
-    ``alpha gs``) instead of autograd's five, and the weight gradient comes from ``s`` in row chunks.
-    Used only with compression on (compressed copies cannot do double backward anyway); otherwise the
-    module runs the unfused chain, exact to any order."""
-
-    @staticmethod
-    def applies(conv, h, feat_0, cfg) -> bool:
-        return (conv._project_initial_features and cfg.enabled and h._base is None and not compiling()
-                and feat_0.shape == h.shape and feat_0.dtype == h.dtype == conv.weight1.dtype
-                and (not conv._bias or conv.bias.dtype == h.dtype)
-                and autocast_dtype(h.device.type) is None
-                and needs_saving(h, feat_0, conv.weight1, conv.bias if conv._bias else None))
-
-    @staticmethod
-    def forward(ctx, h, feat_0, weight1, bias, alpha, beta, cfg):
-        # row chunks: every step is row-local, so only chunk-sized temporaries exist besides h itself
-        rows = chunk_rows(h.shape[0], h[0].numel(), h.device)
-        for r0 in range(0, h.shape[0], rows):
-            h[r0:r0 + rows].add_(feat_0[r0:r0 + rows] * alpha)  # s
-        kept = stash(h, cfg, force=True, overwritten=True) if ctx.needs_input_grad[2] else None
-        for r0 in range(0, h.shape[0], rows):
-            part = h[r0:r0 + rows]
-            proj = F.linear(part, weight1.t()).mul_(beta)
-            part.mul_(1 - beta).add_(proj)
-            if bias is not None:
-                part.add_(bias)
-        del proj
-        ctx.mark_dirty(h)
-        ctx.alpha, ctx.beta, ctx.has_bias = alpha, beta, bias is not None
-        save_kept(ctx, kept, weight1)
-        return h
-
-    @staticmethod
-    def backward(ctx, grad):
-        kept, weight1 = load_kept(ctx)
-        refuse_double_backward("GCN2Conv")  # only built with compression on
-        needs = ctx.needs_input_grad
-        gh = gf0 = gw = gb = None
-        if needs[0] or needs[1]:
-            gs = grad.matmul(weight1.t()).mul_(ctx.beta).add_(grad, alpha=1 - ctx.beta)
-            gf0 = gs * ctx.alpha if needs[1] else None
-            gh = gs if needs[0] else None
-            del gs
-        if needs[2]:
-            gw = weight_grad(grad, kept, kept_first=True).mul_(ctx.beta)
-        if ctx.has_bias and needs[3]:
-            gb = grad.sum(0)
-        return gh, gf0, gw, gb, None, None, None
-
-
 def gcnii_stack(graph, convs, norms, h0: torch.Tensor, dropout: float, input_dropout: float, head: nn.Module,
                 recompute: int = 0, stem: Optional[nn.Module] = None, stem_dropout: float = 0.0):
     """GCNII's hidden layers ``h_l = dropout(relu(BN_l(conv_l(h_{l-1}, h0))))``, ``h_0' = dropout(h0,
@@ -218,8 +156,9 @@ def gcnii_stack(graph, convs, norms, h0: torch.Tensor, dropout: float, input_dro
     own ``GCN2Conv.forward`` (no subclass overriding it) with ``project_initial_features`` and no
     activation, dgl_exact ``BatchNorm1d`` norms and ``Linear`` head; no forward, forward-pre, backward or
     backward-pre hook on any of them, nor a global one; more than one row under batch norm; a homogeneous
-    whole graph; fp32/fp64 and one dtype throughout. :func:`dgl_exact.explain` says which condition
-    failed.
+    whole graph; fp32/fp64 and one dtype throughout (:data:`dgl_exact.nn.fastpaths.GCNII_STACK`, and
+    :data:`~dgl_exact.nn.fastpaths.GCNII_STEM` for the input layer). :func:`dgl_exact.explain` says which
+    condition failed.
 
     ``recompute``: segments of that many layers (0: off) keep only their input and are re-run in the
     backward (:func:`dgl_exact.ops.gcn2_recompute.gcnii_layers_recomputed`), under the same conditions.
@@ -234,15 +173,12 @@ def gcnii_stack(graph, convs, norms, h0: torch.Tensor, dropout: float, input_dro
     where the stack runs without recompute, its memory is released once the last hidden layer has read it,
     so the output layer runs beside one layer-sized buffer, not two. Where the stack returns None it did not
     take ``h0``: the caller takes it back with :func:`dgl_exact.ops.donation.reclaim` before using it."""
-    reason = _gcnii_stack_refusal(graph, convs, norms, h0, dropout, input_dropout, head, stem)
-    if reason is None and stem is not None:
-        reason = _stem_refusal(stem, h0, stem_dropout, recompute, convs[0].weight1.shape[0])
-    mods = list(convs) + (list(norms) if norms is not None else []) + [head] + ([stem] if stem is not None else [])
-    name = (f"fused GCNII stack recomputed in segments of {recompute} (ops.gcn2_recompute)" if recompute
-            else "fused GCNII stack (ops.gcn2.gcnii_layers)")
-    explain.record(mods, name if reason is None else None, reason)
-    if reason is not None:
+    call = fastpaths.GCNII_STACK.decide(graph, convs, norms, h0, dropout, input_dropout, head, stem, recompute)
+    if call is None or (stem is not None and not fastpaths.GCNII_STEM.runs(stem, h0, stem_dropout, recompute,
+                                                                             convs[0].weight1.shape[0])):
         return None
+    release_h0 = call.release_h0   # a donated h0 goes once the last layer has read it (rule 5)
+    del call                        # (its facts refer to h0 and the modules: nothing held past the decision)
     st = ops.structure_of(graph, h0.device)
     check_feature_rows(st, h0)
     for conv in convs:
@@ -260,79 +196,4 @@ def gcnii_stack(graph, convs, norms, h0: torch.Tensor, dropout: float, input_dro
         stem_args = None if stem is None else StemArgs(stem.weight, stem.bias, float(stem_dropout), stem._config())
         return gcnii_layers_recomputed(st, h0, layers, head.weight, head.bias, head._config(), recompute,
                                        stem=stem_args)
-    # a donated h0 (rule 5) goes once the last layer has read it: its gradient needs no value, nothing the
-    # stack keeps refers to it, and a view would free nothing
-    release_h0 = type(h0) is Donated and h0._base is None
-    if release_h0:
-        explain.record(mods, name + ", donated h0 released after the last layer")
     return gcnii_layers(st, h0, layers, head.weight, head.bias, head._config(), release_h0=release_h0)
-
-
-def _stem_refusal(stem, x, p: float, recompute: int, hidden: int) -> Optional[str]:
-    """Why :func:`gcnii_stack` cannot fold the input layer ``stem`` in (None: it can)."""
-    if not recompute:
-        return "an input layer is folded in only with recompute"
-    if type(stem) is not Linear:
-        return "the input layer is not a dgl_exact Linear"
-    if hooks_present(stem):
-        return "a module has hooks (they must see the modules' own calls)"
-    if not stem.training:
-        return "eval mode"
-    if not stem._config().enabled:
-        return "compression off (exactly kept tensors: the modules keep double backward exact)"
-    if x.requires_grad:
-        return "the input layer's input needs a gradient"
-    if not 0.0 <= p < 1.0:
-        return "dropout outside [0, 1)"
-    if x.dim() != 2 or x.shape[1] != stem.in_features or stem.out_features != hidden:
-        return "the input layer's shapes do not match"
-    if x.dtype != stem.weight.dtype:
-        return "mixed dtypes"
-    if stem.in_features > hidden:   # folded, every layer's backward pays an [in, N] x [N, hidden] product
-        return (f"in_feats {stem.in_features} > hidden {hidden}: folding the input layer in would cost every "
-                f"layer's backward more than the layer (h0's gradient is kept instead)")
-    return None
-
-
-def _gcnii_stack_refusal(graph, convs, norms, h0, dropout, input_dropout, head, stem=None) -> Optional[str]:
-    """Why :func:`gcnii_stack` cannot replace the modules here (None: it can)."""
-    if not convs:
-        return "no layers"
-    if not all(isinstance(c, GCN2Conv) for c in convs):
-        return "a layer is not a dgl_exact GCN2Conv"
-    if any(type(c).forward is not GCN2Conv.forward for c in convs):
-        return "a GCN2Conv subclass overrides forward"
-    if not all(c._project_initial_features and c._activation is None for c in convs):
-        return "a layer has separate initial-feature weights or an activation"
-    if norms is not None and (len(norms) != len(convs) or not all(type(m) is BatchNorm1d for m in norms)):
-        return "a norm is not a dgl_exact BatchNorm1d"
-    if type(head) is not Linear:
-        return "the output layer is not a dgl_exact Linear"
-    mods = list(convs) + (list(norms) if norms is not None else []) + [head]
-    if hooks_present(*mods):
-        return "a module has hooks (they must see the modules' own calls)"
-    if not all(m.training for m in mods):
-        return "eval mode"
-    if not torch.is_grad_enabled():
-        return "grad disabled"
-    if compiling() or captured.active():
-        return "torch.compile"
-    if autocast_dtype(h0.device.type) is not None:
-        return "autocast"
-    if not 0.0 <= dropout < 1.0 or not 0.0 <= input_dropout < 1.0:
-        return "dropout outside [0, 1)"
-    if not all(m._config().enabled for m in list(convs) + [head]):
-        return "compression off (exactly kept tensors: the modules keep double backward exact)"
-    if h0.dim() != 2 or not h0.is_contiguous() or h0.dtype not in (torch.float32, torch.float64):
-        return "h0 is not a contiguous fp32/fp64 [N, D] tensor"
-    if norms is not None and h0.shape[0] < 2:
-        return "batch norm over one row (the modules raise)"
-    params = [p for m in mods + ([stem] if stem is not None else []) for p in m.parameters()]
-    if not all(p.dtype == h0.dtype for p in params):
-        return "mixed dtypes"
-    if not needs_saving(h0, *params):
-        return "nothing needs a gradient"
-    st = ops.structure_of(graph, h0.device)
-    if not isinstance(st, ops.GraphStructure) or st.is_block or st.num_src != st.num_dst:
-        return "not a homogeneous whole graph"
-    return None

@@ -96,30 +96,9 @@ class GraphConv(CompressedModuleMixin, dgl.nn.GraphConv):
         check_feature_rows(st, feat_src)
         check_zero_in_degree(self, st)
         cfg = self._config()
-        if weight is not None:
-            if self.weight is not None:
-                raise dgl.DGLError("External weight is provided while at the same time the module has defined "
-                                   "its own weight parameter. Please create the module with flag weight=False.")
-        else:
-            weight = self.weight
+        weight = self._weight_for(weight)
 
-        def aggregate(h, src_norm=None):
-            if edge_weight is None and src_norm is None:
-                return ops.copy_u_sum(graph, h)
-            if edge_weight is None and isinstance(st, ops.GraphStructure):  # (not a captured handle)
-                # the source normalisation as an edge value (cached per graph): the same products as
-                # aggregating ``h * norm``, without that layer-sized copy of the input
-                return ops.src_norm_sum(graph, h, "sqrt" if self._norm == "both" else "inv", "out")
-            if edge_weight is None:
-                return ops.copy_u_sum(graph, h * src_norm)
-            return ops.u_mul_e_sum(graph, h * src_norm if src_norm is not None else h, edge_weight, config=cfg)
-
-        def node_norm(degs, like):
-            degs = degs.to(like).clamp(min=1)
-            norm = torch.pow(degs, -0.5) if self._norm == "both" else 1.0 / degs
-            return norm.reshape(norm.shape + (1,) * (like.dim() - 1))
-
-        left = node_norm(st.out_degrees(), feat_src) if self._norm in ("left", "both") else None
+        left = self._node_norm(st.out_degrees(), feat_src) if self._norm in ("left", "both") else None
         if left is not None and not feat_src.is_floating_point():
             # DGL normalises first, which turns integer features (e.g. int64 one-hot) into floats
             feat_src, left = feat_src * left, None
@@ -132,16 +111,44 @@ class GraphConv(CompressedModuleMixin, dgl.nn.GraphConv):
             h = feat_src if weight is None else ops.linear(feat_src, weight.t(), None, cfg)
             if left is not None:
                 h = into(h, "mul", left.to(h.dtype)) if weight is not None else h * left.to(h.dtype)
-            rst = aggregate(h)
+            rst = self._aggregate(graph, st, h, None, edge_weight, cfg)
             del h
         else:
-            rst = aggregate(feat_src, left)
+            rst = self._aggregate(graph, st, feat_src, left, edge_weight, cfg)
             if weight is not None:  # into the aggregation's own buffer where that saves one (square weight)
                 rst = ops.linear_reusing(rst, weight.t(), None, cfg)
         if self._norm in ("right", "both"):
-            rst = into(rst, "mul", node_norm(st.in_degrees(), feat_dst).to(rst.dtype))
+            rst = into(rst, "mul", self._node_norm(st.in_degrees(), feat_dst).to(rst.dtype))
         if self.bias is not None:
             rst = into(rst, "add", self.bias)
         if self._activation is not None:
             rst = compressed_activation(self._activation, cfg)(rst)
         return rst
+
+    def _aggregate(self, graph, st, h, src_norm, edge_weight, cfg):
+        """``sum_j e_ji src_norm_j h_j`` per destination (``src_norm``, ``edge_weight``: None for none)."""
+        if edge_weight is None and src_norm is None:
+            return ops.copy_u_sum(graph, h)
+        if edge_weight is None and isinstance(st, ops.GraphStructure):  # (not a captured handle)
+            # the source normalisation as an edge value (cached per graph): the same products as
+            # aggregating ``h * norm``, without that layer-sized copy of the input
+            return ops.src_norm_sum(graph, h, "sqrt" if self._norm == "both" else "inv", "out")
+        if edge_weight is None:
+            return ops.copy_u_sum(graph, h * src_norm)
+        return ops.u_mul_e_sum(graph, h * src_norm if src_norm is not None else h, edge_weight, config=cfg)
+
+    def _node_norm(self, degs, like):
+        """``deg^-1/2`` ('both') or ``1 / deg``, clamped at 1, shaped to broadcast over ``like``'s rows."""
+        degs = degs.to(like).clamp(min=1)
+        norm = torch.pow(degs, -0.5) if self._norm == "both" else 1.0 / degs
+        return norm.reshape(norm.shape + (1,) * (like.dim() - 1))
+
+    def _weight_for(self, weight):
+        """The weight of this call: an external ``weight`` (for a module created with ``weight=False``) or the
+        module's own."""
+        if weight is None:
+            return self.weight
+        if self.weight is not None:
+            raise dgl.DGLError("External weight is provided while at the same time the module has defined "
+                               "its own weight parameter. Please create the module with flag weight=False.")
+        return weight

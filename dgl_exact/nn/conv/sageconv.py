@@ -7,15 +7,12 @@ from typing import Optional
 import torch
 import torch.nn as nn
 
-from ..._compat import autocast_dtype, import_dgl
+from ..._compat import import_dgl
 from ... import ops
-from ..._compat import compiling
-from ...ops import captured
-from ...ops.keep import mark_fresh
-from ...ops.saved import needs_saving
+from ...ops.sage import divide_by_in_degrees
 from ...compression_config import CompressionConfig
-from .. import paths as explain
-from .._base import (CompressedModuleMixin, hooks_present, apply_dropout, apply_linear, compressed_activation, into,
+from .. import fastpaths
+from .._base import (CompressedModuleMixin, apply_dropout, apply_linear, compressed_activation, into,
                      plain_dropout_p, plain_linear as _plain_linear)
 
 dgl = import_dgl()
@@ -28,33 +25,6 @@ def _warn_fallback_once(reason: str) -> None:
     if reason not in _fallback_warned:
         warnings.warn(f"dgl_exact.SAGEConv: {reason} runs uncompressed (DGL's implementation)", stacklevel=3)
         _fallback_warned.add(reason)
-
-
-@captured.capturable
-class _DivideByInDegrees(torch.autograd.Function):
-    """``x / max(in_degree, 1)`` per destination row, keeping nothing (the degrees come from the structure
-    again in backward; a plain division would keep the degree vector)."""
-
-    @staticmethod
-    def forward(ctx, x, st):
-        ctx.st = st
-        return x / _in_degrees(st, x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad / _in_degrees(ctx.st, grad), None  # differentiable in grad: double backward exact
-
-
-def _in_degrees(st, like):
-    return st.in_degrees().clamp(min=1).to(like.dtype).view(-1, *([1] * (like.dim() - 1)))
-
-
-def _divide_by_in_degrees(x, st):
-    """copy_u_mean's values as sum then division: in backward the division's output gradient dies before
-    the aggregation backward allocates (one layer-sized buffer fewer at the peak than copy_u_mean)."""
-    if needs_saving(x):
-        return ops.captured.apply("_DivideByInDegrees", x, st)
-    return mark_fresh(x / _in_degrees(st, x))  # fresh without autograd: fc_neigh compresses it
 
 
 class SAGEConv(CompressedModuleMixin, dgl.nn.SAGEConv):
@@ -111,19 +81,6 @@ class SAGEConv(CompressedModuleMixin, dgl.nn.SAGEConv):
             return None
         return cfg
 
-    def _fused_mean(self, cfg, feat, x, st, edge_weight) -> bool:
-        """Whether :func:`dgl_exact.ops.sage_mean` computes this call: 'mean' on a whole graph or a block given
-        one feature tensor, plain linears (``fc_neigh`` without bias, as DGL builds it), compression on,
-        training, one dtype (or autocast), no capture."""
-        return (self._aggre_type == "mean" and cfg.enabled and not isinstance(feat, tuple)
-                and edge_weight is None and x.dim() == 2
-                and _plain_linear(self.fc_self, cfg) and _plain_linear(self.fc_neigh, cfg)
-                and self.fc_neigh.bias is None
-                and (x.dtype == self.fc_self.weight.dtype == self.fc_neigh.weight.dtype
-                     or (autocast_dtype(x.device.type) is not None and x.is_floating_point()))
-                and needs_saving(x, self.fc_self.weight, self.fc_self.bias, self.fc_neigh.weight)
-                and not captured.active() and not compiling())
-
     def forward_bn_relu_dropout(self, graph, feat, bn: nn.Module, p: float, *,
                                 compress_for: Optional[CompressionConfig] = None) -> Optional[torch.Tensor]:
         """``dropout(relu(bn(self(graph, feat))), p)`` as one op (:func:`dgl_exact.ops.sage_mean_bn_relu_dropout`:
@@ -133,51 +90,15 @@ class SAGEConv(CompressedModuleMixin, dgl.nn.SAGEConv):
         ``bn`` a dgl_exact :class:`~dgl_exact.nn.BatchNorm1d` over the output in training mode with this
         module's compression, no hooks on either, neither subclassed; ``p``: the dropout probability in force,
         ``compress_for``: how the next module keeps the output (see :func:`dgl_exact.ops.relu_dropout`).
-        Else None, before anything is computed or counted: the caller runs the modules."""
-        from ..layers import BatchNorm1d
-
-        why = self._bn_refusal(graph, feat, bn, p, BatchNorm1d)
-        explain.record([self, bn], "SAGE mean + batch norm + ReLU + dropout as one op" if why is None else None,
-                       why)
-        if why is not None:
+        Else None, before anything is computed or counted: the caller runs the modules. The conditions:
+        :data:`dgl_exact.nn.fastpaths.SAGE_MEAN_BN_RELU_DROPOUT`."""
+        if not fastpaths.SAGE_MEAN_BN_RELU_DROPOUT.runs(self, graph, feat, bn, p):
             return None
         bn._check_input_dim(feat.new_empty(0, bn.num_features))
         track, track_var, _, momentum = bn.batch_norm_args()  # counts the batch, as the module does
         return ops.sage_mean_bn_relu_dropout(graph, feat, self.fc_self.weight, self.fc_self.bias,
                                              self.fc_neigh.weight, bn.weight, bn.bias, track, track_var,
                                              momentum, bn.eps, p, config=self._config(), compress_for=compress_for)
-
-    def _bn_refusal(self, graph, feat, bn, p, batch_norm_type) -> Optional[str]:
-        """Why :meth:`forward_bn_relu_dropout` runs the modules (None: it fuses)."""
-        if not isinstance(feat, torch.Tensor) or feat.dim() != 2 or feat.dtype != torch.float32:
-            return "not one fp32 [N, D] feature tensor"
-        if feat.requires_grad:
-            return "the input needs a gradient"
-        if not (self.training and bn.training and torch.is_grad_enabled()):
-            return "not a training forward with grad"
-        if type(self).forward is not SAGEConv.forward or type(bn) is not batch_norm_type:
-            return "a subclass"
-        if hooks_present(self, bn, self.fc_self, self.fc_neigh):
-            return "a module has hooks"
-        if (self.activation is not None or self.norm is not None or plain_dropout_p(self.feat_drop) != 0
-                or self.fc_neigh.weight.shape[0] < feat.shape[1]):
-            return "an activation, norm or feature dropout of the conv's own, or D_out < D_in"
-        if not 0.0 <= float(p) < 1.0:
-            return "dropout probability 1"
-        cfg = self._config()
-        if bn._config() != cfg:
-            return "batch norm's compression differs from the conv's"
-        if bn.num_features != self.fc_self.weight.shape[0] or (bn.weight is not None
-                                                              and bn.weight.dtype != torch.float32):
-            return "batch norm over another width or dtype"
-        st = ops.structure_of(graph, feat.device)
-        if st.num_dst < 2:
-            return "one row under batch norm"
-        if autocast_dtype(feat.device.type) is not None:
-            return "autocast"
-        if not self._fused_mean(cfg, feat, feat, st, None):
-            return "the conv's own fused path does not apply"
-        return None
 
     def forward(self, graph, feat, edge_weight=None):
         r"""Compute GraphSAGE layer.
@@ -204,13 +125,26 @@ class SAGEConv(CompressedModuleMixin, dgl.nn.SAGEConv):
         element for its ReLU and the arg-max indices; nothing for ``feat_drop`` (its mask is regenerated
         from a seed). 'lstm', and 'pool' with ``edge_weight``, run DGL's uncompressed implementation.
         """
-        if self._aggre_type == "lstm":
-            _warn_fallback_once("the 'lstm' aggregator")
-            return super().forward(graph, feat, edge_weight)
-        if self._aggre_type == "pool" and edge_weight is not None:
-            _warn_fallback_once("the 'pool' aggregator with edge_weight")
+        if self._aggre_type == "lstm" or (self._aggre_type == "pool" and edge_weight is not None):
+            _warn_fallback_once("the 'lstm' aggregator" if self._aggre_type == "lstm"
+                                else "the 'pool' aggregator with edge_weight")
             return super().forward(graph, feat, edge_weight)
         cfg = self._config()
+        feat_src, feat_dst, st = self._inputs(graph, feat, edge_weight)
+        if fastpaths.SAGE_MEAN.runs(self, feat, feat_src, edge_weight, cfg):
+            # one fused op: two layer-sized buffers at the forward's and the backward's peak, not three
+            rst = ops.sage_mean(graph, feat_src, self.fc_self.weight, self.fc_self.bias, self.fc_neigh.weight, cfg)
+        else:
+            rst = self._composed(graph, feat, feat_src, feat_dst, st, edge_weight, cfg)
+        if self.activation is not None:
+            rst = compressed_activation(self.activation, cfg)(rst)
+        if self.norm is not None:
+            rst = self.norm(rst)
+        return rst
+
+    def _inputs(self, graph, feat, edge_weight):
+        """``(feat_src, feat_dst, structure)`` after feature dropout; on a block given one tensor, its
+        destination rows are the first ``num_dst`` source rows."""
         if isinstance(feat, tuple):
             feat_src = apply_dropout(self.feat_drop, feat[0])
             feat_dst = apply_dropout(self.feat_drop, feat[1])
@@ -222,6 +156,22 @@ class SAGEConv(CompressedModuleMixin, dgl.nn.SAGEConv):
             feat_dst = feat_src[: st.num_dst]
         if edge_weight is not None and edge_weight.shape[0] != st.num_edges:
             raise ValueError(f"edge_weight has {edge_weight.shape[0]} rows but the graph has {st.num_edges} edges")
+        return feat_src, feat_dst, st
+
+    def _composed(self, graph, feat, feat_src, feat_dst, st, edge_weight, cfg):
+        """The layer (before activation and norm) as separate ops, as DGL composes it."""
+        h_neigh = self._neighbours(graph, feat, feat_src, feat_dst, st, edge_weight, cfg)
+        if st.num_edges == 0 and self._aggre_type == "pool":
+            h_neigh = torch.zeros_like(h_neigh)
+        if self._aggre_type == "gcn":
+            return h_neigh + self.bias if self.bias is not None else h_neigh
+        rst = apply_linear(self.fc_self, feat_dst, cfg)
+        # fc_neigh's output is added into fc_self's (a fresh buffer this module owns when fc_self is a
+        # plain Linear): one layer-sized buffer fewer at the forward's peak than ``a + b``
+        return into(rst, "add", h_neigh) if _plain_linear(self.fc_self, cfg) else rst + h_neigh
+
+    def _neighbours(self, graph, feat, feat_src, feat_dst, st, edge_weight, cfg):
+        """The neighbour term ``fc_neigh(aggregate(...))`` (or its 'gcn' form) of the composed layer."""
 
         def fc(layer, x):
             return apply_linear(layer, x, cfg)
@@ -232,23 +182,14 @@ class SAGEConv(CompressedModuleMixin, dgl.nn.SAGEConv):
             return ops.u_mul_e_sum(graph, h, edge_weight, config=cfg)
 
         lin_before_mp = self._in_src_feats > self._out_feats
-        if self._fused_mean(cfg, feat, feat_src, st, edge_weight):
-            # one fused op: two layer-sized buffers at the forward's and the backward's peak, not three
-            rst = ops.sage_mean(graph, feat_src, self.fc_self.weight, self.fc_self.bias, self.fc_neigh.weight, cfg)
-            if self.activation is not None:
-                rst = compressed_activation(self.activation, cfg)(rst)
-            if self.norm is not None:
-                rst = self.norm(rst)
-            return rst
         if self._aggre_type == "mean":
             h = fc(self.fc_neigh, feat_src) if lin_before_mp else feat_src
             # the sum, then the division (copy_u_mean's values): in backward the division's output
             # gradient dies before the aggregation allocates, one layer-sized buffer fewer at the peak
-            h_neigh = _divide_by_in_degrees(aggregate_sum(h), st)
+            h_neigh = divide_by_in_degrees(aggregate_sum(h), st)
             del h
-            if not lin_before_mp:
-                h_neigh = fc(self.fc_neigh, h_neigh)
-        elif self._aggre_type == "gcn":
+            return h_neigh if lin_before_mp else fc(self.fc_neigh, h_neigh)
+        if self._aggre_type == "gcn":
             check_eq_shape(feat)
             h_src = fc(self.fc_neigh, feat_src) if lin_before_mp else feat_src
             if isinstance(feat, tuple):
@@ -257,28 +198,8 @@ class SAGEConv(CompressedModuleMixin, dgl.nn.SAGEConv):
                 h_dst = h_src[: st.num_dst] if st.is_block else h_src
             degs = st.in_degrees().to(h_dst.dtype)
             h_neigh = (aggregate_sum(h_src) + h_dst) / (degs.unsqueeze(-1) + 1)
-            if not lin_before_mp:
-                h_neigh = fc(self.fc_neigh, h_neigh)
-        elif self._aggre_type == "pool":
+            return h_neigh if lin_before_mp else fc(self.fc_neigh, h_neigh)
+        if self._aggre_type == "pool":
             h = ops.relu(fc(self.fc_pool, feat_src))
-            h_neigh = fc(self.fc_neigh, ops.graph.copy_u_max(graph, h))
-        else:
-            raise KeyError(f"Aggregator type {self._aggre_type} not recognized.")
-
-        if st.num_edges == 0 and self._aggre_type == "pool":
-            h_neigh = torch.zeros_like(h_neigh)
-        if self._aggre_type == "gcn":
-            rst = h_neigh
-            if self.bias is not None:
-                rst = rst + self.bias
-        else:
-            rst = fc(self.fc_self, feat_dst)
-            # fc_neigh's output is added into fc_self's (a fresh buffer this module owns when fc_self is a
-            # plain Linear): one layer-sized buffer fewer at the forward's peak than ``a + b``
-            rst = into(rst, "add", h_neigh) if _plain_linear(self.fc_self, cfg) else rst + h_neigh
-        del h_neigh
-        if self.activation is not None:
-            rst = compressed_activation(self.activation, cfg)(rst)
-        if self.norm is not None:
-            rst = self.norm(rst)
-        return rst
+            return fc(self.fc_neigh, ops.graph.copy_u_max(graph, h))
+        raise KeyError(f"Aggregator type {self._aggre_type} not recognized.")

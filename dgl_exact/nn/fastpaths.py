@@ -1,0 +1,385 @@
+"""When a fused fast path runs: every fast path of dgl_exact's modules, declared once, decided here.
+
+A fast path replaces several modules' calls (or the steps of one module's forward) by one op that keeps less
+and holds fewer layer-sized buffers. It is taken only where it computes what the modules compute (see
+:mod:`dgl_exact.ops.keep`); everywhere else the modules' own calls run. Each path is one :class:`FastPath`
+below: its name, the module types whose calls it replaces, the shared checks it needs and its own conditions
+as ``(predicate, reason)`` pairs. A module asks its path (``SAGE_MEAN.runs(conv, ...)``) and calls the op
+when the answer is yes; :func:`dgl_exact.explain` prints the notes these decisions leave, so what runs and
+what ``explain`` says are one decision.
+
+The shared checks are made by :meth:`FastPath.refusal` before a path's own conditions, in this fixed order
+(:data:`SHARED`), each only for the paths that declare it:
+
+1. ``compile``: not while torch.compile traces (the modules' ops are captured one by one);
+2. ``input``: the input is a tensor;
+3. ``types``: each module is dgl_exact's own type (exactly, or an instance whose ``forward`` is the
+   type's own, as the path declares);
+4. ``hooks``: no hook on the modules whose calls are replaced, nor a global one (a hook sees a module's own
+   call: :func:`~dgl_exact.nn._base.hooks_present`);
+5. ``training``: those modules are in training mode;
+6. ``grad``: grad mode is on;
+7. ``compression``: compression is on in each configuration involved (exactly kept tensors allow double
+   backward, which the fused ops refuse);
+8. ``autocast``: no autocast on the input's device;
+9. ``saving``: something needs a gradient (else nothing is kept and the modules' calls are as cheap).
+
+``python -c "import dgl_exact.nn.fastpaths as f; print(f.describe())"`` lists every path with its checks.
+"""
+from __future__ import annotations
+
+import dataclasses
+import sys
+from typing import Callable, Optional, Sequence, Tuple
+
+import torch
+
+from .. import ops
+from .._compat import autocast_dtype, compiling
+from ..compression_config import get_config
+from ..ops.donation import Donated
+from ..ops.keep import stash_hook_active
+from ..ops.saved import needs_saving
+from . import paths
+from ._base import hooks_present, plain_dropout_p, plain_linear
+
+__all__ = ["Call", "FastPath", "SHARED", "PATHS", "BN_RELU_DROPOUT", "SAGE_MEAN", "SAGE_MEAN_BN_RELU_DROPOUT",
+           "GCN2_MIX", "GCNII_STACK", "GCNII_STEM", "GAT_DONATED_INPUT", "describe", "paths_for"]
+
+
+class Call:
+    """The facts of one call a path is asked about. ``modules``: whose calls the path replaces (what
+    :func:`dgl_exact.explain` reports on); ``hooked`` / ``trained``: the modules the ``hooks`` / ``training``
+    checks read (default: ``modules``); ``x``: the input (``input``, ``autocast``); ``saved``: the tensors of
+    which one must need a gradient (``saving``); ``configs``: the configurations that must be on
+    (``compression``), each a sequence or a callable returning one, read only when its check is made (after
+    the ``types`` check, say); ``exact`` / ``own``: ``(module, type)`` pairs the ``types`` check reads
+    (``type(m) is type``; ``isinstance`` with the type's own ``forward``). Any other keyword is a fact for the
+    path's own conditions."""
+
+    def __init__(self, modules: Sequence, *, x=None, hooked=None, trained=None, saved=(), configs=(), exact=(),
+                 own=(), **facts):
+        self.modules = tuple(modules)
+        self.hooked = self.modules if hooked is None else tuple(hooked)
+        self.trained = self.modules if trained is None else tuple(trained)
+        self.x, self.exact, self.own = x, exact, own
+        self._saved, self._configs = saved, configs   # sequences, or callables returning one (read when checked)
+        self.__dict__.update(facts)
+
+    @property
+    def saved(self) -> tuple:
+        return tuple(self._saved() if callable(self._saved) else self._saved)
+
+    @property
+    def configs(self) -> tuple:
+        return tuple(self._configs() if callable(self._configs) else self._configs)
+
+
+def _types_ok(c: Call) -> bool:
+    return (all(type(m) is t for m, t in c.exact)
+            and all(isinstance(m, t) and type(m).forward is t.forward for m, t in c.own))
+
+
+#: the shared checks, in the order they are made: (name, predicate (True: may fuse), reason refused)
+SHARED: Tuple[Tuple[str, Callable[[Call], bool], str], ...] = (
+    ("compile", lambda c: not compiling(), "torch.compile: the modules' ops are captured one by one"),
+    ("input", lambda c: isinstance(c.x, torch.Tensor), "the input is not a tensor"),
+    ("types", _types_ok, "not dgl_exact's own module type (another type, or a subclass overriding forward)"),
+    ("hooks", lambda c: not hooks_present(*c.hooked), "a module has hooks (they must see the modules' own calls)"),
+    ("training", lambda c: all(m.training for m in c.trained), "eval mode"),
+    ("grad", lambda c: torch.is_grad_enabled(), "grad disabled"),
+    ("compression", lambda c: all(cfg.enabled for cfg in c.configs),
+     "compression off (exactly kept tensors: the modules keep double backward exact)"),
+    ("autocast", lambda c: autocast_dtype(c.x.device.type) is None, "autocast"),
+    ("saving", lambda c: needs_saving(*c.saved), "nothing needs a gradient (nothing is kept)"),
+)
+_SHARED_NAMES = tuple(name for name, _, _ in SHARED)
+
+
+@dataclasses.dataclass(frozen=True)
+class FastPath:
+    """One fused fast path. ``name``: what :func:`dgl_exact.explain` prints where it runs (``detail``, given
+    the :class:`Call`, may add to it); ``applies_to``: qualified names of the module types whose calls it
+    replaces (named, not imported: the modules import this file); ``shared``: the checks of :data:`SHARED` it
+    needs (made in :data:`SHARED`'s order, whatever the order here); ``conditions``: its own ``(predicate,
+    reason)`` pairs, in order, each predicate True where the path may run; ``facts``: builds the
+    :class:`Call` from the caller's arguments."""
+
+    name: str
+    applies_to: Tuple[str, ...]
+    shared: Tuple[str, ...]
+    conditions: Tuple[Tuple[Callable[[Call], bool], str], ...]
+    facts: Callable[..., Call]
+    detail: Optional[Callable[[Call], str]] = None
+
+    def __post_init__(self):
+        unknown = set(self.shared) - set(_SHARED_NAMES)
+        if unknown:
+            raise ValueError(f"{self.name}: unknown shared checks {sorted(unknown)}; expected some of {_SHARED_NAMES}")
+
+    def refusal(self, *args, **kwargs) -> Optional[str]:
+        """Why this path cannot run for the caller's arguments (the first check that fails: the shared ones
+        in :data:`SHARED`'s order, then the path's own); None where it runs. Records nothing."""
+        return self._decide(args, kwargs)[1]
+
+    def decide(self, *args, **kwargs) -> Optional[Call]:
+        """The :class:`Call` (its facts, gathered once) where this path runs for the caller's arguments, None
+        where it does not; notes the decision for :func:`dgl_exact.explain` on the call's modules (with the
+        reason refused). Nothing is noted while torch.compile traces."""
+        call, why = self._decide(args, kwargs)
+        if call is not None:
+            shown = self.name + (self.detail(call) if self.detail is not None and why is None else "")
+            paths.record(call.modules, shown if why is None else None, why, key=self.name)
+        return call if why is None else None
+
+    def runs(self, *args, **kwargs) -> bool:
+        """Whether this path runs for the caller's arguments (:meth:`decide`, noted for explain)."""
+        return self.decide(*args, **kwargs) is not None
+
+    def _decide(self, args, kwargs) -> Tuple[Optional[Call], Optional[str]]:
+        if "compile" in self.shared and compiling():  # first, and before any fact is read: dynamo traces this
+            return None, SHARED[0][2]
+        call = self.facts(*args, **kwargs)
+        for name, ok, reason in SHARED[1:]:
+            if name in self.shared and not ok(call):
+                return call, reason
+        for ok, reason in self.conditions:
+            if not ok(call):
+                return call, reason
+        return call, None
+
+
+def _type(qualified: str) -> type:
+    """The class ``module.Name`` (its module is imported: the caller asking about it lives there or above)."""
+    module, name = qualified.rsplit(".", 1)
+    return getattr(sys.modules[module], name)
+
+
+_LAYERS = "dgl_exact.nn.layers"
+_SAGE = "dgl_exact.nn.conv.sageconv.SAGEConv"
+_GCN2 = "dgl_exact.nn.conv.gcn2conv.GCN2Conv"
+_GAT = "dgl_exact.nn.conv.gatconv.GATConv"
+
+
+# --- nn.Sequential: BatchNorm1d -> ReLU (+ Dropout) as one op (dgl_exact.nn.sequential) -----------------------
+
+def _bn_relu_facts(bn, act, x) -> Call:
+    return Call((bn, act), x=x, trained=(bn,), saved=lambda: (x, bn.weight, bn.bias), bn=bn, act=act,
+                dropping=type(act) is _type(f"{_LAYERS}.ReLUDropout") and act.training)
+
+
+BN_RELU_DROPOUT = FastPath(
+    name="fused BatchNorm1d+ReLU+Dropout (one op, in place)",
+    applies_to=(f"{_LAYERS}.BatchNorm1d", f"{_LAYERS}.ReLUDropout", f"{_LAYERS}.ReLU"),
+    shared=("compile", "input", "hooks", "training", "autocast", "saving"),
+    conditions=(
+        (lambda c: c.x.dim() == 2 and c.x.dtype == torch.float32
+         and (c.bn.weight is None or c.bn.weight.dtype == torch.float32), "not an fp32 [N, C] input"),
+        (lambda c: c.x.shape[0] >= 2, "one row under batch norm"),
+        (lambda c: not (c.dropping and c.act.p >= 1.0), "dropout probability 1"),
+        # the module draws torch's own mask then (ops.relu_dropout(like_torch=True)); the fused op cannot
+        (lambda c: not (c.dropping and c.act.p > 0 and not get_config().enabled),
+         "compression off: dropout draws torch's masks (the modules' own calls)"),
+    ),
+    facts=_bn_relu_facts,
+)
+
+
+# --- SAGEConv: the 'mean' layer as one op (ops.sage_mean) -----------------------------------------------------
+
+def _sage_mean_facts(conv, feat, x, edge_weight, cfg) -> Call:
+    linears = tuple(m for m in (getattr(conv, "fc_self", None), conv.fc_neigh) if m is not None)  # 'gcn': no fc_self
+    return Call((conv, *linears), x=x, hooked=linears, configs=(cfg,),
+                saved=lambda: (x, *(w for m in linears for w in _weights(m))), conv=conv, feat=feat,
+                edge_weight=edge_weight, cfg=cfg)
+
+
+def _weights(layer) -> tuple:
+    return getattr(layer, "weight", None), getattr(layer, "bias", None)
+
+
+SAGE_MEAN = FastPath(
+    name="fused SAGE mean (ops.sage_mean)",
+    applies_to=(_SAGE,),
+    shared=("compile", "hooks", "compression", "saving"),
+    conditions=(
+        (lambda c: c.conv._aggre_type == "mean", "not the 'mean' aggregator"),
+        (lambda c: not isinstance(c.feat, tuple) and c.edge_weight is None and c.x.dim() == 2,
+         "a pair of feature tensors, edge weights, or not [N, D] features"),
+        (lambda c: plain_linear(c.conv.fc_self, c.cfg) and plain_linear(c.conv.fc_neigh, c.cfg)
+         and c.conv.fc_neigh.bias is None, "fc_self / fc_neigh replaced by other modules (or fc_neigh with a bias)"),
+        (lambda c: (c.x.dtype == c.conv.fc_self.weight.dtype == c.conv.fc_neigh.weight.dtype
+                    or (autocast_dtype(c.x.device.type) is not None and c.x.is_floating_point())),
+         "mixed dtypes (outside autocast)"),
+    ),
+    facts=_sage_mean_facts,
+)
+
+
+# --- SAGEConv + BatchNorm1d + ReLU + dropout as one op (ops.sage_mean_bn_relu_dropout) -------------------------
+
+def _sage_bn_facts(conv, graph, feat, bn, p) -> Call:
+    return Call((conv, bn), x=feat, hooked=(conv, bn, conv.fc_self, conv.fc_neigh),
+                exact=((bn, _type(f"{_LAYERS}.BatchNorm1d")),), own=((conv, _type(_SAGE)),), conv=conv, bn=bn,
+                p=p, graph=graph, cfg=conv._config())
+
+
+SAGE_MEAN_BN_RELU_DROPOUT = FastPath(
+    name="SAGE mean + batch norm + ReLU + dropout as one op",
+    applies_to=(_SAGE, f"{_LAYERS}.BatchNorm1d"),
+    shared=("compile", "input", "types", "hooks", "training", "grad", "autocast"),
+    conditions=(
+        (lambda c: c.x.dim() == 2 and c.x.dtype == torch.float32, "not one fp32 [N, D] feature tensor"),
+        (lambda c: not c.x.requires_grad, "the input needs a gradient"),
+        (lambda c: (c.conv.activation is None and c.conv.norm is None and plain_dropout_p(c.conv.feat_drop) == 0
+                    and c.conv.fc_neigh.weight.shape[0] >= c.x.shape[1]),
+         "an activation, norm or feature dropout of the conv's own, or D_out < D_in"),
+        (lambda c: 0.0 <= float(c.p) < 1.0, "dropout probability 1"),
+        (lambda c: c.bn._config() == c.cfg, "batch norm's compression differs from the conv's"),
+        (lambda c: c.bn.num_features == c.conv.fc_self.weight.shape[0]
+         and (c.bn.weight is None or c.bn.weight.dtype == torch.float32), "batch norm over another width or dtype"),
+        (lambda c: ops.structure_of(c.graph, c.x.device).num_dst >= 2, "one row under batch norm"),
+        (lambda c: SAGE_MEAN.refusal(c.conv, c.x, c.x, None, c.cfg) is None,
+         "the conv's own fused path does not apply"),
+    ),
+    facts=_sage_bn_facts,
+)
+
+
+# --- GCN2Conv: the mix after the propagation as one op (ops.gcn2.gcn2_mix) ------------------------------------
+
+def _gcn2_mix_facts(conv, h, feat_0, cfg) -> Call:
+    bias = conv.bias if conv._bias else None
+    return Call((conv,), x=h, configs=(cfg,), saved=(h, feat_0, conv.weight1, bias), conv=conv, feat_0=feat_0)
+
+
+GCN2_MIX = FastPath(
+    name="fused GCNII mix (ops.gcn2.gcn2_mix)",
+    applies_to=(_GCN2,),
+    shared=("compile", "compression", "autocast", "saving"),
+    conditions=(
+        (lambda c: c.conv._project_initial_features, "separate initial-feature weights"),
+        (lambda c: c.x._base is None, "the propagation's output is a view"),
+        (lambda c: (c.feat_0.shape == c.x.shape and c.feat_0.dtype == c.x.dtype == c.conv.weight1.dtype
+                    and (not c.conv._bias or c.conv.bias.dtype == c.x.dtype)), "h0's rows or the dtypes differ"),
+    ),
+    facts=_gcn2_mix_facts,
+)
+
+
+# --- GCNII's hidden layers and output layer as one op (ops.gcn2.gcnii_layers, ops.gcn2_recompute) --------------
+
+def _gcnii_facts(graph, convs, norms, h0, dropout, input_dropout, head, stem=None, recompute=0) -> Call:
+    norms = list(norms) if norms is not None else None
+    mods = list(convs) + (norms or []) + [head]
+    bn, linear = _type(f"{_LAYERS}.BatchNorm1d"), _type(f"{_LAYERS}.Linear")
+    exact = [(m, bn) for m in norms or []] + [(head, linear)]
+    # a donated h0 (rule 5) goes once the last layer has read it, where the stack runs without recompute (the
+    # recomputed segments read h0 again): its gradient needs no value, nothing the stack keeps refers to it,
+    # and a view would free nothing
+    release_h0 = not recompute and type(h0) is Donated and h0._base is None
+    return Call(mods, x=h0, configs=lambda: [m._config() for m in list(convs) + [head]], own=[(c, _type(_GCN2))
+                for c in convs], exact=exact, saved=lambda: (h0, *_params(mods, stem)), graph=graph, convs=convs,
+                norms=norms, dropout=dropout, input_dropout=input_dropout, stem=stem, recompute=recompute,
+                release_h0=release_h0)
+
+
+def _params(mods, stem) -> list:
+    return [p for m in list(mods) + ([stem] if stem is not None else []) for p in m.parameters()]
+
+
+def _whole_graph(c: Call) -> bool:
+    st = ops.structure_of(c.graph, c.x.device)
+    return isinstance(st, ops.GraphStructure) and not st.is_block and st.num_src == st.num_dst
+
+
+def _gcnii_detail(c: Call) -> str:
+    if c.recompute:
+        return f" recomputed in segments of {c.recompute} (ops.gcn2_recompute)"
+    return " (ops.gcn2.gcnii_layers)" + (", donated h0 released after the last layer" if c.release_h0 else "")
+
+
+GCNII_STACK = FastPath(
+    name="fused GCNII stack",
+    applies_to=(_GCN2, f"{_LAYERS}.BatchNorm1d", f"{_LAYERS}.Linear"),
+    shared=("compile", "input", "types", "hooks", "training", "grad", "compression", "autocast", "saving"),
+    conditions=(
+        (lambda c: len(c.convs) > 0, "no layers"),
+        (lambda c: all(m._project_initial_features and m._activation is None for m in c.convs),
+         "a layer has separate initial-feature weights or an activation"),
+        (lambda c: c.norms is None or len(c.norms) == len(c.convs), "not one batch norm per layer"),
+        (lambda c: 0.0 <= c.dropout < 1.0 and 0.0 <= c.input_dropout < 1.0, "dropout outside [0, 1)"),
+        (lambda c: c.x.dim() == 2 and c.x.is_contiguous() and c.x.dtype in (torch.float32, torch.float64),
+         "h0 is not a contiguous fp32/fp64 [N, D] tensor"),
+        (lambda c: c.norms is None or c.x.shape[0] >= 2, "batch norm over one row (the modules raise)"),
+        (lambda c: all(p.dtype == c.x.dtype for p in _params(c.modules, c.stem)), "mixed dtypes"),
+        (_whole_graph, "not a homogeneous whole graph"),
+    ),
+    facts=_gcnii_facts,
+    detail=_gcnii_detail,
+)
+
+
+def _stem_facts(stem, x, p, recompute, hidden) -> Call:
+    return Call((stem,), x=x, exact=((stem, _type(f"{_LAYERS}.Linear")),), configs=lambda: (stem._config(),),
+                stem=stem, p=p, recompute=recompute, hidden=hidden)
+
+
+GCNII_STEM = FastPath(
+    name="input layer folded into the recomputed GCNII stack",
+    applies_to=(f"{_LAYERS}.Linear",),
+    shared=("types", "hooks", "training", "compression"),
+    conditions=(
+        (lambda c: bool(c.recompute), "an input layer is folded in only with recompute"),
+        (lambda c: not c.x.requires_grad, "the input layer's input needs a gradient"),
+        (lambda c: 0.0 <= c.p < 1.0, "dropout outside [0, 1)"),
+        (lambda c: c.x.dim() == 2 and c.x.shape[1] == c.stem.in_features and c.stem.out_features == c.hidden,
+         "the input layer's shapes do not match"),
+        (lambda c: c.x.dtype == c.stem.weight.dtype, "mixed dtypes"),
+        # folded, every layer's backward pays an [in, N] x [N, hidden] product: h0's gradient is kept instead
+        (lambda c: c.stem.in_features <= c.hidden,
+         "in_feats > hidden: folding the input layer in would cost every layer's backward more than the layer"),
+    ),
+    facts=_stem_facts,
+)
+
+
+# --- GATConv: a donated input released once projected (ops.donation, keep.py rule 5) ----------------------------
+
+def _gat_facts(conv, feat, cfg) -> Call:
+    return Call((conv,), conv=conv, feat=feat, cfg=cfg)
+
+
+GAT_DONATED_INPUT = FastPath(
+    name="donated input released once projected",
+    applies_to=(_GAT,),
+    shared=("compile", "hooks", "training", "grad"),
+    conditions=(
+        (lambda c: (c.conv.res_fc is None and plain_linear(c.conv.fc, c.cfg)
+                    and plain_dropout_p(c.conv.feat_drop) is not None),
+         "donated input kept: a residual, or fc / feat_drop replaced by other modules"),
+        (lambda c: c.cfg.enabled and not stash_hook_active() and c.feat._base is None,
+         "donated input kept: it may be kept by reference (compression off, a planner hook, or a view)"),
+    ),
+    facts=_gat_facts,
+)
+
+#: every fast path, outermost first (a stack's decision precedes its modules' own)
+PATHS: Tuple[FastPath, ...] = (GCNII_STACK, GCNII_STEM, SAGE_MEAN_BN_RELU_DROPOUT, BN_RELU_DROPOUT, SAGE_MEAN,
+                               GCN2_MIX, GAT_DONATED_INPUT)
+
+
+def paths_for(module) -> Tuple[FastPath, ...]:
+    """The paths that may replace ``module``'s call (by its type and base types)."""
+    names = {f"{k.__module__}.{k.__qualname__}" for k in type(module).__mro__}
+    return tuple(p for p in PATHS if names & set(p.applies_to))
+
+
+def describe() -> str:
+    """Every path with its shared checks (in the order made) and its own conditions, as text."""
+    lines = []
+    for p in PATHS:
+        lines.append(f"{p.name}  [{', '.join(n.rsplit('.', 1)[1] for n in p.applies_to)}]")
+        lines += [f"  - {reason}" for name, _, reason in SHARED if name in p.shared]
+        lines += [f"  - {reason}" for _, reason in p.conditions]
+    return "\n".join(lines)
