@@ -142,8 +142,8 @@ def compress_model(model: nn.Module, config: Optional[CompressionConfig] = None,
     """Convert ``model`` in place so its activations are kept compressed; weights are preserved.
 
     Converts modules whose type is exactly one of DGL's ``GraphConv``, ``SAGEConv``, ``GATConv``,
-    ``GCN2Conv``, PyTorch Geometric's ``GCNConv``, ``SAGEConv``, ``GATConv``, ``GCN2Conv``, ``Linear`` (to
-    :mod:`dgl_exact.pyg`'s drop-ins, where :func:`dgl_exact.pyg.refusal` finds no setting against it) or torch's
+    ``GCN2Conv``, PyTorch Geometric's ``GCNConv``, ``SAGEConv``, ``GATConv``, ``GATv2Conv``, ``GCN2Conv``,
+    ``Linear`` (to :mod:`dgl_exact.pyg`'s drop-ins, where :func:`dgl_exact.pyg.refusal` finds nothing) or torch's
     ``Linear``, ``BatchNorm1d``, ``LayerNorm``, ``ReLU``, ``LeakyReLU``, ``ELU``, ``GELU``, ``SiLU``, ``PReLU``,
     ``Softmax``, ``LogSoftmax``, ``Dropout`` (subclasses are left alone: their forward may differ); PyG's
     ``BatchNorm`` runs its ``torch.nn.BatchNorm1d``, converted as torch's. Converted modules keep their
