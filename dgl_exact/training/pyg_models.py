@@ -113,8 +113,8 @@ def blocks_edge_index(blocks) -> torch.Tensor:
     the first block's input nodes (every block's nodes are a prefix of them, in DGL's numbering): each node's
     in-edges from the one block that expanded it, the last block for the seeds and, for the nodes the next block
     does not hold as destinations, the block where they first are. As PyG's ``NeighborLoader`` samples: every
-    node expanded once (hop ``k`` with the fanout of layer ``L - k``), so a PyG model runs on it as on PyG's
-    batches (every layer over all the sampled nodes; the seeds' rows are the output)."""
+    node expanded once (hop ``k`` with ``fanouts[L - k]``: PyG's ``num_neighbors`` reversed), so a PyG model runs
+    on it as on PyG's batches (every layer over all the sampled nodes; the seeds' rows are the output)."""
     parts = []
     for i, block in enumerate(blocks):
         src, dst = block.edges(order="srcdst")
