@@ -2,7 +2,7 @@
 
 Patching: before PyG's test files import them, ``torch_geometric.nn.<Conv>`` (and
 ``torch_geometric.nn.conv.<Conv>``) are replaced by ``dgl_exact.pyg.<Conv>`` for every conv with a drop-in
-(``GCNConv``, ``SAGEConv``, ``GATConv``, ``GCN2Conv``), so ``from torch_geometric.nn import GCNConv`` in a test
+(``GCNConv``, ``SAGEConv``, ``GATConv``, ``GATv2Conv``, ``GCN2Conv``), so ``from torch_geometric.nn import GCNConv``
 gets ours; everything else (PyG's utilities, ``gcn_norm``, other convs) stays PyG's. The test files
 (``test/nn/conv/test_<conv>.py`` of a PyG source tree at the installed version, with its ``test/conftest.py``)
 are copied into a scratch folder with a pytest plugin that patches and sets the compression. Nothing of PyG's
@@ -17,9 +17,9 @@ Get PyG's tests (any machine with the PyG repository; not downloaded by this scr
 
 ``--no-patch`` runs the same files on PyG's own convs (the baseline); ``--convs`` picks some of the files.
 Extra pytest arguments follow ``--``. Tests that construct a conv with a setting a drop-in does not support
-(``decomposed_layers > 1``, an aggregation other than the drop-in's, GAT's ``edge_dim``) fail in the drop-in's
-constructor with ``NotImplementedError`` naming the setting: :func:`dgl_exact.compress_model` leaves such a conv
-to PyG instead.
+(``decomposed_layers > 1``, an aggregation other than the drop-in's, GAT's and GATv2's ``edge_dim``) fail in the
+drop-in's constructor with ``NotImplementedError`` naming the setting: :func:`dgl_exact.compress_model` leaves such
+a conv to PyG instead.
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ from pathlib import Path
 
 #: conv -> its PyG test file (test/nn/conv/)
 CONVS = {"GCNConv": "test_gcn_conv.py", "SAGEConv": "test_sage_conv.py", "GATConv": "test_gat_conv.py",
-         "GCN2Conv": "test_gcn2_conv.py"}
+         "GATv2Conv": "test_gatv2_conv.py", "GCN2Conv": "test_gcn2_conv.py"}
 
 PLUGIN = '''\
 """Loaded before PyG's conftest and test files (pytest -p): the drop-ins replace PyG's convs."""

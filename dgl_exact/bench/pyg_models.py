@@ -18,17 +18,9 @@ from __future__ import annotations
 import torch.nn as nn
 
 from ..training.pyg_models import PYG_GAT_HEADS, build_pyg_network
-from ..training.workloads import ModelTraits
+from ..training.workloads import PYG_MODEL_TRAITS, PYG_MODELS
 
-PYG_MODELS = ("pyg-gcn", "pyg-sage", "pyg-gat", "pyg-gcn2")
-#: their workload facts: no self loops added to the graph (PyG's GCNConv, GATConv and GCN2Conv add their own);
-#: widths and depths those of the DGL rows (GCNII's depth: ``--layers 16`` gives the EXACT benchmark's)
-PYG_MODEL_TRAITS = {t.name: t for t in (
-    ModelTraits("pyg-gcn", self_loops=False, csc_only=False, hidden=256),
-    ModelTraits("pyg-sage", self_loops=False, csc_only=False, hidden=128),
-    ModelTraits("pyg-gat", self_loops=False, csc_only=False, hidden=128, heads=PYG_GAT_HEADS),
-    ModelTraits("pyg-gcn2", self_loops=False, csc_only=False, hidden=256),
-)}
+__all__ = ["PYG_MODELS", "PYG_MODEL_TRAITS", "build_pyg_model"]
 
 
 def build_pyg_model(name: str, in_feats: int, hidden: int, classes: int, layers: int, dropout: float,

@@ -556,31 +556,31 @@ def kernel_grid(sink: ResultSink, device, rows: int = 169343, cols: int = 128, r
 
 def accuracy_grid(dataset, base_config, settings: Sequence[Setting], runs: int, sink: ResultSink,
                   progress: bool = True) -> List[Dict]:
-    """Test metric over ``runs`` seeds per setting (same seeds for every setting) and its difference to
-    the exact fp32 baseline."""
+    """Test metric over ``runs`` seeds per setting (same seeds for every setting) and its difference to the first
+    fp32 baseline run. ``framework: pyg`` (rows ``pyg-<model>``): ``PyG fp32`` trains the PyG model as written,
+    dgl_exact's settings the one ``compress_model`` converts; DGL fp32 is skipped (PyG fp32 for DGL models)."""
     from ..training.trainer import Trainer
 
-    rows = []
-    fp32_mean = None
+    rows, fp32_mean, pyg = [], None, base_config.framework == "pyg"
     for setting in progress_bar(settings, progress, desc="accuracy", unit="setting"):
-        if setting.impl == "pyg":
+        if setting.impl != "exact" and (setting.impl == "pyg") != pyg:  # the other framework's baseline
             continue
-        compression = setting.compression  # disabled with kept_frac < 1: projection without quantisation
-        if compression is None:
-            compression = base_config.compression.replace(enabled=False, kept_frac=1.0)
+        compression = (setting.compression if setting.compression is not None  # (disabled with kept_frac < 1:
+                       else base_config.compression.replace(enabled=False, kept_frac=1.0))  # projection alone)
         cfg = base_config.replace(compression=compression, runs=runs)
         if setting.recompute:
             if cfg.model != "gcn2":
                 continue
             cfg = cfg.replace(recompute=str(setting.recompute))
         trainer = Trainer(cfg, dataset=dataset, progress=False, log=None)
+        trainer.impl = "pyg" if setting.impl == "pyg" else "exact"
         res = trainer.fit()
         tests = [r.test for r in res.runs]
-        row = {"kind": "accuracy", "dataset": dataset.name, "model": cfg.model, "setting": setting.name, "runs": runs,
-               "metric": res.metric, "test_mean": statistics.fmean(tests),
+        row = {"kind": "accuracy", "dataset": dataset.name, "model": f"pyg-{cfg.model}" if pyg else cfg.model,
+               "setting": setting.name, "runs": runs, "metric": res.metric, "test_mean": statistics.fmean(tests),
                "test_std": statistics.stdev(tests) if len(tests) > 1 else 0.0, "tests": tests,
                "epoch_ms": 1000 * statistics.fmean(r.epoch_time for r in res.runs)}
-        if setting.name in ("DGL fp32", "dgl_exact fp32") and fp32_mean is None:
+        if setting.name in ("DGL fp32", "dgl_exact fp32", "PyG fp32") and fp32_mean is None:
             fp32_mean = row["test_mean"]
         row["delta_vs_fp32"] = None if fp32_mean is None else row["test_mean"] - fp32_mean
         rows.append(row)

@@ -14,6 +14,7 @@ __all__ = ["UserError", "check_dataset", "check_outputs", "int_choice", "parse_s
 # define them, import it), so that ``dgl-exact --help`` and ``dgl-exact <cmd> --help`` stay fast;
 # tests/cli/test_dialect.py checks them against those modules.
 MODELS = ("gcn", "sage", "gat", "gcn2")
+PYG_MODELS = ("pyg-gcn", "pyg-sage", "pyg-gat", "pyg-gcn2")  # dgl_exact.training.workloads.PYG_MODELS
 SAMPLERS = ("full", "saint", "cluster", "neighbor")
 SAINT_MODES = ("node", "edge", "walk")
 MAX_COUNT = 2**31 - 1  # sizes and counts (int32), as dgl_exact.training.config.MAX_COUNT

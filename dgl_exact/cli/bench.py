@@ -9,8 +9,8 @@ import click
 
 from .._files import atomic_write
 from ._common import MAX_COUNT as _MAX_COUNT
-from ._common import (DATA_ROOT_SHOWN, DEFAULT_DEVICE, MODELS, UserError, check_dataset, check_outputs,
-                      check_names, hold_outputs, hold_results, provenance_checked, renamed)
+from ._common import (DATA_ROOT_SHOWN, DEFAULT_DEVICE, MODELS, PYG_MODELS, UserError, check_dataset,
+                      check_outputs, check_names, hold_outputs, hold_results, provenance_checked, renamed)
 
 _COUNT, _COUNT0 = click.IntRange(1, _MAX_COUNT), click.IntRange(0, _MAX_COUNT)  # counts and sizes (int32)
 
@@ -73,7 +73,6 @@ def _bench_setup(dataset, models, settings, hidden, layers, device, data_root, b
     try:
         dev = resolve_device(device)
         chosen = select(settings, budgets=budgets)
-        from ..bench.pyg_models import PYG_MODELS
         from ..bench.user_models import USER_MODELS
 
         model_list = check_names(models, MODELS + tuple(USER_MODELS) + PYG_MODELS, "--model")
@@ -308,7 +307,9 @@ def bench_kernels(rows, cols, repeats, device, out, quiet):
 @provenance_checked
 @renamed("--models", "--model", "models")
 @click.option("--dataset", default="cora", show_default=True)
-@click.option("--model", "models", default="gcn,sage", show_default=True, help="Comma-separated models.")
+@click.option("--model", "models", default="gcn,sage", show_default=True,
+              help="Comma-separated models: the trainer's, or on PyG's layers (pyg-gcn, pyg-sage, pyg-gat, pyg-gcn2: "
+                   "baseline 'PyG fp32').")
 @click.option("--settings", default="dgl_exact fp32,INT8,INT2,INT2 + RP(0.125),INT2 + RP(0.125) + blocks(64) + optimal",
               show_default=True)
 @click.option("--runs", type=_COUNT, default=10, show_default=True, help="Seeds per setting.")
@@ -338,10 +339,11 @@ def bench_accuracy(dataset, models, settings, runs, epochs, conf, device, data_r
         raise UserError(str(e)) from None
     sink = ResultSink(out, "accuracy")
     rows = []
-    for model in check_names(models, MODELS, "--model"):
+    for model in check_names(models, MODELS + PYG_MODELS, "--model"):
+        framework = "pyg" if model in PYG_MODELS else "dgl"  # pyg-<model>: the trainer's model on PyG's layers
         try:
-            cfg = TrainConfig(**{**base, "dataset": dataset, "model": model, "epochs": epochs, "device": device,
-                                 "data_root": data_root})
+            cfg = TrainConfig(**{**base, "dataset": dataset, "model": model.split("-", 1)[-1], "epochs": epochs,
+                                 "device": device, "data_root": data_root, "framework": framework})
         except ValueError as e:
             raise UserError(str(e)) from None
         rows += accuracy_grid(ds, cfg, chosen, runs, sink, progress=not quiet)

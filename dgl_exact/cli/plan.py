@@ -12,7 +12,7 @@ from .._files import atomic_write
 from ._common import (DEFAULT_DEVICE, DEFAULT_MODEL, MODELS, Choice, UserError, check_outputs, check_names,
                       hold_outputs, hold_results, parse_size)
 from ._common import MAX_COUNT as _MAX_COUNT
-from ._common import DATA_ROOT_SHOWN, provenance_checked, renamed
+from ._common import DATA_ROOT_SHOWN, PYG_MODELS, provenance_checked, renamed
 
 
 @click.command("plan")
@@ -29,7 +29,8 @@ from ._common import DATA_ROOT_SHOWN, provenance_checked, renamed
               help="Classes (with --nodes).")
 @click.option("--train-nodes", type=click.IntRange(min=1, max=2**63 - 1), default=None,
               show_default="the dataset's, or half the nodes", help="Training nodes.")
-@click.option("--model", type=Choice(MODELS), default=DEFAULT_MODEL, show_default=True)
+@click.option("--model", type=Choice(MODELS + PYG_MODELS), default=DEFAULT_MODEL, show_default=True,
+              help="A model of the trainer, on DGL's layers, or on PyG's (pyg-*: its baseline is 'PyG fp32').")
 @click.option("--hidden", type=click.IntRange(min=1, max=_MAX_COUNT), default=None,
               show_default="256 for gcn/gcn2, 128 otherwise, as `dgl-exact bench`", help="Hidden size.")
 @click.option("--layers", type=click.IntRange(min=1, max=_MAX_COUNT), default=3, show_default=True)

@@ -59,7 +59,7 @@ def _model_options() -> list:
                      help="full graph, GraphSAINT, ClusterGCN, or neighbour-sampled blocks (DGL's NeighborSampler)."),
         click.option("--framework", type=Choice(("dgl", "pyg")),
                      help="Layers the model is built of: DGL's, or PyTorch Geometric's (pip install "
-                          "'dgl-exact[pyg]'; full graph, saint, cluster), converted by compress_model."),
+                          "'dgl-exact[pyg]'; every sampler), converted by compress_model."),
         click.option("--bits", type=Choice(["1", "2", "4", "8"]), callback=int_choice,
                      help="Bits per saved activation value."),
         click.option("--kept-frac", type=float, help="Random projection: fraction of columns kept, (0, 1]."),

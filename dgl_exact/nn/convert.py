@@ -16,17 +16,11 @@ from ..compression_config import CompressionConfig, get_config
 from ..compression_config import config as config_scope
 from ..ops.routing import message_passing
 from . import layers
-from .conv import GATConv, GCN2Conv, GraphConv, SAGEConv
 from .sequential import Sequential, fusable_runs
 
-dgl = import_dgl()
-
-# exact source class -> dgl_exact class (a subclass with the same parameters and state_dict)
-_CONVERSIONS = {
-    dgl.nn.GraphConv: GraphConv,
-    dgl.nn.SAGEConv: SAGEConv,
-    dgl.nn.GATConv: GATConv,
-    dgl.nn.GCN2Conv: GCN2Conv,
+# exact source class -> dgl_exact class (a subclass with the same parameters and state_dict); DGL's convs:
+# :func:`_dgl_conversions`, PyG's: :data:`dgl_exact.pyg.CONVERSIONS`
+_TORCH_CONVERSIONS = {
     nn.Linear: layers.Linear,
     nn.BatchNorm1d: layers.BatchNorm1d,
     nn.ReLU: layers.ReLU,
@@ -40,6 +34,28 @@ _CONVERSIONS = {
     nn.Softmax: layers.Softmax,
     nn.LogSoftmax: layers.LogSoftmax,
 }
+
+
+def _dgl_loaded() -> bool:
+    """Whether DGL is imported (a model holding DGL modules has imported it): what concerns DGL's modules and
+    message passing is done only then, so that a model without them neither imports DGL nor needs it installed."""
+    return sys.modules.get("dgl") is not None
+
+
+def _dgl_conversions() -> dict:
+    """DGL's convs -> dgl_exact's where DGL is loaded (:func:`_dgl_loaded`), else empty."""
+    if not _dgl_loaded():
+        return {}
+    from .conv import GATConv, GCN2Conv, GraphConv, SAGEConv
+
+    dgl = import_dgl()
+    return {dgl.nn.GraphConv: GraphConv, dgl.nn.SAGEConv: SAGEConv, dgl.nn.GATConv: GATConv,
+            dgl.nn.GCN2Conv: GCN2Conv}
+
+
+def _conversions() -> dict:
+    """Every conversion of torch's and, where loaded, DGL's modules (exact type -> dgl_exact class)."""
+    return {**_TORCH_CONVERSIONS, **_dgl_conversions()}
 
 
 # modules that keep nothing for backward themselves (containers, identity): never reported as fp32
@@ -116,7 +132,7 @@ def _why_fp32(module: nn.Module, saved_tensors: bool, refused: Optional[str] = N
         return None
     if refused is not None:
         return f"{_qualname(cls)} not converted ({refused}): runs as PyG runs it" + fallback
-    known = (*_CONVERSIONS, *(pyg.CONVERSIONS if pyg is not None else ()))
+    known = (*_conversions(), *(pyg.CONVERSIONS if pyg is not None else ()))
     base = next((b for b in known if isinstance(module, b)), None)
     if base is not None:
         return f"subclass of {_qualname(base)}: its forward may differ" + fallback
@@ -142,8 +158,8 @@ def compress_model(model: nn.Module, config: Optional[CompressionConfig] = None,
     """Convert ``model`` in place so its activations are kept compressed; weights are preserved.
 
     Converts modules whose type is exactly one of DGL's ``GraphConv``, ``SAGEConv``, ``GATConv``,
-    ``GCN2Conv``, PyTorch Geometric's ``GCNConv``, ``SAGEConv``, ``GATConv``, ``GCN2Conv``, ``Linear`` (to
-    :mod:`dgl_exact.pyg`'s drop-ins, where :func:`dgl_exact.pyg.refusal` finds no setting against it) or torch's
+    ``GCN2Conv``, PyTorch Geometric's ``GCNConv``, ``SAGEConv``, ``GATConv``, ``GATv2Conv``, ``GCN2Conv``,
+    ``Linear`` (to :mod:`dgl_exact.pyg`'s drop-ins, where :func:`dgl_exact.pyg.refusal` finds nothing) or torch's
     ``Linear``, ``BatchNorm1d``, ``LayerNorm``, ``ReLU``, ``LeakyReLU``, ``ELU``, ``GELU``, ``SiLU``, ``PReLU``,
     ``Softmax``, ``LogSoftmax``, ``Dropout`` (subclasses are left alone: their forward may differ); PyG's
     ``BatchNorm`` runs its ``torch.nn.BatchNorm1d``, converted as torch's. Converted modules keep their
@@ -183,9 +199,9 @@ def compress_model(model: nn.Module, config: Optional[CompressionConfig] = None,
     result = ConversionReport()
     converted = []
     refused = {}  # qualified name -> why PyG's conv stays as it is
-    pyg = _pyg()
+    pyg, conversions = _pyg(), _conversions()
     for name, module in list(model.named_modules()):
-        target = _CONVERSIONS.get(type(module))
+        target = conversions.get(type(module))
         if target is None and pyg is not None and type(module) in pyg.CONVERSIONS:
             refused[name] = pyg.refusal(module)
             target = None if refused[name] is not None else pyg.CONVERSIONS[type(module)]
@@ -236,7 +252,8 @@ _running: contextvars.ContextVar = contextvars.ContextVar("dgl_exact_model_scope
 def _enter_model_scope(module: nn.Module, args) -> None:
     """Forward pre-hook of a converted model: its forward runs inside ``dgl_exact.config(<its config>)``
     (when it has one; a nested converted model's scope is entered inside, so its own wins there), inside
-    :func:`dgl_exact.ops.message_passing` (DGL's built-in message passing on dgl_exact's ops) and, for a
+    :func:`dgl_exact.ops.message_passing` where DGL is loaded (DGL's built-in message passing on dgl_exact's
+    ops) and, for a
     training forward with ``saved_tensors=True``, inside ``compress_saved``. Closed by :func:`_leave_model_scope`."""
     from ..saved_tensors import compress_saved
 
@@ -247,7 +264,8 @@ def _enter_model_scope(module: nn.Module, args) -> None:
         cfg = getattr(module, MODEL_CONFIG, None)
         if cfg is not None:
             stack.enter_context(config_scope(cfg))
-        stack.enter_context(message_passing())
+        if _dgl_loaded():  # (DGL's message passing exists only then)
+            stack.enter_context(message_passing())
         if getattr(module, _SAVED_TENSORS, False) and module.training and torch.is_grad_enabled():
             stack.enter_context(compress_saved(getattr(module, _SAVED_CONFIG, cfg), model=module))
     except BaseException:

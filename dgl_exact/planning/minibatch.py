@@ -30,6 +30,7 @@ from .settings import Setting
 from .timeline import Timeline
 from ..compression_config import config as compression_scope
 from ..training.neighbor import NeighborSampler
+from ..training.workloads import PYG_MODELS
 
 __all__ = ["BatchPrediction", "MinibatchPlanner", "largest_batch", "batch_elements", "format_batch_table",
            "pick_training_batch"]
@@ -83,13 +84,14 @@ def _block_bytes(blocks) -> int:
 
 class MinibatchPlanner:
     """Per-batch memory predictions of neighbour-sampled training on ``dataset`` (a
-    :class:`~dgl_exact.data.base.GraphDataset`) with ``model`` (sage or gcn; hyperparameters as
+    :class:`~dgl_exact.data.base.GraphDataset`) with ``model`` (sage, gcn, gat or a PyG model; hyperparameters as
     :class:`~dgl_exact.planning.predict.PlanSpec`) and ``fanouts`` (one per layer)."""
 
     def __init__(self, dataset, model: str, fanouts: Sequence[int], num_batches: int = DEFAULT_BATCHES, seed: int = 0,
                  **hyper):
-        if model not in ("sage", "gcn", "gat"):
-            raise ValueError(f"--sampler neighbor plans sage, gcn or gat models (blocks), not {model}")
+        if model not in ("sage", "gcn", "gat") + PYG_MODELS:
+            raise ValueError(f"--sampler neighbor plans sage, gcn, gat (blocks) or PyG models "
+                             f"({', '.join(PYG_MODELS)}: the sampled subgraph), not {model}")
         check_depth(len(fanouts), 1, "the mini-batch planner")
         self.dataset, self.fanouts, self.num_batches, self.seed = dataset, list(fanouts), num_batches, seed
         hyper = {k: v for k, v in hyper.items() if v is not None}

@@ -53,7 +53,7 @@ from ..data.compact import held_formats, index_dtype
 from ..ops import keep as keeping
 from ..ops.chunks import gpu_chunk_policy, sample_chunking
 from ..ops.structure import cached_static_tensors
-from ..training.workloads import model_traits, prepare_graph
+from ..training.workloads import PYG_MODELS, model_traits, prepare_graph
 
 
 __all__ = ["PlanSpec", "PlanRecord", "SampleRun", "plan", "predict", "parse_bytes", "device_bytes", "check_depth",
@@ -265,15 +265,21 @@ def prepare_sample_graph(spec: PlanSpec, graph, impl: str = "exact"):
 
 
 def build_for(spec: PlanSpec, impl: str = "exact", seed: int = 0, recompute=None):
-    """The planned model (``recompute``: GCNII's segment length, as the setting names it)."""
+    """The planned model (``recompute``: GCNII's segment length, as the setting names it); a PyG model
+    (``pyg-gcn``, ...) on PyG's layers, called as the trainer calls its models."""
     from ..training.models import build_model
 
     if recompute and spec.model != "gcn2":
         raise ValueError(f"recompute is a GCNII (gcn2) setting; {spec.model} has none (plan another setting)")
+    model, framework = spec.model, "dgl"
+    if model in PYG_MODELS:  # the trainer's PyG network: as written ('pyg'), or converted by compress_model
+        if impl == "dgl":
+            raise ValueError(f"{model} is a PyG model: its baseline is 'PyG fp32', not a DGL setting")
+        model, framework, impl = model[len("pyg-"):], "pyg", ("exact" if impl == "exact" else "pyg")
     torch.manual_seed(seed)
-    return build_model(spec.model, spec.features, spec.classes, hidden=spec.hidden_size, layers=spec.layers,
+    return build_model(model, spec.features, spec.classes, hidden=spec.hidden_size, layers=spec.layers,
                        dropout=spec.dropout, batch_norm=spec.batch_norm, heads=spec.heads, impl=impl,
-                       recompute=recompute)
+                       recompute=recompute, framework=framework)
 
 
 def describe_setting(spec: PlanSpec, setting) -> str:

@@ -16,15 +16,18 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 
 def _tensors(tree, out=None) -> list:
-    """The tensors in an operator's arguments or results: nested tuples, lists and dicts (what aten passes),
-    without ``_pytree``'s generality (a third of the planner's time went to flattening)."""
+    """The strided tensors in an operator's arguments or results: nested tuples, lists and dicts (what aten
+    passes), without ``_pytree``'s generality (a third of the planner's time went to flattening). A sparse tensor
+    (the reference kernels' CSR view of a graph) has no storage of its own: its index and value tensors do."""
     out = [] if out is None else out
     if isinstance(tree, torch.Tensor):
-        out.append(tree)
+        if tree.layout == torch.strided:
+            out.append(tree)
     elif isinstance(tree, (tuple, list)):
         for t in tree:
             if isinstance(t, torch.Tensor):
-                out.append(t)
+                if t.layout == torch.strided:
+                    out.append(t)
             elif isinstance(t, (tuple, list, dict)):
                 _tensors(t, out)
     elif isinstance(tree, dict):

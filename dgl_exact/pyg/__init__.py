@@ -18,6 +18,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
                       "(torch_geometric>=2.8)") from exc
 
 from .gat_conv import GATConv
+from .gatv2_conv import GATv2Conv
 from .gcn2_conv import GCN2Conv
 from .gcn_conv import GCNConv
 from .linear import Linear
@@ -25,4 +26,5 @@ from .sage_conv import SAGEConv
 from .structure import EdgeStructure
 from .conversions import CONVERSIONS, convert, refusal
 
-__all__ = ["GCNConv", "SAGEConv", "GATConv", "GCN2Conv", "Linear", "EdgeStructure", "CONVERSIONS", "convert", "refusal"]
+__all__ = ["GCNConv", "SAGEConv", "GATConv", "GATv2Conv", "GCN2Conv", "Linear", "EdgeStructure", "CONVERSIONS",
+           "convert", "refusal"]

@@ -100,6 +100,34 @@ def structure(edge_index, variant: str, num_src: int, num_dst: int, device, flow
     return edge_structure(edge_index if key is None else key, variant, num_src, num_dst, device, endpoints)
 
 
+def attention_result(graph, alpha: Tensor, n_src: int, n_dst: int):
+    """What an attention conv returns with ``return_attention_weights`` for ``alpha [E', H]`` over ``graph``
+    (the adjacency after its self-loop edits): ``(edge_index, alpha)``, or for a ``torch.sparse`` adjacency, as
+    PyG, ``(adjacency holding the attention in graph's layout, alpha)``; ``alpha`` lists the edges in the order
+    :func:`sparse_edges` reads them (row-major), which the coalesced COO tensor shares."""
+    if not is_sparse(graph):
+        return graph, alpha
+    src, dst, _ = sparse_edges(graph)
+    adj = torch.sparse_coo_tensor(torch.stack([dst, src]), alpha, (n_dst, n_src, alpha.shape[1])).coalesce()
+    if graph.layout == torch.sparse_csr:
+        adj = adj.to_sparse_csr()
+    elif graph.layout == torch.sparse_csc:
+        adj = adj.to_sparse_csc()
+    return adj, alpha
+
+
+def finish_heads(out: Tensor, heads: int, out_channels: int, concat: bool, res: Optional[Tensor],
+                 bias: Optional[Tensor]) -> Tensor:
+    """An attention conv's output from ``out [N_dst, H, C]``: heads concatenated (``concat``) or averaged,
+    plus the residual ``res`` and the ``bias`` where given (PyG's order)."""
+    out = out.reshape(-1, heads * out_channels) if concat else out.mean(dim=1)
+    if res is not None:
+        out = out + res
+    if bias is not None:
+        out = out + bias
+    return out
+
+
 @fresh_outputs
 def weighted_sum(st: EdgeStructure, x: Tensor, edge_weight: Optional[Tensor], cfg: CompressionConfig) -> Tensor:
     """``out[v] = sum_{e = (u, v)} w[e] x[u]`` (``w`` 1 without ``edge_weight [E]``); ``x [N_src, *F]``. Keeps

@@ -11,6 +11,7 @@ import torch
 import torch_geometric.nn as pyg_nn
 
 from .gat_conv import GATConv
+from .gatv2_conv import GATv2Conv
 from .gcn2_conv import GCN2Conv
 from .gcn_conv import GCNConv
 from .linear import Linear
@@ -20,7 +21,7 @@ __all__ = ["CONVERSIONS", "refusal", "convert"]
 
 #: PyG's module type (exactly that type: a subclass's forward may differ) -> its drop-in
 CONVERSIONS = {pyg_nn.GCNConv: GCNConv, pyg_nn.SAGEConv: SAGEConv, pyg_nn.GATConv: GATConv,
-               pyg_nn.GCN2Conv: GCN2Conv, pyg_nn.Linear: Linear}
+               pyg_nn.GATv2Conv: GATv2Conv, pyg_nn.GCN2Conv: GCN2Conv, pyg_nn.Linear: Linear}
 
 
 def refusal(module: torch.nn.Module) -> Optional[str]:
@@ -36,9 +37,9 @@ def refusal(module: torch.nn.Module) -> Optional[str]:
     if kind is pyg_nn.SAGEConv:
         if not isinstance(module.aggr, str) or module.aggr not in AGGREGATIONS:
             return f"aggr {module.aggr!r} (supported: {', '.join(map(repr, AGGREGATIONS))})"
-    elif module.aggr != "add":
-        return f"aggr {module.aggr!r} (supported: 'add')"
-    if kind is pyg_nn.GATConv and module.lin_edge is not None:
+    elif module.aggr not in ("add", "sum"):  # (the same in PyG)
+        return f"aggr {module.aggr!r} (supported: 'sum')"
+    if kind in (pyg_nn.GATConv, pyg_nn.GATv2Conv) and module.lin_edge is not None:
         return "edge_dim (edge features in the attention)"
     return None
 

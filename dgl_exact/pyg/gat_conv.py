@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from typing import Optional, Tuple, Union
 
-import torch
 import torch_geometric.nn as pyg_nn
 from torch import Tensor
 from torch_geometric.typing import OptPairTensor, OptTensor
@@ -15,7 +14,7 @@ from ..compression_config import CompressionConfig
 from ..ops import linear
 from ..ops.gat import edge_attention, attention_chunk_budget, GATAttention, GATAttentionChunked
 from ..ops.saved import needs_saving
-from ._base import CompressedMixin, check_adjacency, is_sparse, materialize, sparse_edges, structure
+from ._base import CompressedMixin, attention_result, check_adjacency, finish_heads, is_sparse, materialize, structure
 
 __all__ = ["GATConv"]
 
@@ -166,7 +165,6 @@ class GATConv(CompressedMixin, pyg_nn.GATConv):
                    return_attention_weights, cfg: CompressionConfig):
         """Self loops, attention and the weighted sum of the projected features ``h_src [N_src, H, C]``,
         ``h_dst [N_dst, H, C]``; then :meth:`_finish`."""
-        H = self.heads
         n_src = h_src.size(0) if size is None else size[0]
         n_dst = h_dst.size(0) if size is None else size[1]
         graph, variant = edge_index, "as_is"
@@ -175,28 +173,12 @@ class GATConv(CompressedMixin, pyg_nn.GATConv):
             variant = "gat_self_loops"
         st = structure(graph, variant, n_src, n_dst, h_src.device, self.flow, key=edge_index)
         out, alpha = self._attend(st, h_src, h_dst, cfg, need_attention=bool(return_attention_weights))
-        if return_attention_weights and is_sparse(graph):
-            # PyG returns the (self-looped) adjacency holding the attention, in its layout; ``alpha`` lists its
-            # edges in the order sparse_edges reads them (row-major), which the coalesced COO tensor shares
-            src, dst, _ = sparse_edges(graph)
-            adj = torch.sparse_coo_tensor(torch.stack([dst, src]), alpha, (n_dst, n_src, H)).coalesce()
-            if graph.layout == torch.sparse_csr:
-                adj = adj.to_sparse_csr()
-            elif graph.layout == torch.sparse_csc:
-                adj = adj.to_sparse_csc()
-            return self._finish(out, res), (adj, alpha)
         if return_attention_weights:
-            return self._finish(out, res), (graph, alpha)
+            return self._finish(out, res), attention_result(graph, alpha, n_src, n_dst)
         return self._finish(out, res)
 
     def _finish(self, out: Tensor, res: Optional[Tensor]) -> Tensor:
-        """``out [N_dst, H, C]`` concatenated or averaged over heads, plus the residual and the bias."""
-        out = out.reshape(-1, self.heads * self.out_channels) if self.concat else out.mean(dim=1)
-        if res is not None:
-            out = out + res
-        if self.bias is not None:
-            out = out + self.bias
-        return out
+        return finish_heads(out, self.heads, self.out_channels, self.concat, res, self.bias)
 
     def _attend(self, st, h_src: Tensor, h_dst: Tensor, cfg: CompressionConfig, need_attention: bool):
         """``(out [N_dst, H, C], attention [E, H] or None)``: :func:`dgl_exact.ops.gat_attention`'s dispatch on an

@@ -311,17 +311,17 @@ class TrainConfig:
                              f"with {self.runs} runs")
 
     def _check_framework(self) -> None:
-        """``framework: pyg``: PyTorch Geometric installed, no neighbour-sampled blocks, and none of the options
-        only the DGL-built models have (EXACT's GAT and GCNII variants, non-inverted dropout, input dropout)."""
+        """``framework: pyg``: PyTorch Geometric installed, and none of the options only the DGL-built models have
+        (EXACT's GAT and GCNII variants, non-inverted dropout, input dropout)."""
         if self.framework != "pyg":
             return
         import importlib.util
 
         if importlib.util.find_spec("torch_geometric") is None:
             raise ValueError("framework pyg needs PyTorch Geometric: pip install 'dgl-exact[pyg]'")
-        if self.sampler == "neighbor":
-            raise ValueError("framework pyg runs on whole graphs and sampled subgraphs (--sampler full, saint, "
-                             "cluster), not on the neighbour sampler's blocks")
+        if self.eval_batch_size is not None:
+            raise ValueError("framework pyg evaluates on the whole graph (its models have no layer-wise "
+                             "evaluation): leave --eval-batch-size unset")
         defaults = {"input_dropout": 0.0, "dropout2": False, "edge_drop": 0.0, "residual": False,
                     "use_attn_dst": True, "shared_weights": True, "identity_mapping": True, "recompute": None}
         given = [name for name, value in defaults.items() if getattr(self, name) != value]
@@ -363,7 +363,7 @@ class TrainConfig:
                                  f"layer(s): give one per layer (e.g. --fanouts {example}), or --layers "
                                  f"{len(fanouts)}")
             self.fanouts = format_fanouts(fanouts)
-        if self.model == "gcn2":
+        if self.model == "gcn2" and self.framework != "pyg":  # (PyG's runs on the sampled subgraph)
             raise ValueError("gcn2 (GCNII) runs on whole (sub)graphs: every layer mixes in the initial "
                              "representation of the same nodes, which a block's shrinking node sets do not hold; "
                              "use --sampler full, saint or cluster, or another model with --sampler neighbor")

@@ -8,7 +8,8 @@ per head; the last layer one head), each hidden one followed by ``Sequential(Bat
 :class:`PyGGCNII`: PyG's ``gcn2_cora`` example: ``Linear -> ReLU``, ``layers`` ``GCN2Conv(alpha=0.1, theta=0.5)``
 each followed by ``Sequential(BatchNorm, ReLU, Dropout)``, then ``Linear``. :class:`PyGModel` calls one as the
 trainer calls its models, ``model(graph, feat, edge_weight=None)`` with a DGL graph or subgraph (PyG's convs
-read its ``edge_index``; they add their own self loops where PyG does).
+read its ``edge_index``; they add their own self loops where PyG does) or the neighbour sampler's blocks (run as
+PyG's ``NeighborLoader`` batches: :func:`blocks_edge_index`).
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import torch.nn as nn
 
 from ..nn.convert import compress_model
 
-__all__ = ["PyGStack", "PyGGCNII", "PyGModel", "build_pyg_network", "PYG_GAT_HEADS"]
+__all__ = ["PyGStack", "PyGGCNII", "PyGModel", "build_pyg_network", "blocks_edge_index", "PYG_GAT_HEADS"]
 
 PYG_GAT_HEADS, PYG_GCN2_ALPHA, PYG_GCN2_THETA = 3, 0.1, 0.5
 
@@ -107,10 +108,27 @@ def build_pyg_network(model: str, in_feats: int, hidden: int, classes: int, laye
     return compress_model(net) if convert else net
 
 
+def blocks_edge_index(blocks) -> torch.Tensor:
+    """The ``edge_index [2, E]`` of the subgraph the neighbour sampler's ``blocks`` (first layer first) sampled, over
+    the first block's input nodes (every block's nodes are a prefix of them, in DGL's numbering): each node's
+    in-edges from the one block that expanded it, the last block for the seeds and, for the nodes the next block
+    does not hold as destinations, the block where they first are. As PyG's ``NeighborLoader`` samples: every
+    node expanded once (hop ``k`` with ``fanouts[L - k]``: PyG's ``num_neighbors`` reversed), so a PyG model runs
+    on it as on PyG's batches (every layer over all the sampled nodes; the seeds' rows are the output)."""
+    parts = []
+    for i, block in enumerate(blocks):
+        src, dst = block.edges(order="srcdst")
+        if i + 1 < len(blocks):  # the destinations the next block holds are expanded there
+            new = dst >= blocks[i + 1].num_dst_nodes()
+            src, dst = src[new], dst[new]
+        parts.append(torch.stack([src, dst]).to(torch.int64))
+    return torch.cat(parts, 1)
+
+
 class PyGModel(nn.Module):
     """A PyG network (``net(x, edge_index[, edge_weight])``) called as the trainer calls its models:
-    ``model(graph, feat, edge_weight=None)``, ``graph`` a DGL graph (whole or a sampled subgraph, not a list of
-    blocks). The ``edge_index`` of each graph is made once (kept while the graph lives)."""
+    ``model(graph, feat, edge_weight=None)``, ``graph`` a DGL graph (whole or a sampled subgraph) or a list of
+    blocks. The ``edge_index`` of each graph is made once (kept while the graph lives)."""
 
     def __init__(self, net: nn.Module):
         super().__init__()
@@ -127,9 +145,15 @@ class PyGModel(nn.Module):
         return hit
 
     def forward(self, graph, feat: torch.Tensor, edge_weight=None) -> torch.Tensor:
+        """``graph``: a DGL graph (``feat`` one row per node; returns one row per node) or the neighbour sampler's
+        blocks (``feat`` one row per input node of the first block; returns the rows of the last block's
+        destinations, the seeds), run as PyG's ``NeighborLoader`` batches run: on the subgraph of the sampled
+        nodes and edges (:func:`blocks_edge_index`)."""
         if isinstance(graph, (list, tuple)):
-            raise ValueError("--framework pyg runs on a whole graph or a sampled subgraph (--sampler full, saint, "
-                             "cluster), not on the neighbour sampler's blocks")
+            if edge_weight is not None:
+                raise ValueError("--framework pyg on the neighbour sampler's blocks takes no edge weights")
+            out = self.net(feat, blocks_edge_index(graph).to(feat.device))
+            return out[:graph[-1].num_dst_nodes()]
         edge_index, eid = self.edge_index(graph)
         if edge_weight is not None:
             edge_weight = edge_weight[eid.to(edge_weight.device)]

@@ -104,6 +104,10 @@ class Trainer:
 
     #: ``torch.compile`` mode of the model (``dgl-exact train --compile``; :mod:`.compiled`); None: eager
     compile_mode: Optional[str] = None
+    #: :func:`~.models.build_model`'s ``impl``: ``exact`` (dgl_exact's layers; framework pyg: PyG's converted by
+    #: ``compress_model``), or ``pyg`` for framework pyg's model as written (``dgl-exact bench accuracy``'s
+    #: ``PyG fp32`` baseline)
+    impl: str = "exact"
     #: with a checkpoint, also save it every this many batches inside an epoch (``--checkpoint-batches``);
     #: a resumed run continues at the next batch of that epoch with the same batches. None: after epochs only
     checkpoint_batches: Optional[int] = None
@@ -308,7 +312,8 @@ class Trainer:
         if self.label_inputs is not None:
             feat = self.label_inputs.eval_features(feat, self.split["train"], self.train_label)
         eval_batch_size = self.cfg.eval_batch_size
-        if eval_batch_size is None and self.cfg.sampler == "neighbor":  # large graphs: one layer at a time
+        if eval_batch_size is None and self.cfg.sampler == "neighbor" and self.cfg.framework != "pyg":
+            # large graphs: one layer at a time (PyG's models: the whole graph, as PyG evaluates them)
             eval_batch_size = DEFAULT_EVAL_BATCH_SIZE
         with self._autocast():
             if eval_batch_size is None:
@@ -330,7 +335,7 @@ class Trainer:
                             alpha=cfg.alpha, lambda_=cfg.lambda_, input_dropout=cfg.input_dropout,
                             shared_weights=cfg.shared_weights, residual=cfg.residual,
                             identity_mapping=cfg.identity_mapping, dropout2=cfg.dropout2, edge_drop=cfg.edge_drop,
-                            use_attn_dst=cfg.use_attn_dst, recompute=cfg.recompute,
+                            use_attn_dst=cfg.use_attn_dst, recompute=cfg.recompute, impl=self.impl,
                             framework=cfg.framework).to(self.device)
         opt_cls = {"adam": torch.optim.Adam, "rmsprop": torch.optim.RMSprop, "sgd": torch.optim.SGD}[cfg.optimizer]
         optimizer = opt_cls(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)

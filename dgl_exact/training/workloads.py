@@ -23,10 +23,11 @@ from typing import Dict, Union
 
 from .._compat import import_dgl
 from ..data.compact import compact_graph, training_graph
+from .pyg_models import PYG_GAT_HEADS
 
 
-__all__ = ["ModelTraits", "MODEL_TRAITS", "SELF_LOOP_MODELS", "CSC_ONLY_MODELS", "LAYOUTS", "model_traits",
-           "prepare_graph"]
+__all__ = ["ModelTraits", "MODEL_TRAITS", "PYG_MODEL_TRAITS", "PYG_MODELS", "SELF_LOOP_MODELS", "CSC_ONLY_MODELS",
+           "LAYOUTS", "model_traits", "prepare_graph"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +55,16 @@ MODEL_TRAITS: Dict[str, ModelTraits] = {t.name: t for t in (
     ModelTraits("gat", self_loops=True, csc_only=False, hidden=128, heads=3),
     ModelTraits("gcn2", self_loops=True, csc_only=True, hidden=256),
 )}
+#: the PyG models of ``dgl-exact bench`` and ``dgl-exact plan`` (:mod:`~dgl_exact.training.pyg_models`' architectures
+#: on PyG's layers, ``pyg-<model>``): no self loops added to the graph (PyG's GCNConv, GATConv and GCN2Conv add
+#: their own); widths and depths those of the DGL models (GCNII's depth: ``--layers 16`` gives the EXACT benchmark's)
+PYG_MODEL_TRAITS: Dict[str, ModelTraits] = {t.name: t for t in (
+    ModelTraits("pyg-gcn", self_loops=False, csc_only=False, hidden=256),
+    ModelTraits("pyg-sage", self_loops=False, csc_only=False, hidden=128),
+    ModelTraits("pyg-gat", self_loops=False, csc_only=False, hidden=128, heads=PYG_GAT_HEADS),
+    ModelTraits("pyg-gcn2", self_loops=False, csc_only=False, hidden=256),
+)}
+PYG_MODELS = tuple(PYG_MODEL_TRAITS)
 #: the models trained with one self loop per node
 SELF_LOOP_MODELS = tuple(name for name, t in MODEL_TRAITS.items() if t.self_loops)
 #: the models that train from the CSC alone on a symmetric full graph
@@ -66,10 +77,10 @@ def model_traits(model: Union[str, ModelTraits]) -> ModelTraits:
     """The :class:`ModelTraits` of a model name (``ValueError`` naming the known ones), or ``model`` itself."""
     if isinstance(model, ModelTraits):
         return model
-    try:
-        return MODEL_TRAITS[model]
-    except KeyError:
-        raise ValueError(f"unknown model {model!r}; use one of {', '.join(MODEL_TRAITS)}") from None
+    traits = MODEL_TRAITS.get(model) or PYG_MODEL_TRAITS.get(model)
+    if traits is None:
+        raise ValueError(f"unknown model {model!r}; use one of {', '.join([*MODEL_TRAITS, *PYG_MODEL_TRAITS])}")
+    return traits
 
 
 def prepare_graph(graph, model: Union[str, ModelTraits], *, layout: str = "training", has_self_loops: bool = False,

@@ -97,3 +97,30 @@ def test_workload_rows(monkeypatch):
     runner._add_ratios(rows, "x", baseline_over_value=True)
     assert [r["ratio_vs_baseline"] for r in rows] == [2.0, 8.0, 1.0]
     assert {r["baseline"] for r in rows} == {"PyG fp32"}
+
+
+def test_accuracy_grid_trains_pyg_models(tmp_path):
+    """``bench accuracy`` with a PyG model (``framework: pyg``): PyG fp32 trains the model as written, dgl_exact's
+    settings the converted one (compression off: the same test accuracy from the same seeds, since forward and
+    gradients equal PyG's), DGL fp32 is skipped; rows named ``pyg-<model>``, deltas against PyG fp32."""
+    from dgl_exact.bench import runner
+    from dgl_exact.bench.results import ResultSink
+    from dgl_exact.data import load_dataset
+    from dgl_exact.planning.settings import select
+    from dgl_exact.training.config import TrainConfig
+
+    name = "synthetic-small:num_nodes=200,num_features=8,num_classes=3"
+    ds = load_dataset(name, str(tmp_path))
+    cfg = TrainConfig(dataset=name, model="sage", framework="pyg", hidden=8, epochs=2, data_root=str(tmp_path))
+    rows = runner.accuracy_grid(ds, cfg, select("DGL fp32,PyG fp32,dgl_exact fp32,INT2"), 2,
+                                ResultSink(str(tmp_path / "out"), "accuracy"), progress=False)
+    assert [(r["model"], r["setting"]) for r in rows] == [("pyg-sage", s) for s in ("PyG fp32", "dgl_exact fp32",
+                                                                                    "INT2")]
+    assert rows[1]["tests"] == rows[0]["tests"] and rows[1]["delta_vs_fp32"] == 0.0
+    assert rows[2]["delta_vs_fp32"] == pytest.approx(rows[2]["test_mean"] - rows[0]["test_mean"])
+    from dgl_exact.training.trainer import Trainer
+
+    trainer = Trainer(cfg, dataset=ds, progress=False, log=None)
+    assert type(trainer.build(0)[0].net.convs[0]).__module__.startswith("dgl_exact.pyg")
+    trainer.impl = "pyg"  # what the grid sets for PyG fp32
+    assert type(trainer.build(0)[0].net.convs[0]).__module__.startswith("torch_geometric")

@@ -111,9 +111,10 @@ def test_same_default_model_and_device_everywhere():
 def test_names_and_defaults_known_without_torch_match_training():
     """The CLI keeps its choices and train's shown defaults without importing torch: they must equal the
     training package's."""
-    from dgl_exact.training import config, models
+    from dgl_exact.training import config, models, workloads
 
     assert _common.MODELS == tuple(models.MODELS)
+    assert _common.PYG_MODELS == workloads.PYG_MODELS
     assert _common.SAMPLERS == tuple(config.SAMPLERS) and _common.SAINT_MODES == tuple(config.SAINT_MODES)
     assert _common.MAX_COUNT == config.MAX_COUNT
     assert _common.bundled_configs() == config.bundled_configs()

@@ -2,7 +2,8 @@
 dgl`` (and ``dgl.*``) raises ``ModuleNotFoundError`` imports the core (compression, kernels, ops, memory,
 planning, saved_tensors) and ``dgl_exact.pyg``, runs the graph ops on a structure built from index tensors
 and a PyG drop-in's compressed forward and backward, and never loads DGL; naming a part of the DGL front end
-raises the install hint. (The CI's no-DGL job also runs the core and PyG test folders in a venv without DGL.)
+raises the install hint; ``dgl_exact.compress_model`` converts a PyG model. (The CI's no-DGL job also runs the
+core and PyG test folders in a venv without DGL.)
 """
 from __future__ import annotations
 
@@ -96,6 +97,49 @@ PYG = textwrap.dedent("""
     assert all(p.grad is not None for p in ours.parameters())
 """)
 
+# a PyG model converted by dgl_exact.compress_model where DGL is absent (torch's and PyG's conversions; DGL's are
+# registered only where DGL is loaded): the same eval output, a training step at INT2; DGL's convs say what they need
+CONVERT_PYG = textwrap.dedent("""
+    import torch
+    import torch_geometric.nn as pyg_nn
+
+    import dgl_exact
+
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1 = pyg_nn.GCNConv(6, 8)
+            self.post = torch.nn.Sequential(pyg_nn.BatchNorm(8), torch.nn.ReLU(), torch.nn.Dropout(0.5))
+            self.conv2 = pyg_nn.GATv2Conv(8, 3, heads=2)
+
+        def forward(self, x, edge_index):
+            return self.conv2(self.post(self.conv1(x, edge_index)), edge_index)
+
+
+    torch.manual_seed(0)
+    edge_index = torch.tensor([[0, 1, 1, 2, 3, 4, 4, 0], [1, 0, 2, 1, 4, 3, 0, 4]])
+    x = torch.randn(5, 6)
+    model = Net()
+    model.eval()
+    expected = model(x, edge_index)
+    model, report = dgl_exact.compress_model(model, dgl_exact.CompressionConfig(bits=2), report=True)
+    assert {"conv1", "conv1.lin", "post.0.module", "post.1", "post.2", "conv2", "conv2.lin_l",
+            "conv2.lin_r"} <= set(report.converted), report
+    assert type(model.conv2).__module__ == "dgl_exact.pyg.gatv2_conv", type(model.conv2)
+    assert torch.allclose(model(x, edge_index), expected, atol=1e-6)
+    model.train()
+    model(x, edge_index).square().sum().backward()
+    assert all(p.grad is not None and bool(torch.isfinite(p.grad).all()) for p in model.parameters())
+    try:
+        dgl_exact.nn.GraphConv
+    except ModuleNotFoundError as exc:
+        assert exc.name == "dgl" and "pip install dgl" in str(exc), exc
+    else:
+        raise AssertionError("dgl_exact.nn.GraphConv without DGL should raise ModuleNotFoundError")
+""")
+
+
 CHECK_NO_DGL = textwrap.dedent("""
     loaded = sorted(m for m, v in sys.modules.items() if (m == "dgl" or m.startswith("dgl.")) and v is not None)
     assert not loaded, loaded
@@ -120,3 +164,9 @@ def test_pyg_drop_in_trains_without_dgl():
     if importlib.util.find_spec("torch_geometric") is None:
         pytest.skip("needs torch_geometric (pip install 'dgl-exact[pyg]')")
     _run_without_dgl(PYG)
+
+
+def test_compress_model_of_a_pyg_model_without_dgl():
+    if importlib.util.find_spec("torch_geometric") is None:
+        pytest.skip("needs torch_geometric (pip install 'dgl-exact[pyg]')")
+    _run_without_dgl(CONVERT_PYG)

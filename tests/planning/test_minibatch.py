@@ -298,3 +298,19 @@ def _record_both_ways(tiny_planner, monkeypatch):
     one = tiny_planner.record(setting, 64).step_peak_bytes
     assert one == every
     assert threads[-1] == 1 and threads[0] == 2
+
+
+def test_pyg_model_planned_on_the_sampled_subgraph(tmp_path):
+    """A PyG model runs on the neighbour sampler's batches as PyG's NeighborLoader batches (the sampled subgraph):
+    planned per batch, INT2 below PyG fp32; the CLI takes it."""
+    pytest.importorskip("torch_geometric", reason="needs torch_geometric (pip install 'dgl-exact[pyg]')")
+    from dgl_exact.data import load_dataset
+
+    planner = MinibatchPlanner(load_dataset(TINY, str(tmp_path)), "pyg-sage", [5, 5], num_batches=1, hidden=16)
+    pyg, int2 = (planner.record(select(name)[0], 64) for name in ("PyG fp32", "INT2"))
+    assert 0 < int2.activation_bytes < pyg.activation_bytes / 4
+    assert int2.step_peak_bytes < pyg.step_peak_bytes
+    res = CliRunner().invoke(cli, ["plan", "--dataset", TINY, "--data-root", str(tmp_path), "--model", "pyg-gcn",
+                                   "--sampler", "neighbor", "--fanouts", "4,4", "--batch-size", "64", "--hidden", "8",
+                                   "--settings", "INT2"])
+    assert res.exit_code == 0 and "| INT2 |" in res.output, res.output

@@ -99,6 +99,25 @@ def test_activation_prediction_is_exact_at_sample_size(model):
         assert rec.activation_bytes == _measured_activation(spec, setting)
 
 
+@pytest.mark.parametrize("model", ["pyg-gcn", "pyg-gat"])
+def test_pyg_models_planned_as_the_trainer_builds_them(model):
+    """``pyg-*``: the trainer's PyG network, as written for 'PyG fp32' and converted by compress_model for INT2;
+    the activations predicted at sample size are those measured; INT2 keeps a fraction of PyG's; a DGL setting is
+    refused."""
+    pytest.importorskip("torch_geometric", reason="needs torch_geometric (pip install 'dgl-exact[pyg]')")
+    spec = P.PlanSpec(model=model, nodes=500, edges=2500, features=24, classes=5, hidden=16, layers=2, heads=2)
+    assert type(P.build_for(spec, "exact").net.convs[0]).__module__.startswith("dgl_exact.pyg")
+    assert type(P.build_for(spec, "pyg").net.convs[0]).__module__.startswith("torch_geometric")
+    records = {}
+    for name in ("PyG fp32", "INT2"):
+        setting = select(name)[0]
+        records[name] = P.predict(spec, setting, sample_nodes=300)
+        assert records[name].activation_bytes == _measured_activation(spec, setting)
+    assert records["INT2"].activation_bytes < records["PyG fp32"].activation_bytes / 4
+    with pytest.raises(ValueError, match="its baseline is 'PyG fp32'"):
+        P.build_for(spec, "dgl")
+
+
 def test_recompute_prediction_is_the_recomputed_models():
     """``INT2 + recompute`` is planned with GCNII's recompute mode on: its activations (the segments'
     boundaries and ``h0``) exactly as measured at sample size, a fraction of plain INT2's at 12 layers; the
