@@ -6,12 +6,10 @@ import datetime
 import os
 import platform
 import re
-from typing import Optional
-
 import torch
 
 from .._files import atomic_write
-from ..errors import WriteError
+from . import suites
 from .results import markdown_table
 from .runner import published_rows
 
@@ -60,11 +58,13 @@ SUITE_README = "README.md"
 
 HEADER = """# Benchmarks
 
-Current results, per machine and suite. Every number comes from the command written next to it, run on the
-machine named with it; each suite's files are in `benchmarks/MACHINE/SUITE/` (this file is assembled from
-their `README.md`s by `dgl-exact bench all --benchmarks-md BENCHMARKS.md`, which also reruns the memory, speed,
-kernels and accuracy suites of one machine: `--label MACHINE`). Earlier results are in the git history; what
-changed, in CHANGELOG.md.
+Current results, per machine and suite. Every table is generated from the result files in
+`benchmarks/MACHINE/SUITE/`, with the command that wrote them and the machine it ran on written above it (each
+suite's `runs.json` lists its runs). One command per machine regenerates that machine's sections and this file,
+without measuring: `dgl-exact bench report --label MACHINE --benchmarks-md BENCHMARKS.md`; `dgl-exact bench all
+--label MACHINE --benchmarks-md BENCHMARKS.md` reruns the memory, speed, kernels and accuracy suites first, and
+each other suite's command (written in its section) reruns it with `--out benchmarks/MACHINE/SUITE`. Earlier
+results are in the git history; what changed, in CHANGELOG.md.
 
 Activation memory follows EXACT's protocol: bytes kept for backward by one training forward pass, excluding
 model, data, graph and the step's outputs (CUDA: allocated-memory delta; CPU: unique storages saved for
@@ -130,29 +130,33 @@ def assemble(root: str = "benchmarks", out: str = "BENCHMARKS.md") -> str:
     return out
 
 
-def write_suite_report(root: str, machine: str, suite: str, command: str, section: str, figures=(),
-                       device: Optional[str] = None) -> str:
-    """``<root>/<machine>/<suite>/README.md``: the suite's heading, the command, the machine, the code measured,
-    ``section`` (its Markdown tables) and ``figures`` (linked relative to the suite folder)."""
+def write_suite_report(root: str, machine: str, suite: str, run: dict) -> str:
+    """Record ``run`` (:mod:`.suites`: ``results``, ``command``, ``machine``, ``code``, ...) in
+    ``<root>/<machine>/<suite>/runs.json`` and regenerate that suite's README.md from it; returns the README."""
+    folder = os.path.join(root, machine, suite)
+    suites.record_run(folder, run)
+    return suites.write_suite(folder, suite, SUITES.get(suite, suite))
+
+
+def report_machine(root: str, machine: str) -> tuple:
+    """Regenerate the README.md of every suite of ``<root>/<machine>/`` that has a manifest (``runs.json``) from
+    its result files; returns (the READMEs written, the suites without a manifest, whose README is left)."""
+    machine_dir = os.path.join(root, machine)
+    if not os.path.isdir(machine_dir):
+        raise ValueError(f"no folder {machine_dir}: the machine's results go to {root}/MACHINE/SUITE/")
+    written, left = [], []
+    for suite in sorted(d for d in os.listdir(machine_dir) if os.path.isdir(os.path.join(machine_dir, d))):
+        folder = os.path.join(machine_dir, suite)
+        if os.path.isfile(os.path.join(folder, suites.MANIFEST)):
+            written.append(suites.write_suite(folder, suite, SUITES.get(suite, suite)))
+        else:
+            left.append(suite)
+    return written, left
+
+
+def run_entry(results: str, command: str, device=None, **extra) -> dict:
+    """A manifest entry for a run measured now, in this process: its machine line and the code measured."""
     from .provenance import stamp
 
-    folder = os.path.join(root, machine, suite)
-    section = section.strip()
-    if section.startswith("### "):  # a result table's own heading (ResultSink.finish): the suite's replaces it
-        section = section.split("\n", 1)[1].strip() if "\n" in section else ""
-    lines = [f"### {SUITES.get(suite, suite)}", "", f"Command: `{command}`", "",
-             f"Machine: {machine_line(device or 'cpu')}", ""]
-    if "Code: " not in section:  # ResultSink.finish writes it under the table's header
-        lines += [f"Code: {stamp()['code']}", ""]
-    lines += [section, ""]
-    for fig in figures:
-        rel = os.path.relpath(os.path.abspath(fig), os.path.abspath(folder)).replace(os.sep, "/")
-        lines += [f"![{os.path.basename(fig)}]({rel})", ""]
-    path = os.path.join(folder, SUITE_README)
-    try:
-        os.makedirs(folder, exist_ok=True)
-    except OSError as e:
-        raise WriteError(folder, e) from None
-    with atomic_write(path, "w", encoding="utf-8", shared=True) as f:
-        f.write("\n".join(lines))
-    return path
+    return {"results": results, "command": command, "machine": machine_line(device or "cpu"),
+            "code": stamp()["code"], **extra}

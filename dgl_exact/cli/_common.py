@@ -221,3 +221,39 @@ def provenance_checked(f):
         return f(*args, **kwargs)
 
     return wrapper
+
+
+def command_line(ctx, prefix: str, skip=()) -> str:
+    """The command as given: ``prefix`` and each option set on the command line (not its defaults), quoted for a
+    shell, in the order the command declares them."""
+    import shlex
+
+    from click.core import ParameterSource
+
+    words = [prefix]
+    for param in ctx.command.params:
+        if param.name in skip or ctx.get_parameter_source(param.name) != ParameterSource.COMMANDLINE:
+            continue
+        value = ctx.params[param.name]
+        flag = max(param.opts, key=len)
+        if getattr(param, "is_flag", False):
+            words += [flag] if value else []
+        else:
+            words += [flag, shlex.quote(str(value))]
+    return " ".join(words)
+
+
+def record_results(results_path: str, device=None, **extra) -> None:
+    """Record the run of the current ``dgl-exact bench`` command that wrote ``results_path`` (a result file) in
+    its folder's manifest (``runs.json``: the command as given, the machine, the code measured), from which
+    ``dgl-exact bench report`` generates the suite's README.md."""
+    from ..bench.report import run_entry
+    from ..bench.suites import record_run
+
+    ctx = click.get_current_context()
+    prefix = " ".join(["dgl-exact"] + ctx.command_path.split()[1:])
+    entry = run_entry(os.path.basename(results_path), command_line(ctx, prefix, skip=("quiet",)), device, **extra)
+    try:
+        record_run(os.path.dirname(results_path) or ".", entry)
+    except ValueError as e:
+        raise UserError(str(e)) from None

@@ -10,7 +10,8 @@ import click
 from .._files import atomic_write
 from ._common import MAX_COUNT as _MAX_COUNT
 from ._common import (DATA_ROOT_SHOWN, DEFAULT_DEVICE, MODELS, PYG_MODELS, UserError, check_dataset,
-                      check_outputs, check_names, hold_outputs, hold_results, provenance_checked, renamed)
+                      check_outputs, check_names, hold_outputs, hold_results, provenance_checked, record_results,
+                      renamed)
 
 _COUNT, _COUNT0 = click.IntRange(1, _MAX_COUNT), click.IntRange(0, _MAX_COUNT)  # counts and sizes (int32)
 
@@ -111,6 +112,7 @@ def bench_memory(dataset, models, settings, hidden, layers, device, data_root, o
     rows = memory_grid(work, model_list, chosen, sink, progress=not quiet)
     click.echo(sink.finish(MEMORY_COLUMNS + ["note"], "Activation memory and step peak",
                            _bench_header("memory", work, memory_note(rows))))
+    record_results(sink.path, work.device, columns=MEMORY_COLUMNS)
     if plot:
         click.echo("figure: " + plots.plot_memory(rows, os.path.join(out, "memory.png")))
 
@@ -201,6 +203,7 @@ def bench_minibatch(dataset, settings, fanouts, hidden, memory_budget, max_batch
               f"high-water mark) over its sampled batches; epoch time extrapolated from {max_batches} timed batches; "
               f"{machine_line(torch_device())}")
     click.echo(sink.finish(MINIBATCH_COLUMNS, "Largest mini-batch within a memory budget", header))
+    record_results(sink.path, torch_device(), columns=MINIBATCH_COLUMNS)
 
 
 def torch_device():
@@ -226,6 +229,7 @@ def bench_speed(dataset, models, settings, hidden, layers, device, data_root, ou
     sink = ResultSink(out, "speed")
     rows = speed_grid(work, model_list, chosen, sink, epochs=epochs, warmup=warmup, progress=not quiet)
     click.echo(sink.finish(SPEED_COLUMNS + ["note"], "Epoch time", _bench_header("speed", work)))
+    record_results(sink.path, work.device, columns=SPEED_COLUMNS)
     if plot:
         click.echo("figure: " + plots.plot_speed(rows, os.path.join(out, "speed.png")))
 
@@ -266,6 +270,7 @@ def bench_profile(dataset, models, settings, hidden, layers, device, data_root, 
         rows = count_grid(work, model_list, chosen, sink, out, warmup=max(warmup, 1), progress=not quiet)
         click.echo(sink.finish(COLUMNS, "Per-step counts on the GPU code path (counts, not times)",
                                _bench_header("profile --emulate-gpu", work)))
+        record_results(sink.path, work.device, columns=COLUMNS)
         click.echo(f"per-op tables: {os.path.join(out, 'opcount_*.txt')}")
         if json_path:
             with atomic_write(json_path, "w", encoding="utf-8", shared=True) as f:
@@ -275,6 +280,7 @@ def bench_profile(dataset, models, settings, hidden, layers, device, data_root, 
     sink = ResultSink(out, "profile")
     profile_grid(work, model_list, chosen, sink, out, steps=steps, warmup=warmup, progress=not quiet)
     click.echo(sink.finish(PROFILE_COLUMNS + ["note"], "Step profile", _bench_header("profile", work)))
+    record_results(sink.path, work.device, columns=PROFILE_COLUMNS)
     click.echo(f"per-op tables: {os.path.join(out, 'profile_*.txt')}")
 
 
@@ -301,6 +307,7 @@ def bench_kernels(rows, cols, repeats, device, out, quiet):
     sink = ResultSink(out, "kernels")
     kernel_grid(sink, dev, rows=rows, cols=cols, repeats=repeats, progress=not quiet)
     click.echo(sink.finish(KERNEL_COLUMNS, "Kernel throughput", f"best of {repeats}; {machine_line(dev)}"))
+    record_results(sink.path, dev, columns=KERNEL_COLUMNS)
 
 
 @bench.command("accuracy")
@@ -349,29 +356,10 @@ def bench_accuracy(dataset, models, settings, runs, epochs, conf, device, data_r
         rows += accuracy_grid(ds, cfg, chosen, runs, sink, progress=not quiet)
     click.echo(sink.finish(ACCURACY_COLUMNS, "Accuracy", f"{ds.summary()}; {runs} seeds per setting; "
                                                            f"{machine_line(cfg.device)}"))
+    record_results(sink.path, cfg.device, columns=ACCURACY_COLUMNS)
     mem_path = os.path.join(out, "memory.jsonl")
     if plot and os.path.exists(mem_path):
         click.echo("figure: " + plots.plot_tradeoff(rows, read_rows(mem_path), os.path.join(out, "tradeoff.png")))
-
-
-def _command_line(ctx, prefix: str, skip=()) -> str:
-    """The command as given: ``prefix`` and each option set on the command line (not its defaults), quoted for a
-    shell, in the order the command declares them."""
-    import shlex
-
-    from click.core import ParameterSource
-
-    words = [prefix]
-    for param in ctx.command.params:
-        if param.name in skip or ctx.get_parameter_source(param.name) != ParameterSource.COMMANDLINE:
-            continue
-        value = ctx.params[param.name]
-        flag = max(param.opts, key=len)
-        if getattr(param, "is_flag", False):
-            words += [flag] if value else []
-        else:
-            words += [flag, shlex.quote(str(value))]
-    return " ".join(words)
 
 
 @bench.command("all")
@@ -391,14 +379,16 @@ def _command_line(ctx, prefix: str, skip=()) -> str:
               help="Folder of the results of every machine (this one's: OUT/LABEL/SUITE/).")
 @click.option("--benchmarks-md", default=None, show_default="none", type=click.Path(dir_okay=False),
               help="Also rebuild this file from every suite's README.md under --out (the repository's "
-                   "BENCHMARKS.md is built so: `--benchmarks-md BENCHMARKS.md`).")
+                   "BENCHMARKS.md is built so: `--benchmarks-md BENCHMARKS.md`; `bench report` rebuilds it without "
+                   "measuring).")
 @click.option("--quiet", "-q", is_flag=True)
 def bench_all(label, dataset, models, accuracy_dataset, runs, speed_epochs, device, data_root, root, benchmarks_md,
               quiet):
     """Run the memory, speed, kernels and accuracy suites and write each one's results, figures and README.md to
     OUT/LABEL/SUITE/ (and, with --benchmarks-md, rebuild that file from every suite's README.md under OUT)."""
     from ..bench import plot as plots
-    from ..bench.report import assemble, write_suite_report
+    from ..bench.report import SUITES, assemble
+    from ..bench.suites import write_suite
     from ..bench.results import ResultSink
     from ..bench.runner import (ACCURACY_COLUMNS, KERNEL_COLUMNS, MEMORY_COLUMNS, SPEED_COLUMNS, accuracy_grid,
                                 kernel_grid, memory_grid, memory_note, speed_grid)
@@ -413,18 +403,17 @@ def bench_all(label, dataset, models, accuracy_dataset, runs, speed_epochs, devi
         hold_results(os.path.join(machine, suite), suite, option="--out/--label")
     work, model_list, chosen = _bench_setup(dataset, models, "", None, 3, device, data_root)
     progress = not quiet
-    sections = []
     mem_sink = ResultSink(os.path.join(machine, "memory"), "memory")
     mem = memory_grid(work, model_list, chosen, mem_sink, progress=progress)
-    sections.append(mem_sink.finish(MEMORY_COLUMNS + ["note"], "Activation memory and step peak",
-                                    _bench_header("memory", work, memory_note(mem))))
+    mem_sink.finish(MEMORY_COLUMNS + ["note"], "Activation memory and step peak",
+                    _bench_header("memory", work, memory_note(mem)))
     spd_sink = ResultSink(os.path.join(machine, "speed"), "speed")
     spd = speed_grid(work, model_list, chosen, spd_sink, epochs=speed_epochs, warmup=1, progress=progress)
-    sections.append(spd_sink.finish(SPEED_COLUMNS + ["note"], "Epoch time",
-                                    _bench_header("speed", work, f"; {speed_epochs} timed epochs after 1 warm-up")))
+    spd_sink.finish(SPEED_COLUMNS + ["note"], "Epoch time",
+                    _bench_header("speed", work, f"; {speed_epochs} timed epochs after 1 warm-up"))
     k_sink = ResultSink(os.path.join(machine, "kernels"), "kernels")
     kernel_grid(k_sink, work.device, progress=progress)
-    sections.append(k_sink.finish(KERNEL_COLUMNS, "Kernel throughput", "best of 5, 169343 x 128 fp32"))
+    k_sink.finish(KERNEL_COLUMNS, "Kernel throughput", "best of 5, 169343 x 128 fp32")
     acc_ds = load_dataset(accuracy_dataset, data_root)
     a_sink = ResultSink(os.path.join(machine, "accuracy"), "accuracy")
     acc = []
@@ -432,20 +421,43 @@ def bench_all(label, dataset, models, accuracy_dataset, runs, speed_epochs, devi
     for model in model_list:
         cfg = TrainConfig(dataset=accuracy_dataset, model=model, device=device, data_root=data_root)
         acc += accuracy_grid(acc_ds, cfg, acc_settings, runs, a_sink, progress=progress)
-    sections.append(a_sink.finish(ACCURACY_COLUMNS, "Accuracy", f"{acc_ds.summary()}; {runs} seeds per setting, "
-                                                                  "default `dgl-exact train` hyperparameters"))
-    figures = {"memory": [], "speed": [], "kernels": [], "accuracy": []}
-    try:
-        figures["memory"] = [plots.plot_memory(mem, os.path.join(machine, "memory", "memory.png"))]
-        figures["speed"] = [plots.plot_speed(spd, os.path.join(machine, "speed", "speed.png"))]
+    a_sink.finish(ACCURACY_COLUMNS, "Accuracy", f"{acc_ds.summary()}; {runs} seeds per setting, "
+                                                  "default `dgl-exact train` hyperparameters")
+    try:  # each suite's README.md shows the figures in its folder
+        plots.plot_memory(mem, os.path.join(machine, "memory", "memory.png"))
+        plots.plot_speed(spd, os.path.join(machine, "speed", "speed.png"))
         if acc and mem:
-            figures["accuracy"] = [plots.plot_tradeoff(acc, mem, os.path.join(machine, "accuracy", "tradeoff.png"))]
+            plots.plot_tradeoff(acc, mem, os.path.join(machine, "accuracy", "tradeoff.png"))
     except ImportError as e:
         click.echo(f"no figures: {e}", err=True)
-    command = _command_line(click.get_current_context(), "dgl-exact bench all", skip=("quiet",))
-    for suite, section in zip(figures, sections):
-        report = write_suite_report(root, label, suite, command, section, figures[suite],
-                                    device=str(work.device))
-        click.echo(f"report: {report}")
+    sinks = {"memory": (mem_sink, MEMORY_COLUMNS), "speed": (spd_sink, SPEED_COLUMNS),
+             "kernels": (k_sink, KERNEL_COLUMNS), "accuracy": (a_sink, ACCURACY_COLUMNS)}
+    for suite, (sink, columns) in sinks.items():
+        record_results(sink.path, work.device, columns=columns)
+        click.echo(f"report: {write_suite(os.path.dirname(sink.path), suite, SUITES[suite])}")
+    if benchmarks_md:
+        click.echo(f"rebuilt {assemble(root, benchmarks_md)}")
+
+
+@bench.command("report")
+@click.option("--label", default="cpu", show_default=True, help="Machine label: the suites of OUT/LABEL/.")
+@click.option("--out", "root", default="benchmarks", show_default=True, type=click.Path(file_okay=False),
+              help="Folder of the results of every machine.")
+@click.option("--benchmarks-md", default=None, show_default="none", type=click.Path(dir_okay=False),
+              help="Also rebuild this file from every suite's README.md under --out.")
+def bench_report(label, root, benchmarks_md):
+    """Regenerate each suite's README.md of OUT/LABEL/ from its result files and runs.json (the command, machine
+    and code of each run), without measuring; with --benchmarks-md, rebuild that file too."""
+    from ..bench.report import assemble, report_machine
+
+    _bench_prechecks(files={"--benchmarks-md": benchmarks_md})
+    try:
+        written, left = report_machine(root, label)
+    except (ValueError, OSError) as e:
+        raise UserError(str(e).splitlines()[0]) from None
+    for path in written:
+        click.echo(f"report: {path}")
+    if left:
+        click.echo(f"left as written (no runs.json): {', '.join(left)}", err=True)
     if benchmarks_md:
         click.echo(f"rebuilt {assemble(root, benchmarks_md)}")

@@ -12,7 +12,7 @@ from .._files import atomic_write
 from ._common import (DEFAULT_DEVICE, DEFAULT_MODEL, MODELS, Choice, UserError, check_outputs, check_names,
                       hold_outputs, hold_results, parse_size)
 from ._common import MAX_COUNT as _MAX_COUNT
-from ._common import DATA_ROOT_SHOWN, PYG_MODELS, provenance_checked, renamed
+from ._common import DATA_ROOT_SHOWN, PYG_MODELS, provenance_checked, record_results, renamed
 
 
 @click.command("plan")
@@ -288,6 +288,7 @@ def bench_plan_command(dataset, models, settings, hidden, layers, device, data_r
                            measured=earlier)
     click.echo(f"plan vs measured on {work.dataset.summary()}; {machine_line(work.device)}")
     click.echo(format_rows(rows))
+    record_results(sink.path, work.device)
 
 
 @click.command("budget")
@@ -342,6 +343,7 @@ def bench_budget_command(dataset, model, conf, hidden, layers, batch_norm, epoch
     click.echo(f"budgeted plans vs uniform settings on {ds.summary()}, {base.model} {base.layers}x{base.hidden}, "
                f"{runs} seeds, {epochs} epochs")
     click.echo(format_rows(rows))
+    record_results(sink.path, base.device)
     if plot:
         from ..bench.plan_accuracy import plot_budget
 

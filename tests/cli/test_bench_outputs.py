@@ -82,4 +82,4 @@ def test_two_suites_share_a_folder_one_suite_runs_once_and_a_dead_runs_lock_is_t
         code, out, err = run([*KERNELS, "--out", res], capsys)
         assert code == 0, err
     assert sorted(os.listdir(res)) == [".memory.jsonl.lock", "kernels.csv", "kernels.jsonl", "kernels.jsonl.previous",
-                                       "kernels.md"]
+                                       "kernels.md", "runs.json"]

@@ -13,7 +13,6 @@ import subprocess
 import sys
 import textwrap
 
-import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -156,17 +155,9 @@ def _run_without_dgl(body: str) -> None:
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-4000:]
 
 
-def test_core_imports_and_runs_without_dgl():
-    _run_without_dgl(CORE)
-
-
-def test_pyg_drop_in_trains_without_dgl():
-    if importlib.util.find_spec("torch_geometric") is None:
-        pytest.skip("needs torch_geometric (pip install 'dgl-exact[pyg]')")
-    _run_without_dgl(PYG)
-
-
-def test_compress_model_of_a_pyg_model_without_dgl():
-    if importlib.util.find_spec("torch_geometric") is None:
-        pytest.skip("needs torch_geometric (pip install 'dgl-exact[pyg]')")
-    _run_without_dgl(CONVERT_PYG)
+def test_core_and_pyg_drop_in_import_and_run_without_dgl():
+    """One interpreter with DGL blocked (each start imports torch again): the core first, then, where
+    torch_geometric is installed (pip install 'dgl-exact[pyg]'), a PyG drop-in trains and compress_model converts
+    a PyG model; DGL is never imported."""
+    pyg = importlib.util.find_spec("torch_geometric") is not None
+    _run_without_dgl(CORE + (PYG + CONVERT_PYG if pyg else ""))
