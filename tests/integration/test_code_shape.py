@@ -53,7 +53,6 @@ PRIVATE_IMPORTS: Set[str] = {
     "dgl_exact/nn/_base.py -> dgl_exact.ops.graph._check_nodes",
     "dgl_exact/ops/blocks.py -> dgl_exact.ops.elementwise._kernel_for",
     "dgl_exact/ops/blocks.py -> dgl_exact.ops.elementwise._mask_like",
-    "dgl_exact/ops/dgl_ops.py -> dgl_exact.ops.graph._mul_layout",
     "dgl_exact/ops/gat.py -> dgl_exact.ops.graph._check_nodes",
     "dgl_exact/ops/gat.py -> dgl_exact.ops.graph._edge_softmax_ref",
     "dgl_exact/ops/gat.py -> dgl_exact.ops.graph._softmax_backward",
