@@ -188,6 +188,8 @@ def _fp32_origin(names: Dict[int, str]) -> Optional[Tuple[str, str, str, str]]:
     module, module_frame = None, -1
     for i, fr in enumerate(frames):
         path = os.path.realpath(fr.f_code.co_filename)
+        if fr.f_code.co_name == "__torch_function__":
+            continue                                    # a scope's torch-function mode passing a call on
         if path.startswith(_DGL_EXACT) and not path.startswith(_DGL_EXACT + "bench" + os.sep):
             return None                                 # saved by dgl_exact (an op, a converted module, a hook)
         if fr.f_code.co_name == "forward":

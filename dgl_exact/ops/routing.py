@@ -7,8 +7,10 @@ with DGL's built-in message and reduce functions (``fn.copy_u``, ``fn.copy_e``, 
 DGL's (zero-in-degree nodes, broadcasting, blocks), what each op keeps compressed at the configuration in force
 (a converted model's own: :func:`dgl_exact.set_model_config`). So do ``edge_softmax`` calls, however the name
 was reached (``dgl.ops``, ``dgl.nn.functional``, ``dgl.nn``, ``dgl.nn.pytorch``, or bound at import).
-User-defined (Python) message and reduce functions run as DGL runs them (what they save is compressed by
-``compress_model(..., saved_tensors=True)``), and graphs with several edge types run DGL's ops.
+Elementwise products of activations in the scope (an attention layer's ``ft * self.attn_l``) keep their operands
+compressed (:func:`~.products.compressed_products`). User-defined (Python) message and reduce functions run as
+DGL runs them (what they save is compressed by ``compress_model(..., saved_tensors=True)``), and graphs with
+several edge types run DGL's ops.
 
 How: DGL's ``dgl.core`` looks each built-in up as ``ops.<name>`` when it runs (``ops.u_mul_e_sum``,
 ``ops.u_add_v``, ``ops.copy_e_max``). On the first scope, ``dgl.core``'s ``ops`` becomes a namespace that answers
@@ -33,6 +35,7 @@ import torch
 
 from . import dgl_ops
 from .dgl_originals import named, originals
+from .products import compressed_products
 
 __all__ = ["message_passing", "message_passing_active"]
 
@@ -59,7 +62,8 @@ def message_passing(enabled: bool = True) -> Iterator[None]:
         _install()
     token = _active.set(enabled)
     try:
-        yield
+        with compressed_products(enabled):
+            yield
     finally:
         try:
             _active.reset(token)
