@@ -158,3 +158,17 @@ def test_sddmm_backward_forms_nothing_larger_than_inputs_and_output(name, cfg, g
             r = torch.randn(out.shape, dtype=out.dtype)
             _, largest = largest_tensor_made(lambda: torch.autograd.grad(out, [x, y], r))
             assert largest <= max(x.numel(), y.numel(), out.numel()), (kind, xs, ys, largest)
+
+
+@pytest.mark.parametrize("op", ["mul", "div", "add"])
+def test_double_backward(op, graphs):
+    """Compression off: the backward is differentiable (DGL's op re-run with autograd), exact to second order;
+    on, an op that keeps a compressed operand refuses with the package's message."""
+    g = dgl.rand_graph(6, 14)
+    x, y = _inputs(g, (1, 2), (3, 1))
+    fn_ = getattr(ops, f"u_{op}_e_mean")
+    assert torch.autograd.gradgradcheck(lambda a, b: torch.tanh(fn_(g, a * 1.0, b * 1.0, config=OFF)), (x, y))
+    if op != "add":
+        out = fn_(g, x * 1.0, y * 1.0, config=INT2)
+        with pytest.raises(RuntimeError, match="double backward"):
+            torch.autograd.grad(out.sum(), y, create_graph=True)
