@@ -18,6 +18,12 @@ symmetric degree norm ``1 / sqrt(d_u d_v)`` (no weight of its own); ``sage``, ``
 hidden, 'mean')``; ``gat``, ``dgl.nn.GATConv`` with :data:`BLOCK_GAT_HEADS` heads of ``hidden / heads``
 concatenated back to ``hidden``.
 
+``user-block-gat-ops``: the same blocks with attention written with ``dgl.ops`` in the heads-last layout, as
+published research code writes it (:class:`OpsGATAggregate`: ``Linear``, per-head scores ``ops.u_add_v`` of two
+linear maps, leaky ReLU, ``ops.edge_softmax``, then ``ops.u_mul_e_sum(g, x [N, D, H], p [E, 1, H])``),
+:data:`BLOCK_GAT_OPS_HEADS` heads. Converted as such code is: ``from dgl_exact import ops`` in place of
+``from dgl import ops`` (``impl='exact'``), then :func:`dgl_exact.compress_model`.
+
 ``arxiv-gcn-user``, ``arxiv-gat-user``: models written in the architecture and API style of DGL's ogbn-arxiv
 example (``examples/pytorch/ogb/ogbn-arxiv/models.py``; written here, not copied): :class:`ArxivGCN`, GraphConv
 layers with bias-free linear residuals, BatchNorm, ``F.relu`` and Dropout as statements of a plain loop;
@@ -38,6 +44,7 @@ import torch.nn.functional as F
 
 from .._compat import import_dgl
 from ..nn.convert import compress_model
+from .. import ops as exact_ops
 from ..ops.donation import donate
 from ..training.workloads import ModelTraits
 
@@ -46,11 +53,15 @@ fn = dgl.function
 edge_softmax = dgl.nn.functional.edge_softmax
 
 BLOCK_MODELS = ("user-block-gcn", "user-block-sage", "user-block-gat")
+#: the block model with attention written with ``dgl.ops`` (converted by swapping the import for dgl_exact's)
+OPS_MODELS = ("user-block-gat-ops",)
 #: written the way DGL's ogbn-arxiv example writes its models, and a user's GCNII loop
 ARXIV_MODELS = ("arxiv-gcn-user", "arxiv-gat-user", "user-gcn2")
-USER_MODELS = ("user-sage", "user-sage-donate") + BLOCK_MODELS + ARXIV_MODELS
+USER_MODELS = ("user-sage", "user-sage-donate") + BLOCK_MODELS + OPS_MODELS + ARXIV_MODELS
 ARXIV_GAT_HEADS, GCN2_USER_LAYERS = 3, 16
 BLOCK_HIDDEN, BLOCK_LAYERS, BLOCK_DROPOUT, BLOCK_GAT_HEADS = 512, 5, 0.1, 4
+#: heads of :class:`OpsGATAggregate` (hidden 512: 64 features per head, ``x [N, 64, 8]``)
+BLOCK_GAT_OPS_HEADS = 8
 #: the user models' workload facts (:class:`~dgl_exact.training.workloads.ModelTraits`: self loops for the
 #: GCN and GAT blocks, as DGL's GraphConv and GATConv want; default width and depth)
 USER_MODEL_TRAITS = {t.name: t for t in (
@@ -60,6 +71,8 @@ USER_MODEL_TRAITS = {t.name: t for t in (
     ModelTraits("user-block-sage", self_loops=False, csc_only=False, hidden=BLOCK_HIDDEN, layers=BLOCK_LAYERS),
     ModelTraits("user-block-gat", self_loops=True, csc_only=False, hidden=BLOCK_HIDDEN, layers=BLOCK_LAYERS,
                 heads=BLOCK_GAT_HEADS),
+    ModelTraits("user-block-gat-ops", self_loops=True, csc_only=False, hidden=BLOCK_HIDDEN, layers=BLOCK_LAYERS,
+                heads=BLOCK_GAT_OPS_HEADS),
     ModelTraits("arxiv-gcn-user", self_loops=True, csc_only=False, hidden=256),
     ModelTraits("arxiv-gat-user", self_loops=True, csc_only=False, hidden=128, heads=ARXIV_GAT_HEADS),
     ModelTraits("user-gcn2", self_loops=True, csc_only=False, hidden=256, layers=GCN2_USER_LAYERS),
@@ -154,15 +167,45 @@ class HeadsConcat(nn.Module):
         return self.conv(g, x).flatten(1)
 
 
-def build_block_model(kind: str, in_feats: int, hidden: int, classes: int, layers: int) -> PreNormNet:
-    """The pre-LayerNorm residual model with aggregation ``kind`` (``gcn``, ``sage`` or ``gat``)."""
+class OpsGATAggregate(nn.Module):
+    """Graph attention written with ``ops`` (``dgl.ops``, or ``dgl_exact.ops`` once converted), heads last:
+    ``x = Linear(x)``; scores ``ops.u_add_v(g, Linear_u(x), Linear_v(x))`` (``[E, H]``), leaky ReLU,
+    ``ops.edge_softmax``; ``ops.u_mul_e_sum`` of ``x`` viewed ``[N, hidden / H, H]`` and the probabilities
+    ``[E, 1, H]``, flattened back to ``[N, hidden]``. ``exact_ops``: the import swapped for dgl_exact's."""
+
+    def __init__(self, hidden: int, heads: int = BLOCK_GAT_OPS_HEADS, exact_ops: bool = False):
+        super().__init__()
+        if hidden % heads:
+            raise ValueError(f"GAT block: hidden {hidden} is not a multiple of {heads} heads")
+        self.heads, self.exact_ops = heads, exact_ops
+        self.lin = nn.Linear(hidden, hidden)
+        self.score_u = nn.Linear(hidden, heads)
+        self.score_v = nn.Linear(hidden, heads, bias=False)
+        self.act = nn.LeakyReLU(0.2)
+
+    def forward(self, g, x):
+        """Each node's attention-weighted sum of its in-neighbours, ``[N, hidden]``."""
+        ops = exact_ops if self.exact_ops else dgl.ops
+        x = self.lin(x)
+        probs = ops.edge_softmax(g, self.act(ops.u_add_v(g, self.score_u(x), self.score_v(x))))
+        out = ops.u_mul_e_sum(g, x.view(x.shape[0], -1, self.heads), probs.unsqueeze(1))
+        return out.reshape(x.shape[0], -1)
+
+
+def build_block_model(kind: str, in_feats: int, hidden: int, classes: int, layers: int,
+                      impl: str = "dgl") -> PreNormNet:
+    """The pre-LayerNorm residual model with aggregation ``kind`` (``gcn``, ``sage``, ``gat`` or ``gat-ops``,
+    the last on ``dgl_exact.ops`` for ``impl='exact'``, else on ``dgl.ops``)."""
+    if kind == "gat-ops":
+        return PreNormNet(in_feats, hidden, classes, layers,
+                          lambda: OpsGATAggregate(hidden, exact_ops=impl == "exact"))
     if kind == "gcn":
         return PreNormNet(in_feats, hidden, classes, layers, lambda: gcn_aggregate, edge_weight=symmetric_norm)
     if kind == "sage":
         return PreNormNet(in_feats, hidden, classes, layers, lambda: dgl.nn.SAGEConv(hidden, hidden, "mean"))
     if kind == "gat":
         return PreNormNet(in_feats, hidden, classes, layers, lambda: HeadsConcat(hidden))
-    raise ValueError(f"unknown block aggregation {kind!r}; expected gcn, sage or gat")
+    raise ValueError(f"unknown block aggregation {kind!r}; expected gcn, sage, gat or gat-ops")
 
 
 def build_user_model(name: str, in_feats: int, hidden: int, classes: int, layers: int, dropout: float,
@@ -171,8 +214,8 @@ def build_user_model(name: str, in_feats: int, hidden: int, classes: int, layers
     converted in place by :func:`dgl_exact.compress_model` (its configuration: the one in force)."""
     if name not in USER_MODELS:
         raise ValueError(f"unknown user model {name!r}; expected one of {USER_MODELS}")
-    if name in BLOCK_MODELS:  # its own dropout; no batch norm
-        model = build_block_model(name.rsplit("-", 1)[1], in_feats, hidden, classes, layers)
+    if name in BLOCK_MODELS + OPS_MODELS:  # its own dropout; no batch norm
+        model = build_block_model(name.removeprefix("user-block-"), in_feats, hidden, classes, layers, impl)
     elif name == "arxiv-gcn-user":
         model = ArxivGCN(in_feats, hidden, classes, layers, F.relu, dropout)
     elif name == "arxiv-gat-user":

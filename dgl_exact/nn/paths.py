@@ -193,6 +193,8 @@ def _fp32_origin(names: Dict[int, str]) -> Optional[Tuple[str, str, str, str]]:
     module, module_frame = None, -1
     for i, fr in enumerate(frames):
         path = os.path.realpath(fr.f_code.co_filename)
+        if fr.f_code.co_name == "__torch_function__":
+            continue                                    # a scope's torch-function mode passing a call on
         if path.startswith(_DGL_EXACT) and not path.startswith(_DGL_EXACT + "bench" + os.sep):
             return None                                 # saved by dgl_exact (an op, a converted module, a hook)
         if fr.f_code.co_name == "forward":
@@ -233,10 +235,9 @@ def _fp32_origin(names: Dict[int, str]) -> Optional[Tuple[str, str, str, str]]:
             return (name, op, line, f"{owner_type.__name__} ({owner_type.__module__}) has no dgl_exact version, "
                     "or a subclass of one: not converted" + fallback)
         if message_passing_active():
-            return (name, op, line, "DGL's own op inside a converted model's scope: reached through a name bound "
-                    "before the scope was first entered (`from dgl.ops import edge_softmax` at import), on a graph "
-                    "with several edge types, or an op the scope does not route; call it through dgl.ops at call "
-                    "time (dgl.ops.edge_softmax) or dgl_exact.ops" + fallback)
+            return (name, op, line, "DGL's own op inside a converted model's scope: called directly (dgl.ops.<op>, "
+                    "which the scope does not route; edge_softmax and message passing it does), or on a graph with "
+                    "several edge types; call dgl_exact.ops.<op> instead" + fallback)
         return (name, op, line, "a DGL graph op outside a converted model's scope (call it inside a model "
                 "converted by dgl_exact.compress_model, whose scope runs DGL's message passing compressed)"
                 + fallback)

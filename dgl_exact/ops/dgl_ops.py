@@ -10,15 +10,19 @@ What each op keeps for backward:
 =============================================  =========================================================
 op                                             kept
 =============================================  =========================================================
-``*_mul_*``, ``*_dot_*`` (SDDMM), ``u_mul_e``    each operand the other's gradient needs, compressed
-sum/mean (SpMM), ``segment_mm``, ``gather_mm``  (a leaf, e.g. a weight, by reference); backward decodes
+``*_mul_*``, ``*_dot_*`` (SDDMM),               each operand the other's gradient needs, compressed
+``segment_mm``, ``gather_mm``                   (a leaf, e.g. a weight, by reference); backward decodes
                                                them and re-runs DGL's op for its vector-Jacobian product
+``u_{add,sub,mul,div}_e_{sum,mean}`` (SpMM)     ``mul``/``div``: ``x`` compressed, ``y`` exactly (a divisor
+                                               enters its gradients nonlinearly); ``add``/``sub``: nothing.
+                                               Any broadcast DGL accepts; the backward forms nothing
+                                               larger than the inputs and output (:mod:`.spmm_broadcast`)
 ``u_mul_e_sum`` of the fused kernel's shapes,   see :mod:`.graph` (``copy_u_max``/``min`` as DGL's:
 ``copy_u_*``, ``u_add_v``, ``edge_softmax``       ``-inf``/``+inf`` without in-edges, where :mod:`.graph`'s
                                                give 0)
-``*_add_*``, ``*_sub_*``, ``copy_*``,           nothing: DGL's op (it keeps nothing either)
+``*_add_*``, ``*_sub_*`` (SDDMM), ``copy_*``,   nothing: DGL's op (it keeps nothing either)
 ``segment_reduce`` sum/mean
-``*_div_*``, max/min reducers,                 DGL's op, exactly what DGL keeps: a divisor enters its
+``*_div_*`` (SDDMM), max/min reducers,         DGL's op, exactly what DGL keeps: a divisor enters its
 ``segment_softmax``, ``segment_reduce``         gradients nonlinearly (a compressed copy would bias
 max/min                                        them); max/min keep argument indices
 =============================================  =========================================================
@@ -38,6 +42,7 @@ from .dgl_originals import originals
 from .keep import fresh_outputs
 from .dgl_general import bilinear, readable
 from . import graph as _graph
+from .spmm_broadcast import BROADCAST_OPS, BROADCAST_REDUCERS, gspmm_broadcast
 from .structure import structure_of
 
 __all__ = ["gspmm", "gsddmm", "copy_u", "copy_v", "copy_e", "segment_reduce", "segment_softmax", "segment_mm",
@@ -65,14 +70,12 @@ def gspmm(g, op: str, reduce_op: str, lhs_data, rhs_data, *, config: Optional[Co
     if homogeneous and op == "copy_lhs":
         out = getattr(_graph, "copy_u_" + reduce_op)(g, lhs_data)
         return _fill_empty(g, out, reduce_op) if reduce_op in ("max", "min") else out
-    dgl_gspmm = originals().gspmm
-    if homogeneous and op == "mul" and reduce_op in ("sum", "mean"):
-        if reduce_op == "sum" and _graph.mul_layout(tuple(lhs_data.shape[1:]), tuple(rhs_data.shape[1:])):
-            return _graph.u_mul_e_sum(g, lhs_data, rhs_data, config=config)
-        dg = readable(g)
-        return bilinear(lambda a, b: dgl_gspmm(dg, op, reduce_op, a, b), f"u_mul_e_{reduce_op}", lhs_data,
-                         rhs_data, config, exact_b=True)
-    return dgl_gspmm(readable(g), op, reduce_op, lhs_data, rhs_data)
+    both = isinstance(lhs_data, torch.Tensor) and isinstance(rhs_data, torch.Tensor)
+    if both and op == "mul" and reduce_op == "sum":
+        return _graph.u_mul_e_sum(g, lhs_data, rhs_data, config=config)
+    if both and op in BROADCAST_OPS and reduce_op in BROADCAST_REDUCERS:
+        return gspmm_broadcast(g, op, reduce_op, lhs_data, rhs_data, config)
+    return originals().gspmm(readable(g), op, reduce_op, lhs_data, rhs_data)
 
 
 def _fill_empty(g, out: torch.Tensor, reduce_op: str) -> torch.Tensor:
@@ -92,7 +95,9 @@ def _make_spmm(op: str, reduce_op: str):
 
     fn.__name__ = fn.__qualname__ = name
     fn.__doc__ = (f"DGL's ``{name}``: ``out[v] = {reduce_op}_(u, e, v) x[u] {op} y[e]``, DGL's broadcasting of the "
-                  "feature shapes.")
+                  "feature shapes" + ("; its backward forms nothing larger than the inputs and output "
+                                      "(:mod:`dgl_exact.ops.spmm_broadcast`)." if reduce_op in BROADCAST_REDUCERS
+                                      else "."))
     return name, fn
 
 

@@ -36,8 +36,9 @@ from ..kernels import reference as kernel_reference
 from .keep import fresh_outputs, stash, unstash
 from .double_backward import double_backward
 from .saved import load_kept, needs_saving, save_kept
-from .dgl_general import bilinear, readable
+from .dgl_general import readable
 from .dgl_originals import originals
+from .spmm_broadcast import gspmm_broadcast, pad_feature_shapes
 from .structure import GraphStructure, edge_softmax_forward, structure_of
 from . import captured
 
@@ -192,19 +193,13 @@ def src_norm_sum(g, x: torch.Tensor, kind: str = "sqrt", degrees: str = "out") -
 
 
 # --- u_mul_e sum ------------------------------------------------------------------------------------
-def _pad_feature_shapes(xs: tuple, ws: tuple):
-    """DGL's ``reshape_lhs_rhs``: the shorter feature shape padded with leading 1s (numpy's right alignment)."""
-    k = max(len(xs), len(ws))
-    return (1,) * (k - len(xs)) + tuple(xs), (1,) * (k - len(ws)) + tuple(ws)
-
-
 def mul_layout(xs: tuple, ws: tuple) -> Optional[tuple]:
     """``(out_shape, heads, dim, heads_last)`` when ``x * w`` (DGL's broadcasting of feature shapes ``xs`` and
     ``ws``) is the kernel's ``x [n, heads, dim] * w [E, heads, 1]``: ``w``'s feature shape, right-aligned, is a
     prefix of ``x``'s followed by 1s (``heads_last`` False), or 1s followed by a suffix of ``x``'s (``x [n,
     dim, heads] * w [E, 1, heads]``, heads last: ``heads_last`` True, run on heads-first copies of the
     node-sized tensors); and ``x`` is not broadcast. Else None (the general path, :mod:`.dgl_ops`)."""
-    xp, wp = _pad_feature_shapes(xs, ws)
+    xp, wp = pad_feature_shapes(xs, ws)
     try:
         out = tuple(torch.broadcast_shapes(xp, wp))
     except RuntimeError:
@@ -281,15 +276,15 @@ def u_mul_e_sum(g, x: torch.Tensor, y: torch.Tensor, *, config: Optional[Compres
     exactly (for the feature gradient). Heads last (``x [N, D, H]``, ``y [E, H]``) runs heads first on
     node-sized copies, so that no backward forms an ``[E, D, H]`` product (the edge gradient is a per-edge,
     per-head dot product). Shapes the fused kernel does not take (``y`` broadcasting against a middle
-    feature dim, ``x`` broadcast by ``y``) run the general path of :mod:`.dgl_ops`, which keeps the same."""
+    feature dim, ``x`` broadcast by ``y``) run :mod:`.spmm_broadcast`, which keeps the same and forms
+    nothing larger than the inputs and output in its backward either."""
     st = structure_of(g, x.device)
     check_nodes(st, x)
     if y.shape[0] != st.num_edges:
         raise ValueError(f"edge values have {y.shape[0]} rows but the graph has {st.num_edges} edges")
     layout = mul_layout(tuple(x.shape[1:]), tuple(y.shape[1:]))
     if layout is None:
-        dg, dgl_gspmm = readable(g), originals().gspmm  # DGL's kernel, operands kept as dgl_ops.gspmm keeps them
-        return bilinear(lambda a, b: dgl_gspmm(dg, "mul", "sum", a, b), "u_mul_e_sum", x, y, config, exact_b=True)
+        return gspmm_broadcast(g, "mul", "sum", x, y, config)
     out_shape, heads, dim, heads_last = layout
     if not needs_saving(x, y):
         out = st.aggregate(_heads_first(x, heads, dim, heads_last), y.reshape(y.shape[0], heads).to(x.dtype))
@@ -359,7 +354,7 @@ def u_add_v(g, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     st = structure_of(g, x.device)
     check_nodes(st, x, "src")
     check_nodes(st, y, "dst")
-    xp, yp = _pad_feature_shapes(tuple(x.shape[1:]), tuple(y.shape[1:]))
+    xp, yp = pad_feature_shapes(tuple(x.shape[1:]), tuple(y.shape[1:]))
     if xp != yp:  # broadcast between the operands: DGL's kernel (nothing kept either)
         return originals().gsddmm(readable(g), "add", x, y, "u", "v")
     return captured.apply("_UAddV", x.reshape((x.shape[0],) + xp), y.reshape((y.shape[0],) + yp), st)

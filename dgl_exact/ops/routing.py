@@ -5,9 +5,10 @@
 with DGL's built-in message and reduce functions (``fn.copy_u``, ``fn.copy_e``, ``fn.u_mul_e``, ``fn.u_add_v``,
 ``fn.e_dot_v``, ..., ``fn.sum``/``mean``/``max``/``min``) run :mod:`dgl_exact.ops`' ops: the same results as
 DGL's (zero-in-degree nodes, broadcasting, blocks), what each op keeps compressed at the configuration in force
-(a converted model's own: :func:`dgl_exact.set_model_config`). So do ``edge_softmax`` calls reached through
-``dgl.ops``, ``dgl.nn.functional``, ``dgl.nn`` or ``dgl.nn.pytorch`` at call time (a name imported from them
-before the first scope was entered stays DGL's own). User-defined (Python) message and reduce functions run as
+(a converted model's own: :func:`dgl_exact.set_model_config`). So do ``edge_softmax`` calls, however the name
+was reached (``dgl.ops``, ``dgl.nn.functional``, ``dgl.nn``, ``dgl.nn.pytorch``, or bound at import).
+Elementwise products of activations in the scope (an attention layer's ``ft * self.attn_l``) keep their operands
+compressed (:func:`~.products.compressed_products`). User-defined (Python) message and reduce functions run as
 DGL runs them (what they save is compressed by ``compress_model(..., saved_tensors=True)``), and graphs with
 several edge types run DGL's ops.
 
@@ -15,8 +16,11 @@ How: DGL's ``dgl.core`` looks each built-in up as ``ops.<name>`` when it runs (`
 ``ops.u_add_v``, ``ops.copy_e_max``). On the first scope, ``dgl.core``'s ``ops`` becomes a namespace that answers
 dgl_exact's op while a scope is active in the current context and ``dgl.ops``'s own otherwise (so another
 thread or asyncio task outside a scope sees DGL's ops, and leaving the scope restores them); the ``edge_softmax``
-names above get the same switch. dgl_exact's ops run DGL's kernels bound once (:mod:`.dgl_originals`), so no
-routing recurses. ``message_passing(False)`` turns it off inside an active scope.
+names above get the same switch. DGL's ``edge_softmax`` function itself looks its kernel up at call time
+(``edge_softmax_internal``, a global of ``dgl.ops.edge_softmax``'s module): that name gets the switch too, so a
+name bound before the first scope was entered (``from dgl.nn.functional import edge_softmax`` at import) runs
+dgl_exact's op inside a scope as well. dgl_exact's ops run DGL's kernels bound once (:mod:`.dgl_originals`), so
+no routing recurses. ``message_passing(False)`` turns it off inside an active scope.
 """
 from __future__ import annotations
 
@@ -31,6 +35,7 @@ import torch
 
 from . import dgl_ops
 from .dgl_originals import named, originals
+from .products import compressed_products
 
 __all__ = ["message_passing", "message_passing_active"]
 
@@ -57,7 +62,8 @@ def message_passing(enabled: bool = True) -> Iterator[None]:
         _install()
     token = _active.set(enabled)
     try:
-        yield
+        with compressed_products(enabled):
+            yield
     finally:
         try:
             _active.reset(token)
@@ -115,6 +121,31 @@ def _softmax_switch(dgl_softmax):
     return edge_softmax
 
 
+def _graph_of(gidx):
+    """A DGL graph on the graph index ``gidx`` of one edge type (shared, not copied: dgl_exact's cached structure
+    of the graph it came from serves it, :func:`~.structure.structure_of` keys on the index)."""
+    import dgl
+
+    if gidx.number_of_ntypes() == 1:
+        return dgl.DGLGraph(gidx, ["_N"], ["_E"])
+    return dgl.DGLGraph(gidx, (["_N"], ["_N"]), ["_E"])
+
+
+def _internal_switch(dgl_internal):
+    """DGL's ``edge_softmax_internal(gidx, logits, eids, norm_by)``, which DGL's ``edge_softmax`` calls for one
+    edge type: dgl_exact's op inside a scope (all edges, a tensor of scores), DGL's kernel otherwise (and for
+    what dgl_exact's op hands back to DGL's: a subset of edges)."""
+
+    @functools.wraps(dgl_internal)
+    def edge_softmax_internal(gidx, logits, eids="__ALL__", norm_by="dst"):
+        if _active.get() and isinstance(logits, torch.Tensor) and isinstance(eids, str) and eids == "__ALL__":
+            return dgl_ops.edge_softmax(_graph_of(gidx), logits, eids, norm_by)
+        return dgl_internal(gidx, logits, eids=eids, norm_by=norm_by)
+
+    edge_softmax_internal.dgl_exact_switch = True
+    return edge_softmax_internal
+
+
 def _graph_op_names() -> list:
     """DGL's SpMM/SDDMM ops by name (``gspmm``/``gsddmm`` themselves are not what ``dgl.core`` calls)."""
     names = []
@@ -138,6 +169,9 @@ def _install() -> None:
         routed = {name: _routed(name, getattr(dgl_ops, name)) for name in _graph_op_names()}
         if not isinstance(dgl.core.ops, _Namespace):
             dgl.core.ops = _Namespace(dgl.ops, routed)
+        kernel_home = importlib.import_module("dgl.ops.edge_softmax")
+        if not getattr(kernel_home.edge_softmax_internal, "dgl_exact_switch", False):
+            kernel_home.edge_softmax_internal = _internal_switch(kernel_home.edge_softmax_internal)
         switch = _softmax_switch(bound.edge_softmax)
         for module_name in _SOFTMAX_HOMES:
             module = importlib.import_module(module_name)

@@ -54,6 +54,25 @@ def compress_calls(monkeypatch):
     monkeypatch.setattr(keeping, "compress", real)
 
 
+def largest_tensor_made(fn):
+    """``(fn(), n)``: ``n`` the most elements of any tensor an aten op returns while ``fn`` runs (autograd's
+    backward included, which runs on this thread for CPU tensors)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    sizes = [0]
+
+    class Sizes(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            sizes.extend(t.numel() for t in (out if isinstance(out, (tuple, list)) else [out])
+                         if isinstance(t, torch.Tensor))
+            return out
+
+    with Sizes():
+        result = fn()
+    return result, max(sizes)
+
+
 def close(a, b, what="", rtol=1e-10, atol=1e-10):
     torch.testing.assert_close(a, b, rtol=rtol, atol=atol, msg=lambda m: f"{what}: {m}")
 

@@ -19,7 +19,7 @@ from dgl_exact import ops
 from dgl_exact.ops import graph as graph_ops
 from dgl_exact.ops.graph import u_mul_e_sum
 from tests.ops._helpers import (INT8, KINDS, OFF, _dgl_graph, _edge_values, _feat, close, compress_calls, hidden,
-                                saved_tensors)
+                                largest_tensor_made, saved_tensors)
 
 dgl = pytest.importorskip("dgl")
 
@@ -268,24 +268,6 @@ def test_normalize_edge_weight_matches_dgl(norm, graphs, kernel_path):
         ops.normalize_edge_weight(g, torch.ones(g.num_edges()), "left")
 
 
-def _largest_tensor_made(fn):
-    """The most elements of any tensor an aten op returns while ``fn`` runs (autograd's backward included)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    sizes = [0]
-
-    class Sizes(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            sizes.extend(t.numel() for t in (out if isinstance(out, (tuple, list)) else [out])
-                         if isinstance(t, torch.Tensor))
-            return out
-
-    with Sizes():
-        result = fn()
-    return result, max(sizes)
-
-
 def test_u_mul_e_sum_heads_last_backward_forms_no_edge_by_feature_tensor(graphs):
     """Heads last (``x [N, D, H]``, ``e [E, H]``): the edge gradient is a per-edge, per-head dot product; the
     backward forms nothing of ``E x D x H`` elements (DGL's own op does), and its gradients are DGL's."""
@@ -298,8 +280,8 @@ def test_u_mul_e_sum_heads_last_backward_forms_no_edge_by_feature_tensor(graphs)
     def grads(op):
         return lambda: torch.autograd.grad((op(g, hidden(x), hidden(e)) * r).sum(), [x, e])
 
-    (gx, ge), ours = _largest_tensor_made(grads(lambda g, a, b: ops.u_mul_e_sum(g, a, b, config=OFF)))
-    (rx, re), theirs = _largest_tensor_made(grads(dgl.ops.u_mul_e_sum))
+    (gx, ge), ours = largest_tensor_made(grads(lambda g, a, b: ops.u_mul_e_sum(g, a, b, config=OFF)))
+    (rx, re), theirs = largest_tensor_made(grads(dgl.ops.u_mul_e_sum))
     close(gx, rx, "grad x")
     close(ge, re, "grad e")
     assert theirs >= n_edges * d * h > ours, (theirs, ours)

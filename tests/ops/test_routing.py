@@ -177,6 +177,36 @@ def test_edge_softmax_inside_the_scope(home, mp_graphs, kept_compressed):
     assert kept_compressed == []
 
 
+def test_edge_softmax_bound_at_import_inside_the_scope(graphs, kept_compressed):
+    """A name bound to DGL's own function (``from dgl.nn.functional import edge_softmax`` before any scope was
+    entered): inside the scope it runs dgl_exact's op (DGL's values and gradients with compression off, its
+    output kept compressed), on a graph, a block and a bipartite graph; a subset of edges and calls outside
+    the scope run DGL's kernel."""
+    from dgl_exact.ops.dgl_originals import originals
+
+    dgl_softmax = originals().edge_softmax  # DGL's own function object, as an early import binds it
+    bip = dgl.heterograph({("a", "r", "b"): (torch.tensor([0, 1, 2, 2, 4]), torch.tensor([0, 0, 1, 2, 2]))})
+    for g in (graphs["graph"], graphs["block"], bip):
+        e = torch.randn(g.num_edges(), 2, dtype=torch.float64, requires_grad=True)
+        want = dgl_softmax(g, e * 1.0)
+        with dgl_exact.message_passing(), dgl_exact.config(OFF):
+            got = dgl_softmax(g, e * 1.0)
+        torch.testing.assert_close(got, want)
+        r = torch.randn(want.shape, dtype=want.dtype)
+        torch.testing.assert_close(torch.autograd.grad(got, e, r)[0], torch.autograd.grad(want, e, r)[0])
+        kept_compressed.clear()
+        with dgl_exact.message_passing():
+            dgl_softmax(g, e.float() * 1.0)
+        assert len(kept_compressed) == 1
+    g = graphs["graph"]
+    kept_compressed.clear()
+    e = torch.randn(g.num_edges(), 2, requires_grad=True)
+    with dgl_exact.message_passing():
+        sub = dgl_softmax(g, e[:6] * 1.0, torch.arange(6))  # a subset of edges: DGL's kernel
+    dgl_softmax(g, e * 1.0)
+    assert kept_compressed == [] and sub.shape == (6, 2)
+
+
 def _coefficients(out):
     return torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view(out.shape)
 
