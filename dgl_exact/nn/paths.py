@@ -118,11 +118,11 @@ def explain(model: nn.Module, *inputs, **kwargs) -> Explanation:
     list, for each dgl_exact module and each module a fused path covered, which path its call took and
     why a fast path was refused. Running it draws random numbers and, in training mode, updates batch
     norm's running statistics, as any forward does."""
-    from ..ops.saved import observe_saved
+    from ..ops.saved import observe_saved, tensors_in
 
     names = {id(m): name or "<root>" for name, m in model.named_modules()}
     static = {_storage(t) for t in (*model.parameters(), *model.buffers())}
-    static |= {_storage(t) for t in _tensors((inputs, kwargs))}
+    static |= {_storage(t) for t in tensors_in((inputs, kwargs))}
     kept: Dict[tuple, list] = {}
     seen_storages: set = set()
 
@@ -157,16 +157,6 @@ def explain(model: nn.Module, *inputs, **kwargs) -> Explanation:
 
 def _storage(t: torch.Tensor) -> tuple:
     return t.device.type, t.device.index, t.untyped_storage().data_ptr()
-
-
-def _tensors(obj) -> list:
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    if isinstance(obj, dict):
-        return [t for v in obj.values() for t in _tensors(v)]
-    if isinstance(obj, (list, tuple)):
-        return [t for v in obj for t in _tensors(v)]
-    return []
 
 
 def _root(name: str) -> str:
