@@ -12,12 +12,13 @@ from ...compression_config import CompressionConfig
 from ...ops.gcn2 import BatchNormArgs, GCN2Layer, GCN2Step, gcn2_mix, gcnii_layers
 from ...ops.gcn2_recompute import StemArgs, gcnii_layers_recomputed
 from .. import fastpaths
-from .._base import (CompressedModuleMixin, check_feature_rows, check_zero_in_degree, compressed_activation,
-                     into, kept_by_reference)
+from .._base import (CompressedModuleMixin, check_feature_rows, check_zero_in_degree, compressed_activation, into,
+                     kept_by_reference, shared_doc)
 
 dgl = import_dgl()
 
 
+@shared_doc
 class GCN2Conv(CompressedModuleMixin, dgl.nn.GCN2Conv):
     r"""GCNII layer (Chen et al., ICML 2020), a drop-in for :class:`dgl.nn.GCN2Conv`.
 
@@ -44,7 +45,7 @@ class GCN2Conv(CompressedModuleMixin, dgl.nn.GCN2Conv):
 
     Example
     -------
-    >>> import torch, dgl_exact, dgl  # dgl_exact first: it makes DGL importable on new torch
+    %(example_imports)s
     >>> g = dgl.add_self_loop(dgl.rand_graph(100, 500))
     >>> h0 = torch.randn(100, 16)
     >>> dgl_exact.GCN2Conv(16, layer=1)(g, h0, h0).shape
