@@ -58,7 +58,7 @@ from typing import Any, Callable, Iterable, Optional
 
 import torch
 
-from ..ops.saved import observe_saved
+from ..ops.saved import observe_saved, tensors_in
 from ..ops.structure import cached_static_tensors
 from ..units import format_bytes  # the package's one printer of sizes, here for its users
 from .peak_census import CensusReport, census
@@ -99,16 +99,6 @@ class MemoryReport:
         return f"activation memory {format_bytes(self.activation_bytes)}{peak} ({self.device}, {self.method}{how})"
 
 
-def _tensors_in(obj) -> list:
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    if isinstance(obj, dict):
-        return [t for v in obj.values() for t in _tensors_in(v)]
-    if isinstance(obj, (list, tuple)):
-        return [t for v in obj for t in _tensors_in(v)]
-    return []
-
-
 def _storage_key(t: torch.Tensor):
     s = t.untyped_storage()
     return (t.device.type, t.device.index, s.data_ptr()), s.nbytes()
@@ -141,7 +131,7 @@ def measure(step: Callable[[], Any], *, modules: Iterable[torch.nn.Module] = (),
         torch.cuda.synchronize(device)
         after = torch.cuda.memory_allocated(device)
         peak = torch.cuda.max_memory_allocated(device) - before
-        out_bytes = tensor_bytes(_tensors_in(result))
+        out_bytes = tensor_bytes(tensors_in(result))
         return MemoryReport(after - before - out_bytes, peak, out_bytes, "allocated-memory delta (EXACT protocol)",
                             str(device), result)
 
@@ -173,7 +163,7 @@ def activation_bytes(saved: dict, modules, exclude, result):
     static += list(exclude) + cached_static_tensors()
     for t in static:
         saved.pop(_storage_key(t)[0], None)
-    outputs = _tensors_in(result)
+    outputs = tensors_in(result)
     out_bytes = tensor_bytes(outputs)
     for t in outputs:
         saved.pop(_storage_key(t)[0], None)
@@ -351,7 +341,7 @@ def measure_step(forward: Callable[[], Any], optimizer=None, *, backward: Option
             before = meter.before
             result = forward()
             torch.cuda.synchronize(device)
-            out_bytes = tensor_bytes(_tensors_in(result))
+            out_bytes = tensor_bytes(tensors_in(result))
             act = torch.cuda.memory_allocated(device) - before - out_bytes
             method = "allocated-memory delta (EXACT protocol)"
         else:

@@ -14,6 +14,41 @@ from ..compression_config import CompressionConfig, ConfiguredModule
 
 
 
+#: the docstring text the modules share, written once: a line of a docstring that is only ``%(name)s`` becomes
+#: the entry ``name`` (at that line's indentation) when the class or function is decorated with :func:`shared_doc`
+DOC_FRAGMENTS = {
+    "compression": """compression : CompressionConfig, optional
+    This module's compression; default: the configuration in force.""",
+    "example_imports": """>>> import torch, dgl_exact, dgl  # dgl_exact first: it makes DGL importable on new torch""",
+    "graph": """graph : DGLGraph
+    The graph (or a block, or a bipartite graph).""",
+}
+
+
+def shared_doc(obj):
+    """Fill ``obj``'s docstring from :data:`DOC_FRAGMENTS` (see there). Returns ``obj``."""
+    lines = []
+    for line in obj.__doc__.splitlines():
+        key = line.strip()
+        if key.startswith("%(") and key.endswith(")s"):
+            indent = line[: len(line) - len(line.lstrip())]
+            lines += [indent + part if part else "" for part in DOC_FRAGMENTS[key[2:-2]].splitlines()]
+        else:
+            lines.append(line)
+    obj.__doc__ = "\n".join(lines)
+    return obj
+
+
+def forward_doc(summary: str, kept: str, x: str = "Input of any shape.", out: str = "Output of the shape of ``x``."):
+    """Decorator giving a one-input module's ``forward`` its docstring, in the one shape they all share:
+    ``summary``; the input ``x`` and the output, described by ``x`` and ``out``; what is kept for backward."""
+    def decorate(forward):
+        forward.__doc__ = (f"{summary}\n\nParameters\n----------\nx : torch.Tensor\n    {x}\n\nReturns\n-------\n"
+                           f"torch.Tensor\n    {out}\n\nKept for backward: {kept}\n")
+        return forward
+    return decorate
+
+
 class Dropout(nn.Dropout):
     """Dropout keeping nothing: backward regenerates the mask from its seed. With compression off, the mask
     is torch's own (the same outputs, gradients and generator state as :class:`torch.nn.Dropout` under the
@@ -21,22 +56,10 @@ class Dropout(nn.Dropout):
     (reproducible under ``torch.manual_seed``, not torch's masks). (Public as :class:`dgl_exact.nn.Dropout`;
     defined here because :func:`apply_dropout` recognises it.)"""
 
+    @forward_doc(r"Zero each element with probability ``p`` and scale the rest by :math:`1 / (1 - p)` (training "
+                 "mode only).", "nothing: the backward regenerates the mask from its seed (or, compression off, from "
+                 "torch's generator state).")
     def forward(self, x):
-        r"""Zero each element with probability ``p`` and scale the rest by :math:`1 / (1 - p)` (training mode only).
-
-        Parameters
-        ----------
-        x : torch.Tensor
-            Input of any shape.
-
-        Returns
-        -------
-        torch.Tensor
-            Output of the shape of ``x``.
-
-        Kept for backward: nothing: the backward regenerates the mask from its seed (or, compression off,
-        from torch's generator state).
-        """
         return ops.dropout(x, self.p, self.training, like_torch=True)
 
 

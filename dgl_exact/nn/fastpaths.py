@@ -41,10 +41,11 @@ from ..ops.donation import Donated
 from ..ops.keep import stash_hook_active
 from ..ops.saved import needs_saving
 from . import paths
-from ._base import hooks_present, plain_dropout_p, plain_linear
+from ._base import CompressedModuleMixin, hooks_present, plain_dropout_p, plain_linear
 
 __all__ = ["Call", "FastPath", "SHARED", "PATHS", "BN_RELU_DROPOUT", "SAGE_MEAN", "SAGE_MEAN_BN_RELU_DROPOUT",
-           "GCN2_MIX", "GCNII_STACK", "GCNII_STEM", "GAT_DONATED_INPUT", "describe", "paths_for"]
+           "GCN2_MIX", "GCNII_STACK", "GCNII_RECOMPUTE", "FIRST_LAYER_BN_RELU_DROPOUT",
+           "GAT_DONATED_INPUT", "describe", "paths_for"]
 
 
 class Call:
@@ -103,7 +104,9 @@ class FastPath:
     replaces (named, not imported: the modules import this file); ``shared``: the checks of :data:`SHARED` it
     needs (made in :data:`SHARED`'s order, whatever the order here); ``conditions``: its own ``(predicate,
     reason)`` pairs, in order, each predicate True where the path may run; ``facts``: builds the
-    :class:`Call` from the caller's arguments."""
+    :class:`Call` from the caller's arguments; ``gate``: a model's condition for asking its modules' own path at
+    all (where it passes, nothing is noted: the module's path decides and notes; where it refuses, its reason
+    is noted until a decision about the module itself replaces it)."""
 
     name: str
     applies_to: Tuple[str, ...]
@@ -111,6 +114,7 @@ class FastPath:
     conditions: Tuple[Tuple[Callable[[Call], bool], str], ...]
     facts: Callable[..., Call]
     detail: Optional[Callable[[Call], str]] = None
+    gate: bool = False
 
     def __post_init__(self):
         unknown = set(self.shared) - set(_SHARED_NAMES)
@@ -127,9 +131,9 @@ class FastPath:
         where it does not; notes the decision for :func:`dgl_exact.explain` on the call's modules (with the
         reason refused). Nothing is noted while torch.compile traces."""
         call, why = self._decide(args, kwargs)
-        if call is not None:
+        if call is not None and not (self.gate and why is None):
             shown = self.name + (self.detail(call) if self.detail is not None and why is None else "")
-            paths.record(call.modules, shown if why is None else None, why, key=self.name)
+            paths.record(call.modules, shown if why is None else None, why, key=self.name, weak=self.gate)
         return call if why is None else None
 
     def runs(self, *args, **kwargs) -> bool:
@@ -269,23 +273,25 @@ GCN2_MIX = FastPath(
 
 # --- GCNII's hidden layers and output layer as one op (ops.gcn2.gcnii_layers, ops.gcn2_recompute) --------------
 
-def _gcnii_facts(graph, convs, norms, h0, dropout, input_dropout, head, stem=None, recompute=0) -> Call:
+def _gcnii_facts(graph, convs, norms, h0, dropout, input_dropout, head, stem=None, recompute=0,
+                 stem_dropout=0.0) -> Call:
     norms = list(norms) if norms is not None else None
-    mods = list(convs) + (norms or []) + [head]
+    mods = list(convs) + (norms or []) + [head] + ([stem] if stem is not None else [])
     bn, linear = _type(f"{_LAYERS}.BatchNorm1d"), _type(f"{_LAYERS}.Linear")
-    exact = [(m, bn) for m in norms or []] + [(head, linear)]
+    exact = [(m, bn) for m in norms or []] + [(m, linear) for m in (head, stem) if m is not None]
     # a donated h0 (rule 5) goes once the last layer has read it, where the stack runs without recompute (the
     # recomputed segments read h0 again): its gradient needs no value, nothing the stack keeps refers to it,
     # and a view would free nothing
     release_h0 = not recompute and type(h0) is Donated and h0._base is None
-    return Call(mods, x=h0, configs=lambda: [m._config() for m in list(convs) + [head]], own=[(c, _type(_GCN2))
-                for c in convs], exact=exact, saved=lambda: (h0, *_params(mods, stem)), graph=graph, convs=convs,
-                norms=norms, dropout=dropout, input_dropout=input_dropout, stem=stem, recompute=recompute,
-                release_h0=release_h0)
+    configured = list(convs) + [m for m in (head, stem) if m is not None]
+    return Call(mods, x=h0, configs=lambda: [m._config() for m in configured],
+                own=[(c, _type(_GCN2)) for c in convs], exact=exact, saved=lambda: (h0, *_params(mods)), graph=graph,
+                convs=convs, norms=norms, dropout=dropout, input_dropout=input_dropout, stem=stem,
+                stem_dropout=stem_dropout, recompute=recompute, release_h0=release_h0)
 
 
-def _params(mods, stem) -> list:
-    return [p for m in list(mods) + ([stem] if stem is not None else []) for p in m.parameters()]
+def _params(mods) -> list:
+    return [p for m in mods for p in m.parameters()]
 
 
 def _whole_graph(c: Call) -> bool:
@@ -295,8 +301,14 @@ def _whole_graph(c: Call) -> bool:
 
 def _gcnii_detail(c: Call) -> str:
     if c.recompute:
-        return f" recomputed in segments of {c.recompute} (ops.gcn2_recompute)"
+        stem = ", the input layer folded in" if c.stem is not None else ""
+        return f" recomputed in segments of {c.recompute} (ops.gcn2_recompute){stem}"
     return " (ops.gcn2.gcnii_layers)" + (", donated h0 released after the last layer" if c.release_h0 else "")
+
+
+def _stem_fits(c: Call) -> bool:
+    s = c.stem
+    return c.x.dim() == 2 and c.x.shape[1] == s.in_features and s.out_features == c.convs[0].weight1.shape[0]
 
 
 GCNII_STACK = FastPath(
@@ -312,37 +324,63 @@ GCNII_STACK = FastPath(
         (lambda c: c.x.dim() == 2 and c.x.is_contiguous() and c.x.dtype in (torch.float32, torch.float64),
          "h0 is not a contiguous fp32/fp64 [N, D] tensor"),
         (lambda c: c.norms is None or c.x.shape[0] >= 2, "batch norm over one row (the modules raise)"),
-        (lambda c: all(p.dtype == c.x.dtype for p in _params(c.modules, c.stem)), "mixed dtypes"),
+        (lambda c: all(p.dtype == c.x.dtype for p in _params(c.modules)), "mixed dtypes"),
         (_whole_graph, "not a homogeneous whole graph"),
+        # with ``stem``, the input layer (a dgl_exact Linear, h0 = relu(stem(dropout(x)))) is folded in: the
+        # shared checks above cover it (types, hooks, training, compression), and these are its own
+        (lambda c: c.stem is None or bool(c.recompute), "an input layer is folded in only with recompute"),
+        (lambda c: c.stem is None or not c.x.requires_grad, "the input layer's input needs a gradient"),
+        (lambda c: c.stem is None or 0.0 <= c.stem_dropout < 1.0, "the input layer's dropout outside [0, 1)"),
+        (lambda c: c.stem is None or _stem_fits(c), "the input layer's shapes do not match"),
+        # folded, every layer's backward pays an [in, N] x [N, hidden] product: h0's gradient is kept instead
+        (lambda c: c.stem is None or c.stem.in_features <= c.stem.out_features,
+         "in_feats > hidden: folding the input layer in would cost every layer's backward more than the layer"),
     ),
     facts=_gcnii_facts,
     detail=_gcnii_detail,
 )
 
 
-def _stem_facts(stem, x, p, recompute, hidden) -> Call:
-    return Call((stem,), x=x, exact=((stem, _type(f"{_LAYERS}.Linear")),), configs=lambda: (stem._config(),),
-                stem=stem, p=p, recompute=recompute, hidden=hidden)
+# --- GCNII: the hidden layers recomputed in segments (training.models.GCNII, ops.recompute) ---------------------
+
+def _gcnii_recompute_facts(model, edge_weight) -> Call:
+    return Call((model,), hooked=(*model.convs, *(model.norms or [])), model=model, edge_weight=edge_weight)
 
 
-GCNII_STEM = FastPath(
-    name="input layer folded into the recomputed GCNII stack",
-    applies_to=(f"{_LAYERS}.Linear",),
-    shared=("types", "hooks", "training", "compression"),
+GCNII_RECOMPUTE = FastPath(
+    name="hidden layers recomputed in segments",
+    applies_to=("dgl_exact.training.models.GCNII",),
+    shared=("hooks", "training", "grad"),
     conditions=(
-        (lambda c: bool(c.recompute), "an input layer is folded in only with recompute"),
-        (lambda c: not c.x.requires_grad, "the input layer's input needs a gradient"),
-        (lambda c: 0.0 <= c.p < 1.0, "dropout outside [0, 1)"),
-        (lambda c: c.x.dim() == 2 and c.x.shape[1] == c.stem.in_features and c.stem.out_features == c.hidden,
-         "the input layer's shapes do not match"),
-        (lambda c: c.x.dtype == c.stem.weight.dtype, "mixed dtypes"),
-        # folded, every layer's backward pays an [in, N] x [N, hidden] product: h0's gradient is kept instead
-        (lambda c: c.stem.in_features <= c.hidden,
-         "in_feats > hidden: folding the input layer in would cost every layer's backward more than the layer"),
+        (lambda c: bool(c.model.recompute), "recompute off"),
+        (lambda c: c.edge_weight is None and not c.model.residual, "edge weights or a residual"),
+        (lambda c: c.model.uses_own_layers(), "not dgl_exact's own layers (impl, or dropout2)"),
     ),
-    facts=_stem_facts,
+    facts=_gcnii_recompute_facts,
+    detail=lambda c: f" of {c.model.recompute} (the fused stack's form where its layers' rows say so)",
 )
 
+
+# --- StackedGNN: the first layer asked for its fused batch-norm form (training.models.StackedGNN) --------------
+
+def _first_layer_facts(model, edge_weight) -> Call:
+    mods = (model.convs[0],) + ((model.norms[0],) if model.norms else ())
+    return Call(mods, trained=(model,), model=model, edge_weight=edge_weight)
+
+
+FIRST_LAYER_BN_RELU_DROPOUT = FastPath(
+    name="first layer asked for its fused batch norm + ReLU + dropout form",
+    applies_to=("dgl_exact.training.models.StackedGNN",),
+    shared=("training",),
+    conditions=(
+        (lambda c: c.model.uses_own_layers(), "not dgl_exact's own layers (impl, or dropout2)"),
+        (lambda c: c.model.norms is not None and len(c.model.convs) > 1, "no batch norm after the first layer"),
+        (lambda c: c.edge_weight is None, "edge weights"),
+        (lambda c: isinstance(c.model.convs[0], CompressedModuleMixin), "the first layer is not a dgl_exact module"),
+    ),
+    facts=_first_layer_facts,
+    gate=True,
+)
 
 # --- GATConv: a donated input released once projected (ops.donation, keep.py rule 5) ----------------------------
 
@@ -365,8 +403,8 @@ GAT_DONATED_INPUT = FastPath(
 )
 
 #: every fast path, outermost first (a stack's decision precedes its modules' own)
-PATHS: Tuple[FastPath, ...] = (GCNII_STACK, GCNII_STEM, SAGE_MEAN_BN_RELU_DROPOUT, BN_RELU_DROPOUT, SAGE_MEAN,
-                               GCN2_MIX, GAT_DONATED_INPUT)
+PATHS: Tuple[FastPath, ...] = (GCNII_RECOMPUTE, GCNII_STACK, FIRST_LAYER_BN_RELU_DROPOUT, SAGE_MEAN_BN_RELU_DROPOUT,
+                               BN_RELU_DROPOUT, SAGE_MEAN, GCN2_MIX, GAT_DONATED_INPUT)
 
 
 def paths_for(module) -> Tuple[FastPath, ...]:

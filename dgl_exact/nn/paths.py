@@ -35,25 +35,26 @@ from ..ops.routing import message_passing_active
 
 __all__ = ["Explanation", "Fp32Op", "explain", "record"]
 
-_recorder: "contextvars.ContextVar[Optional[Dict[int, Tuple[Optional[str], str, Optional[str]]]]]" = \
+_recorder: "contextvars.ContextVar[Optional[Dict[int, Tuple[Optional[str], str, Optional[str], bool]]]]" = \
     contextvars.ContextVar("dgl_exact_paths", default=None)
 
 COMPOSED = "modules' own calls"
 
 
 def record(modules: Iterable[nn.Module], path: Optional[str], reason: Optional[str] = None,
-           key: Optional[str] = None) -> None:
+           key: Optional[str] = None, weak: bool = False) -> None:
     """Note, while :func:`explain` runs, that ``modules`` took ``path`` (None: the modules' own calls,
     because of ``reason``); ``key``: the fast path decided (:mod:`dgl_exact.nn.fastpaths`, whose decisions
     are the only callers). The first note per module wins (the outermost decision: a fused stack or run is
     decided before its modules run their own forwards), except that a later decision of the same path
-    replaces it. No-op otherwise."""
+    replaces it, and that any later note replaces a ``weak`` one (a model's gate refusing to ask a module's
+    own path: what the module then decides itself is what ran). No-op otherwise."""
     seen = _recorder.get()
     if seen is None:
         return
     for m in modules:
-        if id(m) not in seen or seen[id(m)][0] == key:
-            seen[id(m)] = (key, path or COMPOSED, reason)
+        if id(m) not in seen or seen[id(m)][0] == key or seen[id(m)][3]:
+            seen[id(m)] = (key, path or COMPOSED, reason, weak)
 
 
 @contextlib.contextmanager
@@ -118,11 +119,11 @@ def explain(model: nn.Module, *inputs, **kwargs) -> Explanation:
     list, for each dgl_exact module and each module a fused path covered, which path its call took and
     why a fast path was refused. Running it draws random numbers and, in training mode, updates batch
     norm's running statistics, as any forward does."""
-    from ..ops.saved import observe_saved
+    from ..ops.saved import observe_saved, tensors_in
 
     names = {id(m): name or "<root>" for name, m in model.named_modules()}
     static = {_storage(t) for t in (*model.parameters(), *model.buffers())}
-    static |= {_storage(t) for t in _tensors((inputs, kwargs))}
+    static |= {_storage(t) for t in tensors_in((inputs, kwargs))}
     kept: Dict[tuple, list] = {}
     seen_storages: set = set()
 
@@ -150,23 +151,13 @@ def explain(model: nn.Module, *inputs, **kwargs) -> Explanation:
         if entry is None:
             if not type(m).__module__.startswith("dgl_exact."):
                 continue
-            entry = (None, COMPOSED, "")
+            entry = (None, COMPOSED, "", False)
         rows.append((name or "<root>", type(m).__name__, entry[1], entry[2] or ""))
     return Explanation(rows, fp32)
 
 
 def _storage(t: torch.Tensor) -> tuple:
     return t.device.type, t.device.index, t.untyped_storage().data_ptr()
-
-
-def _tensors(obj) -> list:
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    if isinstance(obj, dict):
-        return [t for v in obj.values() for t in _tensors(v)]
-    if isinstance(obj, (list, tuple)):
-        return [t for v in obj for t in _tensors(v)]
-    return []
 
 
 def _root(name: str) -> str:

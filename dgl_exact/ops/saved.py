@@ -16,8 +16,8 @@ from ..compression import CompressedTensor
 from ..tracing import active as tracing_active
 from .keep import Stashed
 
-__all__ = ["save_kept", "load_kept", "own_saved", "observe_saved", "show_private", "private_keeping_allowed",
-           "graph_freed_after_backward", "needs_saving", "SECOND_BACKWARD_MESSAGE"]
+__all__ = ["save_kept", "load_kept", "own_saved", "observe_saved", "tensors_in", "show_private",
+           "private_keeping_allowed", "graph_freed_after_backward", "needs_saving", "SECOND_BACKWARD_MESSAGE"]
 
 
 #: inside a ``dgl_exact.compress_saved`` scope: the storages (data pointers) dgl_exact's own ops keep, which
@@ -98,6 +98,19 @@ def observe_saved(record):
             yield
     finally:
         _observer.reset(token)
+
+
+def tensors_in(obj) -> list:
+    """The tensors in ``obj`` (a tensor, or lists, tuples and dicts of them, nested), in order: what an observer
+    of saved tensors sets apart as a forward's inputs or outputs rather than what it keeps
+    (:func:`dgl_exact.explain`, :func:`dgl_exact.memory.measure`)."""
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, dict):
+        return [t for v in obj.values() for t in tensors_in(v)]
+    if isinstance(obj, (list, tuple)):
+        return [t for v in obj for t in tensors_in(v)]
+    return []
 
 
 def _top_hooks():

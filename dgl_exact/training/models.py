@@ -31,7 +31,8 @@ from .. import ops
 from .._compat import import_dgl
 from ..compression import draw_seed
 from ..data.compact import keep_edges
-from ..nn._base import CompressedModuleMixin, hooks_present
+from ..nn import fastpaths
+from ..nn._base import CompressedModuleMixin
 from ..ops.donation import donate, reclaim
 from ..ops.recompute import recompute_segment
 from ..nn.conv.gcn2conv import gcnii_stack
@@ -89,7 +90,17 @@ class _Rows:
         self.out[block.dstdata[dgl.NID].to(rows.device).long()] = rows
 
 
-class StackedGNN(nn.Module):
+class _OwnLayers:
+    """What :mod:`dgl_exact.nn.fastpaths` asks a model before offering its layers a fused path."""
+
+    _lib: _Layers
+
+    def uses_own_layers(self) -> bool:
+        """Whether the layers are dgl_exact's own, with inverted dropout (``impl='exact'``, no ``dropout2``)."""
+        return self._lib.impl == "exact" and not self._lib.dropout2
+
+
+class StackedGNN(_OwnLayers, nn.Module):
     """``layers`` convolutions with BN/ReLU/Dropout between them (GCN, GraphSAGE, GAT).
 
     Works on a whole graph or on a list of DGL blocks (one per layer) from a neighbour sampler.
@@ -151,7 +162,7 @@ class StackedGNN(nn.Module):
         weights = edge_weight if isinstance(edge_weight, (list, tuple)) else [edge_weight] * len(self.convs)
         h = self._input(x)
         for i, (conv, g, w) in enumerate(zip(self.convs, blocks, weights)):
-            if i == 0 and w is None and self._first_fusable():
+            if i == 0 and fastpaths.FIRST_LAYER_BN_RELU_DROPOUT.runs(self, w):
                 # the first layer with its batch norm, ReLU and dropout as one op where that computes what
                 # the modules compute (one layer-sized buffer at its peaks instead of two); else None
                 nxt = blocks[1]
@@ -173,12 +184,6 @@ class StackedGNN(nn.Module):
 
     def _input(self, x):
         return self._lib.dropout(x, self.input_dropout, self.training) if self.input_dropout > 0 else x
-
-    def _first_fusable(self) -> bool:
-        """Whether the first conv may run with its batch norm, ReLU and dropout as one op (dgl_exact layers,
-        a hidden first layer with batch norm, inverted dropout; the conv decides the rest)."""
-        return (self._lib.impl == "exact" and not self._lib.dropout2 and self.norms is not None
-                and len(self.convs) > 1 and self.training and isinstance(self.convs[0], CompressedModuleMixin))
 
     def _drop_edges(self, graph, edge_weight):
         """The graph with a random ``1 - edge_drop`` of its edges (in their order) and their edge weights."""
@@ -228,7 +233,7 @@ class StackedGNN(nn.Module):
         return h
 
 
-class GCNII(nn.Module):
+class GCNII(_OwnLayers, nn.Module):
     """GCNII (Chen et al., 2020): ``Linear -> L x GCN2Conv (residual to the initial representation) -> Linear``.
 
     Layer ``l`` computes ``h_l = conv_l(h_{l-1}, h_0)``, then BatchNorm (optional), then ``h_l += h_{l-1}``
@@ -255,7 +260,8 @@ class GCNII(nn.Module):
     hidden]`` product for it). The forward is exact; the
     gradients are exact with compression off and otherwise read activations recomputed from the decoded
     boundary (see :mod:`dgl_exact.ops.recompute`). Taken with dgl_exact layers, no ``residual``, no
-    ``dropout2``, no edge weights and no hooks on the hidden layers; elsewhere the layers run as above.
+    ``dropout2``, no edge weights and no hooks on the hidden layers
+    (:data:`dgl_exact.nn.fastpaths.GCNII_RECOMPUTE`); elsewhere the layers run as above.
     """
 
     def __init__(self, in_feats: int, hidden: int, num_classes: int, layers: int = 8, dropout: float = 0.5,
@@ -284,9 +290,7 @@ class GCNII(nn.Module):
     def forward(self, graph, x, edge_weight=None):
         if isinstance(graph, (list, tuple)):
             raise ValueError("GCNII runs on whole (sub)graphs, not on blocks from a neighbour sampler")
-        if (self.recompute and edge_weight is None and not self.residual and self._lib.impl == "exact"
-                and not self._lib.dropout2 and self.training and torch.is_grad_enabled()
-                and not hooks_present(*self.convs, *(self.norms or []))):
+        if fastpaths.GCNII_RECOMPUTE.runs(self, edge_weight):
             # the fused stack in recomputed segments with the input layer folded in where it applies (h0's
             # gradient is summed straight into lin_in's), else without it, else the modules in segments
             out = gcnii_stack(graph, self.convs, self.norms, x, self.dropout, self.dropout, self.lin_out,

@@ -168,3 +168,86 @@ def test_a_conv_without_a_fused_form_says_so_through_the_protocol():
     conv, bn = dgl_exact.GraphConv(6, 8), dgl_exact.nn.BatchNorm1d(8)
     assert conv.forward_bn_relu_dropout(g, x, bn, 0.1) is None
     assert conv.input_compression(g, x) is None
+
+
+class _StackWithStem(torch.nn.Module):
+    """A caller of ``gcnii_stack`` that, where the stack with its input layer folded in is refused, runs the
+    modules itself (no second try without the input layer)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, g, x):
+        from dgl_exact.nn.conv.gcn2conv import gcnii_stack
+
+        m = self.model
+        out = gcnii_stack(g, m.convs, m.norms, x, 0.0, 0.0, m.lin_out, recompute=2, stem=m.lin_in, stem_dropout=0.0)
+        if out is not None:
+            return out
+        h = h0 = m.lin_in(x).relu()
+        for conv, bn in zip(m.convs, m.norms):
+            h = bn(conv(g, h, h0)).relu()
+        return m.lin_out(h)
+
+
+@pytest.mark.parametrize("in_feats,folded", [(6, True), (9, False)])
+def test_the_stacks_note_says_whether_it_ran_with_its_input_layer(in_feats, folded):
+    """The stack and the input layer folded into it are one decision: where the input layer is refused (more
+    input features than hidden units), no row says the stack ran, and the input layer's row says why."""
+    g = _graph()
+    torch.manual_seed(1)
+    model = build_model("gcn2", in_feats, 4, hidden=7 if in_feats == 6 else 8, layers=3, dropout=0.0,
+                        batch_norm=True, impl="exact")
+    wrapper = _StackWithStem(model)
+    with dgl_exact.config(bits=2):
+        explained = dgl_exact.explain(wrapper, g, torch.randn(40, in_feats))
+    for name in ("model.convs.0", "model.norms.2", "model.lin_out", "model.lin_in"):
+        if folded:
+            assert explained.path(name) == ("fused GCNII stack recomputed in segments of 2 (ops.gcn2_recompute), "
+                                             "the input layer folded in"), name
+        else:
+            assert explained.path(name) == "modules' own calls", name
+            assert explained.reason(name).startswith("in_feats > hidden"), name
+
+
+def test_gcnii_recompute_is_decided_by_the_registry_and_explained(decisions):
+    g, x = _graph(), torch.randn(40, 6)
+    torch.manual_seed(1)
+    model = build_model("gcn2", 6, 4, hidden=7, layers=4, dropout=0.0, batch_norm=True, impl="exact", recompute=2)
+    with dgl_exact.config(bits=2):
+        explained = dgl_exact.explain(model, g, x)
+        assert explained.path("<root>") == ("hidden layers recomputed in segments of 2 (the fused stack's form "
+                                            "where its layers' rows say so)")
+        assert explained.path("convs.0").startswith("fused GCNII stack recomputed in segments of 2")
+        model.convs[1].register_forward_hook(lambda *a: None)
+        explained = dgl_exact.explain(model, g, x)
+    assert explained.path("<root>") == "modules' own calls"
+    assert explained.reason("<root>") == "a module has hooks (they must see the modules' own calls)"
+    assert [why for p, _, why in decisions if p == fastpaths.GCNII_RECOMPUTE.name] == [None, explained.reason("<root>")]
+
+
+@pytest.mark.parametrize("change", [None, "dropout2", "no batch norm"])
+def test_the_first_layer_is_offered_its_fused_form_by_the_registry(change, decisions):
+    """StackedGNN asks the registry whether to offer its first conv the fused batch-norm form; a refusal is
+    noted for explain until the conv's own decision replaces it (what the conv then ran)."""
+    g = _graph()
+    _, _, blocks = dgl.dataloading.NeighborSampler([4, 3]).sample_blocks(g, torch.arange(10))
+    x = torch.randn(blocks[0].num_src_nodes(), 6)
+    torch.manual_seed(1)
+    model = build_model("sage", 6, 3, hidden=8, layers=2, dropout=0.2, impl="exact", dropout2=change == "dropout2",
+                        batch_norm=change != "no batch norm")
+    with dgl_exact.config(bits=2):
+        explained = dgl_exact.explain(model, blocks, x)
+    gate = [why for p, _, why in decisions if p == fastpaths.FIRST_LAYER_BN_RELU_DROPOUT.name]
+    fused = [why for p, _, why in decisions if p == fastpaths.SAGE_MEAN_BN_RELU_DROPOUT.name]
+    if change is None:
+        assert gate == [None] and fused == [None]
+        assert explained.path("convs.0") == fastpaths.SAGE_MEAN_BN_RELU_DROPOUT.name
+    elif change == "dropout2":
+        assert gate == ["not dgl_exact's own layers (impl, or dropout2)"] and fused == []
+        assert explained.reason("norms.0") == gate[0]        # nothing else decided about the batch norm
+        assert explained.path("convs.0").startswith(fastpaths.SAGE_MEAN.name)   # the conv's own fused mean ran
+    else:
+        assert gate == ["no batch norm after the first layer"] and fused == []
+        assert explained.path("convs.0").startswith(fastpaths.SAGE_MEAN.name)

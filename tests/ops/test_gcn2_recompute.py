@@ -214,10 +214,11 @@ def test_hooks_eval_no_grad_take_the_plain_paths(monkeypatch):
 
 
 def _refuse_stem(monkeypatch):
-    """The input layer is never folded in (one more condition on its fast path, always false)."""
-    stem = fastpaths.GCNII_STEM
-    refused = dataclasses.replace(stem, conditions=stem.conditions + ((lambda c: False, "refused for the test"),))
-    monkeypatch.setattr(fastpaths, "GCNII_STEM", refused)
+    """The input layer is never folded in (one more condition on the stack, false where it is given)."""
+    stack = fastpaths.GCNII_STACK
+    refused = dataclasses.replace(stack, conditions=stack.conditions + ((lambda c: c.stem is None,
+                                                                          "refused for the test"),))
+    monkeypatch.setattr(fastpaths, "GCNII_STACK", refused)
 
 
 def test_retain_graph_gives_the_same_gradient_twice():
@@ -290,7 +291,8 @@ def test_input_layer_wider_than_hidden_not_folded(monkeypatch):
     with dgl_exact.config(enabled=True, bits=2):
         F.cross_entropy(m(g, x), y).backward()
     assert len(calls) == 1 and calls[0].stem_dropout is None
-    assert "in_feats > hidden" in fastpaths.GCNII_STEM.refusal(m.lin_in, x, 0.3, 2, 5)
+    assert "in_feats > hidden" in fastpaths.GCNII_STACK.refusal(g, m.convs, m.norms, x, 0.3, 0.3, m.lin_out,
+                                                                 stem=m.lin_in, recompute=2, stem_dropout=0.3)
 
 
 @pytest.mark.parametrize("why", ["x needs a gradient", "a hook on the input layer", "input layer in eval mode"])

@@ -11,14 +11,15 @@ from ... import ops
 from ...compression_config import CompressionConfig
 from ...ops.donation import Donated, release
 from .. import fastpaths
-from .._base import CompressedModuleMixin, apply_dropout, apply_linear, check_zero_in_degree, compressed_activation, \
-    into, plain_dropout_p
+from .._base import (CompressedModuleMixin, apply_dropout, apply_linear, check_zero_in_degree, compressed_activation,
+                     into, plain_dropout_p, shared_doc)
 
 dgl = import_dgl()
 
 _fallback_warned = False
 
 
+@shared_doc
 class GATConv(CompressedModuleMixin, dgl.nn.GATConv):
     r"""Graph attention layer (Velickovic et al., ICLR 2018), a drop-in for :class:`dgl.nn.GATConv`.
 
@@ -48,12 +49,11 @@ class GATConv(CompressedModuleMixin, dgl.nn.GATConv):
     activation : callable, optional
     allow_zero_in_degree : bool, default False
     bias : bool, default True
-    compression : CompressionConfig, optional
-        This module's compression; default: the configuration in force.
+    %(compression)s
 
     Example
     -------
-    >>> import torch, dgl_exact, dgl  # dgl_exact first: it makes DGL importable on new torch
+    %(example_imports)s
     >>> g = dgl.add_self_loop(dgl.rand_graph(100, 500))
     >>> dgl_exact.GATConv(16, 8, num_heads=3)(g, torch.randn(100, 16)).shape
     torch.Size([100, 3, 8])
@@ -67,13 +67,13 @@ class GATConv(CompressedModuleMixin, dgl.nn.GATConv):
                          allow_zero_in_degree=allow_zero_in_degree, bias=bias)
         self._init_compression(compression)
 
+    @shared_doc
     def forward(self, graph, feat, edge_weight=None, get_attention=False):
         r"""Compute graph attention network layer.
 
         Parameters
         ----------
-        graph : DGLGraph
-            The graph (or a block, or a bipartite graph).
+        %(graph)s
         feat : torch.Tensor or pair of torch.Tensor
             :math:`(N, *, D_{in})` input features, or a pair :math:`(N_{src}, *, D_{in_{src}})`,
             :math:`(N_{dst}, *, D_{in_{dst}})`. A tensor given with :func:`dgl_exact.donate` is released

@@ -12,12 +12,13 @@ from ...compression_config import CompressionConfig
 from ...ops.gcn2 import BatchNormArgs, GCN2Layer, GCN2Step, gcn2_mix, gcnii_layers
 from ...ops.gcn2_recompute import StemArgs, gcnii_layers_recomputed
 from .. import fastpaths
-from .._base import (CompressedModuleMixin, check_feature_rows, check_zero_in_degree, compressed_activation,
-                     into, kept_by_reference)
+from .._base import (CompressedModuleMixin, check_feature_rows, check_zero_in_degree, compressed_activation, into,
+                     kept_by_reference, shared_doc)
 
 dgl = import_dgl()
 
 
+@shared_doc
 class GCN2Conv(CompressedModuleMixin, dgl.nn.GCN2Conv):
     r"""GCNII layer (Chen et al., ICML 2020), a drop-in for :class:`dgl.nn.GCN2Conv`.
 
@@ -44,7 +45,7 @@ class GCN2Conv(CompressedModuleMixin, dgl.nn.GCN2Conv):
 
     Example
     -------
-    >>> import torch, dgl_exact, dgl  # dgl_exact first: it makes DGL importable on new torch
+    %(example_imports)s
     >>> g = dgl.add_self_loop(dgl.rand_graph(100, 500))
     >>> h0 = torch.randn(100, 16)
     >>> dgl_exact.GCN2Conv(16, layer=1)(g, h0, h0).shape
@@ -156,9 +157,8 @@ def gcnii_stack(graph, convs, norms, h0: torch.Tensor, dropout: float, input_dro
     own ``GCN2Conv.forward`` (no subclass overriding it) with ``project_initial_features`` and no
     activation, dgl_exact ``BatchNorm1d`` norms and ``Linear`` head; no forward, forward-pre, backward or
     backward-pre hook on any of them, nor a global one; more than one row under batch norm; a homogeneous
-    whole graph; fp32/fp64 and one dtype throughout (:data:`dgl_exact.nn.fastpaths.GCNII_STACK`, and
-    :data:`~dgl_exact.nn.fastpaths.GCNII_STEM` for the input layer). :func:`dgl_exact.explain` says which
-    condition failed.
+    whole graph; fp32/fp64 and one dtype throughout (:data:`dgl_exact.nn.fastpaths.GCNII_STACK`, which also
+    holds the input layer's conditions below). :func:`dgl_exact.explain` says which condition failed.
 
     ``recompute``: segments of that many layers (0: off) keep only their input and are re-run in the
     backward (:func:`dgl_exact.ops.gcn2_recompute.gcnii_layers_recomputed`), under the same conditions.
@@ -173,9 +173,10 @@ def gcnii_stack(graph, convs, norms, h0: torch.Tensor, dropout: float, input_dro
     where the stack runs without recompute, its memory is released once the last hidden layer has read it,
     so the output layer runs beside one layer-sized buffer, not two. Where the stack returns None it did not
     take ``h0``: the caller takes it back with :func:`dgl_exact.ops.donation.reclaim` before using it."""
-    call = fastpaths.GCNII_STACK.decide(graph, convs, norms, h0, dropout, input_dropout, head, stem, recompute)
-    if call is None or (stem is not None and not fastpaths.GCNII_STEM.runs(stem, h0, stem_dropout, recompute,
-                                                                             convs[0].weight1.shape[0])):
+    # one decision for the stack and the input layer folded into it: what it notes for explain is what ran
+    call = fastpaths.GCNII_STACK.decide(graph, convs, norms, h0, dropout, input_dropout, head, stem, recompute,
+                                        stem_dropout)
+    if call is None:
         return None
     release_h0 = call.release_h0   # a donated h0 goes once the last layer has read it (rule 5)
     del call                        # (its facts refer to h0 and the modules: nothing held past the decision)

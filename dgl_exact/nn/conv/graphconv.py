@@ -8,11 +8,13 @@ import torch
 from ..._compat import import_dgl
 from ... import ops
 from ...compression_config import CompressionConfig
-from .._base import CompressedModuleMixin, check_feature_rows, check_zero_in_degree, compressed_activation, into
+from .._base import (CompressedModuleMixin, check_feature_rows, check_zero_in_degree, compressed_activation, into,
+                     shared_doc)
 
 dgl = import_dgl()
 
 
+@shared_doc
 class GraphConv(CompressedModuleMixin, dgl.nn.GraphConv):
     r"""Graph convolution (Kipf and Welling, ICLR 2017), a drop-in for :class:`dgl.nn.GraphConv`.
 
@@ -39,12 +41,11 @@ class GraphConv(CompressedModuleMixin, dgl.nn.GraphConv):
         dgl_exact's versions that keep one bit per element.
     allow_zero_in_degree : bool, default False
         As in DGL: raise on 0-in-degree nodes unless True.
-    compression : CompressionConfig, optional
-        This module's compression; default: the configuration in force.
+    %(compression)s
 
     Example
     -------
-    >>> import torch, dgl_exact, dgl  # dgl_exact first: it makes DGL importable on new torch
+    %(example_imports)s
     >>> g = dgl.add_self_loop(dgl.rand_graph(100, 500))
     >>> conv = dgl_exact.GraphConv(16, 8, compression=dgl_exact.CompressionConfig(bits=2))
     >>> conv(g, torch.randn(100, 16)).shape
@@ -57,13 +58,13 @@ class GraphConv(CompressedModuleMixin, dgl.nn.GraphConv):
                          allow_zero_in_degree=allow_zero_in_degree)
         self._init_compression(compression)
 
+    @shared_doc
     def forward(self, graph, feat, weight=None, edge_weight=None):
         r"""Compute graph convolution.
 
         Parameters
         ----------
-        graph : DGLGraph
-            The graph (or a block, or a bipartite graph).
+        %(graph)s
         feat : torch.Tensor or pair of torch.Tensor
             :math:`(N, *, D_{in})` input features, :math:`N` the number of nodes; or, for a bipartite graph
             or a block, a pair :math:`(N_{src}, *, D_{in})`, :math:`(N_{dst}, *, D_{in})`.

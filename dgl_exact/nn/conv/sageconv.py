@@ -13,7 +13,7 @@ from ...ops.sage import divide_by_in_degrees
 from ...compression_config import CompressionConfig
 from .. import fastpaths
 from .._base import (CompressedModuleMixin, apply_dropout, apply_linear, compressed_activation, into,
-                     plain_dropout_p, plain_linear as _plain_linear)
+                     plain_dropout_p, plain_linear as _plain_linear, shared_doc)
 
 dgl = import_dgl()
 from dgl.utils import check_eq_shape  # noqa: E402
@@ -27,6 +27,7 @@ def _warn_fallback_once(reason: str) -> None:
         _fallback_warned.add(reason)
 
 
+@shared_doc
 class SAGEConv(CompressedModuleMixin, dgl.nn.SAGEConv):
     r"""GraphSAGE layer (Hamilton et al., NeurIPS 2017), a drop-in for :class:`dgl.nn.SAGEConv`.
 
@@ -54,12 +55,11 @@ class SAGEConv(CompressedModuleMixin, dgl.nn.SAGEConv):
     bias : bool, default True
     norm, activation : callable, optional
         Applied to the output, as in DGL (ReLU/ELU/LeakyReLU activations keep one bit per element).
-    compression : CompressionConfig, optional
-        This module's compression; default: the configuration in force.
+    %(compression)s
 
     Example
     -------
-    >>> import torch, dgl_exact, dgl  # dgl_exact first: it makes DGL importable on new torch
+    %(example_imports)s
     >>> g = dgl.rand_graph(100, 500)
     >>> dgl_exact.SAGEConv(16, 8, "mean")(g, torch.randn(100, 16)).shape
     torch.Size([100, 8])
@@ -100,13 +100,13 @@ class SAGEConv(CompressedModuleMixin, dgl.nn.SAGEConv):
                                              self.fc_neigh.weight, bn.weight, bn.bias, track, track_var,
                                              momentum, bn.eps, p, config=self._config(), compress_for=compress_for)
 
+    @shared_doc
     def forward(self, graph, feat, edge_weight=None):
         r"""Compute GraphSAGE layer.
 
         Parameters
         ----------
-        graph : DGLGraph
-            The graph (or a block, or a bipartite graph).
+        %(graph)s
         feat : torch.Tensor or pair of torch.Tensor
             :math:`(N, D_{in})` input features, :math:`N` the number of nodes; or, for a bipartite graph or a
             block, a pair :math:`(N_{src}, D_{in_{src}})`, :math:`(N_{dst}, D_{in_{dst}})`.
