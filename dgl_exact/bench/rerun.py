@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -37,6 +38,8 @@ class Rerun:
     argv: List[str] = field(default_factory=list)
     env: Dict[str, str] = field(default_factory=dict)
     stdout_to: Optional[str] = None  # the result file, for commands that print their result
+    out_dir: Optional[str] = None  # a `bench SUITE` command: the folder its results are moved to from --out
+    scratch: Optional[str] = None  # ... and its --out, a folder of its own (its files take the result's name)
     refused: str = ""
     same_as: Optional["Rerun"] = None  # a `bench all` run already in the plan (run once)
 
@@ -83,10 +86,16 @@ def _dgl_exact(item: Rerun, args: List[str], out_dir: str, root: str) -> None:
     if args[:2] == ["bench", "all"]:
         args = _set_option(args, "--out", root) + ([] if "--measure" in args else ["--measure"])
     elif args[:1] == ["bench"] and len(args) > 1 and args[1] != "report":
-        args = _set_option(args, "--out", out_dir)
+        stem = os.path.splitext(os.path.basename(item.run["results"]))[0]
+        item.out_dir, item.scratch = out_dir, os.path.join(out_dir, f".rerun-{stem}")
+        args = _set_option(args, "--out", item.scratch)
         json_path = _option(args, "--json")
         if json_path and not os.path.isabs(json_path):
             args = _set_option(args, "--json", os.path.join(out_dir, json_path))
+        conf = _option(args, "--conf")  # a YAML kept beside the results
+        if conf and not os.path.isabs(conf) and not os.path.exists(conf) and os.path.exists(
+                os.path.join(out_dir, conf)):
+            args = _set_option(args, "--conf", os.path.join(out_dir, conf))
     elif args[:1] == ["bench"]:
         raise ValueError("`bench report` measures nothing")
     else:
@@ -151,6 +160,8 @@ def plan(root: str, machine: str, only=None, scripts: str = "scripts") -> List[R
 
 def _run(item: Rerun) -> int:
     env = {**os.environ, **item.env}
+    if item.scratch is not None:
+        shutil.rmtree(item.scratch, ignore_errors=True)
     if item.stdout_to is None:
         return subprocess.run(item.argv, env=env).returncode
     done = subprocess.run(item.argv, env=env, stdout=subprocess.PIPE)
@@ -160,19 +171,53 @@ def _run(item: Rerun) -> int:
     return done.returncode
 
 
-def _keep_entries(folder: str, before: List[Dict]) -> None:
+def _move_results(item: Rerun) -> Dict:
+    """Move what a `bench SUITE` run wrote to its own --out into the run's folder, its result file (and the
+    files of the same stem) under the recorded result's name; returns what the run recorded of itself."""
+    recorded = manifests.read_manifest(item.scratch)
+    if len(recorded) != 1:
+        raise ValueError(f"{item.scratch}: expected the run to record one result, found {len(recorded)}")
+    made = os.path.splitext(recorded[0]["results"])[0]
+    stem = os.path.splitext(os.path.basename(item.run["results"]))[0]
+    for name in sorted(os.listdir(item.scratch)):
+        if name in (manifests.MANIFEST, manifests.README) or name.startswith("."):
+            continue
+        base, ext = os.path.splitext(name)
+        os.replace(os.path.join(item.scratch, name), os.path.join(item.out_dir, (stem if base == made else base) + ext))
+    shutil.rmtree(item.scratch, ignore_errors=True)
+    return recorded[0]
+
+
+def _keep_entries(folder: str, before: List[Dict], fresh: Optional[Dict] = None) -> None:
     """The manifest as it was (its order, commands, titles, notes), each run's machine, code and date updated
-    from what the rerun recorded; runs the rerun added are kept after them."""
+    from what the rerun recorded (``fresh``: the entry of the run of ``fresh["results"]``); runs the rerun added
+    are kept after them."""
     now = {r["results"]: r for r in manifests.read_manifest(folder)}
+    if fresh is not None:
+        now[fresh["results"]] = fresh
     kept = [{**r, **{k: now[r["results"]][k] for k in ("machine", "code", "date") if k in now.get(r["results"], {})}}
             for r in before]
     known = {r["results"] for r in before}
     manifests.write_manifest(folder, kept + [r for r in now.values() if r["results"] not in known])
 
 
-def rerun(items: List[Rerun], echo: Callable[[str], None], runner: Callable[[Rerun], int] = _run) -> List[str]:
+def _after(item: Rerun, before: Dict[str, List[Dict]]) -> None:
+    """Put a finished run's results in place and update the manifests (their order and commands kept)."""
+    fresh = None
+    if item.scratch is not None:
+        fresh = {**_move_results(item), "results": item.run["results"]}
+    elif item.same_as is None and not item.argv[3:5] == ["bench", "all"]:  # a run that does not record itself
+        from .provenance import stamp
+
+        fresh = {"results": item.run["results"], "code": stamp()["code"]}
+    for folder, runs in before.items():  # `bench all` records in four suites
+        _keep_entries(folder, runs, fresh if folder == item.folder else None)
+
+
+def rerun(items: List[Rerun], echo: Callable[[str], None], runner: Optional[Callable[[Rerun], int]] = None) -> List[str]:
     """Run ``items`` in order, one progress line each (suite, command, outcome, elapsed); a failed or refused run
     is reported and the others go on. Returns the failure lines."""
+    runner = runner or _run
     failures = []
     for i, item in enumerate(items, 1):
         head = f"[{i}/{len(items)}] {item.suite}: {item.command}"
@@ -193,8 +238,11 @@ def rerun(items: List[Rerun], echo: Callable[[str], None], runner: Callable[[Rer
             why = f"exit status {code}"
         elapsed = time.perf_counter() - start
         if code == 0:
-            for folder, runs in before.items():  # `bench all` records in four suites
-                _keep_entries(folder, runs)
+            try:
+                _after(item, before)
+            except (ValueError, OSError) as e:
+                code, why = None, f"its results: {e}"
+        if code == 0:
             echo(f"{head}: ok ({elapsed:.1f} s)")
         else:
             failures.append(f"{head}: failed, {why} ({elapsed:.1f} s)")
