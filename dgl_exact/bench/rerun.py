@@ -214,7 +214,8 @@ def _after(item: Rerun, before: Dict[str, List[Dict]]) -> None:
         _keep_entries(folder, runs, fresh if folder == item.folder else None)
 
 
-def rerun(items: List[Rerun], echo: Callable[[str], None], runner: Optional[Callable[[Rerun], int]] = None) -> List[str]:
+def rerun(items: List[Rerun], echo: Callable[[str], None],
+          runner: Optional[Callable[[Rerun], int]] = None) -> List[str]:
     """Run ``items`` in order, one progress line each (suite, command, outcome, elapsed); a failed or refused run
     is reported and the others go on. Returns the failure lines."""
     runner = runner or _run
