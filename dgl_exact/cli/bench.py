@@ -368,7 +368,8 @@ def bench_accuracy(dataset, models, settings, runs, epochs, conf, device, data_r
 @renamed("--models", "--model", "models")
 @renamed("--root", "--out", "root", type=click.Path(file_okay=False))
 @click.option("--label", default="cpu", show_default=True,
-              help="Machine label: results go to OUT/LABEL/SUITE/ (memory, speed, kernels, accuracy).")
+              help="Machine label: the runs recorded in OUT/LABEL/*/runs.json are rerun (with --measure: the "
+                   "results go to OUT/LABEL/SUITE/; the options from --dataset to --data-root are --measure's).")
 @click.option("--dataset", default="synthetic-arxiv", show_default=True, help="Graph for memory and speed.")
 @click.option("--model", "models", default="sage,gcn", show_default=True, help="Comma-separated models.")
 @click.option("--accuracy-dataset", default="cora", show_default=True)
@@ -432,6 +433,9 @@ def _rerun_all(items, root, label, benchmarks_md):
     from ..bench.report import assemble, report_machine
     from ..bench.rerun import rerun
 
+    if click.get_current_context().params.get("allow_dirty"):  # the runs measure the same uncommitted code
+        for item in items:
+            item.env.setdefault("DGL_EXACT_ALLOW_DIRTY", "1")
     failures = rerun(items, lambda line: click.echo(line))
     try:
         written, _ = report_machine(root, label)

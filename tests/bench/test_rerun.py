@@ -105,7 +105,8 @@ def test_cli_reports_failures_regenerates_and_exits_1(tmp_path, monkeypatch):
         (tmp_path / "benchmarks" / "fake" / suite / name).write_text(text)
     ran = []
     monkeypatch.chdir(tmp_path)  # its scripts/gpu_check.sh
-    monkeypatch.setattr(rr, "_run", lambda item: ran.append(item.suite) or (4 if item.suite == "plan" else 0))
+    monkeypatch.setattr(rr, "_run", lambda item: ran.append(item.suite) or (4 if item.suite == "plan" else 0)
+                        if item.env["DGL_EXACT_ALLOW_DIRTY"] == "1" else 9)  # --allow-dirty reaches each run
     monkeypatch.setattr(rr, "_after", lambda item, before: None)
     out = CliRunner().invoke(bench, ["all", "--label", "fake", "--out", root, "--allow-dirty"])
     assert ran == ["memory", "plan", "checks"], out.output
