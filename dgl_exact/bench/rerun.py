@@ -5,10 +5,13 @@ A recorded command is split with :func:`shlex.split` and run without a shell. Ac
 ``[VAR=value ...] dgl-exact ARGS``, ``[VAR=value ...] python -m dgl_exact ARGS`` (both run as
 ``<this python> -m dgl_exact ARGS``) and ``[VAR=value ...] [bash|sh|python] scripts/NAME ARGS`` (a script of the
 repository's scripts/ folder); a trailing ``(remark)`` is dropped. Anything else (``cd ... && ...``, pipes, other
-programs) is refused with a line that says why. In a command, the word ``DIR`` (also as ``VAR=DIR``) stands for
-the folder of the run's result file; a ``dgl-exact bench SUITE`` command gets ``--out`` that folder and its
-relative ``--json`` a path in it; another ``dgl-exact`` command's printed output is written to the result file.
-A recorded ``dgl-exact bench all ...`` (the measuring suites) runs once, with ``--measure``."""
+programs) is refused with a line that says why. A run whose result file is another suite's
+(``../checks/gpu_check.log``) is left to that suite's run. In a command, the word ``DIR`` (also as ``VAR=DIR``)
+stands for the folder of the run's result file. A ``dgl-exact bench SUITE`` command writes to a folder of its own
+(``--out``; a relative ``--json`` goes to the run's folder) and its result files are moved in under the recorded
+result's name (a result that is a text file gets what it printed); another ``dgl-exact`` command's printed output
+is written to the result file. A recorded ``dgl-exact bench all ...`` (the measuring suites) runs once, with
+``--measure``."""
 from __future__ import annotations
 
 import os
@@ -41,6 +44,7 @@ class Rerun:
     out_dir: Optional[str] = None  # a `bench SUITE` command: the folder its results are moved to from --out
     scratch: Optional[str] = None  # ... and its --out, a folder of its own (its files take the result's name)
     refused: str = ""
+    skipped: str = ""  # a run whose result another suite's run writes
     same_as: Optional["Rerun"] = None  # a `bench all` run already in the plan (run once)
 
     @property
@@ -89,6 +93,8 @@ def _dgl_exact(item: Rerun, args: List[str], out_dir: str, root: str) -> None:
         stem = os.path.splitext(os.path.basename(item.run["results"]))[0]
         item.out_dir, item.scratch = out_dir, os.path.join(out_dir, f".rerun-{stem}")
         args = _set_option(args, "--out", item.scratch)
+        if os.path.splitext(item.run["results"])[1] not in (".jsonl", ".json", ".csv", ".md"):
+            item.stdout_to = os.path.join(item.folder, item.run["results"])  # a log of what it printed
         json_path = _option(args, "--json")
         if json_path and not os.path.isabs(json_path):
             args = _set_option(args, "--json", os.path.join(out_dir, json_path))
@@ -105,6 +111,9 @@ def _dgl_exact(item: Rerun, args: List[str], out_dir: str, root: str) -> None:
 
 def _prepare(item: Rerun, root: str, scripts: str) -> None:
     out_dir = os.path.normpath(os.path.join(item.folder, os.path.dirname(item.run["results"])))
+    if os.path.normpath(item.run["results"]).startswith(os.pardir + os.sep):
+        item.skipped = f"its result, {item.run['results']}, is written by another suite's run"
+        return None
     words = [out_dir if w == "DIR" else w for w in _words(item.command)]
     shell = [w for w in words if w in _SHELL or w.startswith("(")]
     if shell:
@@ -177,7 +186,7 @@ def _move_results(item: Rerun) -> Dict:
     recorded = manifests.read_manifest(item.scratch)
     if len(recorded) != 1:
         raise ValueError(f"{item.scratch}: expected the run to record one result, found {len(recorded)}")
-    made = os.path.splitext(recorded[0]["results"])[0]
+    made = None if item.stdout_to else os.path.splitext(recorded[0]["results"])[0]
     stem = os.path.splitext(os.path.basename(item.run["results"]))[0]
     for name in sorted(os.listdir(item.scratch)):
         if name in (manifests.MANIFEST, manifests.README) or name.startswith("."):
@@ -225,6 +234,9 @@ def rerun(items: List[Rerun], echo: Callable[[str], None],
         if item.refused:
             failures.append(f"{head}: refused: {item.refused}")
             echo(failures[-1])
+            continue
+        if item.skipped:
+            echo(f"{head}: not rerun: {item.skipped}")
             continue
         if item.same_as is not None:
             echo(f"{head}: done with run {items.index(item.same_as) + 1}")

@@ -416,7 +416,8 @@ def bench_all(label, dataset, models, accuracy_dataset, runs, speed_epochs, devi
         raise UserError(str(e).splitlines()[0]) from None
     if dry_run:
         for i, item in enumerate(items, 1):
-            what = (f"refused: {item.refused}" if item.refused else f"with run {items.index(item.same_as) + 1}"
+            what = (f"refused: {item.refused}" if item.refused else
+                    f"not rerun: {item.skipped}" if item.skipped else f"with run {items.index(item.same_as) + 1}"
                     if item.same_as else shlex.join([k + "=" + v for k, v in item.env.items()] + item.argv))
             click.echo(f"[{i}/{len(items)}] {item.suite}: {item.command}\n    {what}")
         return None
@@ -430,24 +431,24 @@ def _recorded(machine_dir: str) -> bool:
 
 
 def _rerun_all(items, root, label, benchmarks_md):
-    from ..bench.report import assemble, report_machine
+    from ..bench.report import SUITES, assemble
     from ..bench.rerun import rerun
+    from ..bench.suites import write_suite
 
     if click.get_current_context().params.get("allow_dirty"):  # the runs measure the same uncommitted code
         for item in items:
             item.env.setdefault("DGL_EXACT_ALLOW_DIRTY", "1")
     failures = rerun(items, lambda line: click.echo(line))
-    try:
-        written, _ = report_machine(root, label)
-    except (ValueError, OSError) as e:
-        failures.append(f"report: {str(e).splitlines()[0]}")
-        written = []
-    for path in written:
-        click.echo(f"report: {path}")
+    for suite, folder in dict((item.suite, item.folder) for item in items).items():  # one README each, come what may
+        try:
+            click.echo(f"report: {write_suite(folder, suite, SUITES.get(suite, suite))}")
+        except (ValueError, OSError) as e:
+            failures.append(f"report of {folder}: {str(e).splitlines()[0]}")
+            click.echo(failures[-1])
     if benchmarks_md:
         click.echo(f"rebuilt {assemble(root, benchmarks_md)}")
     if failures:
-        click.echo(f"{len(failures)} of {len(items)} runs failed or were refused:", err=True)
+        click.echo(f"{len(failures)} failed or refused (of {len(items)} runs):", err=True)
         for line in failures:
             click.echo("  " + line, err=True)
         raise SystemExit(1)

@@ -17,6 +17,8 @@ def _machine(tmp_path):
             "memory": [{"results": "a.jsonl", "command": "OMP_NUM_THREADS=1 dgl-exact bench memory --model sage",
                         "machine": "m", "code": "old"},
                        {"results": "b.jsonl", "command": "cd scripts && python x.py", "machine": "m", "code": "old"}],
+            "speed": [{"results": "../checks/c.txt", "command": "dgl-exact bench speed", "machine": "m",
+                       "code": "old"}],
             "checks": [{"results": "c.txt", "command": "OUT=DIR bash scripts/gpu_check.sh (pytest -m cuda tests)",
                         "machine": "m", "code": "old"}]}
     for suite, entries in runs.items():
@@ -31,8 +33,9 @@ def _machine(tmp_path):
 def test_plan_orders_suites_and_refuses_shell(tmp_path):
     root = _machine(tmp_path)
     items = rr.plan(root, "fake", scripts=str(tmp_path / "scripts"))
-    assert [i.suite for i in items] == ["memory", "memory", "plan", "checks"]
-    mem, shell, plan_, checks = items
+    assert [i.suite for i in items] == ["memory", "memory", "speed", "plan", "checks"]
+    mem, shell, speed, plan_, checks = items
+    assert "written by another suite's run" in speed.skipped and not speed.argv
     assert mem.env == {"OMP_NUM_THREADS": "1"}
     assert mem.argv == [sys.executable, "-m", "dgl_exact", "bench", "memory", "--model", "sage", "--out",
                         os.path.join(root, "fake", "memory", ".rerun-a")]
@@ -69,9 +72,9 @@ def test_rerun_goes_on_after_a_failure_and_keeps_the_manifest(tmp_path):
 
     failures = rr.rerun(items, lines.append, runner=runner)
     assert ran == ["memory", "plan", "checks"]
-    assert len(lines) == 4 and lines[0].startswith("[1/4] memory: OMP_NUM_THREADS=1 dgl-exact bench memory")
+    assert len(lines) == 5 and lines[0].startswith("[1/5] memory: OMP_NUM_THREADS=1 dgl-exact bench memory")
     assert lines[0].endswith(" s)") and ": ok (" in lines[0]
-    assert "refused" in lines[1] and "exit status 3" in lines[2] and ": ok (" in lines[3]
+    assert "refused" in lines[1] and "not rerun" in lines[2] and "exit status 3" in lines[3] and ": ok (" in lines[4]
     assert len(failures) == 2
     assert sorted(os.listdir(memory)) == ["a.jsonl", "a.md", "figure.png", "runs.json"]
     assert open(os.path.join(memory, "a.jsonl")).read() == "memory.jsonl"
@@ -88,10 +91,10 @@ def test_cli_dry_run_lists_and_runs_nothing(tmp_path, monkeypatch):
     out = CliRunner().invoke(bench, ["all", "--label", "fake", "--out", root, "--dry-run", "--allow-dirty",
                                      "--suites", "memory,plan"])
     assert out.exit_code == 0, out.output
-    assert out.output.count("\n[") + out.output.startswith("[") == 3
+    assert out.output.count("\n[") + out.output.startswith("[") == 3  # memory (2), plan
     assert "refused: a shell command" in out.output and "checks" not in out.output
     bad = CliRunner().invoke(bench, ["all", "--label", "fake", "--out", root, "--dry-run", "--allow-dirty",
-                                     "--suites", "speed"])
+                                     "--suites", "profile"])
     assert bad.exit_code == 2 and "no runs.json" in bad.output
 
 
@@ -111,7 +114,7 @@ def test_cli_reports_failures_regenerates_and_exits_1(tmp_path, monkeypatch):
     out = CliRunner().invoke(bench, ["all", "--label", "fake", "--out", root, "--allow-dirty"])
     assert ran == ["memory", "plan", "checks"], out.output
     assert out.exit_code == 1
-    assert "2 of 4 runs failed or were refused:" in out.output and "exit status 4" in out.output
+    assert "2 failed or refused (of 5 runs):" in out.output and "exit status 4" in out.output
     readme = (tmp_path / "benchmarks" / "fake" / "checks" / "README.md").read_text()
     assert "5 passed" in readme and "OUT=DIR bash scripts/gpu_check.sh" in readme
 
