@@ -226,7 +226,8 @@ def _after(item: Rerun, before: Dict[str, List[Dict]]) -> None:
 def rerun(items: List[Rerun], echo: Callable[[str], None],
           runner: Optional[Callable[[Rerun], int]] = None) -> List[str]:
     """Run ``items`` in order, one progress line each (suite, command, outcome, elapsed); a failed or refused run
-    is reported and the others go on. Returns the failure lines."""
+    is reported and the others go on; Ctrl-C stops after reporting the run it interrupted. Returns the failure
+    lines."""
     runner = runner or _run
     failures = []
     for i, item in enumerate(items, 1):
@@ -247,6 +248,10 @@ def rerun(items: List[Rerun], echo: Callable[[str], None],
             code = runner(item)
         except OSError as e:
             code, why = None, f"could not start ({e})"
+        except KeyboardInterrupt:  # what was rerun before stays written; the READMEs are still regenerated
+            failures.append(f"{head}: interrupted; the runs after it were not rerun")
+            echo(failures[-1])
+            break
         else:
             why = f"exit status {code}"
         elapsed = time.perf_counter() - start

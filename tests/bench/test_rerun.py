@@ -85,6 +85,21 @@ def test_rerun_goes_on_after_a_failure_and_keeps_the_manifest(tmp_path):
     assert read_manifest(os.path.join(root, "fake", "plan"))[0]["code"] == "old"  # failed: left as it was
 
 
+def test_interrupt_stops_after_reporting_the_run(tmp_path):
+    root = _machine(tmp_path)
+    items = rr.plan(root, "fake", scripts=str(tmp_path / "scripts"))
+    lines = []
+
+    def runner(item):
+        if item.suite == "plan":
+            raise KeyboardInterrupt
+        return 0
+
+    failures = rr.rerun(items, lines.append, runner=lambda item: runner(item) if item.suite != "memory" else 5)
+    assert len(lines) == 4 and "interrupted" in lines[-1] and lines[-1].startswith("[4/5] plan:")
+    assert len(failures) == 3  # memory failed, memory refused, plan interrupted; checks not run
+
+
 def test_cli_dry_run_lists_and_runs_nothing(tmp_path, monkeypatch):
     root = _machine(tmp_path)
     monkeypatch.setattr(rr, "_run", lambda item: (_ for _ in ()).throw(AssertionError("ran")))
