@@ -128,6 +128,14 @@ def record_run(folder: str, run: Dict) -> str:
     return path
 
 
+def write_manifest(folder: str, runs: List[Dict]) -> str:
+    """Replace ``folder``'s manifest with ``runs`` (in this order); returns its path."""
+    path = os.path.join(folder, MANIFEST)
+    with _folder_locked(folder):
+        _write_json(path, runs)
+    return path
+
+
 @contextlib.contextmanager
 def _folder_locked(folder: str):
     """An exclusive ``flock`` on the folder itself (no lock file left behind), waited for."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 
 import click
 
@@ -367,7 +368,8 @@ def bench_accuracy(dataset, models, settings, runs, epochs, conf, device, data_r
 @renamed("--models", "--model", "models")
 @renamed("--root", "--out", "root", type=click.Path(file_okay=False))
 @click.option("--label", default="cpu", show_default=True,
-              help="Machine label: results go to OUT/LABEL/SUITE/ (memory, speed, kernels, accuracy).")
+              help="Machine label: the runs recorded in OUT/LABEL/*/runs.json are rerun (with --measure: the "
+                   "results go to OUT/LABEL/SUITE/; the options from --dataset to --data-root are --measure's).")
 @click.option("--dataset", default="synthetic-arxiv", show_default=True, help="Graph for memory and speed.")
 @click.option("--model", "models", default="sage,gcn", show_default=True, help="Comma-separated models.")
 @click.option("--accuracy-dataset", default="cora", show_default=True)
@@ -381,11 +383,80 @@ def bench_accuracy(dataset, models, settings, runs, epochs, conf, device, data_r
               help="Also rebuild this file from every suite's README.md under --out (the repository's "
                    "BENCHMARKS.md is built so: `--benchmarks-md BENCHMARKS.md`; `bench report` rebuilds it without "
                    "measuring).")
+@click.option("--measure", is_flag=True,
+              help="Measure memory, speed, kernels and accuracy with the options above (what a LABEL without "
+                   "runs.json gets) instead of rerunning the recorded runs.")
+@click.option("--suites", "only", default="", show_default="every suite with a runs.json",
+              help="Comma-separated suites to rerun (memory, speed, kernels, accuracy, profile, plan, budget, "
+                   "minibatch, checks).")
+@click.option("--dry-run", is_flag=True, help="List the runs it would rerun (and those it refuses); run nothing.")
 @click.option("--quiet", "-q", is_flag=True)
 def bench_all(label, dataset, models, accuracy_dataset, runs, speed_epochs, device, data_root, root, benchmarks_md,
-              quiet):
-    """Run the memory, speed, kernels and accuracy suites and write each one's results, figures and README.md to
-    OUT/LABEL/SUITE/ (and, with --benchmarks-md, rebuild that file from every suite's README.md under OUT)."""
+              measure, only, dry_run, quiet):
+    """Rerun every recorded run of OUT/LABEL/ (each SUITE/runs.json) by the command it records, suite by suite
+    (memory, speed, kernels, accuracy, profile, plan, budget, minibatch, checks), one line per run, then regenerate
+    each suite's README.md (and, with --benchmarks-md, that file). Only `dgl-exact ...`, `python -m dgl_exact ...`
+    and scripts/ commands are run; others are refused. A failed or refused run is reported, the others go on, and
+    the command exits 1 at the end.
+
+    With --measure, or for a LABEL without any runs.json: run the memory, speed, kernels and accuracy suites with
+    the options given and write each one's results, figures and README.md to OUT/LABEL/SUITE/."""
+    from ..bench.rerun import plan
+
+    if measure or not os.path.isdir(os.path.join(root, label)) or not _recorded(os.path.join(root, label)):
+        if only or dry_run:
+            raise UserError(f"--suites and --dry-run rerun recorded runs: {os.path.join(root, label)} has no "
+                            "runs.json" if not measure else "--suites and --dry-run go without --measure")
+        return _measure_all(label, dataset, models, accuracy_dataset, runs, speed_epochs, device, data_root, root,
+                            benchmarks_md, quiet)
+    _bench_prechecks(files={"--benchmarks-md": benchmarks_md})
+    try:
+        items = plan(root, label, [s.strip() for s in only.split(",") if s.strip()] or None)
+    except ValueError as e:
+        raise UserError(str(e).splitlines()[0]) from None
+    if dry_run:
+        for i, item in enumerate(items, 1):
+            what = (f"refused: {item.refused}" if item.refused else
+                    f"not rerun: {item.skipped}" if item.skipped else f"with run {items.index(item.same_as) + 1}"
+                    if item.same_as else shlex.join([k + "=" + v for k, v in item.env.items()] + item.argv))
+            click.echo(f"[{i}/{len(items)}] {item.suite}: {item.command}\n    {what}")
+        return None
+    return _rerun_all(items, root, label, benchmarks_md)
+
+
+def _recorded(machine_dir: str) -> bool:
+    from ..bench.suites import MANIFEST
+
+    return any(os.path.isfile(os.path.join(machine_dir, d, MANIFEST)) for d in os.listdir(machine_dir))
+
+
+def _rerun_all(items, root, label, benchmarks_md):
+    from ..bench.report import SUITES, assemble
+    from ..bench.rerun import rerun
+    from ..bench.suites import write_suite
+
+    if click.get_current_context().params.get("allow_dirty"):  # the runs measure the same uncommitted code
+        for item in items:
+            item.env.setdefault("DGL_EXACT_ALLOW_DIRTY", "1")
+    failures = rerun(items, lambda line: click.echo(line))
+    for suite, folder in dict((item.suite, item.folder) for item in items).items():  # one README each, come what may
+        try:
+            click.echo(f"report: {write_suite(folder, suite, SUITES.get(suite, suite))}")
+        except (ValueError, OSError) as e:
+            failures.append(f"report of {folder}: {str(e).splitlines()[0]}")
+            click.echo(failures[-1])
+    if benchmarks_md:
+        click.echo(f"rebuilt {assemble(root, benchmarks_md)}")
+    if failures:
+        click.echo(f"{len(failures)} failed or refused (of {len(items)} runs):", err=True)
+        for line in failures:
+            click.echo("  " + line, err=True)
+        raise SystemExit(1)
+
+
+def _measure_all(label, dataset, models, accuracy_dataset, runs, speed_epochs, device, data_root, root,
+                 benchmarks_md, quiet):
+    """`bench all --measure`: the memory, speed, kernels and accuracy suites, measured here with these options."""
     from ..bench import plot as plots
     from ..bench.report import SUITES, assemble
     from ..bench.suites import write_suite
