@@ -29,13 +29,9 @@ the caller's explicit words), never from reference counts or from how a caller h
    it has kept what its backward needs compressed, instead of when the call returns. Donation is a
    permission, never a request: the callee releases only where that cannot change what is computed or
    seen (rule 7). A donated tensor is compressed where rule 1 would keep data by reference.
-6. **Offers.** An op that produced ``x`` may offer a compressed copy of ``x`` for the ops that keep ``x``
-   under the same configuration after it (:func:`offer_compressed`): matched by identity and version
-   counter, taken by each of them (a weak registry; the offer dies with ``x``). :func:`stash` offers the
-   copy it makes of an activation (``x`` with autograd history, made in this pass) the same way, so a
-   tensor two ops keep (a conv and a residual linear reading the same ``h``) is compressed once and its
-   copy shared: each op's gradient stays unbiased (it reads an unbiased copy); only their noises are no
-   longer independent.
+6. **Offers.** An op that produced ``x`` may offer a compressed copy of ``x`` for the next op that keeps
+   ``x`` under the same configuration (:func:`offer_compressed`): matched by identity and version
+   counter, taken once (a weak registry; an unclaimed offer dies with ``x``).
 7. **Fast paths never change what a model computes.** A fused or in-place path runs only where it is
    provably equivalent to the composed modules: training mode with grad, no forward, forward-pre,
    backward or backward-pre hook on the modules involved nor a global one
@@ -209,11 +205,7 @@ def default_stash(x: torch.Tensor, cfg: CompressionConfig, force: bool = False) 
         # stays connected to its autograd history, which double backward needs
         return x
     ready = take_offered(x, cfg)
-    if ready is None:
-        ready = compress(x, cfg)
-        if x.grad_fn is not None:  # an activation of this pass (rule 6); never data, whose next step would
-            offer_compressed(x, cfg, ready)  # read the same noise again
-    return ready
+    return ready if ready is not None else compress(x, cfg)
 
 
 #: compressed copies offered for the next op that keeps a tensor (rule 6), weakly keyed by the tensor
@@ -221,23 +213,25 @@ _offers = WeakIdKeyDictionary()
 
 
 def offer_compressed(x: torch.Tensor, cfg: CompressionConfig, c: CompressedTensor) -> None:
-    """Offer ``c``, the compressed copy of ``x`` under ``cfg`` made in this pass (by the op that produced
-    ``x``, ``ops.relu_dropout(..., compress_for=cfg)``, or by the first :func:`stash` of ``x``), to the ops
-    that keep ``x`` after it (rule 6): their :func:`stash` under an equal config takes it instead of
-    compressing ``x`` again. An ``x`` changed in place since is never matched. The offer dies with ``x``."""
+    """Offer ``c``, the compressed copy of ``x`` under ``cfg`` made by the op that produced ``x`` in the same
+    pass (``ops.relu_dropout(..., compress_for=cfg)``), to the next op that keeps ``x`` (rule 6): its
+    :func:`stash` under an equal config takes it instead of compressing ``x`` again. One taker: a second op
+    keeping ``x`` compresses it anew (independent noise, as without the offer). An ``x`` changed in place
+    since is never matched. Unclaimed, the copy dies with ``x``."""
     _offers[x] = (cfg, x._version, c)
 
 
 def take_offered(x: torch.Tensor, cfg: CompressionConfig) -> Optional[CompressedTensor]:
-    """The copy :func:`offer_compressed` offered with ``x`` for ``cfg``, or None."""
+    """The copy :func:`offer_compressed` offered with ``x`` for ``cfg`` (and withdraws it), or None."""
     offered = _offers.get(x)
     if offered is None or offered[0] != cfg or offered[1] != x._version:
         return None
+    del _offers[x]
     return offered[2]
 
 
 def offered(x: torch.Tensor) -> Optional[CompressedTensor]:
-    """The compressed copy on offer with ``x`` (under any configuration), or None."""
+    """The compressed copy on offer with ``x`` (not withdrawn), or None."""
     entry = _offers.get(x)
     return None if entry is None else entry[2]
 

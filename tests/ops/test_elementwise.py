@@ -49,7 +49,7 @@ def test_fused_equals_unfused_bit_for_bit(shape, p):
         assert torch.equal(a, b)
 
 
-def test_every_later_stash_takes_the_offered_copy():
+def test_the_next_stash_takes_the_offered_copy_once():
     x = torch.randn(20, 8, requires_grad=True)
     with dgl_exact.config(INT2):
         h = ops.relu_dropout(x, 0.5, True, compress_for=INT2)
@@ -57,9 +57,8 @@ def test_every_later_stash_takes_the_offered_copy():
     assert isinstance(offered, CompressedTensor) and offered.bits == 2
     assert torch.allclose(decompress(offered), h.detach(), atol=float(h.detach().abs().max()) / 2)  # INT2 of h
     assert keeping.default_stash(h, INT2) is offered
-    assert keeping.default_stash(h, INT2) is offered  # a second keeper shares it (rule 6)
-    other = keeping.default_stash(h, CompressionConfig(bits=4))  # another configuration: its own copy
-    assert isinstance(other, CompressedTensor) and other.bits == 4
+    second = keeping.default_stash(h, INT2)  # a second keeper compresses anew (independent noise)
+    assert isinstance(second, CompressedTensor) and second is not offered
 
 
 def test_no_copy_taken_under_another_config_or_after_an_inplace_change():
@@ -253,45 +252,3 @@ def test_relu_dropout_is_dropout_of_relu():
     assert bool((y1 == 0).all())
     y_eval = ops.relu_dropout(x, 0.5, training=False)
     torch.testing.assert_close(y_eval, F.relu(x), rtol=0, atol=0)
-
-
-def test_a_stashed_activation_is_compressed_once_for_every_keeper():
-    """Two linears reading the same activation (a layer and its residual linear) keep one compressed copy;
-    data (no autograd history) is never shared from one step to the next."""
-    x = torch.randn(64, 16, requires_grad=True)
-    h = x * 2.0
-    first = keeping.default_stash(h, INT2)
-    assert keeping.default_stash(h, INT2) is first
-    w = torch.randn(64, 16)
-    a, b = keeping.default_stash(w, INT2, force=True), keeping.default_stash(w, INT2, force=True)
-    assert a is not b and keeping.offered(w) is None
-
-
-def test_linears_sharing_a_copy_keep_unbiased_weight_gradients():
-    """``y = h @ W1^T + h @ W2^T`` with one shared INT2 copy of ``h``: each weight gradient ``g^T h_hat`` is
-    unbiased. Each element of ``h_hat`` takes one of two levels a step ``s`` apart (one group per row), so each
-    entry of ``g^T h_hat`` over n draws has a mean within Hoeffding's bound of the exact value."""
-    gen = torch.Generator().manual_seed(7)
-    x = torch.randn(32, 8, generator=gen)
-    w1, w2 = torch.randn(4, 8, generator=gen), torch.randn(4, 8, generator=gen)
-    upstream = torch.randn(32, 4, generator=gen)
-    n = 300
-    sums = [torch.zeros(4, 8, dtype=torch.float64) for _ in range(2)]
-    for seed in range(n):
-        torch.manual_seed(seed)
-        p1, p2 = w1.clone().requires_grad_(), w2.clone().requires_grad_()
-        leaf = x.clone().requires_grad_()
-        h = leaf * 1.0
-        with dgl_exact.config(INT2):
-            y = ops.linear(h, p1, None) + ops.linear(h, p2, None)
-        y.backward(upstream)
-        sums[0] += p1.grad.double()
-        sums[1] += p2.grad.double()
-        assert torch.equal(p1.grad, p2.grad)  # the same copy of h: the same gradient in every draw
-    exact = (upstream.T @ x).double()
-    s = (x.amax(1) - x.amin(1)) / 3 * (1 + 2 ** -7)  # the step of each row's 4 levels, bf16 rounded up
-    # |g^T (h_hat - h)| per entry is a sum over rows of independent terms bounded by |g_r| s_r
-    bound = (upstream.abs().double().T @ s.double().unsqueeze(1)).expand(4, 8)
-    t = bound * math.sqrt(math.log(2 / (1e-9 / 32)) / (2 * n))
-    for total in sums:
-        assert ((total / n - exact).abs() <= t).all()
