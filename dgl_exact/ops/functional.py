@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+from functools import partial
 from typing import Callable, Dict, Iterator, Optional
 
 import torch
@@ -52,34 +53,34 @@ def functional_ops_active() -> bool:
     return _active.get()
 
 
-# each takes the torch callable's arguments and returns the routed call (no arguments), or _AS_TORCH; a
-# TypeError here means arguments it does not take: torch then runs (and reports) the call
+# each takes the torch callable's arguments and returns the routed call (a partial: no frame of its own, so the
+# census names the op), or _AS_TORCH; a TypeError here means arguments it does not take: torch runs the call
 def _relu(input, inplace=False):
-    return _AS_TORCH if inplace else lambda: relu(input)
+    return _AS_TORCH if inplace else partial(relu, input)
 
 
 def _leaky_relu(input, negative_slope=0.01, inplace=False):
-    return _AS_TORCH if inplace or negative_slope < 0 else lambda: leaky_relu(input, float(negative_slope))
+    return _AS_TORCH if inplace or negative_slope < 0 else partial(leaky_relu, input, float(negative_slope))
 
 
 def _elu(input, alpha=1.0, inplace=False):
-    return _AS_TORCH if inplace else lambda: elu(input, float(alpha))
+    return _AS_TORCH if inplace else partial(elu, input, float(alpha))
 
 
 def _gelu(input, approximate="none"):
-    return lambda: gelu(input, approximate)
+    return partial(gelu, input, approximate)
 
 
 def _silu(input, inplace=False):
-    return _AS_TORCH if inplace else lambda: silu(input)
+    return _AS_TORCH if inplace else partial(silu, input)
 
 
 def _dropout(input, p=0.5, training=True, inplace=False):
-    return _AS_TORCH if inplace else lambda: dropout(input, float(p), bool(training), like_torch=True)
+    return _AS_TORCH if inplace else partial(dropout, input, float(p), bool(training), like_torch=True)
 
 
 def _torch_dropout(input, p, train):
-    return lambda: dropout(input, float(p), bool(train), like_torch=True)
+    return partial(dropout, input, float(p), bool(train), like_torch=True)
 
 
 _ROUTES: Optional[Dict[Callable, Callable]] = None
