@@ -80,33 +80,60 @@ class SignExactTensor:
                                    nonzero=rest.pop(0) if has_nz else None, negative=rest.pop(0) if has_neg else None)
 
 
+#: elements per chunk of the sign passes (a multiple of 8: a chunk's packed bits are whole bytes): their boolean
+#: and fp32 temporaries are chunk-sized, not tensor-sized (a saved-tensor hook runs at the forward's peak)
+SIGN_CHUNK = 1 << 20
+
+
+def _chunks(n: int):
+    return ((a, min(a + SIGN_CHUNK, n)) for a in range(0, n, SIGN_CHUNK))
+
+
 def compress_sign_exact(x: torch.Tensor, config: Optional[CompressionConfig] = None,
                         seed: Optional[int] = None) -> SignExactTensor:
     """Compress ``x`` keeping its signs and zeros exact (see the module doc). Reads three flags from the
-    device (one synchronisation): whether ``x`` holds negatives, positives and zeros."""
+    device (one synchronisation): whether ``x`` holds negatives, positives and zeros. Its temporaries are
+    chunk-sized (:data:`SIGN_CHUNK` elements), but for ``|x|`` where ``x`` holds both signs (one of ``x``'s
+    size); a tensor of one sign is compressed as it is (or negated)."""
     x = x.detach()
-    neg, zero = x < 0, x == 0  # (a NaN is neither, nor positive: its group decodes to NaN anyway)
-    has_neg, has_pos, has_zero = torch.stack([neg.any(), (x > 0).any(), zero.any()]).tolist()
+    flat = x.reshape(-1)
+    flags = torch.zeros(3, dtype=torch.bool, device=x.device)
+    for a, b in _chunks(flat.numel()):
+        part = flat[a:b]  # (a NaN is neither negative, positive nor zero: its group decodes to NaN anyway)
+        flags |= torch.stack([(part < 0).any(), (part > 0).any(), (part == 0).any()])
+    has_neg, has_pos, has_zero = flags.tolist()
     pack = kernels.get("pack_mask", x.device)
-    nonzero = pack(~zero) if has_zero and (has_neg or has_pos) else None
-    negative = pack(neg) if has_neg and has_pos else None
-    del neg, zero
-    return SignExactTensor(magnitudes=compress(x.abs(), config, seed), sign=-1 if has_neg and not has_pos else 1,
+
+    def packed(test):
+        return torch.cat([pack(test(flat[a:b])) for a, b in _chunks(flat.numel())])
+
+    nonzero = packed(lambda part: part != 0) if has_zero and (has_neg or has_pos) else None
+    negative = packed(lambda part: part < 0) if has_neg and has_pos else None
+    magnitudes = x.abs() if has_neg and has_pos else (-x if has_neg else x)
+    return SignExactTensor(magnitudes=compress(magnitudes, config, seed), sign=-1 if has_neg and not has_pos else 1,
                            all_nonzero=not has_zero, nonzero=nonzero, negative=negative)
 
 
 def decompress_sign_exact(c: SignExactTensor) -> torch.Tensor:
-    """The estimate of the original tensor: unbiased up to ``tiny`` per element, signs and zeros exact."""
+    """The estimate of the original tensor: unbiased up to ``tiny`` per element, signs and zeros exact.
+    Decodes the magnitudes, then applies the signs and zeros in place, chunk by chunk (no temporary of the
+    tensor's size beside the result)."""
     m = decompress(c.magnitudes)
-    shape, n = m.shape, m.numel()
+    if c.magnitudes.raw is not None and c.magnitudes.proj_seed is None:
+        m = m.clone()  # kept as is (compression off): the stored tensor itself, not ours to write
+    m = m.contiguous()
+    flat = m.view(-1)
     unpack = kernels.get("unpack_mask", m.device)
-    tiny = torch.tensor(sign_tiny(m.dtype), dtype=m.dtype, device=m.device)
-    if c.nonzero is not None:
-        nonzero = unpack(c.nonzero, n).view(shape)
-        # zeros: exactly 0 (m * 0 keeps a NaN group NaN); nonzeros that decoded to 0: tiny
-        m = torch.where(nonzero, torch.where(m == 0, tiny, m), m * 0)
-    elif c.all_nonzero:
-        m = torch.where(m == 0, tiny, m)
-    if c.negative is not None:
-        return torch.where(unpack(c.negative, n).view(shape), -m, m)
-    return -m if c.sign < 0 else m
+    tiny = sign_tiny(m.dtype)
+    for a, b in _chunks(flat.numel()):
+        part = flat[a:b]
+        if c.nonzero is not None:
+            nonzero = unpack(c.nonzero[a // 8:-(-b // 8)], b - a)
+            # nonzeros that decoded to 0: tiny; zeros: exactly 0 (times 0 keeps a NaN group NaN)
+            part.masked_fill_(nonzero & (part == 0), tiny).mul_(nonzero)
+        elif c.all_nonzero:
+            part.masked_fill_(part == 0, tiny)
+        if c.negative is not None:
+            negative = unpack(c.negative[a // 8:-(-b // 8)], b - a)
+            part.mul_(negative.to(m.dtype).mul_(-2).add_(1))
+    return m.neg_() if c.sign < 0 else m

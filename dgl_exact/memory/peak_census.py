@@ -156,7 +156,8 @@ def _describe(frames: List[Frame]) -> Tuple[str, str, bool]:
             inner = frames[i + 1:]   # what the user's line called (not the CLI or loop around it)
             break
     op = ""
-    own = [(p, n) for p, _, n in inner if _is_dgl_exact(p) and p != _THIS]
+    # (a torch-function mode's handler passes torch's calls on: not the op that made anything)
+    own = [(p, n) for p, _, n in inner if _is_dgl_exact(p) and p != _THIS and n != "__torch_function__"]
     named = [(p, n) for p, n in own if not p.startswith(_PLUMBING) and n not in _WRAPPERS and not n.startswith("_")]
     in_ops = [(p, n) for p, n in named if p.startswith(_OPS)]
     pick = (in_ops or named or own)[:1]

@@ -14,6 +14,7 @@ import torch.nn as nn
 from .._compat import compiling, import_dgl
 from ..compression_config import CompressionConfig, get_config
 from ..compression_config import config as config_scope
+from ..ops.functional import functional_ops
 from ..ops.routing import message_passing
 from . import layers
 from .sequential import Sequential, fusable_runs
@@ -145,7 +146,8 @@ def _why_fp32(module: nn.Module, saved_tensors: bool, refused: Optional[str] = N
         return f"{_qualname(cls)} has no dgl_exact version" + fallback
     if list(module.children()):
         return ("custom module: its graph ops (DGL's built-in message passing, edge_softmax, dgl_exact.ops) run "
-                "compressed at the model's config; what its other functional calls save (F.relu, torch ops, "
+                "compressed at the model's config, and so do functional activations and dropout (F.relu, F.dropout: "
+                "dgl_exact.ops.functional_ops); what its other calls save (torch ops such as torch.tanh or x * y, "
                 "Python message functions; a residual add saves nothing) is not visible here: "
                 "dgl_exact.explain(model, *inputs) runs the forward and names each op that keeps fp32, its line and "
                 "why" + fallback)
@@ -163,9 +165,9 @@ def compress_model(model: nn.Module, config: Optional[CompressionConfig] = None,
     ``Linear``, ``BatchNorm1d``, ``LayerNorm``, ``ReLU``, ``LeakyReLU``, ``ELU``, ``GELU``, ``SiLU``, ``PReLU``,
     ``Softmax``, ``LogSoftmax``, ``Dropout`` (subclasses are left alone: their forward may differ); PyG's
     ``BatchNorm`` runs its ``torch.nn.BatchNorm1d``, converted as torch's. Converted modules keep their
-    train/eval mode. A residual connection (``x + f(x)``) keeps nothing for backward, so it needs no
-    conversion. A PyG ``MessagePassing`` without a drop-in (or refused by it) runs as PyG runs it, its
-    ``propagate`` saving what PyG saves (fp32 unless ``saved_tensors=True``); the report names it.
+    train/eval mode. A residual (``x + f(x)``) keeps nothing for backward: nothing to convert. A PyG
+    ``MessagePassing`` without a drop-in (or refused by it) runs as PyG runs it, its ``propagate`` saving what
+    PyG saves (fp32 unless ``saved_tensors=True``); the report names it.
 
     ``config`` becomes the model's configuration (None: keep the one it has, else follow the configuration in
     force): every compressed op that runs inside ``model``'s forward runs at it (converted modules take it as
@@ -183,10 +185,10 @@ def compress_model(model: nn.Module, config: Optional[CompressionConfig] = None,
     :class:`dgl_exact.nn.Sequential`, which runs that run as one op writing ReLU and dropout into batch norm's
     output (one layer-sized tensor less at the step's peak) wherever that computes what the modules compute
     (training, no hooks, fp32; else the modules are called one by one).
-    Activations called functionally inside ``forward`` (``F.relu(x)``) cannot be seen and stay as they are,
-    unless ``saved_tensors=True``: then every training forward of ``model`` runs inside
-    :func:`dgl_exact.compress_saved` (with ``config``), which compresses what autograd saves for the ops
-    dgl_exact does not know (unbiased only where their backward is linear in it: see that function).
+    Functional activations and dropout (``F.relu``, ``F.dropout``, ...) run as their converted modules do
+    (:func:`dgl_exact.ops.functional_ops`); other torch calls (``torch.tanh``, ``x * y``) keep what torch keeps
+    unless ``saved_tensors=True``: then training forwards run inside :func:`dgl_exact.compress_saved` (with
+    ``config``), unbiased only where an op's backward is linear in what it saves (see that function).
 
     Returns ``model`` (converted in place, like torch's ``nn.SyncBatchNorm.convert_sync_batchnorm``), so
     ``model = compress_model(model)`` works; with ``report=True``, ``(model, ConversionReport)``: what was
@@ -266,6 +268,7 @@ def _enter_model_scope(module: nn.Module, args) -> None:
             stack.enter_context(config_scope(cfg))
         if _dgl_loaded():  # (DGL's message passing exists only then)
             stack.enter_context(message_passing())
+        stack.enter_context(functional_ops())
         if getattr(module, _SAVED_TENSORS, False) and module.training and torch.is_grad_enabled():
             stack.enter_context(compress_saved(getattr(module, _SAVED_CONFIG, cfg), model=module))
     except BaseException:

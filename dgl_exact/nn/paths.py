@@ -10,8 +10,9 @@ prints. Where a path is refused the step peak is higher; :func:`explain` says wh
     convs.0       GCN2Conv   modules' own calls                     a module has hooks (...)
 
 It also lists every op of the forward that keeps a floating-point tensor for backward uncompressed, with the
-module it ran in, the user's source line and why (:class:`Fp32Op`): a functional torch call (``F.relu``,
-``torch.cat``, ``x * y``: not a module, so :func:`~dgl_exact.compress_model` cannot convert it), a torch or
+module it ran in, the user's source line and why (:class:`Fp32Op`): a functional torch call (``torch.tanh``,
+``torch.cat``, ``x * y``: not a module, so :func:`~dgl_exact.compress_model` cannot convert it; ``F.relu`` and
+the other calls of :func:`dgl_exact.ops.functional_ops` run compressed in a converted model), a torch or
 DGL module without a dgl_exact version, a subclass of a convertible module, a DGL graph op or a Python
 message function running outside a converted model's scope. What dgl_exact's own ops keep is their own
 decision (compressed, or exact where the rules of :mod:`dgl_exact.ops.keep` require) and is not listed;
@@ -239,7 +240,8 @@ def _fp32_origin(names: Dict[int, str]) -> Optional[Tuple[str, str, str, str]]:
                 "version, or is a subclass of a converted type: not converted" + fallback)
     if in_torch:
         return (name, op, line, "a functional torch call in a custom module's forward: not a module, so "
-                "compress_model cannot convert it (use the module form, nn.ReLU for F.relu, where one exists)"
-                + fallback)
+                "compress_model cannot convert it (inside a converted model's forward, F.relu, leaky_relu, elu, "
+                "gelu, silu and dropout run on dgl_exact's ops: dgl_exact.ops.functional_ops; for others use the "
+                "module form where one exists)" + fallback)
     return (name, "a torch operator", line, "a tensor operation in a custom module's forward (x * y, x @ w, "
             "torch.cat): not a module, so compress_model cannot convert it" + fallback)

@@ -13,6 +13,7 @@ from . import gcn2
 from .loss import binary_cross_entropy_with_logits, cross_entropy
 from .structure import GraphStructure, is_symmetric, mark_symmetric, structure_of
 from .routing import message_passing
+from .functional import functional_ops
 
 __all__ = ["linear", "linear_reusing", "batch_norm", "batch_norm_relu_dropout", "relu", "leaky_relu", "elu", "dropout",
            "relu_dropout",
@@ -22,7 +23,7 @@ __all__ = ["linear", "linear_reusing", "batch_norm", "batch_norm_relu_dropout", 
            "cross_entropy", "binary_cross_entropy_with_logits", "normalize_edge_weight",
            "sage_mean", "sage_mean_bn_relu_dropout", "gcn2", "GraphStructure", "structure_of", "layer_norm",
            "gelu", "silu", "prelu",
-           "softmax", "log_softmax", "message_passing"]
+           "softmax", "log_softmax", "message_passing", "functional_ops"]
 
 from . import dgl_ops as _dgl_ops  # noqa: E402
 

@@ -79,3 +79,25 @@ def test_sign_exact_under_other_configs(kw):
     for seed in range(5):
         y = decompress_sign_exact(compress_sign_exact(x, CompressionConfig(**kw), seed=seed))
         assert torch.equal(torch.sign(y), torch.sign(x)) and torch.equal(y == 0, x == 0)
+
+
+@pytest.mark.parametrize("kind", ["mixed", "mixed_zeros", "relu", "negative"])
+def test_sign_exact_in_chunks_decodes_as_whole(kind, monkeypatch):
+    """Chunked sign passes (chunks of 8 elements here: a row holds 40) decode exactly what one chunk would."""
+    from dgl_exact.compression import signed
+
+    x = _signed_input(kind)
+    whole = decompress_sign_exact(compress_sign_exact(x, CompressionConfig(bits=2), seed=4))
+    monkeypatch.setattr(signed, "SIGN_CHUNK", 8)
+    c = compress_sign_exact(x, CompressionConfig(bits=2), seed=4)
+    assert torch.equal(decompress_sign_exact(c), whole) and torch.equal(decompress_sign_exact(c), whole)
+
+
+@pytest.mark.parametrize("kind", ["relu", "negative", "mixed_zeros"])
+def test_sign_exact_with_compression_off_is_exact_and_leaves_the_input(kind):
+    """Compression off: decoding gives ``x`` back, twice, and never writes into ``x`` (kept as is)."""
+    x = _signed_input(kind)
+    before = x.clone()
+    c = compress_sign_exact(x, CompressionConfig(enabled=False))
+    assert torch.equal(decompress_sign_exact(c), before) and torch.equal(decompress_sign_exact(c), before)
+    assert torch.equal(x, before)

@@ -19,8 +19,9 @@ bound_edge_softmax = dgl.ops.edge_softmax      # bound at import, before any con
 
 
 class Custom(nn.Module):
-    """A custom layer: a functional relu, a tensor product, DGL message passing with a built-in and with a
-    Python message function, an edge softmax through a name bound at import."""
+    """A custom layer: a functional relu (routed to dgl_exact's), a functional tanh, a tensor product, DGL
+    message passing with a built-in and with a Python message function, an edge softmax through a name bound
+    at import."""
 
     def __init__(self):
         super().__init__()
@@ -29,6 +30,7 @@ class Custom(nn.Module):
 
     def forward(self, g, x):
         h = F.relu(self.lin(x))                                      # marker: functional relu
+        h = F.tanh(h)                                                # marker: functional tanh
         score = (h * self.attn).sum(-1, keepdim=True)               # marker: tensor product
         with g.local_scope():
             g.ndata["h"], g.ndata["s"] = h, score
@@ -72,10 +74,12 @@ def test_each_op_that_stays_fp32_is_named_with_its_line_and_why(data):
     g, x = data
     model = dgl_exact.compress_model(Net(), config=CompressionConfig(bits=2))
     found = _by_line(dgl_exact.explain(model, g, x))
-    relu = found[_line("functional relu")]
-    assert relu.module == "layer" and relu.op == "torch.nn.functional.relu" and "functional torch call" in relu.why
-    assert relu.bytes == N * HIDDEN * 4                     # its fp32 output, kept for the backward
-    # the product reads relu's output (already counted) and a parameter: nothing more of its own
+    # F.relu runs dgl_exact's relu in the converted model's forward (1 bit): not listed
+    assert _line("functional relu") not in found
+    tanh = found[_line("functional tanh")]
+    assert tanh.module == "layer" and tanh.op == "torch.nn.functional.tanh" and "functional torch call" in tanh.why
+    assert tanh.bytes == N * HIDDEN * 4                     # its fp32 output, kept for the backward
+    # the product reads tanh's output (already counted) and a parameter: nothing more of its own
     assert _line("tensor product") not in found
     # DGL's edge_softmax, even through a name bound at import, runs dgl_exact's op in the scope: not listed
     assert _line("bound softmax") not in found
