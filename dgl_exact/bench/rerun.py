@@ -29,7 +29,7 @@ from . import suites as manifests
 #: the order the suites of a machine are rerun in
 ORDER = ("memory", "speed", "kernels", "accuracy", "profile", "plan", "budget", "minibatch", "checks")
 _SHELL = ("&&", "||", ";", "|", ">", ">>", "<", "&")
-_ENV_NAME = "ABCDEFGHIJKLMNOPQRSTUVWXYZ_0123456789"
+_NAME_CHARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ_0123456789"
 
 
 @dataclass
@@ -118,7 +118,7 @@ def _prepare(item: Rerun, root: str, scripts: str) -> None:
     shell = [w for w in words if w in _SHELL or w.startswith("(")]
     if shell:
         raise ValueError(f"a shell command ({shell[0]!r}); record it as one program with its arguments")
-    while words and "=" in words[0] and words[0].split("=", 1)[0].strip(_ENV_NAME) == "":
+    while words and "=" in words[0] and words[0].split("=", 1)[0].strip(_NAME_CHARS) == "":
         name, value = words.pop(0).split("=", 1)
         item.env[name] = out_dir if value == "DIR" else value
     if words[:1] == ["dgl-exact"]:
