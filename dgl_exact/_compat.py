@@ -81,6 +81,8 @@ def _number_this_thread_first(dgl) -> None:
     differs between processes. One seed here, in this thread alone, numbers it first: from fresh entropy,
     so that DGL stays unseeded until someone seeds it. Only where dgl_exact imports DGL: a process that
     imported DGL before dgl_exact keeps whatever seed and numbering it has."""
+    if not hasattr(dgl, "seed") or not hasattr(getattr(dgl, "utils", None), "set_num_threads"):
+        return  # not DGL's runtime (a stand-in package)
     before = dgl.utils.get_num_threads()
     dgl.utils.set_num_threads(1)
     try:
