@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import random
 import sys
 
 __all__ = ["import_dgl", "DGL_MISSING", "graphbolt_stubbed", "dgl_supports_device", "patch_numpy_for_numba"]
@@ -53,6 +54,9 @@ def import_dgl():
         _install_placeholder()
         if "dgl" not in sys.modules:
             _import_dgl_without_update_check()
+            import dgl
+
+            _number_this_thread_first(dgl)
         import dgl
     except ModuleNotFoundError as exc:
         if exc.name != "dgl":  # DGL is there but one of its own dependencies is not: DGL's message says which
@@ -65,6 +69,26 @@ def import_dgl():
         # raises the explanatory ImportError instead of "module 'dgl' has no attribute 'graphbolt'"
         dgl.graphbolt = stub
     return dgl
+
+
+def _number_this_thread_first(dgl) -> None:
+    """Make the thread importing DGL (the main thread) the first to seed DGL's random engine.
+
+    DGL gives each OS thread its own engine; ``dgl.seed(s)`` seeds it from ``s`` and a number DGL gives the
+    thread, in the order threads first seed one, process-wide. Whenever an OpenMP worker or any other thread
+    gets there first (a multi-threaded ``dgl.seed``: a race that load decides), the main thread draws
+    another stream under the same seed, and seeded neighbour sampling (:mod:`dgl_exact.training.neighbor`)
+    differs between processes. One seed here, in this thread alone, numbers it first: from fresh entropy,
+    so that DGL stays unseeded until someone seeds it. Only where dgl_exact imports DGL: a process that
+    imported DGL before dgl_exact keeps whatever seed and numbering it has."""
+    if not hasattr(dgl, "seed") or not hasattr(getattr(dgl, "utils", None), "set_num_threads"):
+        return  # not DGL's runtime (a stand-in package)
+    before = dgl.utils.get_num_threads()
+    dgl.utils.set_num_threads(1)
+    try:
+        dgl.seed(random.SystemRandom().randrange(2**31))
+    finally:
+        dgl.utils.set_num_threads(before)
 
 
 @functools.lru_cache(maxsize=None)

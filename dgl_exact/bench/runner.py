@@ -38,7 +38,6 @@ MEMORY_COLUMNS = ["model", "setting", "activation_MiB", "ratio_vs_baseline", "st
 SPEED_COLUMNS = ["model", "setting", "epoch_ms", "epoch_ms_std", "ratio_vs_baseline", "device"]
 PROFILE_COLUMNS = ["model", "setting", "wall_ms", "gpu_kernel_ms", "launches", "syncs", "device", "table"]
 KERNEL_COLUMNS = ["backend", "op", "setting", "shape", "ms", "GB_per_s", "device"]
-ACCURACY_COLUMNS = ["dataset", "model", "setting", "runs", "test_mean", "test_std", "delta_vs_fp32", "epoch_ms"]
 
 
 def workload_traits(model: str):
@@ -556,12 +555,14 @@ def kernel_grid(sink: ResultSink, device, rows: int = 169343, cols: int = 128, r
 
 def accuracy_grid(dataset, base_config, settings: Sequence[Setting], runs: int, sink: ResultSink,
                   progress: bool = True) -> List[Dict]:
-    """Test metric over ``runs`` seeds per setting (same seeds for every setting) and its difference to the first
-    fp32 baseline run. ``framework: pyg`` (rows ``pyg-<model>``): ``PyG fp32`` trains the PyG model as written,
-    dgl_exact's settings the one ``compress_model`` converts; DGL fp32 is skipped (PyG fp32 for DGL models)."""
+    """Test metric over ``runs`` seeds per setting (same seeds for every setting), its difference to the fp32
+    baseline and whether that is within noise (:func:`~dgl_exact.bench.accuracy.compare_to_baseline`).
+    ``framework: pyg`` (rows ``pyg-<model>``): ``PyG fp32`` trains the PyG model as written, dgl_exact's settings
+    the one ``compress_model`` converts; DGL fp32 is skipped (PyG fp32 for DGL models)."""
     from ..training.trainer import Trainer
+    from .accuracy import compare_to_baseline
 
-    rows, fp32_mean, pyg = [], None, base_config.framework == "pyg"
+    rows, pyg = [], base_config.framework == "pyg"
     for setting in progress_bar(settings, progress, desc="accuracy", unit="setting"):
         if setting.impl != "exact" and (setting.impl == "pyg") != pyg:  # the other framework's baseline
             continue
@@ -580,11 +581,10 @@ def accuracy_grid(dataset, base_config, settings: Sequence[Setting], runs: int, 
                "setting": setting.name, "runs": runs, "metric": res.metric, "test_mean": statistics.fmean(tests),
                "test_std": statistics.stdev(tests) if len(tests) > 1 else 0.0, "tests": tests,
                "epoch_ms": 1000 * statistics.fmean(r.epoch_time for r in res.runs)}
-        if setting.name in ("DGL fp32", "dgl_exact fp32", "PyG fp32") and fp32_mean is None:
-            fp32_mean = row["test_mean"]
-        row["delta_vs_fp32"] = None if fp32_mean is None else row["test_mean"] - fp32_mean
         rows.append(row)
-        sink.add(row)
+        sink.add(row)  # as it comes: a run cut short keeps what it measured
+    compare_to_baseline(rows)
+    sink.replace_rows(sink.rows)  # the same rows, completed
     return rows
 
 

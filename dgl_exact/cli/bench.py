@@ -316,10 +316,14 @@ def bench_kernels(rows, cols, repeats, device, out, quiet):
 @renamed("--models", "--model", "models")
 @click.option("--dataset", default="cora", show_default=True)
 @click.option("--model", "models", default="gcn,sage", show_default=True,
-              help="Comma-separated models: the trainer's, or on PyG's layers (pyg-gcn, pyg-sage, pyg-gat, pyg-gcn2: "
-                   "baseline 'PyG fp32').")
+              help="Comma-separated: gcn,sage,gat,gcn2 (trained as `train` trains them); on PyG's layers pyg-gcn, "
+                   "pyg-sage, pyg-gat, pyg-gcn2 (baseline 'PyG fp32'); or the user models of bench/user_models.py, "
+                   "e.g. arxiv-gcn-user,arxiv-gat-user,user-gcn2 (DGL's layers for DGL fp32, converted by "
+                   "compress_model alone otherwise).")
 @click.option("--settings", default="dgl_exact fp32,INT8,INT2,INT2 + RP(0.125),INT2 + RP(0.125) + blocks(64) + optimal",
-              show_default=True)
+              show_default=True, help="Comma-separated setting names; each model is compared with its DGL fp32 "
+                                      "(else dgl_exact fp32) row: within noise when |difference of means| <= 2 "
+                                      "standard errors of the difference.")
 @click.option("--runs", type=_COUNT, default=10, show_default=True, help="Seeds per setting.")
 @click.option("--epochs", type=_COUNT, default=200, show_default=True)
 @click.option("--conf", default=None, show_default="none", help="YAML of training defaults (as for `train`).")
@@ -329,12 +333,15 @@ def bench_kernels(rows, cols, repeats, device, out, quiet):
 @click.option("--plot", is_flag=True, help="Accuracy vs memory figure (uses memory.jsonl in --out if present).")
 @click.option("--quiet", "-q", is_flag=True)
 def bench_accuracy(dataset, models, settings, runs, epochs, conf, device, data_root, out, plot, quiet):
-    """Test metric over several seeds per setting, and its difference to fp32."""
+    """Test metric over several seeds per setting, its difference to fp32 and whether that is within noise."""
     from ..bench import plot as plots
     from ..training.config import TrainConfig, load_conf
+    from ..bench.accuracy import ACCURACY_COLUMNS, user_accuracy_grid
     from ..bench.report import machine_line
     from ..bench.results import ResultSink, read_rows
-    from ..bench.runner import ACCURACY_COLUMNS, accuracy_grid
+    from ..bench.runner import accuracy_grid
+    from ..bench.user_models import USER_MODELS
+    from ..training.trainer import resolve_device
     from ..planning.settings import select
     from ..data import load_dataset
 
@@ -346,15 +353,21 @@ def bench_accuracy(dataset, models, settings, runs, epochs, conf, device, data_r
     except (ValueError, FileNotFoundError) as e:
         raise UserError(str(e)) from None
     sink = ResultSink(out, "accuracy")
-    rows = []
-    for model in check_names(models, MODELS + PYG_MODELS, "--model"):
+    rows, names = [], check_names(models, MODELS + PYG_MODELS + USER_MODELS, "--model")
+    for model in names:
         framework = "pyg" if model in PYG_MODELS else "dgl"  # pyg-<model>: the trainer's model on PyG's layers
         try:
-            cfg = TrainConfig(**{**base, "dataset": dataset, "model": model.split("-", 1)[-1], "epochs": epochs,
-                                 "device": device, "data_root": data_root, "framework": framework})
+            cfg = TrainConfig(**{**base, "dataset": dataset, "epochs": epochs, "device": device,
+                                 "data_root": data_root, "framework": framework,
+                                 "model": "gcn" if model in USER_MODELS else model.split("-", 1)[-1]})
         except ValueError as e:
             raise UserError(str(e)) from None
-        rows += accuracy_grid(ds, cfg, chosen, runs, sink, progress=not quiet)
+        if model in USER_MODELS:
+            rows += user_accuracy_grid(ds, [model], chosen, runs, epochs, sink, seed=cfg.seed, lr=cfg.lr,
+                                       weight_decay=cfg.weight_decay, device=resolve_device(cfg.device),
+                                       progress=not quiet)
+        else:
+            rows += accuracy_grid(ds, cfg, chosen, runs, sink, progress=not quiet)
     click.echo(sink.finish(ACCURACY_COLUMNS, "Accuracy", f"{ds.summary()}; {runs} seeds per setting; "
                                                            f"{machine_line(cfg.device)}"))
     record_results(sink.path, cfg.device, columns=ACCURACY_COLUMNS)
@@ -461,7 +474,8 @@ def _measure_all(label, dataset, models, accuracy_dataset, runs, speed_epochs, d
     from ..bench.report import SUITES, assemble
     from ..bench.suites import write_suite
     from ..bench.results import ResultSink
-    from ..bench.runner import (ACCURACY_COLUMNS, KERNEL_COLUMNS, MEMORY_COLUMNS, SPEED_COLUMNS, accuracy_grid,
+    from ..bench.accuracy import ACCURACY_COLUMNS
+    from ..bench.runner import (KERNEL_COLUMNS, MEMORY_COLUMNS, SPEED_COLUMNS, accuracy_grid,
                                 kernel_grid, memory_grid, memory_note, speed_grid)
     from ..training.config import TrainConfig
     from ..planning.settings import select
