@@ -180,6 +180,7 @@ def test_reddit2_has_no_downloader(tmp_path):
         load_dataset("reddit2", tmp_path, download=True)
 
 
+@pytest.mark.slow
 def test_ogb_advice_runs_in_a_fresh_interpreter(tmp_path):
     """The "how to get it" command works where dgl_exact is installed (a bare `from ogb.nodeproppred import
     DglNodePropPredDataset` fails there: DGL 2.1 cannot import on this torch without dgl_exact's shim)."""
@@ -198,6 +199,7 @@ def test_ogb_advice_runs_in_a_fresh_interpreter(tmp_path):
     assert "dgl-exact datasets --download ogbn-arxiv" in advice
 
 
+@pytest.mark.slow
 def test_dgl_advice_runs_in_a_fresh_interpreter(tmp_path):
     """Same for DGL's datasets: the advice imports dgl_exact first, so DGL imports on this torch."""
     import re

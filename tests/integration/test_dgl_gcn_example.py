@@ -101,6 +101,7 @@ def test_import_dgl_first_in_the_installed_environment():
     check_import_dgl_first()
 
 
+@pytest.mark.slow
 def test_import_dgl_first_with_the_built_hook(built_site):
     """The ``.pth`` that ``setup.py build_py`` writes (the one `pip install .` installs), read by ``site`` at
     start, makes ``import dgl`` first work, on any torch."""
@@ -137,6 +138,7 @@ def run_example(tmp_path, site_dir, epochs, dgl_exact_as_dglnn=True):
     return out, [float(line.split("| Loss ")[1].split()[0]) for line in lines], test_acc
 
 
+@pytest.mark.slow
 def test_dgl_gcn_example_runs_with_dgl_exact_as_dglnn(tmp_path, built_site):
     """Two epochs of DGL's GCN example with ``import dgl_exact as dglnn``: ``import dgl`` ran first, the
     model's convolutions are dgl_exact's, the loss falls."""

@@ -160,6 +160,7 @@ def _gcn_case(nodes=3000):
     return spec, (g, feat, y, idx)
 
 
+@pytest.mark.slow
 def test_sensitivity_of_projected_options_is_measured_not_scaled():
     """Random projection's error is shared by all rows, so its gradient variance does not scale like
     quantisation noise: the estimate for an RP option must match a direct measurement (it was 10-1000x low)."""
@@ -431,6 +432,7 @@ def test_gat_makes_the_same_stash_calls_whatever_the_plan_keeps_exactly():
     assert len(reference) > first_copy + 1 and reference[first_copy + 1] == reference[first_copy]
 
 
+@pytest.mark.slow
 def test_memory_budget_trains_under_the_scope_it_planned_with():
     """``train --memory-budget`` with compression off (``--act-fp``): GAT keeps its second source copy only
     when compressing, so under the configured fp scope every slot after it would get another slot's
@@ -454,6 +456,7 @@ def test_memory_budget_trains_under_the_scope_it_planned_with():
             trainer.fit()
 
 
+@pytest.mark.slow
 def test_bench_budget_rows(tmp_path):
     """``dgl-exact bench budget``: a uniform row and a plan row at its budget, each with test accuracy over
     the seeds, the measured step peak and both gradient variances (relative: the plan's objective; plain)."""
@@ -480,6 +483,7 @@ def test_bench_budget_rows(tmp_path):
     assert "INT2: run 2/2 (seed 1): test" in res.output
 
 
+@pytest.mark.slow
 def test_plan_no_worse_than_uniform_on_either_measure():
     """A plan lower in its objective (relative variance) but higher in the other (plain) than the best uniform
     setting within the budget is replaced by that setting; one lower in both is kept."""

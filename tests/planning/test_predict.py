@@ -118,6 +118,7 @@ def test_pyg_models_planned_as_the_trainer_builds_them(model):
         P.build_for(spec, "dgl")
 
 
+@pytest.mark.slow
 def test_recompute_prediction_is_the_recomputed_models():
     """``INT2 + recompute`` is planned with GCNII's recompute mode on: its activations (the segments'
     boundaries and ``h0``) exactly as measured at sample size, a fraction of plain INT2's at 12 layers; the

@@ -70,6 +70,7 @@ def test_scattered_write_counts_whole():
 
 
 @pytest.mark.skipif(vmhwm_available() is not None, reason=f"no CPU step peak: {vmhwm_available()}")
+@pytest.mark.slow
 def test_touched_timeline_matches_resident_high_water_mark():
     """In a fresh process, the chunked fill's resident high-water mark (``measure_step``) is what the
     touched timeline says, not the allocation count: 28 MiB filled in 8 MiB chunks peaks at 32 MiB by

@@ -68,6 +68,7 @@ def test_gradients_without_compression_equal_pyg(kwargs):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5 * float(a.abs().max()))
 
 
+@pytest.mark.slow
 def test_int2_gradients_unbiased():
     torch.manual_seed(0)
     theirs, ours = _pair(compression=INT2, heads=2)

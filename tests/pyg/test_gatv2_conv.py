@@ -86,6 +86,7 @@ def test_double_backward_without_compression_equals_pyg():
         torch.autograd.grad(ours(x * 1.0, ei).pow(2).sum(), x, create_graph=True)
 
 
+@pytest.mark.slow
 def test_int2_gradients_unbiased():
     """The weight and attention-vector gradients at INT2 average to PyG's: the attention vector's is a product of
     two independently compressed copies of the source features (the aggregation's and the attention's)."""

@@ -64,6 +64,7 @@ def test_gradients_without_compression_equal_pyg(kwargs):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5 * float(a.abs().max()))
 
 
+@pytest.mark.slow
 def test_int2_weight_gradient_unbiased():
     from torch_geometric.nn.conv.gcn_conv import gcn_norm
 

@@ -101,6 +101,7 @@ def _normalized_adjacency(ei, n):
     return torch.zeros(n, n).index_put_((ei2[1], ei2[0]), w, accumulate=True)
 
 
+@pytest.mark.slow
 def test_int2_weight_gradient_unbiased():
     torch.manual_seed(0)
     theirs, ours = _pair(compression=dgl_exact.CompressionConfig(bits=2))

@@ -72,6 +72,7 @@ def test_gradients_without_compression_equal_pyg(kwargs):
 
 
 @pytest.mark.parametrize("root_weight", [True, False])
+@pytest.mark.slow
 def test_int2_weight_gradients_unbiased(root_weight):
     torch.manual_seed(0)
     theirs, ours = _pair(compression=INT2, root_weight=root_weight)

@@ -211,6 +211,7 @@ print(h.hexdigest())
 """
 
 
+@pytest.mark.slow
 def test_seeded_sampling_does_not_depend_on_which_thread_used_dgls_rng_first():
     """DGL numbers each thread's random stream in the order threads first use it (process-wide): a worker
     thread that gets there before the main thread gives the main thread another stream under the same seed
