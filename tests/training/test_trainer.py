@@ -205,21 +205,11 @@ def in_process_cli(tmp_path, monkeypatch, capsys):
     """``dgl-exact ARGS`` run in this process (no interpreter start, no second torch + DGL import), in
     ``tmp_path``, returning (exit status, stdout, stderr); the signal handlers ``train`` installs are put back.
     The module's entry point in a real process: test_cli_bad_input_in_a_real_process_has_no_traceback."""
-    from dgl_exact.cli import main
+    from tests.cli._helpers import run
 
     monkeypatch.chdir(tmp_path)
     saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-
-    def run(*args):
-        try:
-            main([str(a) for a in args])
-            code = 0
-        except SystemExit as exc:
-            code = exc.code
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    yield run
+    yield lambda *args: run(args, capsys)
     for s, handler in saved.items():
         signal.signal(s, handler)
 
