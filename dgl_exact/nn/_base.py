@@ -10,9 +10,8 @@ import torch.nn.functional as F
 
 from .. import ops
 from .._compat import compiling
+from .._docs import doc_filler
 from ..compression_config import CompressionConfig, ConfiguredModule
-
-
 
 #: the docstring text the modules share, written once: a line of a docstring that is only ``%(name)s`` becomes
 #: the entry ``name`` (at that line's indentation) when the class or function is decorated with :func:`shared_doc`
@@ -24,19 +23,8 @@ DOC_FRAGMENTS = {
     The graph (or a block, or a bipartite graph).""",
 }
 
-
-def shared_doc(obj):
-    """Fill ``obj``'s docstring from :data:`DOC_FRAGMENTS` (see there). Returns ``obj``."""
-    lines = []
-    for line in obj.__doc__.splitlines():
-        key = line.strip()
-        if key.startswith("%(") and key.endswith(")s"):
-            indent = line[: len(line) - len(line.lstrip())]
-            lines += [indent + part if part else "" for part in DOC_FRAGMENTS[key[2:-2]].splitlines()]
-        else:
-            lines.append(line)
-    obj.__doc__ = "\n".join(lines)
-    return obj
+#: fills a docstring from :data:`DOC_FRAGMENTS` (:func:`dgl_exact._docs.doc_filler`); returns the object
+shared_doc = doc_filler(DOC_FRAGMENTS)
 
 
 def forward_doc(summary: str, kept: str, x: str = "Input of any shape.", out: str = "Output of the shape of ``x``."):

@@ -8,12 +8,45 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
+from .._docs import doc_filler
 from ..compression_config import CompressionConfig, ConfiguredModule
 from ..ops.graph import CopyUMinMax, CopyUReduce, UMulESum
 from ..ops.keep import fresh_outputs
 from ..ops.saved import needs_saving
 from .structure import EdgeStructure, edge_structure
 
+#: the docstring text the drop-ins share, written once: a line of a docstring that is only ``%(name)s`` becomes
+#: the entry ``name`` when the class is decorated with :func:`shared_doc` (``{name}``: the class's name)
+DOC_FRAGMENTS = {
+    "compression": """compression, **kwargs
+    As every drop-in takes them (:mod:`dgl_exact.pyg`).""",
+    "example_imports": """>>> import torch
+>>> from dgl_exact.pyg import {name}""",
+    "attention": """out_channels : int
+    Output feature size per head.
+heads : int, default 1
+    Attention heads.
+concat : bool, default True
+    Concatenate the heads (else average them).
+negative_slope : float, default 0.2
+    LeakyReLU's slope.
+dropout : float, default 0.0
+    Attention dropout.
+add_self_loops : bool, default True
+    Replace the graph's self loops by one per node.""",
+    "attention_example": """Example
+-------
+>>> import torch
+>>> from dgl_exact.pyg import {name}
+>>> from dgl_exact import CompressionConfig
+>>> edge_index = torch.randint(0, 100, (2, 500))
+>>> conv = {name}(16, 8, heads=3, compression=CompressionConfig(bits=2))
+>>> conv(torch.randn(100, 16), edge_index).shape
+torch.Size([100, 24])""",
+}
+
+#: fills a drop-in's docstring from :data:`DOC_FRAGMENTS` (:func:`dgl_exact._docs.doc_filler`)
+shared_doc = doc_filler(DOC_FRAGMENTS)
 
 
 class CompressedMixin(ConfiguredModule):

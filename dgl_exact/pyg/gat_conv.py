@@ -14,7 +14,8 @@ from ..compression_config import CompressionConfig
 from ..ops import linear
 from ..ops.gat import edge_attention, attention_chunk_budget, GATAttention, GATAttentionChunked
 from ..ops.saved import needs_saving
-from ._base import CompressedMixin, attention_result, check_adjacency, finish_heads, is_sparse, materialize, structure
+from ._base import (CompressedMixin, attention_result, check_adjacency, finish_heads, is_sparse, materialize,
+                    shared_doc, structure)
 
 __all__ = ["GATConv"]
 
@@ -43,6 +44,7 @@ _Attention = _without_dgl_kernels(GATAttention)
 _AttentionChunked = _without_dgl_kernels(GATAttentionChunked)
 
 
+@shared_doc
 class GATConv(CompressedMixin, pyg_nn.GATConv):
     r"""Graph attention (Veličković et al., ICLR 2018), a drop-in for :class:`torch_geometric.nn.GATConv`.
 
@@ -66,32 +68,12 @@ class GATConv(CompressedMixin, pyg_nn.GATConv):
     ----------
     in_channels : int or (int, int)
         Input feature size (sources, destinations); -1 for lazy initialisation.
-    out_channels : int
-        Output feature size per head.
-    heads : int, default 1
-        Attention heads.
-    concat : bool, default True
-        Concatenate the heads (else average them).
-    negative_slope : float, default 0.2
-        LeakyReLU's slope.
-    dropout : float, default 0.0
-        Attention dropout.
-    add_self_loops : bool, default True
-        Replace the graph's self loops by one per node.
+    %(attention)s
     bias, residual : bool
         As in PyG.
-    compression, **kwargs
-        As every drop-in takes them (:mod:`dgl_exact.pyg`).
+    %(compression)s
 
-    Example
-    -------
-    >>> import torch
-    >>> from dgl_exact.pyg import GATConv
-    >>> from dgl_exact import CompressionConfig
-    >>> edge_index = torch.randint(0, 100, (2, 500))
-    >>> conv = GATConv(16, 8, heads=3, compression=CompressionConfig(bits=2))
-    >>> conv(torch.randn(100, 16), edge_index).shape
-    torch.Size([100, 24])
+    %(attention_example)s
     """
 
     # PyG compiles each class's ``propagate`` from the types its source declares, reading sources cached by class

@@ -11,11 +11,12 @@ from torch_geometric.utils import add_self_loops, remove_self_loops
 from ..compression_config import CompressionConfig
 from ..ops import dropout, linear, u_mul_e_sum
 from ..ops.gatv2 import gatv2_attention
-from ._base import CompressedMixin, attention_result, check_adjacency, finish_heads, materialize, structure
+from ._base import CompressedMixin, attention_result, check_adjacency, finish_heads, materialize, shared_doc, structure
 
 __all__ = ["GATv2Conv"]
 
 
+@shared_doc
 class GATv2Conv(CompressedMixin, pyg_nn.GATv2Conv):
     r"""Dynamic graph attention (Brody et al., ICLR 2022), a drop-in for :class:`torch_geometric.nn.GATv2Conv`.
 
@@ -36,18 +37,7 @@ class GATv2Conv(CompressedMixin, pyg_nn.GATv2Conv):
     ----------
     in_channels : int or (int, int)
         Input feature size (-1: inferred on the first call), or the sources' and destinations' sizes.
-    out_channels : int
-        Output feature size per head.
-    heads : int, default 1
-        Attention heads.
-    concat : bool, default True
-        Concatenate the heads (else average them).
-    negative_slope : float, default 0.2
-        LeakyReLU's slope.
-    dropout : float, default 0.0
-        Attention dropout.
-    add_self_loops : bool, default True
-        Replace the graph's self loops by one per node.
+    %(attention)s
     bias, share_weights, residual : bool
         As in PyG.
     compression : CompressionConfig, optional
@@ -55,13 +45,7 @@ class GATv2Conv(CompressedMixin, pyg_nn.GATv2Conv):
     **kwargs
         :class:`torch_geometric.nn.MessagePassing`'s arguments (``flow``).
 
-    Example
-    -------
-    >>> import torch, dgl_exact.pyg
-    >>> edge_index = torch.randint(0, 100, (2, 500))
-    >>> conv = dgl_exact.pyg.GATv2Conv(16, 8, heads=3, compression=dgl_exact.CompressionConfig(bits=2))
-    >>> conv(torch.randn(100, 16), edge_index).shape
-    torch.Size([100, 24])
+    %(attention_example)s
     """
 
     # PyG compiles each class's ``propagate`` from the types its source declares, reading sources cached by class

@@ -9,13 +9,14 @@ from torch_geometric.typing import OptTensor
 
 from ..compression_config import CompressionConfig
 from ..ops import linear
-from ._base import (CompressedMixin, check_adjacency, is_sparse, sparse_edges, structure, symmetric_norm_sum,
-                    weighted_sum)
+from ._base import (CompressedMixin, check_adjacency, is_sparse, shared_doc, sparse_edges, structure,
+                    symmetric_norm_sum, weighted_sum)
 from .gcn_conv import node_factors, normalized_graph, unit_graph
 
 __all__ = ["GCN2Conv"]
 
 
+@shared_doc
 class GCN2Conv(CompressedMixin, pyg_nn.GCN2Conv):
     r"""GCNII's layer (Chen et al., ICML 2020), a drop-in for :class:`torch_geometric.nn.GCN2Conv`.
 
@@ -47,13 +48,11 @@ class GCN2Conv(CompressedMixin, pyg_nn.GCN2Conv):
         One weight for both terms (else ``weight2`` for the initial residual).
     cached, add_self_loops, normalize : bool
         As in :class:`~dgl_exact.pyg.GCNConv`.
-    compression, **kwargs
-        As every drop-in takes them (:mod:`dgl_exact.pyg`).
+    %(compression)s
 
     Example
     -------
-    >>> import torch
-    >>> from dgl_exact.pyg import GCN2Conv
+    %(example_imports)s
     >>> edge_index = torch.randint(0, 100, (2, 500))
     >>> conv = GCN2Conv(16, alpha=0.1, theta=0.5, layer=1)
     >>> x0 = torch.randn(100, 16)

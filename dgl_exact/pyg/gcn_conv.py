@@ -11,12 +11,13 @@ from torch_geometric.utils import add_remaining_self_loops
 
 from ..compression_config import CompressionConfig
 from ..ops import linear
-from ._base import (CompressedMixin, check_adjacency, is_sparse, materialize, sparse_edges, structure,
+from ._base import (CompressedMixin, check_adjacency, is_sparse, materialize, shared_doc, sparse_edges, structure,
                     symmetric_norm_sum, weighted_sum)
 
 __all__ = ["GCNConv"]
 
 
+@shared_doc
 class GCNConv(CompressedMixin, pyg_nn.GCNConv):
     r"""Graph convolution (Kipf and Welling, ICLR 2017), a drop-in for :class:`torch_geometric.nn.GCNConv`.
 
@@ -56,8 +57,7 @@ class GCNConv(CompressedMixin, pyg_nn.GCNConv):
 
     Example
     -------
-    >>> import torch
-    >>> from dgl_exact.pyg import GCNConv
+    %(example_imports)s
     >>> from dgl_exact import CompressionConfig
     >>> edge_index = torch.randint(0, 100, (2, 500))
     >>> conv = GCNConv(16, 8, compression=CompressionConfig(bits=2))

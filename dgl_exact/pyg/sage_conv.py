@@ -13,8 +13,8 @@ from ..ops import linear, relu
 from .._compat import autocast_dtype
 from ..ops.saved import needs_saving
 from ..ops.sage import SAGEMean
-from ._base import (CompressedMixin, check_adjacency, is_sparse, materialize, maximum, mean, plain_sum, sparse_edges,
-                    structure)
+from ._base import (CompressedMixin, check_adjacency, is_sparse, materialize, maximum, mean, plain_sum, shared_doc,
+                    sparse_edges, structure)
 
 __all__ = ["SAGEConv", "AGGREGATIONS"]
 
@@ -22,6 +22,7 @@ __all__ = ["SAGEConv", "AGGREGATIONS"]
 AGGREGATIONS = {"mean": mean, "add": plain_sum, "sum": plain_sum, "max": maximum}
 
 
+@shared_doc
 class SAGEConv(CompressedMixin, pyg_nn.SAGEConv):
     r"""GraphSAGE (Hamilton et al., NeurIPS 2017), a drop-in for :class:`torch_geometric.nn.SAGEConv`.
 
@@ -57,15 +58,13 @@ class SAGEConv(CompressedMixin, pyg_nn.SAGEConv):
         Transform the source features by ``lin`` and a ReLU first.
     bias : bool, default True
         ``lin_l``'s bias.
-    compression, **kwargs
-        As every drop-in takes them (:mod:`dgl_exact.pyg`).
+    %(compression)s
 
     Example
     -------
     Max aggregation from 100 source nodes into 30 destination nodes (a bipartite graph):
 
-    >>> import torch
-    >>> from dgl_exact.pyg import SAGEConv
+    %(example_imports)s
     >>> from dgl_exact import CompressionConfig
     >>> x_src, x_dst = torch.randn(100, 16), torch.randn(30, 16)
     >>> edge_index = torch.stack([torch.randint(0, 100, (500,)), torch.randint(0, 30, (500,))])
