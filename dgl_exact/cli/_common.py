@@ -182,6 +182,12 @@ def parse_size(text, option: str) -> int:
         raise UserError(str(e)) from None
 
 
+def memory_budget_option(help: str):
+    """The ``--memory-budget SIZE`` option `dgl-exact plan` and `train` share (none by default; a size such as
+    2GiB, read with :func:`parse_size`, or 'device'); ``help``: what it bounds for the command."""
+    return click.option("--memory-budget", default=None, metavar="SIZE", show_default="none", help=help)
+
+
 def check_dataset(name, data_root) -> None:
     """A dataset name that cannot be loaded (unknown, files missing, bad ``synthetic:key=value``) is a
     one-line error before any work; nothing is loaded here."""

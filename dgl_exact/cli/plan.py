@@ -12,7 +12,8 @@ from .._files import atomic_write
 from ._common import (DEFAULT_DEVICE, DEFAULT_MODEL, MODELS, Choice, UserError, check_outputs, check_names,
                       hold_outputs, hold_results, parse_size)
 from ._common import MAX_COUNT as _MAX_COUNT
-from ._common import DATA_ROOT_SHOWN, PYG_MODELS, provenance_checked, record_results, renamed
+from ._common import (DATA_ROOT_SHOWN, PYG_MODELS, memory_budget_option, provenance_checked, record_results,
+                      renamed)
 
 
 @click.command("plan")
@@ -54,10 +55,10 @@ from ._common import DATA_ROOT_SHOWN, PYG_MODELS, provenance_checked, record_res
 @click.option("--batch-size", default="1024", show_default=True,
               help="--sampler neighbor: seed nodes per batch, or 'auto' (with --memory-budget): the largest batch "
                    "size whose predicted step peak fits.")
-@click.option("--memory-budget", default=None, metavar="SIZE", show_default="none",
-              help="As for `dgl-exact train`: --sampler full: also plan a per-tensor compression that fits this "
-                   "memory (e.g. 2GiB; 'device': the device's memory; sensitivities are estimated on the sample "
-                   "graph); --sampler neighbor --batch-size auto: the step peak to fit (e.g. 512MiB).")
+@memory_budget_option(help="As for `dgl-exact train`: --sampler full: also plan a per-tensor compression that fits "
+                           "this memory (e.g. 2GiB; 'device': the device's memory; sensitivities are estimated on "
+                           "the sample graph); --sampler neighbor --batch-size auto: the step peak to fit (e.g. "
+                           "512MiB).")
 def plan_command(dataset, nodes, edges, features, classes, train_nodes, model, hidden, layers, dropout, batch_norm,
                  heads, device, settings, data_root, json_path, sampler, fanouts, batch_size, memory_budget):
     """Predict, before training, the memory of one training step (full graph, or one neighbour-sampled

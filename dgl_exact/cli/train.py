@@ -21,7 +21,7 @@ from .._files import atomic_write
 from .._progress import progress_lines
 from .._environment import MAX_SECONDS
 from ._common import (MAX_COUNT, MODELS, SAINT_MODES, SAMPLERS, Choice, UserError, check_dataset, check_outputs,
-                      hold_outputs, int_choice, bundled_configs, parse_size)
+                      hold_outputs, int_choice, bundled_configs, memory_budget_option, parse_size)
 
 # What --help shows as each training option's default: TrainConfig's defaults (as text where None means
 # "decided from other options"), written here so that `dgl-exact train --help` needs no torch;
@@ -47,6 +47,11 @@ def _train_options(f):
     for param in f.__click_params__[-len(opts):]:  # the options just added: --help shows TrainConfig's default
         param.show_default = _shown(TRAIN_DEFAULTS[param.name])
     return f
+
+
+def _switch(name: str, help: str):
+    """``--name/--no-name``: on, off, or (not given) TrainConfig's default."""
+    return click.option(f"--{name}/--no-{name}", default=None, help=help)
 
 
 def _model_options() -> list:
@@ -76,25 +81,22 @@ def _model_options() -> list:
         click.option("--weight-decay", type=float),
         click.option("--optimizer", type=Choice(["adam", "rmsprop", "sgd"])),
         click.option("--hidden", type=int), click.option("--layers", type=int), click.option("--dropout", type=float),
-        click.option("--batch-norm/--no-batch-norm", default=None, help="BatchNorm between layers."),
-        click.option("--dropout2/--no-dropout2", default=None,
-                     help="EXACT's --dropout2: non-inverted dropout (kept values unscaled in training, x (1 - p) "
-                          "in evaluation)."),
+        _switch("batch-norm", help="BatchNorm between layers."),
+        _switch("dropout2", help="EXACT's --dropout2: non-inverted dropout (kept values unscaled in training, "
+                                 "x (1 - p) in evaluation)."),
         click.option("--heads", type=int, help="GAT attention heads."),
         click.option("--edge-drop", type=float,
                      help="Fraction of edges dropped in each training forward (EXACT's arxiv GAT: 0.7)."),
-        click.option("--use-attn-dst/--no-use-attn-dst", default=None,
-                     help="GAT: separate attention vector for the destination (without: one vector, as EXACT)."),
-        click.option("--use-labels/--no-use-labels", default=None,
-                     help="Training labels as input features (EXACT's arxiv GAT; full-graph, single-label)."),
+        _switch("use-attn-dst",
+                help="GAT: separate attention vector for the destination (without: one vector, as EXACT)."),
+        _switch("use-labels", help="Training labels as input features (EXACT's arxiv GAT; full-graph, single-label)."),
         click.option("--mask-rate", type=float,
                      help="--use-labels: fraction of training nodes showing their label each epoch (0.5)."),
-        click.option("--shared-weights/--no-shared-weights", default=None,
-                     help="GCNII: one weight for the propagated and the initial representation (EXACT: no)."),
-        click.option("--residual/--no-residual", default=None,
-                     help="GCNII: add each layer's input to its output; GAT: add a linear map of it (EXACT)."),
-        click.option("--identity-mapping/--no-identity-mapping", default=None,
-                     help="GCNII: beta_l = log(lambda / l + 1); without it beta = 1 (EXACT's arxiv GCNII)."),
+        _switch("shared-weights",
+                help="GCNII: one weight for the propagated and the initial representation (EXACT: no)."),
+        _switch("residual", help="GCNII: add each layer's input to its output; GAT: add a linear map of it (EXACT)."),
+        _switch("identity-mapping",
+                help="GCNII: beta_l = log(lambda / l + 1); without it beta = 1 (EXACT's arxiv GCNII)."),
         click.option("--recompute", metavar="L|auto",
                      help="GCNII: run the hidden layers in segments of L layers that keep only their compressed "
                           "input and re-run in the backward (auto: round(sqrt(layers)); 0: off). The forward "
@@ -120,11 +122,10 @@ def _sampling_options() -> list:
                      help="GraphSAINT subgraphs per epoch (EXACT: int(num_nodes / roots / walk length))."),
         click.option("--sample-coverage", type=int,
                      help="GraphSAINT pre-sampling for loss normalisation, x num_nodes (0: none, as EXACT)."),
-        click.option("--standardize/--no-standardize", default=None,
-                     help="(x - mean) / std of the features over all nodes (EXACT's recipe for yelp and reddit2)."),
-        click.option("--inductive/--no-inductive", default=None,
-                     help="Train on the subgraph induced by the training nodes; evaluate on the full graph (EXACT's "
-                          "--inductive; GraphSAINT steps then come from --saint-steps as given)."),
+        _switch("standardize",
+                help="(x - mean) / std of the features over all nodes (EXACT's recipe for yelp and reddit2)."),
+        _switch("inductive", help="Train on the subgraph induced by the training nodes; evaluate on the full graph "
+                                  "(EXACT's --inductive; GraphSAINT steps then come from --saint-steps as given)."),
         click.option("--eval-every", type=int, help="Evaluate every N epochs."),
         click.option("--eval-batch-size", type=int, metavar="N",
                      help="Evaluate layer by layer in batches of N destination nodes (full in-neighbourhood: the "
@@ -214,10 +215,9 @@ def _pick_batch(trainer, budget: int):
 @click.option("--download", is_flag=True,
               help="Download the dataset into --data-root with ogb's or DGL's own downloader if its folder is "
                    "missing (as `dgl-exact datasets --download`). Nothing is downloaded without it.")
-@click.option("--memory-budget", default=None, metavar="SIZE", show_default="none",
-              help="Choose a compression per kept activation so that the training step fits SIZE (e.g. 2GiB) with "
-                   "the least added gradient variance (see `dgl-exact plan`), full-graph training; with "
-                   "--sampler neighbor --batch-size auto: the step peak the picked batch must fit.")
+@memory_budget_option(help="Choose a compression per kept activation so that the training step fits SIZE (e.g. 2GiB) "
+                           "with the least added gradient variance (see `dgl-exact plan`), full-graph training; with "
+                           "--sampler neighbor --batch-size auto: the step peak the picked batch must fit.")
 @click.option("--compile", "compile_mode", is_flag=False, flag_value="default", default=None, show_default="off",
               type=Choice(["default", "reduce-overhead", "max-autotune"]),
               help="Run the model under torch.compile (dgl_exact's ops as captured custom ops); optionally the "
