@@ -228,7 +228,21 @@ def build_user_model(name: str, in_feats: int, hidden: int, classes: int, layers
     return compress_model(model) if impl == "exact" else model
 
 
-class ArxivGCN(nn.Module):
+class ArxivModel(nn.Module):
+    """What DGL's ogbn-arxiv examples set up alike for every model: ``layers``, the activation (a function),
+    a ``BatchNorm1d`` of ``norm_width`` after each hidden layer, input dropout ``min(0.1, dropout)`` and
+    dropout; the subclass adds its layers as ``convs``."""
+
+    def __init__(self, layers: int, activation: Callable, dropout: float, norm_width: int):
+        super().__init__()
+        self.layers, self.activation = layers, activation
+        self.convs = nn.ModuleList()
+        self.norms = nn.ModuleList(nn.BatchNorm1d(norm_width) for _ in range(layers - 1))
+        self.input_drop = nn.Dropout(min(0.1, dropout))
+        self.dropout = nn.Dropout(dropout)
+
+
+class ArxivGCN(ArxivModel):
     """A GCN in the style of DGL's ogbn-arxiv example: ``layers`` ``dgl.nn.GraphConv`` ('both' norm), each
     with a bias-free linear residual ``Linear(h)`` added to its output, then ``BatchNorm1d``, the activation
     (a function: ``F.relu``) and ``Dropout`` as separate statements of a plain loop; input dropout
@@ -236,19 +250,12 @@ class ArxivGCN(nn.Module):
 
     def __init__(self, in_feats: int, hidden: int, classes: int, layers: int, activation: Callable,
                  dropout: float):
-        super().__init__()
-        self.layers, self.activation = layers, activation
+        super().__init__(layers, activation, dropout, norm_width=hidden)
         dims = [in_feats] + [hidden] * (layers - 1) + [classes]
-        self.convs = nn.ModuleList()
         self.linears = nn.ModuleList()
-        self.norms = nn.ModuleList()
         for i, (a, b) in enumerate(zip(dims[:-1], dims[1:])):
             self.convs.append(dgl.nn.GraphConv(a, b, "both", bias=i == layers - 1))
             self.linears.append(nn.Linear(a, b, bias=False))
-            if i < layers - 1:
-                self.norms.append(nn.BatchNorm1d(b))
-        self.input_drop = nn.Dropout(min(0.1, dropout))
-        self.dropout = nn.Dropout(dropout)
 
     def forward(self, graph, feat):
         """Logits of every node of ``graph`` from features ``feat``."""
@@ -302,25 +309,18 @@ class ArxivGATConv(nn.Module):
             return rst + self.bias
 
 
-class ArxivGAT(nn.Module):
+class ArxivGAT(ArxivModel):
     """``layers`` :class:`ArxivGATConv` with ``heads`` heads of ``hidden`` (concatenated), ``BatchNorm1d``,
     the activation (a function) and ``Dropout`` between them as a plain loop, input dropout
     ``min(0.1, dropout)``; the last layer has ``classes`` per head, averaged over the heads."""
 
     def __init__(self, in_feats: int, hidden: int, classes: int, layers: int, heads: int, activation: Callable,
                  dropout: float):
-        super().__init__()
-        self.layers, self.activation = layers, activation
-        self.convs = nn.ModuleList()
-        self.norms = nn.ModuleList()
+        super().__init__(layers, activation, dropout, norm_width=hidden * heads)
         for i in range(layers):
             a = in_feats if i == 0 else hidden * heads
             b = classes if i == layers - 1 else hidden
             self.convs.append(ArxivGATConv(a, b, heads))
-            if i < layers - 1:
-                self.norms.append(nn.BatchNorm1d(hidden * heads))
-        self.input_drop = nn.Dropout(min(0.1, dropout))
-        self.dropout = nn.Dropout(dropout)
 
     def forward(self, graph, feat):
         """Logits of every node of ``graph`` from features ``feat``."""
