@@ -33,6 +33,7 @@ import sys
 from typing import Callable, Optional, Sequence, Tuple
 
 import torch
+import torch.nn as nn
 
 from .. import ops
 from .._compat import autocast_dtype, compiling
@@ -41,11 +42,12 @@ from ..ops.donation import Donated
 from ..ops.keep import stash_hook_active
 from ..ops.saved import needs_saving
 from . import paths
-from ._base import CompressedModuleMixin, hooks_present, plain_dropout_p, plain_linear
+from ._base import CompressedModuleMixin, hooks_present, kept_by_reference, plain_dropout_p, plain_linear
 
 __all__ = ["Call", "FastPath", "SHARED", "PATHS", "BN_RELU_DROPOUT", "SAGE_MEAN", "SAGE_MEAN_BN_RELU_DROPOUT",
-           "GCN2_MIX", "GCNII_STACK", "GCNII_RECOMPUTE", "FIRST_LAYER_BN_RELU_DROPOUT",
-           "GAT_DONATED_INPUT", "describe", "paths_for"]
+           "SAGE_INPUT_COMPRESSED_AHEAD", "SAGE_ADD_IN_PLACE", "GCN2_MIX", "GCN2_SCALE_IN_PLACE", "GCNII_STACK",
+           "GCNII_RECOMPUTE", "FIRST_LAYER_BN_RELU_DROPOUT", "GAT_ATTENTION", "GAT_DONATED_INPUT", "describe",
+           "paths_for"]
 
 
 class Call:
@@ -104,9 +106,10 @@ class FastPath:
     replaces (named, not imported: the modules import this file); ``shared``: the checks of :data:`SHARED` it
     needs (made in :data:`SHARED`'s order, whatever the order here); ``conditions``: its own ``(predicate,
     reason)`` pairs, in order, each predicate True where the path may run; ``facts``: builds the
-    :class:`Call` from the caller's arguments; ``gate``: a model's condition for asking its modules' own path at
-    all (where it passes, nothing is noted: the module's path decides and notes; where it refuses, its reason
-    is noted until a decision about the module itself replaces it)."""
+    :class:`Call` from the caller's arguments; ``gate``: a condition for the modules' own paths (a model's for
+    asking them at all, or a step inside a module's forward that its own paths follow): where it passes,
+    nothing is noted (the paths after it decide and note); where it refuses, its reason is noted until a
+    later decision about the module replaces it."""
 
     name: str
     applies_to: Tuple[str, ...]
@@ -157,6 +160,13 @@ def _type(qualified: str) -> type:
     """The class ``module.Name`` (its module is imported: the caller asking about it lives there or above)."""
     module, name = qualified.rsplit(".", 1)
     return getattr(sys.modules[module], name)
+
+
+def _step(name: str, applies_to: str, ok: Callable[[Call], bool], reason: str, facts: Callable[..., Call]) -> FastPath:
+    """A step inside one module's forward taken its own way (in place, or as dgl_exact's op) only under one
+    condition of its own, with no shared check: noted for :func:`dgl_exact.explain` only where refused
+    (``gate``: a path decided after it replaces the note)."""
+    return FastPath(name=name, applies_to=(applies_to,), shared=(), conditions=((ok, reason),), facts=facts, gate=True)
 
 
 _LAYERS = "dgl_exact.nn.layers"
@@ -250,6 +260,37 @@ SAGE_MEAN_BN_RELU_DROPOUT = FastPath(
 )
 
 
+# --- SAGEConv: its input compressed ahead by the op that made it (SAGEConv.input_compression) ------------------
+
+def _sage_input_facts(conv, graph, feat) -> Call:
+    cfg = conv._config()
+    return Call((conv,), configs=(cfg,), conv=conv, graph=graph, feat=feat, cfg=cfg)
+
+
+SAGE_INPUT_COMPRESSED_AHEAD = FastPath(
+    name="input compressed by the op that made it (compress_for)",
+    applies_to=(_SAGE,),
+    shared=("compression",),
+    conditions=(
+        (lambda c: not isinstance(c.feat, tuple) and not getattr(c.graph, "is_block", False),
+         "a pair of feature tensors, or a block (fc_self keeps a slice of the input)"),
+        (lambda c: c.conv._aggre_type in ("mean", "pool"), "not the 'mean' or 'pool' aggregator"),
+        (lambda c: plain_dropout_p(c.conv.feat_drop) == 0, "feature dropout, or a module in its place"),
+        (lambda c: plain_linear(c.conv.fc_self, c.cfg), "fc_self replaced by another module"),
+    ),
+    facts=_sage_input_facts,
+    gate=True,
+)
+
+
+# --- SAGEConv (composed): fc_neigh's term added into fc_self's output (SAGEConv._composed) --------------------
+
+SAGE_ADD_IN_PLACE = _step("neighbour term added into fc_self's output in place", _SAGE,
+                          lambda c: plain_linear(c.conv.fc_self, c.cfg),
+                          "fc_self replaced by another module (its output is not this module's to overwrite)",
+                          facts=lambda conv, cfg: Call((conv,), conv=conv, cfg=cfg))
+
+
 # --- GCN2Conv: the mix after the propagation as one op (ops.gcn2.gcn2_mix) ------------------------------------
 
 def _gcn2_mix_facts(conv, h, feat_0, cfg) -> Call:
@@ -269,6 +310,17 @@ GCN2_MIX = FastPath(
     ),
     facts=_gcn2_mix_facts,
 )
+
+
+# --- GCN2Conv (composed): the mixed features scaled by 1 - beta in place (GCN2Conv.forward) --------------------
+
+# the projection keeps them compressed (or not at all) unless they would be kept as they are
+GCN2_SCALE_IN_PLACE = _step("mixed features scaled in place", _GCN2,
+                            lambda c: not (c.conv._project_initial_features and c.conv.weight1.requires_grad
+                                           and kept_by_reference(c.x, c.cfg)),
+                            "the mixed features are kept by reference for weight1's gradient (compression off, "
+                            "or alive anyway)",
+                            facts=lambda conv, feat_sum, cfg: Call((conv,), x=feat_sum, conv=conv, cfg=cfg))
 
 
 # --- GCNII's hidden layers and output layer as one op (ops.gcn2.gcnii_layers, ops.gcn2_recompute) --------------
@@ -382,6 +434,14 @@ FIRST_LAYER_BN_RELU_DROPOUT = FastPath(
     gate=True,
 )
 
+# --- GATConv: the attention as dgl_exact's op (ops.gat_attention), else DGL's own forward ------------------------
+
+GAT_ATTENTION = _step("attention as one op (ops.gat_attention)", _GAT,
+                      lambda c: c.attn_p is not None and isinstance(c.conv.leaky_relu, nn.LeakyReLU),
+                      "attn_drop or leaky_relu replaced by another module: DGL's implementation runs (uncompressed)",
+                      facts=lambda conv: Call((conv,), conv=conv, attn_p=plain_dropout_p(conv.attn_drop)))
+
+
 # --- GATConv: a donated input released once projected (ops.donation, keep.py rule 5) ----------------------------
 
 def _gat_facts(conv, feat, cfg) -> Call:
@@ -404,7 +464,8 @@ GAT_DONATED_INPUT = FastPath(
 
 #: every fast path, outermost first (a stack's decision precedes its modules' own)
 PATHS: Tuple[FastPath, ...] = (GCNII_RECOMPUTE, GCNII_STACK, FIRST_LAYER_BN_RELU_DROPOUT, SAGE_MEAN_BN_RELU_DROPOUT,
-                               BN_RELU_DROPOUT, SAGE_MEAN, GCN2_MIX, GAT_DONATED_INPUT)
+                               BN_RELU_DROPOUT, SAGE_INPUT_COMPRESSED_AHEAD, SAGE_MEAN, SAGE_ADD_IN_PLACE, GCN2_MIX,
+                               GCN2_SCALE_IN_PLACE, GAT_ATTENTION, GAT_DONATED_INPUT)
 
 
 def paths_for(module) -> Tuple[FastPath, ...]:

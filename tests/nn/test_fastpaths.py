@@ -1,6 +1,8 @@
 """``dgl_exact.nn.fastpaths``: every fast path declared once; the shared checks made in one fixed order before a
 path's own conditions; what a forward acted on is what ``dgl_exact.explain`` reports."""
+import contextlib
 import dataclasses
+import warnings
 
 import pytest
 import torch
@@ -156,7 +158,8 @@ def test_every_path_is_listed_and_found_by_module_type():
         assert path.name in text
         assert all(reason in text for _, reason in path.conditions)
     sage = dgl_exact.SAGEConv(4, 4, "mean")
-    assert set(fastpaths.paths_for(sage)) == {fastpaths.SAGE_MEAN, fastpaths.SAGE_MEAN_BN_RELU_DROPOUT}
+    assert set(fastpaths.paths_for(sage)) == {fastpaths.SAGE_MEAN, fastpaths.SAGE_MEAN_BN_RELU_DROPOUT,
+                                              fastpaths.SAGE_INPUT_COMPRESSED_AHEAD, fastpaths.SAGE_ADD_IN_PLACE}
     assert fastpaths.paths_for(dgl_exact.GraphConv(4, 4)) == ()
     assert fastpaths.GCNII_STACK in fastpaths.paths_for(dgl_exact.nn.BatchNorm1d(4))
 
@@ -251,3 +254,71 @@ def test_the_first_layer_is_offered_its_fused_form_by_the_registry(change, decis
     else:
         assert gate == ["no batch norm after the first layer"] and fused == []
         assert explained.path("convs.0").startswith(fastpaths.SAGE_MEAN.name)
+
+
+def _gat_case():
+    g, x = _graph(), torch.randn(40, 6)
+    conv = dgl_exact.GATConv(6, 4, num_heads=2)
+    conv.attn_drop = torch.nn.Sequential()   # not a dropout: the attention op cannot apply it
+    return conv, (g, x), "<root>", fastpaths.GAT_ATTENTION
+
+
+def _sage_lstm_case():
+    g, x = _graph(), torch.randn(40, 6)
+    torch.manual_seed(1)
+    model = build_model("sage", 6, 3, hidden=8, layers=2, dropout=0.2, impl="exact")
+    model.convs[1] = dgl_exact.SAGEConv(8, 3, "lstm")   # runs DGL's forward: nothing decides after the ask
+    return model, (g, x), "convs.1", fastpaths.SAGE_INPUT_COMPRESSED_AHEAD
+
+
+@pytest.mark.parametrize("case", [_gat_case, _sage_lstm_case])
+def test_a_step_declared_in_the_registry_is_explained_as_refused(case, decisions):
+    """Decisions inside a module's forward (the attention op, an input compressed ahead) are declared paths:
+    the refusal the forward acted on is the registry's, and explain reports it."""
+    model, inputs, name, path = case()
+    module = model if name == "<root>" else dict(model.named_modules())[name]
+    with dgl_exact.config(bits=2), _quiet():   # the fallbacks warn once per process
+        explained = dgl_exact.explain(model, *inputs)
+    acted = [why for p, mods, why in decisions if p == path.name and any(m is module for m in mods)]
+    assert acted and acted[0] is not None and acted[0] in {r for _, r in path.conditions}
+    assert explained.reason(name) == acted[0]
+    assert explained.path(name) == "modules' own calls"
+
+
+def test_a_gat_with_a_replaced_attention_dropout_computes_what_dgl_computes():
+    conv, (g, x), _, path = _gat_case()
+    ref = dgl.nn.GATConv(6, 4, num_heads=2)
+    ref.load_state_dict(conv.state_dict())
+    ref.attn_drop = torch.nn.Sequential()
+    assert path.refusal(conv) is not None
+    with _quiet():
+        torch.testing.assert_close(conv(g, x), ref(g, x))
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_in_place_steps_follow_the_registry(enabled, decisions):
+    """GCN2Conv scales the mixed features in place unless they are kept by reference (compression off);
+    SAGEConv adds the neighbour term into fc_self's output unless fc_self is another module."""
+    g, x = _graph(), torch.randn(40, 6, requires_grad=True)
+    cfg = CompressionConfig(bits=2, enabled=enabled)
+    gcn2 = dgl_exact.GCN2Conv(6, layer=1, compression=cfg)
+    gcn2(g, x * 1.0, x * 1.0)
+    scale = [why for p, _, why in decisions if p == fastpaths.GCN2_SCALE_IN_PLACE.name]
+    if enabled:   # the mix runs fused: no in-place step to decide
+        assert scale == []
+    else:
+        assert scale == [fastpaths.GCN2_SCALE_IN_PLACE.conditions[0][1]]
+    sage = dgl_exact.SAGEConv(6, 4, "pool", compression=cfg)
+    if not enabled:
+        sage.fc_self = torch.nn.Sequential(sage.fc_self)
+    sage(g, x)
+    add = [why for p, _, why in decisions if p == fastpaths.SAGE_ADD_IN_PLACE.name]
+    assert add == [None if enabled else fastpaths.SAGE_ADD_IN_PLACE.conditions[0][1]]
+
+
+
+@contextlib.contextmanager
+def _quiet():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield

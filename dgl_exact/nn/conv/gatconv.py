@@ -4,15 +4,13 @@ from __future__ import annotations
 import warnings
 from typing import Optional
 
-import torch.nn as nn
-
 from ..._compat import import_dgl
 from ... import ops
 from ...compression_config import CompressionConfig
 from ...ops.donation import Donated, release
 from .. import fastpaths
 from .._base import (CompressedModuleMixin, apply_dropout, apply_linear, check_zero_in_degree, compressed_activation,
-                     into, plain_dropout_p, shared_doc)
+                     into, shared_doc)
 
 dgl = import_dgl()
 
@@ -96,8 +94,8 @@ class GATConv(CompressedModuleMixin, dgl.nn.GATConv):
         input of ``fc`` (compressed), nothing per edge.
         """
         global _fallback_warned
-        attn_p = plain_dropout_p(self.attn_drop)
-        if attn_p is None or not isinstance(self.leaky_relu, nn.LeakyReLU):
+        attention_op = fastpaths.GAT_ATTENTION.decide(self)
+        if attention_op is None:
             if not _fallback_warned:
                 warnings.warn("dgl_exact.GATConv: a replaced attn_drop or leaky_relu module cannot be fused into "
                               "the attention op; this layer runs uncompressed (DGL's implementation)", stacklevel=2)
@@ -110,7 +108,7 @@ class GATConv(CompressedModuleMixin, dgl.nn.GATConv):
             if type(feat) is Donated and fastpaths.GAT_DONATED_INPUT.runs(self, feat, cfg):
                 release(feat)  # donated: its memory goes before the attention op allocates (rule 5)
         rst, attention = ops.gat_attention(graph, feat_src, feat_dst, self.attn_l, self.attn_r,
-                                           negative_slope=self.leaky_relu.negative_slope, attn_drop=attn_p,
+                                           negative_slope=self.leaky_relu.negative_slope, attn_drop=attention_op.attn_p,
                                            edge_weight=edge_weight, training=self.training, config=cfg,
                                            need_attention=get_attention)
         # the attention op kept what its backward needs: the projected features die here, not after the

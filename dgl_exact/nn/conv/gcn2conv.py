@@ -13,7 +13,7 @@ from ...ops.gcn2 import BatchNormArgs, GCN2Layer, GCN2Step, gcn2_mix, gcnii_laye
 from ...ops.gcn2_recompute import StemArgs, gcnii_layers_recomputed
 from .. import fastpaths
 from .._base import (CompressedModuleMixin, check_feature_rows, check_zero_in_degree, compressed_activation, into,
-                     kept_by_reference, shared_doc)
+                     shared_doc)
 
 dgl = import_dgl()
 
@@ -126,10 +126,10 @@ class GCN2Conv(CompressedModuleMixin, dgl.nn.GCN2Conv):
             del h, feat_0
         proj = into(proj, "mul", self.beta)
         # the linear keeps feat_sum compressed (or not at all): it may then be overwritten
-        if self._project_initial_features and self.weight1.requires_grad and kept_by_reference(feat_sum, cfg):
-            rst = (1 - self.beta) * feat_sum
-        else:
+        if fastpaths.GCN2_SCALE_IN_PLACE.runs(self, feat_sum, cfg):
             rst = into(feat_sum, "mul", 1 - self.beta)
+        else:
+            rst = (1 - self.beta) * feat_sum
         del feat_sum
         rst = into(rst, "add", proj)
         del proj

@@ -12,8 +12,7 @@ from ... import ops
 from ...ops.sage import divide_by_in_degrees
 from ...compression_config import CompressionConfig
 from .. import fastpaths
-from .._base import (CompressedModuleMixin, apply_dropout, apply_linear, compressed_activation, into,
-                     plain_dropout_p, plain_linear as _plain_linear, shared_doc)
+from .._base import CompressedModuleMixin, apply_dropout, apply_linear, compressed_activation, into, shared_doc
 
 dgl = import_dgl()
 from dgl.utils import check_eq_shape  # noqa: E402
@@ -72,14 +71,11 @@ class SAGEConv(CompressedModuleMixin, dgl.nn.SAGEConv):
         self._init_compression(compression)
 
     def input_compression(self, graph, feat) -> Optional[CompressionConfig]:
-        """``fc_self`` keeps ``feat`` itself compressed: mean and pool aggregators, one tensor on a whole graph
-        (a block's destination rows are a slice of it), no feature dropout, plain ``fc_self``."""
-        cfg = self._config()
-        if (not cfg.enabled or isinstance(feat, tuple) or getattr(graph, "is_block", False)
-                or self._aggre_type not in ("mean", "pool") or plain_dropout_p(self.feat_drop) != 0
-                or not _plain_linear(self.fc_self, cfg)):
-            return None
-        return cfg
+        """``fc_self`` keeps ``feat`` itself compressed: compression on, mean and pool aggregators, one tensor
+        on a whole graph (a block's destination rows are a slice of it), no feature dropout, plain ``fc_self``
+        (:data:`dgl_exact.nn.fastpaths.SAGE_INPUT_COMPRESSED_AHEAD`)."""
+        call = fastpaths.SAGE_INPUT_COMPRESSED_AHEAD.decide(self, graph, feat)
+        return None if call is None else call.cfg
 
     def forward_bn_relu_dropout(self, graph, feat, bn: nn.Module, p: float, *,
                                 compress_for: Optional[CompressionConfig] = None) -> Optional[torch.Tensor]:
@@ -168,7 +164,7 @@ class SAGEConv(CompressedModuleMixin, dgl.nn.SAGEConv):
         rst = apply_linear(self.fc_self, feat_dst, cfg)
         # fc_neigh's output is added into fc_self's (a fresh buffer this module owns when fc_self is a
         # plain Linear): one layer-sized buffer fewer at the forward's peak than ``a + b``
-        return into(rst, "add", h_neigh) if _plain_linear(self.fc_self, cfg) else rst + h_neigh
+        return into(rst, "add", h_neigh) if fastpaths.SAGE_ADD_IN_PLACE.runs(self, cfg) else rst + h_neigh
 
     def _neighbours(self, graph, feat, feat_src, feat_dst, st, edge_weight, cfg):
         """The neighbour term ``fc_neigh(aggregate(...))`` (or its 'gcn' form) of the composed layer."""
