@@ -172,14 +172,8 @@ class StackedGNN(_OwnLayers, nn.Module):
                     h, out = out, None  # no second name on the output: the next conv's call is its last use
                     continue
             # a hidden representation nothing else reads: donated to the conv, which may free it once kept
-            h = conv(g, donate(h) if i > 0 and self._lib.impl == "exact" else h, edge_weight=w)
-            nxt = blocks[i + 1] if i + 1 < len(blocks) else None
-            if h.dim() == 3:  # GAT: concatenate hidden heads, average output heads
-                h = h.flatten(1) if i < len(self.convs) - 1 else h.mean(1)
-            if i < len(self.convs) - 1:
-                if self.norms is not None:
-                    h = self.norms[i](h)
-                h = self._lib.relu_dropout(h, self.dropout, self.training, compress_for=self._next_keeps(i, nxt, h))
+            h = [conv(g, donate(h) if i > 0 and self._lib.impl == "exact" else h, edge_weight=w)]
+            h = self._after_conv(i, h, blocks[i + 1] if i + 1 < len(blocks) else None)
         return h
 
     def _input(self, x):
@@ -203,8 +197,11 @@ class StackedGNN(_OwnLayers, nn.Module):
         return (nxt.input_compression(next_graph, h)
                 if next_graph is not None and isinstance(nxt, CompressedModuleMixin) else None)
 
-    def _after_conv(self, i, h, next_graph=None):
-        """What follows convolution ``i``: heads merged, BatchNorm, ReLU and dropout (hidden layers)."""
+    def _after_conv(self, i, owned: list, next_graph=None):
+        """What follows convolution ``i``: heads merged, BatchNorm, ReLU and dropout (hidden layers).
+        ``owned``: a one-item list holding the conv's output, which this call takes out of it (the caller
+        keeps no name on the output: it dies as soon as the step after it has run, not when this returns)."""
+        h = owned.pop()
         if h.dim() == 3:  # GAT: concatenate hidden heads, average output heads
             h = h.flatten(1) if i < len(self.convs) - 1 else h.mean(1)
         if i < len(self.convs) - 1:
@@ -227,7 +224,7 @@ class StackedGNN(_OwnLayers, nn.Module):
                     # weight each edge by sqrt(block out-degree / graph out-degree) of its source
                     per_src = (block.out_degrees().float().clamp(min=1) / out_deg[src]).sqrt()
                     w = per_src[block.edges(order="eid")[0].long()].to(h.device, h.dtype)
-                rows.put(block, self._after_conv(i, conv(block, h[src.to(h.device)], edge_weight=w)))
+                rows.put(block, self._after_conv(i, [conv(block, h[src.to(h.device)], edge_weight=w)]))
                 step()
             h = rows.out
         return h
