@@ -134,7 +134,9 @@ class FastPath:
         where it does not; notes the decision for :func:`dgl_exact.explain` on the call's modules (with the
         reason refused). Nothing is noted while torch.compile traces."""
         call, why = self._decide(args, kwargs)
-        if call is not None and not (self.gate and why is None):
+        # not while compiling: a path without the ``compile`` check (a step inside a conv's forward) is decided
+        # while dynamo traces, and the notes' context variable would break the graph
+        if call is not None and not (self.gate and why is None) and not compiling():
             shown = self.name + (self.detail(call) if self.detail is not None and why is None else "")
             paths.record(call.modules, shown if why is None else None, why, key=self.name, weak=self.gate)
         return call if why is None else None
