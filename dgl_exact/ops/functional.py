@@ -24,28 +24,29 @@ compressed), at the configuration in force (a converted model's own). In-place c
 ``relu_``), tensor subclasses and calls with other arguments run as torch runs them; so does everything
 outside the scope, and inside ``functional_ops(False)``.
 
-How: a :class:`torch.overrides.TorchFunctionMode`, pushed on entering the outermost scope of a thread and
-popped on leaving it, sees each outermost torch call (what the routed op calls inside is not seen again).
+How: the entries below are routes of :mod:`.torch_routes`' one torch-function mode, pushed on entering the
+outermost scope of a thread, which sees each outermost torch call (what the routed op calls inside is not seen
+again).
 """
 from __future__ import annotations
 
 import contextlib
 import contextvars
 from functools import partial
-from typing import Callable, Dict, Iterator, Optional
+from typing import Iterator
 
 import torch
 import torch.nn.functional as F
 
 from .blocks import gelu, silu
 from .elementwise import dropout, elu, leaky_relu, relu
+from .torch_routes import route, scope
 
 __all__ = ["functional_ops", "functional_ops_active"]
 
 _active: contextvars.ContextVar = contextvars.ContextVar("dgl_exact_functional_ops", default=False)
-_pushed: contextvars.ContextVar = contextvars.ContextVar("dgl_exact_functional_mode", default=False)
 #: a route's answer "run as torch runs it"
-_AS_TORCH = object()
+_AS_TORCH = None
 
 
 def functional_ops_active() -> bool:
@@ -83,40 +84,29 @@ def _torch_dropout(input, p, train):
     return partial(dropout, input, float(p), bool(train), like_torch=True)
 
 
-_ROUTES: Optional[Dict[Callable, Callable]] = None
-
-
-def _routes() -> Dict[Callable, Callable]:
-    """torch callable -> its routed form, which takes the callable's arguments (built once)."""
-    global _ROUTES
-    if _ROUTES is None:
-        _ROUTES = {F.relu: _relu, torch.relu: _relu, torch.Tensor.relu: _relu, F.leaky_relu: _leaky_relu,
-                   F.elu: _elu, F.gelu: _gelu, F.silu: _silu, F.dropout: _dropout, torch.dropout: _torch_dropout}
-    return _ROUTES
-
-
 def _plain_float(x) -> bool:
     return type(x) in (torch.Tensor, torch.nn.Parameter) and x.is_floating_point() and x.dim() > 0
 
 
-class _FunctionalOps(torch.overrides.TorchFunctionMode):
-    """Runs the routed calls of :func:`_routes` on dgl_exact's ops while :func:`functional_ops` is active."""
+def _on_plain_floats(form):
+    """The route of a call whose routed form is ``form``: taken for a plain floating tensor as first argument
+    (a tensor subclass, which may override torch functions, is left to torch) and arguments ``form`` takes."""
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if _active.get() and args and _plain_float(args[0]):
-            try:
-                route = _routes().get(func)
-            except TypeError:  # an unhashable callable: not one of them
-                route = None
-            if route is not None:
-                try:
-                    call = route(*args, **kwargs)
-                except TypeError:  # arguments the routed form does not take: torch decides
-                    call = _AS_TORCH
-                if call is not _AS_TORCH:
-                    return call()
-        return func(*args, **kwargs)
+    def how(args, kwargs):
+        if not (args and _plain_float(args[0])):
+            return _AS_TORCH
+        try:
+            return form(*args, **kwargs)
+        except TypeError:  # arguments the routed form does not take: torch decides
+            return _AS_TORCH
+
+    return how
+
+
+#: torch callable -> its routed form, which takes the callable's arguments
+_FORMS = {F.relu: _relu, torch.relu: _relu, torch.Tensor.relu: _relu, F.leaky_relu: _leaky_relu, F.elu: _elu,
+          F.gelu: _gelu, F.silu: _silu, F.dropout: _dropout, torch.dropout: _torch_dropout}
+route(_active, {func: _on_plain_floats(form) for func, form in _FORMS.items()})
 
 
 @contextlib.contextmanager
@@ -125,20 +115,5 @@ def functional_ops(enabled: bool = True) -> Iterator[None]:
     doc); nestable, local to the current thread or asyncio task. ``enabled=False``: torch's own inside it."""
     if not isinstance(enabled, bool):
         raise TypeError(f"functional_ops(enabled) takes True or False, got {enabled!r}")
-    token = _active.set(enabled)
-    push = enabled and not _pushed.get()
-    pushed = _pushed.set(True) if push else None
-    mode = _FunctionalOps() if push else None
-    try:
-        if mode is None:
-            yield
-        else:
-            with mode:
-                yield
-    finally:
-        if pushed is not None:
-            _pushed.reset(pushed)
-        try:
-            _active.reset(token)
-        except ValueError:  # left in another context than entered (a generator resumed elsewhere)
-            _active.set(False)
+    with scope(_active, enabled):
+        yield

@@ -15,16 +15,17 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+from functools import partial
 from typing import Iterator
 
 import torch
-from torch.overrides import TorchFunctionMode
 
 from .._compat import compiling
 from ..compression_config import CompressionConfig, resolve_config
 from .double_backward import double_backward
 from .keep import alive_anyway, stash, unstash
 from .saved import load_kept, save_kept
+from .torch_routes import route, scope
 
 __all__ = ["Product", "compressed_products"]
 
@@ -70,39 +71,24 @@ def _product(a, b, cfg: CompressionConfig):
     return Product.apply(a, b, cfg)
 
 
-class _ProductMode(TorchFunctionMode):
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        if func in _PRODUCTS and not kwargs and len(args) == 2 and _on.get() and torch.is_grad_enabled() \
-                and _taken(*args):
-            cfg = resolve_config(None)
-            if cfg.enabled:
-                return _product(args[0], args[1], cfg)
-        return func(*args, **(kwargs or {}))
+def _route(args, kwargs):
+    """A product of two positional operands, taken (:func:`_taken`) in grad mode with compression on, outside
+    dynamo's tracing: a call of :func:`_product` (else None: torch runs it)."""
+    if kwargs or len(args) != 2 or not torch.is_grad_enabled() or compiling() or not _taken(*args):
+        return None
+    cfg = resolve_config(None)
+    return partial(_product, args[0], args[1], cfg) if cfg.enabled else None
 
 
 _on: contextvars.ContextVar = contextvars.ContextVar("dgl_exact_compressed_products", default=False)
-_pushed: contextvars.ContextVar = contextvars.ContextVar("dgl_exact_products_mode", default=False)
+route(_on, dict.fromkeys(_PRODUCTS, _route))
 
 
 @contextlib.contextmanager
 def compressed_products(enabled: bool = True) -> Iterator[None]:
     """Within this scope, elementwise products of activations keep their operands as :class:`Product` does
     (see the module doc), at the configuration in force; nestable (``enabled=False``: torch's own inside).
-    The mode is pushed by the outermost enabled scope of a thread or task. Not while dynamo traces (modes do
-    not compose with it)."""
-    token = _on.set(enabled)
-    push = enabled and not _pushed.get() and not compiling()
-    pushed = _pushed.set(True) if push else None
-    try:
-        if push:
-            with _ProductMode():
-                yield
-        else:
-            yield
-    finally:
-        if pushed is not None:
-            _pushed.reset(pushed)
-        try:
-            _on.reset(token)
-        except ValueError:  # left in another context than entered (a generator resumed elsewhere)
-            _on.set(False)
+    The routing mode (:mod:`.torch_routes`) is pushed by the outermost enabled scope of a thread or task, not
+    while dynamo traces (modes do not compose with it), and no product is taken while it traces."""
+    with scope(_on, enabled, push=not compiling()):
+        yield
