@@ -186,16 +186,19 @@ def test_step_peak_prediction_tracks_timeline():
 
 
 @pytest.mark.nightly
-@pytest.mark.parametrize("model", ["sage", "gcn", "gat", "gcn2"])
+@pytest.mark.parametrize("model", ["sage", "gcn", "gat", "gcn2", "pyg-gcn", "pyg-gat", "pyg-gatv2"])
 def test_step_peak_prediction_against_measurement(model):
-    """Predicted against measured (fresh process, resident high-water mark) on a 60k-node random graph."""
+    """Predicted against measured (fresh process, resident high-water mark) on a 60k-node random graph (a PyG
+    model against its PyG fp32 baseline)."""
     from dgl_exact.bench.runner import in_fresh_process
     from dgl_exact.bench.plan_validation import measure_spec
 
     if memory.vmhwm_available():
         pytest.skip(memory.vmhwm_available())
+    if model.startswith("pyg-"):
+        pytest.importorskip("torch_geometric", reason="needs torch_geometric (pip install 'dgl-exact[pyg]')")
     spec = P.PlanSpec(model=model, nodes=60000, edges=600000, features=64, classes=8, hidden=64, layers=3)
-    for name in ("dgl_exact fp32", "INT2"):
+    for name in ("PyG fp32" if model.startswith("pyg-") else "dgl_exact fp32", "INT2"):
         setting = select(name)[0]
         rec = P.predict(spec, setting)
         meas = in_fresh_process(measure_spec, spec, setting)
