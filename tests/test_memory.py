@@ -460,3 +460,24 @@ def test_run_line_names_a_grown_heap():
     grown = run_line(RunResult(**base, peak_method="resident high-water mark (VmHWM); 99.20 MiB of free heap "
                                 "chunks before the step (...)"), "acc")
     assert "heap" not in plain and "99.20 MiB of free heap chunks" in grown
+
+
+def test_trainer_debug_mem_counts_a_pyg_models_graph(tmp_path):
+    """--debug-mem with a PyG model: the data counts the edge_index (and edge ids) it made of the graph and the
+    structures dgl_exact.pyg's convs cache for it, beside DGL's own arrays."""
+    pytest.importorskip("torch_geometric", reason="needs torch_geometric (pip install 'dgl-exact[pyg]')")
+    from dgl_exact.data import load_dataset
+    from dgl_exact.data.compact import structure_bytes
+    from dgl_exact.training.config import TrainConfig
+    from dgl_exact.training.pyg_models import PyGModel
+    from dgl_exact.training.trainer import Trainer
+
+    spec = "synthetic-small:num_nodes=300,num_features=16,num_classes=4"
+    trainer = Trainer(TrainConfig(dataset=spec, framework="pyg", hidden=16, epochs=1, data_root=str(tmp_path)),
+                      dataset=load_dataset(spec, "unused"), progress=False, log=None)
+    run = trainer.fit(debug_mem=True).runs[0]
+    g = trainer.graph
+    pyg = tensor_bytes(PyGModel.graph_tensors(g) + PyGModel.structure_tensors(g))
+    assert pyg > 24 * g.num_edges()  # edge_index and ids, and the cached CSC/CSR
+    data = [trainer.feat, trainer.label, trainer.train_label, *trainer.split.values()]
+    assert run.data_bytes >= structure_bytes(g) + tensor_bytes(data) + pyg

@@ -1,6 +1,6 @@
 """PyTorch Geometric models as a PyG user writes them, measured beside the DGL rows (``dgl-exact bench memory
---models pyg-gcn,pyg-sage,pyg-gat,pyg-gcn2``): the baseline is the model as written (``PyG fp32``), dgl_exact's
-settings run the same model converted by :func:`dgl_exact.compress_model` (PyG's convs, ``Linear`` and
+--models pyg-gcn,pyg-sage,pyg-gat,pyg-gcn2,pyg-gatv2``): the baseline is the model as written (``PyG fp32``),
+dgl_exact's settings run the same model converted by :func:`dgl_exact.compress_model` (PyG's convs, ``Linear`` and
 ``BatchNorm`` become :mod:`dgl_exact.pyg`'s and dgl_exact's; torch's ReLU and Dropout too, fused into one op).
 
 The architectures are :mod:`dgl_exact.training.pyg_models`' (the trainer's on PyG's layers), called as PyG calls
@@ -10,6 +10,7 @@ normalised graph cached (PyG's transductive setting):
 ``pyg-gcn``: ``layers`` ``GCNConv(cached=True)`` (PyG's transductive setting), each hidden one followed by
 ``Sequential(BatchNorm, ReLU, Dropout)``. ``pyg-sage``: the same with ``SAGEConv`` (mean). ``pyg-gat``:
 ``GATConv(heads=heads)`` with the heads concatenated (``hidden`` per head), the last layer one head.
+``pyg-gatv2``: the same with ``GATv2Conv``.
 ``pyg-gcn2``: GCNII as in PyG's ``gcn2_cora`` example: ``Linear -> ReLU``, ``layers`` ``GCN2Conv(alpha=0.1,
 theta=0.5, cached=True)`` each followed by ``Sequential(BatchNorm, ReLU, Dropout)``, then ``Linear``.
 """

@@ -14,7 +14,9 @@ __all__ = ["UserError", "check_dataset", "check_outputs", "int_choice", "parse_s
 # define them, import it), so that ``dgl-exact --help`` and ``dgl-exact <cmd> --help`` stay fast;
 # tests/cli/test_dialect.py checks them against those modules.
 MODELS = ("gcn", "sage", "gat", "gcn2")
-PYG_MODELS = ("pyg-gcn", "pyg-sage", "pyg-gat", "pyg-gcn2")  # dgl_exact.training.workloads.PYG_MODELS
+PYG_MODELS = ("pyg-gcn", "pyg-sage", "pyg-gat", "pyg-gcn2", "pyg-gatv2")  # dgl_exact.training.workloads.PYG_MODELS
+# train's --model: MODELS, and the networks built of PyG's layers alone (--framework pyg; dgl_exact.training.config)
+TRAIN_MODELS = MODELS + ("gatv2",)
 SAMPLERS = ("full", "saint", "cluster", "neighbor")
 SAINT_MODES = ("node", "edge", "walk")
 MAX_COUNT = 2**31 - 1  # sizes and counts (int32), as dgl_exact.training.config.MAX_COUNT

@@ -24,7 +24,7 @@ def _bench_options(f):
         click.option("--model", "models", default="sage,gcn", show_default=True,
                      help="Comma-separated: gcn,sage,gat,gcn2, or user-sage,user-sage-donate,user-block-gcn,"
                           "user-block-sage,user-block-gat,user-block-gat-ops (bench/user_models.py), or PyG models "
-                          "pyg-gcn,pyg-sage,pyg-gat,pyg-gcn2 (bench/pyg_models.py; baseline PyG fp32)."),
+                          "pyg-gcn,pyg-sage,pyg-gat,pyg-gcn2,pyg-gatv2 (bench/pyg_models.py; baseline PyG fp32)."),
         click.option("--settings", default="", show_default="all standard ones",
                      help="Comma-separated setting names."),
         click.option("--hidden", type=_COUNT, default=None,
@@ -317,7 +317,8 @@ def bench_kernels(rows, cols, repeats, device, out, quiet):
 @click.option("--dataset", default="cora", show_default=True)
 @click.option("--model", "models", default="gcn,sage", show_default=True,
               help="Comma-separated: gcn,sage,gat,gcn2 (trained as `train` trains them); on PyG's layers pyg-gcn, "
-                   "pyg-sage, pyg-gat, pyg-gcn2 (baseline 'PyG fp32'); or the user models of bench/user_models.py, "
+                   "pyg-sage, pyg-gat, pyg-gcn2, pyg-gatv2 (baseline 'PyG fp32'); or the user models of "
+                   "bench/user_models.py, "
                    "e.g. arxiv-gcn-user,arxiv-gat-user,user-gcn2 (DGL's layers for DGL fp32, converted by "
                    "compress_model alone otherwise).")
 @click.option("--settings", default="dgl_exact fp32,INT8,INT2,INT2 + RP(0.125),INT2 + RP(0.125) + blocks(64) + optimal",

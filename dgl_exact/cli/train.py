@@ -20,8 +20,8 @@ from .. import _environment
 from .._files import atomic_write
 from .._progress import progress_lines
 from .._environment import MAX_SECONDS
-from ._common import (MAX_COUNT, MODELS, SAINT_MODES, SAMPLERS, Choice, UserError, check_dataset, check_outputs,
-                      hold_outputs, int_choice, bundled_configs, memory_budget_option, parse_size)
+from ._common import (MAX_COUNT, SAINT_MODES, SAMPLERS, TRAIN_MODELS, Choice, UserError, check_dataset,
+                      check_outputs, hold_outputs, int_choice, bundled_configs, memory_budget_option, parse_size)
 
 # What --help shows as each training option's default: TrainConfig's defaults (as text where None means
 # "decided from other options"), written here so that `dgl-exact train --help` needs no torch;
@@ -59,7 +59,8 @@ def _model_options() -> list:
     return [
         click.option("--dataset", help="cora (bundled), ogbn-arxiv, ogbn-products, flickr, reddit, reddit2, yelp, "
                                        "synthetic[-small|-arxiv|-products]. See `dgl-exact datasets`."),
-        click.option("--model", type=Choice(MODELS), help="Architecture."),
+        click.option("--model", type=Choice(TRAIN_MODELS),
+                     help="Architecture (gatv2: PyG's GATv2Conv, with --framework pyg only)."),
         click.option("--sampler", type=Choice(SAMPLERS),
                      help="full graph, GraphSAINT, ClusterGCN, or neighbour-sampled blocks (DGL's NeighborSampler)."),
         click.option("--framework", type=Choice(("dgl", "pyg")),

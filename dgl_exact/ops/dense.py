@@ -128,6 +128,12 @@ def linear_reusing(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.T
     return linear(x, weight, bias, cfg)
 
 
+def _param_dtype(weight: Optional[torch.Tensor], like: torch.Tensor) -> torch.dtype:
+    """The dtype of batch norm's bias gradient: the weight's (the parameters share one), ``like``'s without one
+    (autograd casts a gradient to its input's dtype)."""
+    return like.dtype if weight is None else weight.dtype
+
+
 class BatchNorm(torch.autograd.Function):
     """ATen's batch-norm kernels (fused, multithreaded / cuDNN-free) on both passes; only what backward
     reads changes: the input comes from its compressed copy."""
@@ -166,12 +172,13 @@ class BatchNorm(torch.autograd.Function):
             save_mean, save_invstd, run_mean, run_var = stat_a, stat_b, None, None
         else:
             save_mean, save_invstd, run_mean, run_var = None, None, stat_a, stat_b
+        needs = ctx.needs_input_grad  # weight and bias: False where they are None (affine=False, bias=None)
         gx, gw, gb = torch.ops.aten.native_batch_norm_backward(
             grad.to(cdt).contiguous(), x, w, run_mean, run_var, save_mean, save_invstd, ctx.training, ctx.eps,
-            [ctx.needs_input_grad[0], weight is not None, weight is not None])
+            [needs[0], needs[1], needs[2]])
         gx = None if gx is None else gx.to(grad.dtype)
-        if weight is not None:
-            gw, gb = gw.to(weight.dtype), gb.to(weight.dtype)
+        gw = None if gw is None else gw.to(weight.dtype)
+        gb = None if gb is None else gb.to(_param_dtype(weight, gb))
         return gx, gw, gb, None, None, None, None, None, None
 
     @staticmethod
@@ -224,9 +231,8 @@ class BatchNorm(torch.autograd.Function):
                 torch.mul(g, w, out=gx)
             else:
                 gx.copy_(g * w)
-        gw = gb = None
-        if weight is not None:
-            gw, gb = sum_gxhat.to(weight.dtype), sum_g.to(weight.dtype)
+        gw = sum_gxhat.to(weight.dtype) if ctx.needs_input_grad[1] else None
+        gb = sum_g.to(_param_dtype(weight, sum_g)) if ctx.needs_input_grad[2] else None
         return gx, gw, gb, None, None, None, None, None, None
 
     @staticmethod
@@ -244,7 +250,7 @@ class BatchNorm(torch.autograd.Function):
         gx, gw = recompute_vjp(forward, [x, weight], [needs[0], weight is not None and needs[1]], [grad.to(cdt)])
         gx = None if gx is None else gx.to(grad.dtype)
         gw = None if gw is None else gw.to(weight.dtype)
-        gb = grad.sum(0).to(weight.dtype) if weight is not None and needs[2] else None
+        gb = grad.sum(0).to(_param_dtype(weight, grad)) if needs[2] else None
         return gx, gw, gb, None, None, None, None, None, None
 
 

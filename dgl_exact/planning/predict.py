@@ -24,7 +24,9 @@ the step created (COO ``2E``, CSR / CSC ``N + 1 + 2E`` ids each, ``N + 1 + E`` w
 int32 below ``2**31`` nodes and edges, else int64; the trainer keeps CSC and CSR only, or the CSC alone
 without edge ids for a symmetric graph, see :func:`~dgl_exact.data.compact.training_graph`: a spec's
 ``symmetric`` makes the samples symmetric too), dgl_exact's cached structure tensors
-(extrapolated), features (fp32), labels and training indices (int64), parameters and the optimizer's state.
+(extrapolated; a PyG model's: the ``edge_index`` and edge ids it reads, and the
+:class:`~dgl_exact.pyg.structure.EdgeStructure` dgl_exact.pyg's convs cache for it), features (fp32), labels and
+training indices (int64), parameters and the optimizer's state.
 Gradients are part of the step peak (the trainer frees them between steps). Only operator-created storages
 are seen: memory a C++ library allocates behind torch's back is not (``dgl-exact bench plan`` compares the
 prediction with the measured peak).
@@ -53,6 +55,7 @@ from ..data.compact import held_formats, index_dtype
 from ..ops import keep as keeping
 from ..ops.chunks import gpu_chunk_policy, sample_chunking
 from ..ops.structure import cached_static_tensors
+from ..training.pyg_models import PyGModel
 from ..training.workloads import PYG_MODELS, model_traits, prepare_graph
 
 
@@ -235,6 +238,8 @@ class SampleRun:
     structure_bytes: int
     formats: List[str]
     seconds: float
+    #: a PyG model's ``edge_index`` and edge ids of the graph (PyGModel.graph_tensors), static as the structure
+    edge_index_bytes: int = 0
 
 
 def sample_graph(spec: PlanSpec, n: int, e: int, seed: int = 0, impl: str = "exact"):
@@ -350,6 +355,7 @@ class SampleGraph:
         self.graph, self.feat, self.label, self.idx = sample_graph(spec, nodes, edges, seed)
         self.nodes, self.edges = nodes, edges
         self.structure_bytes: Dict[str, int] = {}  # per implementation warmed up: its structure caches
+        self.edge_index_bytes: Dict[str, int] = {}  # and a PyG model's edge_index of the graph
         self._graphs = {"exact": self.graph}  # one graph object per implementation (caches live on it)
 
     def _context(self, setting: Setting):
@@ -401,8 +407,15 @@ class SampleGraph:
             self.forward_fn(model, setting.impl)()[0].backward()
             opt.step()
         # the cache entry of this graph object only: a global difference also counted other graphs' entries
-        # dropped or created meanwhile (a previous sample pair dying after this one was made: 0 bytes)
-        self.structure_bytes[setting.impl] = memory.tensor_bytes(cached_static_tensors(self.graph_for(setting.impl)))
+        # dropped or created meanwhile (a previous sample pair dying after this one was made: 0 bytes); a PyG
+        # model's: the edge_index it made of this graph (kept while the graph lives, for every model, as the
+        # trainer's one model keeps it across epochs) and the structures dgl_exact.pyg's convs cached for it
+        graph = self.graph_for(setting.impl)
+        tensors = cached_static_tensors(graph)
+        if isinstance(model, PyGModel):
+            tensors += PyGModel.structure_tensors(graph)
+            self.edge_index_bytes[setting.impl] = memory.tensor_bytes(PyGModel.graph_tensors(graph))
+        self.structure_bytes[setting.impl] = memory.tensor_bytes(tensors)
 
     def record(self, setting: Setting, hook=None) -> "SampleRun":
         """A fresh model's recorded training step under ``setting``. ``hook(recorder)``: returns the stash hook
@@ -429,7 +442,7 @@ class SampleGraph:
         graph = self.graph_for(setting.impl)
         return SampleRun(graph.num_nodes(), graph.num_edges(), timeline.totals, timeline.names, act,
                          stashes, params, memory.tensor_bytes(state), self.structure_bytes[setting.impl],
-                         held_formats(graph), time.perf_counter() - t0)
+                         held_formats(graph), time.perf_counter() - t0, self.edge_index_bytes.get(setting.impl, 0))
 
 
 # --- extrapolation -----------------------------------------------------------------------------------------
@@ -513,14 +526,17 @@ def combine(spec: PlanSpec, name: str, r1: "SampleRun", r2: "SampleRun", s1: flo
     peak = extrapolated_peak(r1, r2, s1, s2)
     act = int(round(extrapolate(r1.activation_bytes, r2.activation_bytes, s1, s2)))
     structure = int(round(extrapolate(r1.structure_bytes, r2.structure_bytes, s1, s2)))
-    breakdown = {
-        "graph_bytes": _format_bytes(r2.formats, spec.nodes, spec.model_edges),
+    breakdown = {"graph_bytes": _format_bytes(r2.formats, spec.nodes, spec.model_edges)}
+    if spec.model in PYG_MODELS:  # the edge_index its PyG model reads (and the edge ids), int64 as PyG's
+        breakdown["edge_index_bytes"] = max(0, int(round(extrapolate(r1.edge_index_bytes, r2.edge_index_bytes,
+                                                                     s1, s2))))
+    breakdown.update({
         "structure_cache_bytes": max(0, structure),
         "feature_bytes": spec.nodes * spec.features * 4,
         "label_bytes": spec.nodes * 8 + spec.train_count * 8,
         "parameter_bytes": r2.parameter_bytes,
         "optimizer_bytes": r2.optimizer_bytes,
-    }
+    })
     static = sum(breakdown.values())
     total = static + peak
     fits = None if device_total is None else total <= device_total

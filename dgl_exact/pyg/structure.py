@@ -29,7 +29,7 @@ from .. import kernels
 from ..ops.chunks import chunk_elements_for
 from ..ops.index_structure import IndexStructure
 
-__all__ = ["EdgeStructure", "edge_structure", "clear_cache", "cache_size"]
+__all__ = ["EdgeStructure", "edge_structure", "clear_cache", "cache_size", "cached_static_tensors"]
 
 
 class EdgeStructure(IndexStructure):
@@ -109,3 +109,14 @@ def cache_size() -> int:
     """Number of ``edge_index`` tensors whose structures are cached (entries of deleted tensors are gone)."""
     with _lock:
         return len(_cache)
+
+
+def cached_static_tensors(key: Optional[torch.Tensor] = None) -> list:
+    """Every tensor the cached structures hold (each structure's
+    :meth:`~dgl_exact.ops.structure.GraphStructure.static_tensors`); with ``key``, only those of the structures
+    cached for that ``edge_index`` tensor (every variant, size and device). A memory meter counts them as static:
+    they live as long as ``key``, across training steps."""
+    with _lock:
+        per_keys = list(_cache.values()) if key is None else [p for p in [_cache.get(key)] if p is not None]
+        entries = [entry for per_key in per_keys for _, entry in per_key.values()]
+    return [t for entry in entries for t in entry.static_tensors()]

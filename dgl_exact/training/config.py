@@ -21,8 +21,11 @@ import yaml
 
 from ..compression_config import MAX_BLOCK_ROWS, VALID_BITS, VALID_LEVELS, CompressionConfig
 from .models import MODELS, recompute_length
+from .pyg_models import PYG_ONLY_NETWORKS
 
 SAMPLERS = ("full", "saint", "cluster", "neighbor")
+#: the models a run may name: the trainer's (both frameworks) and those built of PyG's layers alone (framework pyg)
+TRAIN_MODELS = tuple(MODELS) + PYG_ONLY_NETWORKS
 #: the layers a model is built of (TrainConfig.framework)
 FRAMEWORKS = ("dgl", "pyg")
 SAINT_MODES = ("node", "edge", "walk")
@@ -147,7 +150,7 @@ class Rule:
 # Optional[...]): add an entry when it needs a range or a set of choices.
 FIELD_RULES: Dict[str, Rule] = {
     "dataset": Rule("str"),
-    "model": Rule("choice", choices=tuple(MODELS)),
+    "model": Rule("choice", choices=TRAIN_MODELS),
     "sampler": Rule("choice", choices=SAMPLERS),
     "framework": Rule("choice", choices=FRAMEWORKS),
     "bits": Rule("int", choices=VALID_BITS),
@@ -314,6 +317,10 @@ class TrainConfig:
         """``framework: pyg``: PyTorch Geometric installed, and none of the options only the DGL-built models have
         (EXACT's GAT and GCNII variants, non-inverted dropout, input dropout)."""
         if self.framework != "pyg":
+            if self.model in PYG_ONLY_NETWORKS:
+                raise ValueError(f"{self.model} is built of PyG's layers only: add --framework pyg (pip install "
+                                 f"'dgl-exact[pyg]'), or use a model of framework {self.framework}: "
+                                 f"{', '.join(MODELS)}")
             return
         import importlib.util
 

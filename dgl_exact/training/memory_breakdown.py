@@ -10,6 +10,7 @@ import torch
 
 from .. import memory
 from ..data.compact import structure_bytes
+from .pyg_models import PyGModel
 
 __all__ = ["step_breakdown"]
 
@@ -18,7 +19,8 @@ def step_breakdown(module: torch.nn.Module, optimizer, device: torch.device, dat
                    report) -> Dict[str, Any]:
     """Bytes on ``device``'s type: ``model_bytes`` (``module``'s parameters and buffers, ``optimizer``'s
     state), ``data_bytes`` (the structure arrays DGL holds for ``graphs``, their node and edge data, the
-    tensors in ``data`` and dgl_exact's cached structure tensors; a tensor counted once), the step's
+    tensors in ``data`` and dgl_exact's cached structure tensors; for a PyG model, the ``edge_index`` it made of
+    each graph and the structures dgl_exact.pyg's convs cache for it; a tensor counted once), the step's
     ``peak_method`` and ``total_bytes`` = model + data + ``report``'s step peak (None where it was not
     measured). ``report``: the step's :class:`~dgl_exact.memory.MemoryReport`."""
     model_tensors = list(module.parameters()) + list(module.buffers())
@@ -27,6 +29,7 @@ def step_breakdown(module: torch.nn.Module, optimizer, device: torch.device, dat
     data_tensors = [t for t in data if isinstance(t, torch.Tensor)] + memory.cached_static_tensors()
     structure = 0
     for g in graphs:
+        data_tensors += PyGModel.graph_tensors(g) + PyGModel.structure_tensors(g)  # (on the features' device)
         if g.device.type != device.type:
             continue
         data_tensors += [t for t in (*g.ndata.values(), *g.edata.values()) if isinstance(t, torch.Tensor)]

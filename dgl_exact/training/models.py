@@ -476,18 +476,20 @@ def build_model(model: str, in_feats: int, num_classes: int, hidden: int = 128, 
     and GAT's, ``use_attn_dst`` GAT's, ``edge_drop`` GCN's, SAGE's and GAT's (see :class:`StackedGNN`); other
     models refuse non-default values. ``dropout2``: EXACT's non-inverted dropout (module docstring).
     ``recompute``: GCNII's recompute segment length (see :class:`GCNII`); other models refuse it.
-    ``framework='pyg'``: the same architecture on PyTorch Geometric's layers, converted by
+    ``framework='pyg'``: the same architecture (or ``gatv2``, PyG's alone) on PyTorch Geometric's layers, converted by
     :func:`dgl_exact.compress_model` (``impl='exact'``) or as PyG runs it, called as the trainer calls its models
     (:class:`~dgl_exact.training.pyg_models.PyGModel`); the DGL-only options must keep their defaults."""
-    if model not in MODELS:
-        raise ValueError(f"unknown model {model!r}; expected one of {', '.join(MODELS)}")
     if framework == "pyg":
-        from .pyg_models import PyGModel, build_pyg_network
+        from .pyg_models import PYG_NETWORKS, PyGModel, build_pyg_network
 
+        if model not in PYG_NETWORKS:
+            raise ValueError(f"unknown model {model!r}; expected one of {', '.join(PYG_NETWORKS)}")
         return PyGModel(build_pyg_network(model, in_feats, hidden, num_classes, layers, dropout, batch_norm, heads,
                                           alpha=alpha, theta=lambda_, convert=impl == "exact"))
     if framework != "dgl":
         raise ValueError(f"unknown framework {framework!r}; expected dgl or pyg")
+    if model not in MODELS:
+        raise ValueError(f"unknown model {model!r}; expected one of {', '.join(MODELS)}")
     if not use_attn_dst and model != "gat":
         raise ValueError(f"use_attn_dst is a GAT option; {model} has none (leave it at true)")
     if edge_drop and model == "gcn2":

@@ -23,7 +23,7 @@ from typing import Dict, Union
 
 from .._compat import import_dgl
 from ..data.compact import compact_graph, training_graph
-from .pyg_models import PYG_GAT_HEADS
+from .pyg_models import PYG_GAT_HEADS, PYG_ONLY_NETWORKS
 
 
 __all__ = ["ModelTraits", "MODEL_TRAITS", "PYG_MODEL_TRAITS", "PYG_MODELS", "SELF_LOOP_MODELS", "CSC_ONLY_MODELS",
@@ -63,6 +63,7 @@ PYG_MODEL_TRAITS: Dict[str, ModelTraits] = {t.name: t for t in (
     ModelTraits("pyg-sage", self_loops=False, csc_only=False, hidden=128),
     ModelTraits("pyg-gat", self_loops=False, csc_only=False, hidden=128, heads=PYG_GAT_HEADS),
     ModelTraits("pyg-gcn2", self_loops=False, csc_only=False, hidden=256),
+    ModelTraits("pyg-gatv2", self_loops=False, csc_only=False, hidden=128, heads=PYG_GAT_HEADS),
 )}
 PYG_MODELS = tuple(PYG_MODEL_TRAITS)
 #: the models trained with one self loop per node
@@ -74,10 +75,13 @@ LAYOUTS = ("training", "sampled", "as_given")
 
 
 def model_traits(model: Union[str, ModelTraits]) -> ModelTraits:
-    """The :class:`ModelTraits` of a model name (``ValueError`` naming the known ones), or ``model`` itself."""
+    """The :class:`ModelTraits` of a model name (``ValueError`` naming the known ones), or ``model`` itself. A
+    network the trainer builds of PyG's layers alone (``gatv2``, ``--framework pyg``) has its ``pyg-`` row's."""
     if isinstance(model, ModelTraits):
         return model
     traits = MODEL_TRAITS.get(model) or PYG_MODEL_TRAITS.get(model)
+    if traits is None and model in PYG_ONLY_NETWORKS:
+        traits = PYG_MODEL_TRAITS[f"pyg-{model}"]
     if traits is None:
         raise ValueError(f"unknown model {model!r}; use one of {', '.join([*MODEL_TRAITS, *PYG_MODEL_TRAITS])}")
     return traits

@@ -1,4 +1,4 @@
-"""The PyG models of ``bench/pyg_models.py`` (``pyg-gcn``, ``-sage``, ``-gat``, ``-gcn2``): converted by
+"""The PyG models of ``bench/pyg_models.py`` (``pyg-gcn``, ``-sage``, ``-gat``, ``-gcn2``, ``-gatv2``): converted by
 ``compress_model`` alone (every conv, Linear, BatchNorm, ReLU and Dropout), the same outputs and gradients as
 PyG's with compression off, less kept at INT2; and the benchmark workload calls them as PyG does, with PyG fp32
 as their baseline."""
@@ -37,7 +37,8 @@ def test_converted_by_compress_model_and_equal_to_pyg(data, name):
     ours, report = dgl_exact.compress_model(copy.deepcopy(ref), dgl_exact.CompressionConfig(enabled=False),
                                             report=True)
     converted = list(report.converted.values())
-    conv = {"pyg-gcn": "GCNConv", "pyg-sage": "SAGEConv", "pyg-gat": "GATConv", "pyg-gcn2": "GCN2Conv"}[name]
+    conv = {"pyg-gcn": "GCNConv", "pyg-sage": "SAGEConv", "pyg-gat": "GATConv", "pyg-gcn2": "GCN2Conv",
+            "pyg-gatv2": "GATv2Conv"}[name]
     assert sum(v == f"torch_geometric.{conv} -> dgl_exact.{conv}" for v in converted) == LAYERS, converted
     assert sum(v == "torch.BatchNorm1d -> dgl_exact.BatchNorm1d" for v in converted) == len(ref.posts)
     assert len(report.fused) == len(ref.posts)  # ReLU + Dropout as one op

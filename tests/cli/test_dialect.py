@@ -95,7 +95,7 @@ def test_help_of_every_command_renders_with_defaults(capsys):
         code, out, err = run([*path, "--help"], capsys)
         assert code == 0 and "Usage: dgl-exact" in out, (path, err)
     code, out, _ = run(["train", "--help"], capsys)
-    assert "Architecture.  [default: (gcn)]" in out and "[default: (200)]" in out
+    assert "--framework pyg only).  [default: (gcn)]" in out and "[default: (200)]" in out
 
 
 def test_same_default_model_and_device_everywhere():
@@ -115,6 +115,7 @@ def test_names_and_defaults_known_without_torch_match_training():
 
     assert _common.MODELS == tuple(models.MODELS)
     assert _common.PYG_MODELS == workloads.PYG_MODELS
+    assert _common.TRAIN_MODELS == config.TRAIN_MODELS
     assert _common.SAMPLERS == tuple(config.SAMPLERS) and _common.SAINT_MODES == tuple(config.SAINT_MODES)
     assert _common.MAX_COUNT == config.MAX_COUNT
     assert _common.bundled_configs() == config.bundled_configs()

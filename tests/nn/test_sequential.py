@@ -174,3 +174,31 @@ def test_user_sage_model_runs_its_posts_fused():
 
     model = build_user_model("user-sage-donate", 12, 16, 3, 3, 0.5, True, "exact")
     assert all(type(post) is dgl_exact.nn.Sequential for post in model.posts)
+
+
+@pytest.mark.parametrize("variant", ["bias None", "affine=False", "track_running_stats=False"])
+@pytest.mark.parametrize("tail", ["relu", "tanh"], ids=["fused", "alone"])
+def test_batch_norm_without_bias_or_statistics_converted(variant, tail):
+    """A torch BatchNorm1d whose bias is None (set so, or ``affine=False``) or without running statistics,
+    converted by compress_model, fused with its ReLU + Dropout or alone: a training step's backward runs (a
+    gradient for a None bias used to be returned and refused by autograd), and with compression off the
+    gradients and statistics are torch's."""
+    torch.manual_seed(0)
+    bn = nn.BatchNorm1d(8, affine=variant != "affine=False", track_running_stats=variant != "track_running_stats=False")
+    if variant == "bias None":
+        bn.bias = None
+    ref = nn.Sequential(nn.Linear(4, 8), bn, nn.ReLU() if tail == "relu" else nn.Tanh(), nn.Dropout(0.0))
+    x = torch.randn(32, 4)
+    for cfg in (CompressionConfig(enabled=False), CompressionConfig(bits=2)):
+        ours = dgl_exact.compress_model(copy.deepcopy(ref), cfg)
+        assert type(ours[1]) is dgl_exact.nn.BatchNorm1d
+        for model in (ours, ref):
+            model.zero_grad()
+            model(x).square().sum().backward()
+        for (name, got), want in zip(ours.named_parameters(), ref.parameters()):
+            assert got.grad is not None, name
+            if not cfg.enabled:
+                torch.testing.assert_close(got.grad, want.grad, rtol=1e-4, atol=1e-5, msg=name)
+        if not cfg.enabled:
+            for (name, got), want in zip(ours.named_buffers(), ref.buffers()):
+                torch.testing.assert_close(got, want, msg=name)

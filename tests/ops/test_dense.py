@@ -199,13 +199,25 @@ def test_linear_saves(monkeypatch):
     assert made == [] and [t.data_ptr() for t in kept] == [w.data_ptr()]
 
 
-@pytest.mark.parametrize("affine", [True, False])
+#: which of batch norm's parameters are given (the others None): both (affine), none (``affine=False``), the weight
+#: alone (a module whose bias was set to None) or the bias alone
+PARAMS = ["both", "none", "weight", "bias"]
+
+
+def _bn_params(params, n, gen, dtype=torch.float64):
+    w = torch.randn(n, generator=gen).to(dtype).requires_grad_() if params in ("both", "weight") else None
+    b = torch.randn(n, generator=gen).to(dtype).requires_grad_() if params in ("both", "bias") else None
+    return w, b
+
+
+@pytest.mark.parametrize("params", PARAMS)
 @pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
-def test_batch_norm_matches_torch(affine, training):
-    torch.manual_seed(0)
-    x = torch.randn(20, 6, dtype=torch.float64) * 3 + 1
-    w = torch.randn(6, dtype=torch.float64, requires_grad=True) if affine else None
-    b = torch.randn(6, dtype=torch.float64, requires_grad=True) if affine else None
+def test_batch_norm_matches_torch(params, training):
+    """Forward, running statistics and gradients (gradcheck) as ``F.batch_norm``'s, whichever of the weight and
+    bias are None (autograd refuses a gradient for a None input: none is returned for it)."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(20, 6, dtype=torch.float64, generator=gen) * 3 + 1
+    w, b = _bn_params(params, 6, gen)
     rm, rv = torch.randn(6, dtype=torch.float64), torch.rand(6, dtype=torch.float64) + 0.5
     rm2, rv2 = rm.clone(), rv.clone()
     out = ops.batch_norm(x, rm, rv, w, b, training, 0.3, 1e-5, OFF)
@@ -213,11 +225,14 @@ def test_batch_norm_matches_torch(affine, training):
     close(out, ref, "batch_norm forward")
     close(rm, rm2, "running mean")
     close(rv, rv2, "running var")
-    args = (hidden(x.clone().requires_grad_()),) + ((w, b) if affine else ())
+    given = [t for t in (w, b) if t is not None]
 
-    def fn(x, *wb):
-        return ops.batch_norm(x, rm.clone(), rv.clone(), *(wb or (None, None)), training, 0.3, 1e-5, OFF)
+    def fn(x, *p):
+        it = iter(p)
+        wp, bp = (next(it) if w is not None else None), (next(it) if b is not None else None)
+        return ops.batch_norm(x, rm.clone(), rv.clone(), wp, bp, training, 0.3, 1e-5, OFF)
 
+    args = [hidden(x.clone().requires_grad_())] + given
     assert torch.autograd.gradcheck(fn, tuple(a.detach().requires_grad_() for a in args))
 
 
@@ -322,21 +337,21 @@ def test_linear_chunked_half(dtype, small_chunks):
 
 @pytest.mark.parametrize("rows", [2, 5, 6, 33])
 @pytest.mark.parametrize("training", [True, False])
-@pytest.mark.parametrize("affine", [True, False])
+@pytest.mark.parametrize("params", PARAMS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
-def test_batch_norm_chunked_matches_aten_on_the_same_input(rows, training, affine, dtype, small_chunks,
+def test_batch_norm_chunked_matches_aten_on_the_same_input(rows, training, params, dtype, small_chunks,
                                                            kept_compressed):
-    """The chunked backward equals ATen's batch-norm backward run on the decompressed input."""
+    """The chunked backward equals ATen's batch-norm backward run on the decompressed input (no gradient for a
+    parameter that is None)."""
     kept = kept_compressed
     gen = torch.Generator().manual_seed(rows)
     x = (torch.randn(rows, 16, generator=gen) * 3 + 1).to(dtype).requires_grad_()
     pdt = torch.float64 if dtype == torch.float64 else torch.float32  # parameters and buffers, as a module's
-    w = torch.randn(16, generator=gen).to(pdt).requires_grad_() if affine else None
-    b = torch.randn(16, generator=gen).to(pdt).requires_grad_() if affine else None
+    w, b = _bn_params(params, 16, gen, pdt)
     rm, rv = torch.randn(16, generator=gen).to(pdt), (torch.rand(16, generator=gen) + 0.5).to(pdt)
     out = dgl_exact.ops.batch_norm(x * 1, rm.clone(), rv.clone(), w, b, training, 0.1, 1e-5, _cfg(block_rows=4))
     g = torch.randn(out.shape, generator=gen).to(dtype)
-    grads = torch.autograd.grad(out, [x] + ([w, b] if affine else []), g)
+    grads = torch.autograd.grad(out, [x] + [t for t in (w, b) if t is not None], g)
     (c,) = kept
     # today's backward: ATen's kernel on the whole decompressed input, with the statistics forward kept
     cdt = torch.promote_types(dtype, torch.float32)
@@ -345,7 +360,8 @@ def test_batch_norm_chunked_matches_aten_on_the_same_input(rows, training, affin
                                                         rv.clone().to(cdt), training, 0.1, 1e-5)
     stats = (None, None, save_mean, save_invstd) if training else (rm.to(cdt), rv.to(cdt), None, None)
     want = torch.ops.aten.native_batch_norm_backward(g.to(cdt), decompress(c).to(cdt), wc, *stats, training, 1e-5,
-                                                     [True, affine, affine])
+                                                     [True, w is not None, b is not None])
+    want = [t for t in want if t is not None]
     tol = dict(rtol=2e-2, atol=2e-2) if dtype == torch.bfloat16 else dict(rtol=1e-4, atol=1e-4)
     assert grads[0].dtype == dtype
     for got, exp in zip(grads, want):

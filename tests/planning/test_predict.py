@@ -118,6 +118,36 @@ def test_pyg_models_planned_as_the_trainer_builds_them(model):
         P.build_for(spec, "dgl")
 
 
+@pytest.mark.parametrize("model", ["pyg-gcn", "pyg-gatv2"])
+def test_pyg_graph_counted_as_static_as_a_model_holds_it(model):
+    """A PyG model's graph as the trainer's model holds it through every step: the ``edge_index`` and edge ids it
+    reads, and (converted) the structures dgl_exact.pyg's convs cache for it, are static memory, predicted from
+    the samples as a model holds them after a training step on a graph of the spec's full size (no longer 0 B, nor
+    part of the step peak)."""
+    pytest.importorskip("torch_geometric", reason="needs torch_geometric (pip install 'dgl-exact[pyg]')")
+    import contextlib
+
+    from dgl_exact.compression_config import config
+    from dgl_exact.training.pyg_models import PyGModel
+
+    spec = P.PlanSpec(model=model, nodes=2400, edges=19200, features=8, classes=3, hidden=8, layers=2, heads=2,
+                      symmetric=True)
+    records = {r.setting: r for r in P.plan(spec, "cpu", ["PyG fp32", "INT2"], sample_nodes=300)}
+    for name, rec in records.items():
+        setting = select(name)[0]
+        g, feat, y, idx = P.sample_graph(spec, spec.nodes, spec.edges, 5, setting.impl)
+        net = P.build_for(spec, setting.impl)
+        with config(setting.compression) if setting.compression else contextlib.nullcontext():
+            P.loss_fn(setting.impl)(net(g, feat), y, idx).backward()
+        edge_index = memory.tensor_bytes(PyGModel.graph_tensors(g))
+        structure = memory.tensor_bytes(PyGModel.structure_tensors(g))
+        assert edge_index == 24 * spec.edges  # int64 edge_index [2, E] and edge ids [E]
+        # linear in the graph's size (the structures' node and edge arrays): extrapolated to the byte or two
+        assert abs(rec.breakdown["edge_index_bytes"] - edge_index) <= 2, name
+        assert abs(rec.breakdown["structure_cache_bytes"] - structure) <= 2, name
+        assert (structure > 10 * spec.edges) == (name == "INT2")  # PyG's own convs cache nothing here
+
+
 @pytest.mark.slow
 def test_recompute_prediction_is_the_recomputed_models():
     """``INT2 + recompute`` is planned with GCNII's recompute mode on: its activations (the segments'
@@ -156,16 +186,19 @@ def test_step_peak_prediction_tracks_timeline():
 
 
 @pytest.mark.nightly
-@pytest.mark.parametrize("model", ["sage", "gcn", "gat", "gcn2"])
+@pytest.mark.parametrize("model", ["sage", "gcn", "gat", "gcn2", "pyg-gcn", "pyg-gat", "pyg-gatv2"])
 def test_step_peak_prediction_against_measurement(model):
-    """Predicted against measured (fresh process, resident high-water mark) on a 60k-node random graph."""
+    """Predicted against measured (fresh process, resident high-water mark) on a 60k-node random graph (a PyG
+    model against its PyG fp32 baseline)."""
     from dgl_exact.bench.runner import in_fresh_process
     from dgl_exact.bench.plan_validation import measure_spec
 
     if memory.vmhwm_available():
         pytest.skip(memory.vmhwm_available())
+    if model.startswith("pyg-"):
+        pytest.importorskip("torch_geometric", reason="needs torch_geometric (pip install 'dgl-exact[pyg]')")
     spec = P.PlanSpec(model=model, nodes=60000, edges=600000, features=64, classes=8, hidden=64, layers=3)
-    for name in ("dgl_exact fp32", "INT2"):
+    for name in ("PyG fp32" if model.startswith("pyg-") else "dgl_exact fp32", "INT2"):
         setting = select(name)[0]
         rec = P.predict(spec, setting)
         meas = in_fresh_process(measure_spec, spec, setting)

@@ -25,7 +25,7 @@ def graph():
     return g.formats(["csc"])  # as the trainer keeps a training graph: no COO, edges listed source-destination
 
 
-@pytest.mark.parametrize("model", ["gcn", "sage", "gat", "gcn2"])
+@pytest.mark.parametrize("model", ["gcn", "sage", "gat", "gcn2", "gatv2"])
 def test_same_as_the_pyg_network(graph, model):
     torch.manual_seed(0)
     ours = build_model(model, FEATS, CLASSES, hidden=8, layers=2, batch_norm=True, framework="pyg")
@@ -67,7 +67,7 @@ def test_blocks_edge_index_expands_each_node_once(graph):
     assert int(ei[1].max()) < n_hop1  # the outermost hop's nodes are inputs only
 
 
-@pytest.mark.parametrize("model", ["gcn", "sage", "gat", "gcn2"])
+@pytest.mark.parametrize("model", ["gcn", "sage", "gat", "gcn2", "gatv2"])
 def test_blocks_as_pyg_runs_a_neighbor_loader_batch(graph, model):
     """On the neighbour sampler's blocks: the PyG network on the sampled subgraph, the seeds' rows (and a training
     step at INT2 runs)."""
@@ -103,6 +103,11 @@ def test_config():
         TrainConfig(framework="pyg", model="gat", edge_drop=0.1)
     with pytest.raises(ValueError, match="framework"):
         TrainConfig(framework="jax")
+    assert TrainConfig(framework="pyg", model="gatv2").model == "gatv2"
+    with pytest.raises(ValueError, match="gatv2 is built of PyG's layers only: add --framework pyg"):
+        TrainConfig(model="gatv2")
+    with pytest.raises(ValueError, match="unknown model 'gatv2'"):
+        build_model("gatv2", FEATS, CLASSES)  # (framework dgl)
 
 
 SMALL = "synthetic-small:num_nodes=200,num_features=8,num_classes=3"
@@ -118,3 +123,52 @@ def test_trains_with_the_neighbor_sampler(tmp_path, model):
     result = Trainer(cfg, dataset=load_dataset(SMALL, str(tmp_path)), progress=False, log=None).fit()
     (run,) = result.runs
     assert 0.0 <= run.test <= 1.0 and run.final_loss == run.final_loss  # (not NaN)
+
+
+def test_edge_index_made_once_per_graph_for_every_model(graph):
+    """The ``edge_index`` of a graph is made once and shared by every model called on it (a new run's model, the
+    planner's recorded step), so a converted conv's structure cache, keyed on it, is built once too; it dies with
+    the graph."""
+    import gc
+    import weakref
+
+    a = build_model("gcn", FEATS, CLASSES, hidden=8, layers=2, framework="pyg")
+    b = build_model("gcn", FEATS, CLASSES, hidden=8, layers=2, framework="pyg")
+    g = dgl.rand_graph(N, 90)
+    x = torch.randn(N, FEATS)
+    assert PyGModel.graph_tensors(g) == [] and PyGModel.structure_tensors(g) == []
+    with dgl_exact.config(bits=2):
+        a(g, x).sum().backward()
+    ei, eid = PyGModel.graph_tensors(g)
+    held = PyGModel.structure_tensors(g)
+    assert held and ei.shape == (2, g.num_edges()) and eid.dtype == torch.int64
+    with dgl_exact.config(bits=2):
+        b(g, x).sum().backward()
+    assert PyGModel.graph_tensors(g)[0] is ei  # the same tensor: the structure is not built again
+    assert [t.data_ptr() for t in PyGModel.structure_tensors(g)] == [t.data_ptr() for t in held]
+    alive = weakref.ref(ei)
+    del g, ei, eid, held
+    gc.collect()
+    assert alive() is None
+
+
+def test_train_command_takes_gatv2_with_framework_pyg(tmp_path, capsys, monkeypatch):
+    """``dgl-exact train --framework pyg --model gatv2`` trains PyG's GATv2 network converted by compress_model;
+    without ``--framework pyg``, one ``error:`` line says to add it."""
+    import signal
+
+    from tests.cli._helpers import run
+
+    monkeypatch.chdir(tmp_path)
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}  # train installs its own handlers
+    try:
+        args = ["train", "--dataset", SMALL, "--data-root", tmp_path, "--model", "gatv2", "--hidden", "4",
+                "--layers", "2", "--epochs", "1"]
+        code, out, err = run(args + ["--framework", "pyg"], capsys)
+        assert code == 0, err
+        code, out, err = run(args, capsys)
+        assert code == 2 and "gatv2 is built of PyG's layers only: add --framework pyg" in err, err
+        assert len(err.strip().splitlines()) == 1
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
