@@ -30,9 +30,10 @@ layers with bias-free linear residuals, BatchNorm, ``F.relu`` and Dropout as sta
 :class:`ArxivGAT`, a custom attention layer (:class:`ArxivGATConv`) on DGL's message-passing API
 (``apply_edges(fn.u_add_v)``, ``edge_softmax``, ``update_all(fn.u_mul_e, fn.sum)``) with a linear residual,
 3 heads. ``user-gcn2``: a user's GCNII loop (:class:`UserGCNII`), 16 ``dgl.nn.GCN2Conv`` each followed by an
-``nn.Sequential(BatchNorm1d, ReLU, Dropout)``. All three are converted by the README's one line,
+``nn.Sequential(BatchNorm1d, ReLU, Dropout)``. These are converted by the README's one line,
 ``dgl_exact.compress_model(model)``, and nothing else; ``dgl-exact bench census`` names the lines that hold
-their peaks.
+their peaks. ``user-gcn2-donate``: the GCNII loop with the one word per layer the conversion guide documents,
+``conv(graph, dgl_exact.donate(h), h0)`` from the second layer on.
 """
 from __future__ import annotations
 
@@ -56,7 +57,7 @@ BLOCK_MODELS = ("user-block-gcn", "user-block-sage", "user-block-gat")
 #: the block model with attention written with ``dgl.ops`` (converted by swapping the import for dgl_exact's)
 OPS_MODELS = ("user-block-gat-ops",)
 #: written the way DGL's ogbn-arxiv example writes its models, and a user's GCNII loop
-ARXIV_MODELS = ("arxiv-gcn-user", "arxiv-gat-user", "user-gcn2")
+ARXIV_MODELS = ("arxiv-gcn-user", "arxiv-gat-user", "user-gcn2", "user-gcn2-donate")
 USER_MODELS = ("user-sage", "user-sage-donate") + BLOCK_MODELS + OPS_MODELS + ARXIV_MODELS
 ARXIV_GAT_HEADS, GCN2_USER_LAYERS = 3, 16
 BLOCK_HIDDEN, BLOCK_LAYERS, BLOCK_DROPOUT, BLOCK_GAT_HEADS = 512, 5, 0.1, 4
@@ -76,6 +77,7 @@ USER_MODEL_TRAITS = {t.name: t for t in (
     ModelTraits("arxiv-gcn-user", self_loops=True, csc_only=False, hidden=256),
     ModelTraits("arxiv-gat-user", self_loops=True, csc_only=False, hidden=128, heads=ARXIV_GAT_HEADS),
     ModelTraits("user-gcn2", self_loops=True, csc_only=False, hidden=256, layers=GCN2_USER_LAYERS),
+    ModelTraits("user-gcn2-donate", self_loops=True, csc_only=False, hidden=256, layers=GCN2_USER_LAYERS),
 )}
 
 
@@ -220,8 +222,8 @@ def build_user_model(name: str, in_feats: int, hidden: int, classes: int, layers
         model = ArxivGCN(in_feats, hidden, classes, layers, F.relu, dropout)
     elif name == "arxiv-gat-user":
         model = ArxivGAT(in_feats, hidden, classes, layers, ARXIV_GAT_HEADS, F.relu, dropout)
-    elif name == "user-gcn2":
-        model = UserGCNII(in_feats, hidden, classes, layers, dropout)
+    elif name in ("user-gcn2", "user-gcn2-donate"):
+        model = UserGCNII(in_feats, hidden, classes, layers, dropout, donate_inputs=name.endswith("donate"))
     else:
         model = UserSAGE(in_feats, hidden, classes, layers, dropout, batch_norm,
                          donate_inputs=name.endswith("donate"))
@@ -338,11 +340,13 @@ class ArxivGAT(ArxivModel):
 class UserGCNII(nn.Module):
     """A user's GCNII loop: ``Linear(in, hidden)`` and ReLU give ``h0``; ``layers`` ``dgl.nn.GCN2Conv``
     (``alpha`` 0.1, ``lambda_`` 0.5, layer ``i + 1``), each followed by an ``nn.Sequential(BatchNorm1d,
-    ReLU, Dropout)``; ``Linear(hidden, classes)`` out."""
+    ReLU, Dropout)``; ``Linear(hidden, classes)`` out. ``donate_inputs``: every conv from the second on is
+    given its input with :func:`dgl_exact.donate` (the first one's input is ``h0``, which every layer reads)."""
 
     def __init__(self, in_feats: int, hidden: int, classes: int, layers: int, dropout: float,
-                 alpha: float = 0.1, lambda_: float = 0.5):
+                 alpha: float = 0.1, lambda_: float = 0.5, donate_inputs: bool = False):
         super().__init__()
+        self.donate_inputs = donate_inputs
         self.inp = nn.Linear(in_feats, hidden)
         self.convs = nn.ModuleList(dgl.nn.GCN2Conv(hidden, layer=i + 1, alpha=alpha, lambda_=lambda_)
                                    for i in range(layers))
@@ -354,6 +358,6 @@ class UserGCNII(nn.Module):
         """Logits of every node of ``graph`` from features ``feat``."""
         h0 = torch.relu(self.inp(feat))
         h = h0
-        for conv, post in zip(self.convs, self.posts):
-            h = post(conv(graph, h, h0))
+        for i, (conv, post) in enumerate(zip(self.convs, self.posts)):
+            h = post(conv(graph, donate(h) if self.donate_inputs and i > 0 else h, h0))
         return self.out(h)

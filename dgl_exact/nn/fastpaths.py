@@ -46,8 +46,8 @@ from ._base import CompressedModuleMixin, hooks_present, kept_by_reference, plai
 
 __all__ = ["Call", "FastPath", "SHARED", "PATHS", "BN_RELU_DROPOUT", "SAGE_MEAN", "SAGE_MEAN_BN_RELU_DROPOUT",
            "SAGE_INPUT_COMPRESSED_AHEAD", "SAGE_ADD_IN_PLACE", "GCN2_MIX", "GCN2_SCALE_IN_PLACE", "GCNII_STACK",
-           "GCNII_RECOMPUTE", "FIRST_LAYER_BN_RELU_DROPOUT", "GAT_ATTENTION", "GAT_DONATED_INPUT", "describe",
-           "paths_for"]
+           "GCNII_RECOMPUTE", "FIRST_LAYER_BN_RELU_DROPOUT", "GAT_ATTENTION", "GAT_DONATED_INPUT", "GCN2_DONATED_INPUT",
+           "describe", "paths_for"]
 
 
 class Call:
@@ -325,6 +325,30 @@ GCN2_SCALE_IN_PLACE = _step("mixed features scaled in place", _GCN2,
                             facts=lambda conv, feat_sum, cfg: Call((conv,), x=feat_sum, conv=conv, cfg=cfg))
 
 
+# --- GCN2Conv: a donated input released once propagated (ops.donation, keep.py rule 5) -------------------------
+
+def _gcn2_donated_facts(conv, feat, feat_0, edge_weight) -> Call:
+    return Call((conv,), conv=conv, feat=feat, feat_0=feat_0, edge_weight=edge_weight)
+
+
+def _apart_from(x: torch.Tensor, other: torch.Tensor) -> bool:
+    """Whether ``x`` is a whole tensor sharing no memory with ``other`` (releasing it frees its memory and
+    nothing ``other`` reads)."""
+    return x._base is None and x.untyped_storage().data_ptr() != other.untyped_storage().data_ptr()
+
+
+GCN2_DONATED_INPUT = FastPath(
+    name="donated input released once propagated",
+    applies_to=(_GCN2,),
+    shared=("compile", "hooks", "training", "grad"),
+    conditions=(
+        (lambda c: c.edge_weight is None, "donated input kept: edge weights (their gradient may read the input)"),
+        (lambda c: _apart_from(c.feat, c.feat_0), "donated input kept: a view, or it shares memory with h0"),
+    ),
+    facts=_gcn2_donated_facts,
+)
+
+
 # --- GCNII's hidden layers and output layer as one op (ops.gcn2.gcnii_layers, ops.gcn2_recompute) --------------
 
 def _gcnii_facts(graph, convs, norms, h0, dropout, input_dropout, head, stem=None, recompute=0,
@@ -467,7 +491,7 @@ GAT_DONATED_INPUT = FastPath(
 #: every fast path, outermost first (a stack's decision precedes its modules' own)
 PATHS: Tuple[FastPath, ...] = (GCNII_RECOMPUTE, GCNII_STACK, FIRST_LAYER_BN_RELU_DROPOUT, SAGE_MEAN_BN_RELU_DROPOUT,
                                BN_RELU_DROPOUT, SAGE_INPUT_COMPRESSED_AHEAD, SAGE_MEAN, SAGE_ADD_IN_PLACE, GCN2_MIX,
-                               GCN2_SCALE_IN_PLACE, GAT_ATTENTION, GAT_DONATED_INPUT)
+                               GCN2_SCALE_IN_PLACE, GCN2_DONATED_INPUT, GAT_ATTENTION, GAT_DONATED_INPUT)
 
 
 def paths_for(module) -> Tuple[FastPath, ...]:

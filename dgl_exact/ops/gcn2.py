@@ -58,8 +58,8 @@ from .double_backward import refuse_double_backward
 from .saved import (SECOND_BACKWARD_MESSAGE, graph_freed_after_backward, load_kept, private_keeping_allowed, save_kept,
                     show_private)
 
-__all__ = ["BatchNormArgs", "GCN2Layer", "GCN2Step", "MixGCN2", "degree_norm", "gcn2_mix", "gcnii_layers",
-           "layer_forward", "row_ranges"]
+__all__ = ["AddScaledGCN2", "BatchNormArgs", "GCN2Layer", "GCN2Step", "MixGCN2", "degree_norm", "gcn2_mix",
+           "gcnii_layers", "layer_forward", "row_ranges"]
 
 #: columns per chunk of the propagation (both directions) where a layer is chunked on its device
 COLUMN_CHUNK = 16
@@ -433,55 +433,78 @@ def gcnii_layers(st, h0: torch.Tensor, layers: List[GCN2Layer], head_weight: tor
                              bool(release_h0), *params)
 
 
+class AddScaledGCN2(torch.autograd.Function):
+    """GCNII's initial residual ``s = h + alpha h0`` written into the propagation's own buffer ``h`` (already
+    times ``1 - alpha``), in row chunks: the same operations in the same order as the unfused chain. Keeps
+    nothing. Backward: the incoming gradient itself for ``h`` (``ds/dh = I``, as torch's ``add`` returns it)
+    and ``alpha`` times it for ``h0``: one new layer-sized buffer. A node of its own, apart from
+    :class:`MixGCN2`, so that the mix's incoming gradient has gone when the ``h0`` gradient is formed
+    (autograd frees a node's incoming gradient once its backward returns). Differentiable to any order."""
+
+    @staticmethod
+    def forward(ctx, h, feat_0, alpha):
+        rows = chunk_rows(h.shape[0], h[0].numel(), h.device)
+        for r0 in range(0, h.shape[0], rows):
+            h[r0:r0 + rows].add_(feat_0[r0:r0 + rows] * alpha)
+        ctx.mark_dirty(h)
+        ctx.alpha = alpha
+        return h
+
+    @staticmethod
+    def backward(ctx, grad):
+        needs = ctx.needs_input_grad
+        return (grad if needs[0] else None), (grad * ctx.alpha if needs[1] else None), None
+
+
 class MixGCN2(torch.autograd.Function):
-    """GCNII's mix after the propagation, in one op over the propagation's own buffer ``h`` (already times
-    ``1 - alpha``): ``s = h + alpha h0``, ``out = (1 - beta) s + beta s W (+ b)``, the same operations in
-    the same order as the unfused chain (bit-identical forward), keeping only ``s`` compressed. Backward
-    holds two layer-sized buffers besides its input gradient (``gs = (1 - beta) g + beta g W^T``, then
-    ``alpha gs``) instead of autograd's five, and the weight gradient comes from ``s`` in row chunks.
-    Used only with compression on (compressed copies cannot do double backward anyway); otherwise
+    """GCNII's mix over the initial residual's buffer ``s`` (:class:`AddScaledGCN2`'s output):
+    ``out = (1 - beta) s + beta s W (+ b)`` written into ``s``, the same operations in the same order as the
+    unfused chain (bit-identical forward), keeping only ``s`` compressed. Backward: one new layer-sized
+    buffer besides its incoming gradient (``gs = (1 - beta) g + beta g W^T``, returned as the gradient of
+    ``s``; autograd's chain forms five), and the weight gradient from ``s`` in row chunks. Used only with
+    compression on (compressed copies cannot do double backward anyway); otherwise
     :class:`dgl_exact.GCN2Conv` runs the unfused chain, exact to any order (:mod:`dgl_exact.nn.fastpaths`
     decides)."""
 
     @staticmethod
-    def forward(ctx, h, feat_0, weight1, bias, alpha, beta, cfg):
-        # row chunks: every step is row-local, so only chunk-sized temporaries exist besides h itself
-        rows = chunk_rows(h.shape[0], h[0].numel(), h.device)
-        for r0 in range(0, h.shape[0], rows):
-            h[r0:r0 + rows].add_(feat_0[r0:r0 + rows] * alpha)  # s
-        kept = stash(h, cfg, force=True, overwritten=True) if ctx.needs_input_grad[2] else None
-        for r0 in range(0, h.shape[0], rows):
-            part = h[r0:r0 + rows]
+    def forward(ctx, s, weight1, bias, beta, cfg):
+        # row chunks: every step is row-local, so only chunk-sized temporaries exist besides s itself
+        rows = chunk_rows(s.shape[0], s[0].numel(), s.device)
+        kept = stash(s, cfg, force=True, overwritten=True) if ctx.needs_input_grad[1] else None
+        for r0 in range(0, s.shape[0], rows):
+            part = s[r0:r0 + rows]
             proj = F.linear(part, weight1.t()).mul_(beta)
             part.mul_(1 - beta).add_(proj)
             if bias is not None:
                 part.add_(bias)
-        del proj
-        ctx.mark_dirty(h)
-        ctx.alpha, ctx.beta, ctx.has_bias = alpha, beta, bias is not None
+            del proj, part
+        ctx.mark_dirty(s)
+        ctx.beta, ctx.has_bias = beta, bias is not None
         save_kept(ctx, kept, weight1)
-        return h
+        return s
 
     @staticmethod
     def backward(ctx, grad):
         kept, weight1 = load_kept(ctx)
         refuse_double_backward("GCN2Conv")  # only built with compression on
         needs = ctx.needs_input_grad
-        gh = gf0 = gw = gb = None
-        if needs[0] or needs[1]:
-            gs = grad.matmul(weight1.t()).mul_(ctx.beta).add_(grad, alpha=1 - ctx.beta)
-            gf0 = gs * ctx.alpha if needs[1] else None
-            gh = gs if needs[0] else None
-            del gs
-        if needs[2]:
+        gs = gw = gb = None
+        if needs[1]:  # first: its decoded chunks are gone before gs is allocated
             gw = weight_grad(grad, kept, kept_first=True).mul_(ctx.beta)
-        if ctx.has_bias and needs[3]:
+        del kept
+        if ctx.has_bias and needs[2]:
             gb = grad.sum(0)
-        return gh, gf0, gw, gb, None, None, None
+        if needs[0]:
+            gs = grad.matmul(weight1.t()).mul_(ctx.beta).add_(grad, alpha=1 - ctx.beta)
+        return gs, gw, gb, None, None
 
 
 def gcn2_mix(h: torch.Tensor, feat_0: torch.Tensor, weight1: torch.Tensor, bias: Optional[torch.Tensor], alpha: float,
              beta: float, config: CompressionConfig) -> torch.Tensor:
     """GCNII's mix ``(1 - beta) s + beta s W1 (+ b)`` with ``s = h + alpha feat_0``, written into ``h`` (the
-    propagation's own buffer, already times ``1 - alpha``), keeping only ``s`` compressed (:class:`MixGCN2`)."""
-    return MixGCN2.apply(h, feat_0, weight1, bias, float(alpha), float(beta), config)
+    propagation's own buffer, already times ``1 - alpha``), keeping only ``s`` compressed: two autograd
+    nodes (:class:`AddScaledGCN2`, then :class:`MixGCN2`), so that the backward holds at most two layer-sized
+    buffers of its own besides the ``h0`` gradient's accumulator: the mix's incoming gradient and ``gs``,
+    then ``gs`` and ``alpha gs``."""
+    s = AddScaledGCN2.apply(h, feat_0, float(alpha))
+    return MixGCN2.apply(s, weight1, bias, float(beta), config)

@@ -105,7 +105,8 @@ def test_arxiv_style_model_matches_dgl_with_compression_off(graph, name):
     converted = " ".join(report.converted.values())
     expect = {"arxiv-gcn-user": ("dgl.GraphConv", "torch.Linear", "torch.BatchNorm1d", "torch.Dropout"),
               "arxiv-gat-user": ("torch.Linear", "torch.BatchNorm1d", "torch.Dropout", "torch.LeakyReLU"),
-              "user-gcn2": ("dgl.GCN2Conv", "torch.Linear")}[name]
+              "user-gcn2": ("dgl.GCN2Conv", "torch.Linear"),
+              "user-gcn2-donate": ("dgl.GCN2Conv", "torch.Linear")}[name]
     for layer in expect:
         assert f"{layer} ->" in converted, (layer, converted)
     ref.eval()

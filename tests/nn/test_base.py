@@ -13,6 +13,7 @@ import torch
 
 import dgl_exact
 import dgl
+from dgl_exact.nn import fastpaths
 from dgl_exact.nn._base import into, kept_by_reference
 from dgl_exact.training.models import build_model
 
@@ -253,6 +254,39 @@ def test_gcn2_fused_mix_refuses_double_backward():
     out = conv(g, x * 1, x * 1)
     with pytest.raises(RuntimeError, match="double backward"):
         torch.autograd.grad(out.pow(2).sum(), x, create_graph=True)
+
+
+@pytest.mark.parametrize("case", ["donated", "edge-weight", "feat-is-h0", "eval"])
+def test_gcn2_donated_input_released_once_propagated_same_results(case):
+    """``conv(g, dgl_exact.donate(h), h0)``: the propagation keeps nothing of ``h``, so its memory goes before
+    the mix allocates; output and gradients equal the undonated call's. Kept where releasing could change what
+    is read: edge weights, ``h`` sharing ``h0``'s memory, eval mode (explain says why)."""
+    g = _graph(20)
+    gen = torch.Generator().manual_seed(1)
+    conv = dgl_exact.GCN2Conv(6, 2, alpha=0.2, compression=dgl_exact.CompressionConfig(bits=2))
+    x = torch.randn(20, 6, generator=gen, requires_grad=True)
+    ew = torch.rand(g.num_edges(), generator=gen) + 0.5 if case == "edge-weight" else None
+    r = torch.randn(20, 6, generator=gen)
+    if case == "eval":
+        conv.eval()
+    results = []
+    for give in (False, True):
+        torch.manual_seed(3)  # the same stochastic rounding draws
+        h = x * 1.0
+        h0 = h if case == "feat-is-h0" else x * 2.0
+        out = conv(g, dgl_exact.donate(h) if give else h, h0, edge_weight=ew)
+        results.append((out.detach(), *torch.autograd.grad(out, (x, *conv.parameters()), r, allow_unused=True)))
+        if give:
+            released = type(h) is dgl_exact.ops.donation.Released
+    assert released == (case == "donated")
+    if case != "donated":  # the reason explain prints
+        h = x * 1.0
+        why = fastpaths.GCN2_DONATED_INPUT.refusal(conv, h, h if case == "feat-is-h0" else x * 2.0, ew)
+        assert why == {"edge-weight": "donated input kept: edge weights (their gradient may read the input)",
+                       "feat-is-h0": "donated input kept: a view, or it shares memory with h0",
+                       "eval": "eval mode"}[case]
+    for a, b in zip(*results):
+        assert (a is None and b is None) or torch.equal(a, b)
 
 
 @pytest.mark.parametrize("with_ew", [False, True])

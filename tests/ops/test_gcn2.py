@@ -459,3 +459,32 @@ def test_the_model_takes_h0_back_where_the_stack_declines_it():
             a, b = model(g, x), model(g, x)
     assert torch.equal(a, b)
     assert dgl_exact.explain(model, g, x).path("convs.0") == "modules' own calls"
+
+
+def test_mix_backward_forms_the_h0_gradient_after_its_incoming_gradient_is_gone():
+    """``gcn2_mix`` is two autograd nodes: the mix's backward holds its incoming gradient and ``gs``, the
+    residual's holds ``gs`` and ``alpha gs``; never the three at once (one layer-sized buffer fewer than one
+    node forming both gradients beside the incoming one). The gradients are the composed ops'."""
+    from tests._op_census import Census
+
+    n, d, alpha, beta = 512, 32, 0.1, 0.4
+    block = n * d * 4
+    gen = torch.Generator().manual_seed(0)
+    h = torch.randn(n, d, generator=gen, requires_grad=True)
+    h0 = torch.randn(n, d, generator=gen, requires_grad=True)
+    w = torch.randn(d, d, generator=gen, requires_grad=True)
+    r = torch.randn(n, d, generator=gen)
+    cfg = dgl_exact.CompressionConfig(bits=2)
+    with Census(min_bytes=block) as census:
+        out = gcn2.gcn2_mix(h.clone(), h0, w, None, alpha, beta, cfg)  # a clone: the propagation's own buffer
+        y = out * 1.5  # the incoming gradient of the mix is then a buffer the backward makes
+        del out
+        census.phase = "backward"
+        gh, gh0, gw = torch.autograd.grad(y, (h, h0, w), r)
+    # y (alive here), then two buffers: the incoming gradient and gs (the gradient of h, as clone passes it
+    # on), then gs and alpha gs
+    assert census.best["backward"] <= 3 * block, census.snapshot["backward"]
+    gs = (1.5 * r).matmul(w.t()) * beta + (1 - beta) * 1.5 * r
+    torch.testing.assert_close(gh, gs, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(gh0, alpha * gs, rtol=1e-6, atol=1e-6)
+    assert gw.shape == w.shape

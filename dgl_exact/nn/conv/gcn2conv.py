@@ -9,6 +9,7 @@ import torch.nn as nn
 from ..._compat import import_dgl
 from ... import ops
 from ...compression_config import CompressionConfig
+from ...ops.donation import Donated, release
 from ...ops.gcn2 import BatchNormArgs, GCN2Layer, GCN2Step, gcn2_mix, gcnii_layers
 from ...ops.gcn2_recompute import StemArgs, gcnii_layers_recomputed
 from .. import fastpaths
@@ -69,7 +70,9 @@ class GCN2Conv(CompressedModuleMixin, dgl.nn.GCN2Conv):
             The graph.
         feat : torch.Tensor
             :math:`(N, D)` features of the previous layer, :math:`N` the number of nodes, :math:`D` =
-            ``in_feats``.
+            ``in_feats``. A tensor given with :func:`dgl_exact.donate` is released (its memory freed) once
+            propagated, where that cannot change what is computed (training with grad, no edge weights, no
+            hooks, not ``feat_0``'s memory).
         feat_0 : torch.Tensor
             :math:`(N, D)` initial features :math:`h^{(0)}` (on a block, its first :math:`N_{dst}` rows).
         edge_weight : torch.Tensor, optional
@@ -95,20 +98,7 @@ class GCN2Conv(CompressedModuleMixin, dgl.nn.GCN2Conv):
         check_feature_rows(st, feat)
         check_zero_in_degree(self, st)
         cfg = self._config()
-        # Layer-sized fp32 temporaries are updated in place where this module owns them (see ``into``): the
-        # chain below holds at most two of them (plus the caller's input and h0) instead of seven.
-        if edge_weight is None:
-            norm = st.in_degrees().to(feat).clamp(min=1).pow(-0.5).unsqueeze(1)
-            if isinstance(st, ops.GraphStructure):  # the source normalisation as a cached edge value: no
-                # normalised copy of the input
-                h = ops.src_norm_sum(graph, feat, "sqrt", "in")
-            else:  # captured for torch.compile: the structure is a handle
-                h = ops.copy_u_sum(graph, feat * norm)
-            h = into(h, "mul", norm)
-            h = into(h, "mul", 1 - self.alpha)
-        else:
-            edge_weight = ops.normalize_edge_weight(graph, edge_weight, "both")
-            h = into(ops.u_mul_e_sum(graph, feat, edge_weight, config=cfg), "mul", 1 - self.alpha)
+        h = self._propagate(graph, st, feat, feat_0, edge_weight, cfg)
         if fastpaths.GCN2_MIX.runs(self, h, feat_0, cfg):
             return self._activate(gcn2_mix(h, feat_0, self.weight1, self.bias if self._bias else None,
                                            self.alpha, self.beta, cfg), cfg)
@@ -136,6 +126,27 @@ class GCN2Conv(CompressedModuleMixin, dgl.nn.GCN2Conv):
         if self._bias:
             rst = into(rst, "add", self.bias)
         return self._activate(rst, cfg)
+
+    def _propagate(self, graph, st, feat, feat_0, edge_weight, cfg):
+        """``(1 - alpha)`` times the normalised propagation of ``feat``, in a buffer this module owns."""
+        # Layer-sized fp32 temporaries are updated in place where this module owns them (see ``into``): the
+        # chain below holds at most two of them (plus the caller's input and h0) instead of seven.
+        if edge_weight is None:
+            norm = st.in_degrees().to(feat).clamp(min=1).pow(-0.5).unsqueeze(1)
+            if isinstance(st, ops.GraphStructure):  # the source normalisation as a cached edge value: no
+                # normalised copy of the input
+                h = ops.src_norm_sum(graph, feat, "sqrt", "in")
+            else:  # captured for torch.compile: the structure is a handle
+                h = ops.copy_u_sum(graph, feat * norm)
+            # the propagation keeps nothing of feat: a donated input goes now (rule 5), not when the call returns
+            if type(feat) is Donated and fastpaths.GCN2_DONATED_INPUT.runs(self, feat, feat_0, edge_weight):
+                release(feat)
+            h = into(h, "mul", norm)
+            h = into(h, "mul", 1 - self.alpha)
+        else:
+            edge_weight = ops.normalize_edge_weight(graph, edge_weight, "both")
+            h = into(ops.u_mul_e_sum(graph, feat, edge_weight, config=cfg), "mul", 1 - self.alpha)
+        return h
 
     def _activate(self, rst, cfg):
         if self._activation is not None:
