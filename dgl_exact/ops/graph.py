@@ -65,8 +65,10 @@ def _node_output(out: torch.Tensor, shape) -> torch.Tensor:
     in-place updates of a view returned by a custom Function, and callers that own an aggregation's output
     scale it in place (one layer-sized buffer fewer). Under capture: the plain view."""
     shape = torch.Size(shape)
-    if out.shape == shape or captured.active() or compiling():
+    if captured.active() or compiling():
         return out.view(shape)
+    if out.shape == shape:
+        return out  # not out.view(shape): a view all the same, which autograd would refuse to update in place
     view = out.view(shape)
     return out.new_empty(0).set_(out.untyped_storage(), out.storage_offset(), shape, view.stride())
 

@@ -285,3 +285,26 @@ def test_u_mul_e_sum_heads_last_backward_forms_no_edge_by_feature_tensor(graphs)
     close(gx, rx, "grad x")
     close(ge, re, "grad e")
     assert theirs >= n_edges * d * h > ours, (theirs, ours)
+
+
+@pytest.mark.parametrize("shapes", [((40, 2, 8), (300, 2, 1)), ((40, 8), (300,)), ((40, 8, 2), (300, 2))],
+                         ids=["heads-first", "flat", "heads-last"])
+@pytest.mark.parametrize("cfg", [OFF, INT8], ids=["off", "int8"])
+def test_aggregation_output_takes_in_place_updates(shapes, cfg, kernel_path):
+    """A layer may update an aggregation's output in place, as it may DGL's (``rst = g.dstdata["ft"];
+    rst += res``): the output is no view made inside the op's Function (autograd refuses those), and the
+    gradients of the features and the residual are the out-of-place sum's (they read only exact values)."""
+    gen = torch.Generator().manual_seed(0)
+    g = dgl.rand_graph(40, 300)
+    x = torch.randn(shapes[0], generator=gen, dtype=torch.float64, requires_grad=True)
+    w = torch.rand(shapes[1], generator=gen, dtype=torch.float64, requires_grad=True)
+    res = torch.randn(shapes[0], generator=gen, dtype=torch.float64, requires_grad=True)
+    r = torch.randn(shapes[0], generator=gen, dtype=torch.float64)
+    with dgl_exact.config(cfg):
+        want = u_mul_e_sum(g, x * 1.0, w * 1.0) + res * 1.0
+        got = u_mul_e_sum(g, x * 1.0, w * 1.0)
+    got += res * 1.0
+    assert got._base is None
+    torch.testing.assert_close(got, want)
+    for a, b in zip(torch.autograd.grad(got, [x, res], r), torch.autograd.grad(want, [x, res], r)):
+        torch.testing.assert_close(a, b)
