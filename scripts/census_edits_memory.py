@@ -9,7 +9,9 @@ and step peak, MiB); with ``--census`` the census of the edited model's step fir
 
 Edits: ``gcn-relu-module`` (``nn.ReLU()`` passed as the activation instead of ``F.relu``), ``gcn-sequential``
 (batch norm, ``nn.ReLU()`` and dropout as one ``nn.Sequential`` per layer), ``gcn-saved-tensors`` and
-``gat-saved-tensors`` (``compress_model(model, saved_tensors=True)``).
+``gat-saved-tensors`` (``compress_model(model, saved_tensors=True)``), ``gcn-add-in-place`` (the three lines
+``conv = ...``, ``linear = ...``, ``h = conv + linear`` as ``h = self.convs[i](graph, h).add_(self.linears[i](h))``),
+``gat-in-place`` (four lines of the attention layer's ``forward``: see :func:`_in_place_gat_conv`).
 """
 from __future__ import annotations
 
@@ -22,7 +24,36 @@ import torch.nn.functional as F
 
 from dgl_exact import memory
 
-EDITS = ("gcn-relu-module", "gcn-sequential", "gcn-saved-tensors", "gat-saved-tensors")
+EDITS = ("gcn-relu-module", "gcn-sequential", "gcn-saved-tensors", "gcn-add-in-place", "gat-saved-tensors",
+         "gat-in-place")
+
+
+def _in_place_gat_conv():
+    from dgl_exact.bench import user_models as um
+
+    fn, edge_softmax = um.fn, um.edge_softmax
+
+    class InPlaceGATConv(um.ArxivGATConv):
+        """ArxivGATConv with 4 lines edited: ``ft`` not kept by the layer once the graph holds it, the aggregation
+        taken from the graph (not kept there), the residual linear's output and the bias added to it in place."""
+
+        def forward(self, graph, feat):
+            with graph.local_scope():
+                ft = self.fc(feat).view(-1, self.heads, self.out_feats)
+                el = (ft * self.attn_l).sum(dim=-1).unsqueeze(-1)
+                er = (ft * self.attn_r).sum(dim=-1).unsqueeze(-1)
+                graph.srcdata.update({"ft": ft, "el": el})
+                del ft  # edit 1 (added): update_all replaces the graph's "ft" with its output
+                graph.dstdata.update({"er": er})
+                graph.apply_edges(fn.u_add_v("el", "er", "e"))
+                e = self.leaky_relu(graph.edata.pop("e"))
+                graph.edata["a"] = self.attn_drop(edge_softmax(graph, e))
+                graph.update_all(fn.u_mul_e("ft", "a", "m"), fn.sum("m", "ft"))
+                rst = graph.dstdata.pop("ft")  # edit 2: was rst = graph.dstdata["ft"]
+                rst += self.res_fc(feat).view(-1, self.heads, self.out_feats)  # edit 3: was rst = rst + ...
+                return rst.add_(self.bias)  # edit 4: was return rst + self.bias
+
+    return InPlaceGATConv
 
 
 def build(edit: str, num_features: int, classes: int):
@@ -50,6 +81,25 @@ def build(edit: str, num_features: int, classes: int):
     if edit == "gcn-saved-tensors":
         return "arxiv-gcn-user", dgl_exact.compress_model(um.ArxivGCN(num_features, 256, classes, 3, F.relu, 0.5),
                                                           saved_tensors=True)
+    if edit == "gcn-add-in-place":
+        class InPlaceGCN(um.ArxivGCN):
+            def forward(self, graph, feat):
+                h = self.input_drop(feat)
+                for i in range(self.layers):
+                    # was: conv = self.convs[i](graph, h); linear = self.linears[i](h); h = conv + linear
+                    h = self.convs[i](graph, h).add_(self.linears[i](h))
+                    if i < self.layers - 1:
+                        h = self.norms[i](h)
+                        h = self.activation(h)
+                        h = self.dropout(h)
+                return h
+
+        return "arxiv-gcn-user", dgl_exact.compress_model(InPlaceGCN(num_features, 256, classes, 3, F.relu, 0.5))
+    if edit == "gat-in-place":
+        model = um.ArxivGAT(num_features, 128, classes, 3, um.ARXIV_GAT_HEADS, F.relu, 0.5)
+        for conv in model.convs:
+            conv.__class__ = _in_place_gat_conv()  # the layer with its forward edited as below
+        return "arxiv-gat-user", dgl_exact.compress_model(model)
     if edit == "gat-saved-tensors":
         return "arxiv-gat-user", dgl_exact.compress_model(
             um.ArxivGAT(num_features, 128, classes, 3, um.ARXIV_GAT_HEADS, F.relu, 0.5), saved_tensors=True)

@@ -33,6 +33,8 @@ import torch
 from .._compat import compiling
 from ..compression_config import CompressionConfig, resolve_config
 from ..kernels import reference as kernel_reference
+from .chunks import needs_chunks, row_chunks
+from .edge_chunks import ChunkCSR
 from .keep import fresh_outputs, stash, unstash
 from .double_backward import double_backward
 from .saved import load_kept, needs_saving, save_kept
@@ -65,8 +67,10 @@ def _node_output(out: torch.Tensor, shape) -> torch.Tensor:
     in-place updates of a view returned by a custom Function, and callers that own an aggregation's output
     scale it in place (one layer-sized buffer fewer). Under capture: the plain view."""
     shape = torch.Size(shape)
-    if out.shape == shape or captured.active() or compiling():
+    if captured.active() or compiling():
         return out.view(shape)
+    if out.shape == shape:
+        return out  # not out.view(shape): a view all the same, which autograd would refuse to update in place
     view = out.view(shape)
     return out.new_empty(0).set_(out.untyped_storage(), out.storage_offset(), shape, view.stride())
 
@@ -263,10 +267,29 @@ class UMulESum(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             w2 = w.reshape(w.shape[0], ctx.heads)
             gx = _heads_back(aggregate(g, w2.to(g.dtype), transpose=True), ctx.heads_last).reshape(ctx.xshape)
-        if ctx.needs_input_grad[1]:
+        if ctx.needs_input_grad[1] and edge_dot == st.edge_dot and needs_chunks(x_s):
+            gw = _edge_dot_by_sources(st, x_s, g, ctx.heads, ctx.dim, ctx.heads_last).reshape(ctx.wshape)
+        elif ctx.needs_input_grad[1]:
             x3 = _heads_first(unstash(x_s), ctx.heads, ctx.dim, ctx.heads_last)
             gw = edge_dot(x3.to(g.dtype), g).reshape(ctx.wshape)
         return gx, gw, None, None, None, None, None, None
+
+
+def _edge_dot_by_sources(st: GraphStructure, x_s, g: torch.Tensor, heads: int, dim: int,
+                         heads_last: bool) -> torch.Tensor:
+    """``st.edge_dot(x, g)`` (``[E, heads]``) for the kept source features ``x_s``, one decoded row chunk of the
+    sources at a time (:func:`~.chunks.row_chunks`: no full-size decoded copy): a chunk's out-edges are one
+    contiguous range of the out-edge CSR (:class:`~.edge_chunks.ChunkCSR`), their products written to their
+    edge ids. The same per-edge dot products as over the whole, in any chunking."""
+    indptr, indices, eids = st.csr
+    ptr = indptr.detach().cpu().long()
+    out = g.new_empty((st.num_edges, heads))
+    for r0, r1, x in row_chunks(x_s):
+        ch = ChunkCSR(indptr, indices, eids, st.num_dst, r0, r1, int(ptr[r0]), int(ptr[r1]))
+        if ch.num_edges:
+            out[ch.eids] = ch.edge_dot(g, _heads_first(x, heads, dim, heads_last).to(g.dtype))
+        del x, ch  # before the next chunk is decoded (see row_chunks)
+    return out
 
 
 @fresh_outputs

@@ -4,7 +4,9 @@ layer-sized, for the attention vector's gradient). :func:`compressed_products` r
 scope, as :class:`Product`: each operand the other's gradient needs is kept by :func:`~.keep.stash`: compressed
 where it is an activation (the gradient ``sum(g * a)`` is linear in it, so the stochastic rounding stays
 unbiased), by reference where it is alive anyway (a parameter, a leaf) or compression is off. Values are
-torch's; gradients with compression off are torch's.
+torch's; gradients with compression off are torch's. The backward forms each gradient in row chunks of the kept
+operand (:func:`operand_grad`): no full-size decoded copy, and no output-sized product for an operand broadcast
+over the rows.
 
 The scope is entered with :func:`dgl_exact.ops.message_passing`, around every converted model's forward. Only
 out-of-place products of two floating-point tensors of one dtype and device are taken (``torch.mul``,
@@ -22,12 +24,14 @@ import torch
 
 from .._compat import compiling
 from ..compression_config import CompressionConfig, resolve_config
+from ..compression import CompressedTensor
+from .chunks import needs_chunks, row_chunks
 from .double_backward import double_backward
-from .keep import alive_anyway, stash, unstash
+from .keep import Stashed, alive_anyway, stash, unstash
 from .saved import load_kept, save_kept
 from .torch_routes import route, scope
 
-__all__ = ["Product", "compressed_products"]
+__all__ = ["Product", "compressed_products", "operand_grad"]
 
 _PRODUCTS = frozenset({torch.mul, torch.Tensor.mul, torch.Tensor.__mul__, torch.Tensor.__rmul__})
 
@@ -46,10 +50,35 @@ class Product(torch.autograd.Function):
     def backward(ctx, grad):
         a_s, b_s = load_kept(ctx)
         need_a, need_b = ctx.needs_input_grad[:2]
-        double_backward("mul", a_s, b_s)  # raises where an operand is compressed; else the ops below are exact
-        ga = (grad * unstash(b_s)).sum_to_size(ctx.shapes[0]) if need_a else None
-        gb = (grad * unstash(a_s)).sum_to_size(ctx.shapes[1]) if need_b else None
+        # raises where an operand is compressed; else (create_graph) the products as written, differentiable
+        whole = double_backward("mul", a_s, b_s)
+        ga = operand_grad(grad, b_s, ctx.shapes[0], whole) if need_a else None
+        gb = operand_grad(grad, a_s, ctx.shapes[1], whole) if need_b else None
         return ga, gb, None
+
+
+def operand_grad(grad: torch.Tensor, other: Stashed, shape: torch.Size, whole: bool = False) -> torch.Tensor:
+    """``(grad * other).sum_to_size(shape)``: the gradient of the operand of ``shape`` in ``a * b``, ``other`` the
+    kept other operand. Where ``other`` has the output's rows and is large enough to chunk, it is formed in row
+    chunks (:func:`~.chunks.row_chunks`): a compressed ``other`` has no full-size decoded copy, and an operand
+    broadcast over the rows (an attention vector ``[1, H, D]``) no output-sized product either (each chunk's
+    product is reduced before the next chunk is decoded). The chunked sums differ from the product as written
+    only in float summation order. ``whole``: the product as written (a differentiable gradient)."""
+    padded = (1,) * (grad.dim() - len(shape)) + tuple(shape)
+    over_rows = grad.dim() > 0 and padded[0] == 1 and grad.shape[0] > 1
+    chunked = (not whole and len(other.shape) == grad.dim() > 0 and other.shape[0] == grad.shape[0]
+               and needs_chunks(other) and (over_rows or isinstance(other, CompressedTensor)))
+    if not chunked:
+        return (grad * unstash(other)).sum_to_size(shape)
+    out = None if over_rows else grad.new_empty(padded)
+    for r0, r1, x in row_chunks(other):
+        part = (grad[r0:r1] * x).sum_to_size((1 if over_rows else r1 - r0,) + padded[1:])
+        if not over_rows:
+            out[r0:r1] = part
+        else:
+            out = part if out is None else out.add_(part)
+        del x, part  # before the next chunk is decoded (see row_chunks)
+    return out.reshape(shape)
 
 
 def _plain(x) -> bool:

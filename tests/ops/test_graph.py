@@ -18,7 +18,7 @@ import dgl_exact
 from dgl_exact import ops
 from dgl_exact.ops import graph as graph_ops
 from dgl_exact.ops.graph import u_mul_e_sum
-from tests.ops._helpers import (INT8, KINDS, OFF, _dgl_graph, _edge_values, _feat, close, compress_calls, hidden,
+from tests.ops._helpers import (INT2, INT8, KINDS, OFF, _dgl_graph, _edge_values, _feat, close, compress_calls, hidden,
                                 largest_tensor_made, saved_tensors)
 
 dgl = pytest.importorskip("dgl")
@@ -285,3 +285,53 @@ def test_u_mul_e_sum_heads_last_backward_forms_no_edge_by_feature_tensor(graphs)
     close(gx, rx, "grad x")
     close(ge, re, "grad e")
     assert theirs >= n_edges * d * h > ours, (theirs, ours)
+
+
+@pytest.mark.parametrize("shapes", [((40, 2, 8), (300, 2, 1)), ((40, 8), (300,)), ((40, 8, 2), (300, 2))],
+                         ids=["heads-first", "flat", "heads-last"])
+@pytest.mark.parametrize("cfg", [OFF, INT8], ids=["off", "int8"])
+def test_aggregation_output_takes_in_place_updates(shapes, cfg, kernel_path):
+    """A layer may update an aggregation's output in place, as it may DGL's (``rst = g.dstdata["ft"];
+    rst += res``): the output is no view made inside the op's Function (autograd refuses those), and the
+    gradients of the features and the residual are the out-of-place sum's (they read only exact values)."""
+    gen = torch.Generator().manual_seed(0)
+    g = dgl.rand_graph(40, 300)
+    x = torch.randn(shapes[0], generator=gen, dtype=torch.float64, requires_grad=True)
+    w = torch.rand(shapes[1], generator=gen, dtype=torch.float64, requires_grad=True)
+    res = torch.randn(shapes[0], generator=gen, dtype=torch.float64, requires_grad=True)
+    r = torch.randn(shapes[0], generator=gen, dtype=torch.float64)
+    with dgl_exact.config(cfg):
+        want = u_mul_e_sum(g, x * 1.0, w * 1.0) + res * 1.0
+        got = u_mul_e_sum(g, x * 1.0, w * 1.0)
+    got += res * 1.0
+    assert got._base is None
+    torch.testing.assert_close(got, want)
+    for a, b in zip(torch.autograd.grad(got, [x, res], r), torch.autograd.grad(want, [x, res], r)):
+        torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("shapes", [((400, 2, 8), (3000, 2, 1)), ((400, 8, 2), (3000, 2))],
+                         ids=["heads-first", "heads-last"])
+@pytest.mark.parametrize("bipartite", [False, True], ids=["graph", "bipartite"])
+def test_edge_gradient_in_source_chunks_is_the_whole(shapes, bipartite, kernel_path, monkeypatch):
+    """The edge gradient of ``u_mul_e_sum`` from compressed features, one decoded chunk of source rows at a time
+    (each chunk's out-edges), is the per-edge dot product over the whole decoded copy: the same seed gives the
+    same codes, so the two agree up to float summation order."""
+    from dgl_exact.ops import chunks
+
+    gen = torch.Generator().manual_seed(0)
+    g = dgl.heterograph({("a", "r", "b"): (torch.randint(0, 400, (3000,), generator=gen),
+                                           torch.randint(0, 300, (3000,), generator=gen))}) if bipartite \
+        else dgl.rand_graph(400, 3000)
+    x0 = torch.randn(shapes[0], generator=gen)
+    w = torch.rand(shapes[1], generator=gen, requires_grad=True)
+    r = torch.randn((g.num_dst_nodes(),) + shapes[0][1:], generator=gen)
+    grads = []
+    for chunk_elements in (10**9, 16 * 64):  # whole, then 64 rows a chunk (or a block): several chunks
+        monkeypatch.setattr(chunks, "CHUNK_ELEMENTS", chunk_elements)
+        torch.manual_seed(1)
+        x = x0.clone().requires_grad_()
+        with dgl_exact.config(INT2):
+            out = u_mul_e_sum(g, x * 1.0, w)
+        grads.append(torch.autograd.grad(out, w, r)[0])
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-5, atol=1e-5)

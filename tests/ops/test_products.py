@@ -51,6 +51,30 @@ def test_values_and_gradients_are_torchs_with_compression_off(shapes):
             torch.testing.assert_close(g_got, g_want)
 
 
+@pytest.mark.parametrize("shapes", [((64, 3, 16), (1, 3, 16)), ((64, 3, 16), (64, 3, 16)), ((16,), (64, 3, 16)),
+                                    ((64, 1, 16), (1, 3, 1)), ((64, 3, 16), (64, 3, 1)), ((1, 3, 16), (64, 3, 16))],
+                         ids=["param-like", "same", "short", "both-broadcast", "row-broadcast", "vector"])
+@pytest.mark.parametrize("compressed", [False, True])
+def test_operand_gradient_in_row_chunks_is_the_whole_product(shapes, compressed, monkeypatch):
+    """Chunked over the kept operand's rows (a chunk of 5 rows, not dividing 64) the operand's gradient is
+    ``(grad * other).sum_to_size(shape)`` of the same decoded ``other``, up to float summation order."""
+    from dgl_exact.compression import compress
+    from dgl_exact.ops import chunks
+    from dgl_exact.ops.keep import unstash
+    from dgl_exact.ops.products import operand_grad
+
+    gen = torch.Generator().manual_seed(5)
+    a_shape, b_shape = shapes
+    out_shape = torch.broadcast_shapes(a_shape, b_shape)
+    grad, b = torch.randn(out_shape, generator=gen), torch.randn(b_shape, generator=gen)
+    kept = compress(b, INT2, seed=6) if compressed else b
+    monkeypatch.setattr(chunks, "CHUNK_ELEMENTS", 5 * b[0].numel())
+    want = (grad * unstash(kept)).sum_to_size(a_shape)
+    got = operand_grad(grad, kept, torch.Size(a_shape))
+    assert got.shape == want.shape
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
 def test_parameter_gradient_unbiased_at_int2():
     """Over 400 seeded draws the mean INT2 gradient of the parameter is the exact one: the mean squared
     z-score of the mean (per element, from the draws' own spread) is about 1 for an unbiased estimate."""
