@@ -96,7 +96,7 @@ TEST_SEED = 0
 
 def _package_state() -> dict:
     """What one test may change and the next would inherit: the ambient compression configuration and its
-    scopes, every context variable of dgl_exact's modules (stash hooks, chunk policies, seed streams, edge
+    scopes, every context variable of dgl_exact's modules (keep hooks, chunk policies, seed streams, edge
     chunks, ...), the kernel backend forced or excluded, torch's threads, default dtype and grad mode."""
     import contextvars
     import sys

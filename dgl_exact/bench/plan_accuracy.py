@@ -49,7 +49,7 @@ def gradient_variances(make_model: Callable[[], torch.nn.Module], data, make_hoo
     """``(relative, plain)`` gradient variance a setting adds, for a fresh model (same initialisation and
     dropout masks) against its fp32 gradient, mean over ``draws``: ``plain`` is ``||g - g_fp32||^2``,
     ``relative`` weighs each parameter tensor by its own exact gradient's squared norm
-    (:func:`~.budget.relative_weights`, what the plan minimises). ``make_hook()`` gives the stash hook of the
+    (:func:`~.budget.relative_weights`, what the plan minimises). ``make_hook()`` gives the keep hook of the
     setting measured, run under the compression ``scope``."""
     from .. import ops
     from ..compression_config import config as compression_scope
@@ -63,7 +63,7 @@ def gradient_variances(make_model: Callable[[], torch.nn.Module], data, make_hoo
         for p in params:
             p.grad = None
         torch.manual_seed(seed)
-        with keeping.stash_hook(hook), compression_scope(scope):
+        with keeping.keep_hook(hook), compression_scope(scope):
             loss = ops.cross_entropy(model(graph, feat), label, idx)
         loss.backward()
         return [(p.grad if p.grad is not None else torch.zeros_like(p)) for p in params]
@@ -86,8 +86,8 @@ def gradient_variance(make_model: Callable[[], torch.nn.Module], data, make_hook
 
 
 def _scope_hook():
-    """The plain stash: the configuration the op derived from the scope in force."""
-    return lambda x, c, force: keeping.default_stash(x, c, force)
+    """The plain keep: the configuration the op derived from the scope in force."""
+    return lambda x, c, force: keeping.default_keep(x, c, force)
 
 
 def budget_comparison(dataset, base_config, runs: int = 10, budgets: Sequence[str] = ("INT2", "INT1"),

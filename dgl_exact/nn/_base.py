@@ -181,7 +181,7 @@ def _broadcasts_into(shape, target) -> bool:
 
 def kept_by_reference(x: torch.Tensor, config: CompressionConfig) -> bool:
     """Whether an op that keeps ``x`` for backward would keep ``x`` itself (not a compressed or projected
-    copy): then ``x`` must not be overwritten afterwards. Mirrors :func:`dgl_exact.ops.keep.stash`."""
+    copy): then ``x`` must not be overwritten afterwards. Mirrors :func:`dgl_exact.ops.keep.as_kept`."""
     from ..ops.keep import alive_anyway
 
     return torch.is_grad_enabled() and ((not config.enabled and config.kept_frac >= 1.0) or alive_anyway(x))

@@ -39,7 +39,7 @@ from .. import ops
 from .._compat import autocast_dtype, compiling
 from ..compression_config import get_config
 from ..ops.donation import Donated
-from ..ops.keep import stash_hook_active
+from ..ops.keep import keep_hook_active
 from ..ops.saved import needs_saving
 from . import paths
 from ._base import CompressedModuleMixin, hooks_present, kept_by_reference, plain_dropout_p, plain_linear
@@ -482,7 +482,7 @@ GAT_DONATED_INPUT = FastPath(
         (lambda c: (c.conv.res_fc is None and plain_linear(c.conv.fc, c.cfg)
                     and plain_dropout_p(c.conv.feat_drop) is not None),
          "donated input kept: a residual, or fc / feat_drop replaced by other modules"),
-        (lambda c: c.cfg.enabled and not stash_hook_active() and c.feat._base is None,
+        (lambda c: c.cfg.enabled and not keep_hook_active() and c.feat._base is None,
          "donated input kept: it may be kept by reference (compression off, a planner hook, or a view)"),
     ),
     facts=_gat_facts,

@@ -43,7 +43,7 @@ import torch.nn.functional as F
 from .._compat import autocast_dtype, compiling
 from ..compression_config import CompressionConfig, resolve_config
 from ..compression import CompressedTensor
-from .keep import alive_anyway, fresh_outputs, stash, unstash
+from .keep import alive_anyway, fresh_outputs, as_kept, restore
 from .chunks import needs_chunks, row_chunks
 from .double_backward import double_backward, recompute_vjp, refuse_double_backward
 from .saved import load_kept, needs_saving, save_kept
@@ -69,7 +69,7 @@ def _chunked(item) -> bool:
 def _pointwise_backward(fn, grad, x_s):
     """``fn(grad, x)`` for an elementwise backward, decoding ``x`` chunk by chunk where it is large."""
     if not _chunked(x_s):
-        return fn(grad, unstash(x_s).to(grad.dtype))
+        return fn(grad, restore(x_s).to(grad.dtype))
     out = torch.empty_like(grad)
     for r0, r1, x in row_chunks(x_s):
         out[r0:r1] = fn(grad[r0:r1], x.to(grad.dtype))
@@ -83,7 +83,7 @@ class _LayerNorm(torch.autograd.Function):
     def forward(ctx, x, normalized_shape, weight, bias, eps, cfg):
         y, mean, rstd = torch.ops.aten.native_layer_norm(x, list(normalized_shape), weight, bias, eps)
         ctx.shape, ctx.eps = tuple(normalized_shape), eps
-        save_kept(ctx, stash(x, _kept_cfg(cfg)), mean, rstd, weight, bias)
+        save_kept(ctx, as_kept(x, _kept_cfg(cfg)), mean, rstd, weight, bias)
         return y
 
     @staticmethod
@@ -97,7 +97,7 @@ class _LayerNorm(torch.autograd.Function):
         mask = [needs[0], weight is not None and needs[2], bias is not None and needs[3]]
         shape = list(ctx.shape)
         if not _chunked(x_s):
-            x = unstash(x_s).to(grad.dtype)
+            x = restore(x_s).to(grad.dtype)
             gx, gw, gb = torch.ops.aten.native_layer_norm_backward(grad, x, shape, mean, rstd, weight, bias, mask)
             return gx, None, gw, gb, None, None
         # row chunks of the compressed input: no full-size decoded copy; weight and bias gradients summed
@@ -140,7 +140,7 @@ def _keep_pointwise(ctx, x, cfg, derivative) -> None:
     it, so the gradient is unbiased; same bytes as a compressed ``x``. ``ctx.kept_derivative`` says which."""
     cfg = _kept_cfg(cfg)
     ctx.kept_derivative = cfg.enabled and not alive_anyway(x)
-    save_kept(ctx, stash(derivative(x), cfg, force=True) if ctx.kept_derivative else stash(x, cfg))
+    save_kept(ctx, as_kept(derivative(x), cfg, force=True) if ctx.kept_derivative else as_kept(x, cfg))
 
 
 def _pointwise_grad(ctx, grad, op, fn, act_backward):
@@ -213,7 +213,7 @@ class _PReLU(torch.autograd.Function):
         pos = x > 0
         ctx.weight_shape = weight.shape
         # the weight gradient reads x only where x <= 0; the input gradient only the sign
-        keep_x = stash(x, _kept_cfg(cfg)) if ctx.needs_input_grad[1] else None
+        keep_x = as_kept(x, _kept_cfg(cfg)) if ctx.needs_input_grad[1] else None
         save_kept(ctx, pack_mask(pos), keep_x, weight)
         return y
 
@@ -232,7 +232,7 @@ class _PReLU(torch.autograd.Function):
         gw = None
         if needs[1]:
             neg = torch.where(pos, torch.zeros((), dtype=grad.dtype, device=grad.device),
-                              grad * unstash(x_s).to(grad.dtype))
+                              grad * restore(x_s).to(grad.dtype))
             if weight.numel() == 1 or grad.dim() < 2:
                 gw = neg.sum().reshape(ctx.weight_shape)
             else:
@@ -256,7 +256,7 @@ class _Softmax(torch.autograd.Function):
     def forward(ctx, x, dim, cfg):
         y = F.softmax(x, dim)
         ctx.dim = dim
-        save_kept(ctx, stash(y, _kept_cfg(cfg), force=True))  # a fresh output: compress it
+        save_kept(ctx, as_kept(y, _kept_cfg(cfg), force=True))  # a fresh output: compress it
         return y
 
     @staticmethod
@@ -265,7 +265,7 @@ class _Softmax(torch.autograd.Function):
         if double_backward("softmax", y_s):
             gy = grad * y_s  # the output itself: differentiable
             return gy - y_s * gy.sum(dim=ctx.dim, keepdim=True), None, None
-        y = unstash(y_s).to(grad.dtype)
+        y = restore(y_s).to(grad.dtype)
         return torch.ops.aten._softmax_backward_data(grad, y, ctx.dim, y.dtype), None, None
 
 
@@ -284,7 +284,7 @@ class _LogSoftmax(torch.autograd.Function):
         y = F.log_softmax(x, dim)
         ctx.dim = dim
         if cfg.enabled:
-            kept = stash(y.exp(), _kept_cfg(cfg), force=True)  # probabilities: the backward is linear in them
+            kept = as_kept(y.exp(), _kept_cfg(cfg), force=True)  # probabilities: the backward is linear in them
         else:
             kept = y
         ctx.kept_output = not cfg.enabled
@@ -299,7 +299,7 @@ class _LogSoftmax(torch.autograd.Function):
         elif ctx.kept_output:  # torch's own backward on the output: identical gradients
             return torch.ops.aten._log_softmax_backward_data(grad, k_s, ctx.dim, k_s.dtype), None, None
         else:
-            p = unstash(k_s).to(grad.dtype)
+            p = restore(k_s).to(grad.dtype)
         return grad - p * grad.sum(dim=ctx.dim, keepdim=True), None, None
 
 

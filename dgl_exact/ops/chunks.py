@@ -14,7 +14,7 @@ from typing import Optional
 import torch
 
 from ..compression import CompressedTensor, decompress
-from .keep import Stashed, unstash
+from .keep import Kept, restore
 
 __all__ = ["CHUNK_ELEMENTS", "CUDA_CHUNK_ELEMENTS", "gpu_chunk_policy", "sample_chunking", "chunk_scale",
            "chunk_elements_for", "chunk_rows", "needs_chunks", "row_chunks", "rows_together", "weight_grad"]
@@ -89,13 +89,13 @@ def chunk_rows(n_rows: int, per_row: int, device, align: int = 1) -> int:
     return max(align, (chunk_elements_for(device) // max(1, per_row)) // align * align)
 
 
-def _item_numel_device(item: "Stashed"):
+def _item_numel_device(item: "Kept"):
     if isinstance(item, torch.Tensor):
         return item.numel(), item.device
     return item.n_rows * item.orig_width, item.device
 
 
-def needs_chunks(item: "Stashed") -> bool:
+def needs_chunks(item: "Kept") -> bool:
     """Whether :func:`row_chunks` would split ``item`` into more than one chunk on its device."""
     if item is None:
         return False
@@ -103,10 +103,10 @@ def needs_chunks(item: "Stashed") -> bool:
     return numel > chunk_elements_for(device)
 
 
-def row_chunks(item: Stashed, chunk_elements: Optional[int] = None):
+def row_chunks(item: Kept, chunk_elements: Optional[int] = None):
     """``(r0, r1, x_hat[r0:r1])`` over consecutive row ranges of a kept item (dim 0), so a backward can
     work from a compressed activation without a full-size decompressed copy. Each chunk decodes exactly
-    as the same rows of :func:`~.keep.unstash`: chunks start at block (group) boundaries and at whole bytes of
+    as the same rows of :func:`~.keep.restore`: chunks start at block (group) boundaries and at whole bytes of
     the packed codes, and hold at least one whole block (the non-uniform level table depends on the group
     size); a projected item is unprojected row by row. An exact tensor is sliced (views, no copy).
 
@@ -120,13 +120,13 @@ def row_chunks(item: Stashed, chunk_elements: Optional[int] = None):
                       (item.n_rows * item.orig_width)) // max(n, 1))
     device = _item_numel_device(item)[1]
     if isinstance(item, torch.Tensor) or item.packed is None:
-        x = unstash(item)
+        x = restore(item)
         step = max(1, chunk_elements // per_row) if chunk_elements is not None else chunk_rows(n, per_row, device)
         for r0 in range(0, n, step):
             yield r0, min(n, r0 + step), x[r0:r0 + step]
         return
     if len(item.shape) < 2 or item.n_rows != n or n * item.width == 0:
-        yield 0, n, unstash(item)
+        yield 0, n, restore(item)
         return
     align = math.lcm(item.block_rows, 8)  # 8 rows of codes always end on a byte
     step = (max(align, (chunk_elements // per_row) // align * align) if chunk_elements is not None
@@ -144,7 +144,7 @@ def _chunk_starts(n: int, step: int, block_rows: int) -> list:
     return starts
 
 
-def _row_wise(item: Stashed) -> bool:
+def _row_wise(item: Kept) -> bool:
     """Whether rows of ``item`` decode on their own (:func:`_decode_rows`) rather than from a whole copy."""
     return (isinstance(item, CompressedTensor) and item.packed is not None and len(item.shape) >= 2
             and item.n_rows == item.shape[0] and item.n_rows * item.width > 0)
@@ -152,7 +152,7 @@ def _row_wise(item: Stashed) -> bool:
 
 def _decode_rows(item: CompressedTensor, r0: int, r1: int) -> torch.Tensor:
     """Rows ``r0:r1`` of a row-wise compressed item (:func:`_row_wise`), decoded as the same rows of
-    :func:`~.keep.unstash`: ``r0`` on a block boundary and a whole byte, ``r1`` too or the last row."""
+    :func:`~.keep.restore`: ``r0`` on a block boundary and a whole byte, ``r1`` too or the last row."""
     n = item.n_rows
     bits_per_row = item.width * item.bits  # byte offset of row r: r * bits_per_row // 8
     b0 = r0 * bits_per_row // 8
@@ -166,12 +166,12 @@ def _decode_rows(item: CompressedTensor, r0: int, r1: int) -> torch.Tensor:
 def rows_together(items, n_rows: int, device):
     """``(r0, r1, [rows r0:r1 of each item])`` over row chunks common to several kept items of ``n_rows``
     rows each (``None`` items give ``None``), for a backward that combines them row by row: each item's rows
-    decode exactly as the same rows of :func:`~.keep.unstash` (chunks start on every compressed item's block
+    decode exactly as the same rows of :func:`~.keep.restore` (chunks start on every compressed item's block
     boundaries and at multiples of 8 rows: whole bytes of codes and of one-bit masks over any width), and
     the decoded chunks of all items together stay within :func:`chunk_rows`' budget. The rule of
     :func:`row_chunks` holds: the loop body ends with ``del`` of every chunk."""
     wise = [_row_wise(it) for it in items]
-    whole = [None if it is None or w else unstash(it) for it, w in zip(items, wise)]
+    whole = [None if it is None or w else restore(it) for it, w in zip(items, wise)]
     per_row = sum(max(1, _item_numel_device(it)[0] // max(n_rows, 1)) for it in items if it is not None)
     blocks = [it.block_rows for it, w in zip(items, wise) if w]
     align = math.lcm(8, *blocks)
@@ -182,7 +182,7 @@ def rows_together(items, n_rows: int, device):
                        for it, w, x in zip(items, wise, whole)]
 
 
-def weight_grad(grad: torch.Tensor, item: Stashed, kept_first: bool = False) -> Optional[torch.Tensor]:
+def weight_grad(grad: torch.Tensor, item: Kept, kept_first: bool = False) -> Optional[torch.Tensor]:
     """A weight gradient from a kept input, one decoded row chunk at a time (:func:`row_chunks`): ``grad^T x``
     (``[out, in]``, a linear's weight), or ``x^T grad`` with ``kept_first`` (``[in, out]``, a weight applied as
     ``x @ W``), summed over the chunks (the same product up to float summation order). Leading dimensions of

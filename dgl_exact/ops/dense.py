@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from ..compression_config import CompressionConfig, resolve_config
 from ..compression import CompressedTensor
 from . import captured
-from .keep import alive_anyway, fresh_outputs, stash, unstash
+from .keep import alive_anyway, fresh_outputs, as_kept, restore
 from .._compat import autocast_dtype
 from .chunks import chunk_elements_for, chunk_rows, needs_chunks, row_chunks, weight_grad
 from .double_backward import double_backward, recompute_vjp
@@ -32,7 +32,7 @@ class _Linear(torch.autograd.Function):
         # ``kept``: the tensor backward reads x from (``x`` before an autocast cast; backward casts it again)
         out = F.linear(x, weight, bias)
         ctx.has_bias = bias is not None
-        save_kept(ctx, stash(x if kept is None else kept, cfg) if ctx.needs_input_grad[1] else None,
+        save_kept(ctx, as_kept(x if kept is None else kept, cfg) if ctx.needs_input_grad[1] else None,
              weight if ctx.needs_input_grad[0] else None)
         return out
 
@@ -48,7 +48,7 @@ class _Linear(torch.autograd.Function):
             # backward's peak); the sum over chunks is the same product, up to float summation order
             gw = weight_grad(grad, x_s)
         elif ctx.needs_input_grad[1]:
-            x = unstash(x_s).to(grad.dtype)
+            x = restore(x_s).to(grad.dtype)
             gw = grad.reshape(-1, grad.shape[-1]).t().matmul(x.reshape(-1, x.shape[-1]))
         if ctx.has_bias and ctx.needs_input_grad[2]:
             gb = grad.reshape(-1, grad.shape[-1]).sum(0)
@@ -88,7 +88,7 @@ class _LinearInPlace(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, cfg: CompressionConfig):
-        kept = stash(x, cfg, force=True, overwritten=True) if ctx.needs_input_grad[1] else None
+        kept = as_kept(x, cfg, force=True, overwritten=True) if ctx.needs_input_grad[1] else None
         rows = chunk_rows(x.shape[0], x.shape[1], x.device)
         for r0 in range(0, x.shape[0], rows):
             part = x[r0:r0 + rows]
@@ -148,7 +148,7 @@ class BatchNorm(torch.autograd.Function):
                                                             momentum, eps)
         ctx.training, ctx.eps = training, eps
         stats = (save_mean, save_invstd) if training else (running_mean.to(cdt), running_var.to(cdt))
-        save_kept(ctx, stash(x, cfg.replace(kept_frac=1.0)), *stats, weight)
+        save_kept(ctx, as_kept(x, cfg.replace(kept_frac=1.0)), *stats, weight)
         return y.to(x.dtype)
 
     @staticmethod
@@ -166,7 +166,7 @@ class BatchNorm(torch.autograd.Function):
         cdt = stat_a.dtype
         if isinstance(x_s, CompressedTensor) and needs_chunks(x_s):
             return BatchNorm._chunked_backward(ctx, grad, x_s, stat_a, stat_b, weight, grad_owned)
-        x = unstash(x_s).to(cdt)
+        x = restore(x_s).to(cdt)
         w = None if weight is None else weight.to(cdt)
         if ctx.training:
             save_mean, save_invstd, run_mean, run_var = stat_a, stat_b, None, None

@@ -9,7 +9,7 @@ import torch
 
 from ..compression_config import CompressionConfig, resolve_config
 from .double_backward import double_backward
-from .keep import stash, unstash
+from .keep import as_kept, restore
 from .saved import load_kept, needs_saving, save_kept
 
 __all__ = ["readable", "Bilinear", "bilinear"]
@@ -38,7 +38,7 @@ class Bilinear(torch.autograd.Function):
         ctx.fn, ctx.name = fn, name
         ctx.meta = [(t.shape, t.dtype, t.device) for t in (a, b)]
         need_a, need_b = ctx.needs_input_grad[2], ctx.needs_input_grad[3]
-        save_kept(ctx, stash(a, cfg) if need_b else None, (b if exact_b else stash(b, cfg)) if need_a else None)
+        save_kept(ctx, as_kept(a, cfg) if need_b else None, (b if exact_b else as_kept(b, cfg)) if need_a else None)
         return out
 
     @staticmethod
@@ -48,7 +48,7 @@ class Bilinear(torch.autograd.Function):
         create = double_backward(ctx.name, *kept)
         inputs = []
         for item, (shape, dtype, device), need in zip(kept, ctx.meta, needs):
-            t = unstash(item)
+            t = restore(item)
             if t is None:
                 t = torch.zeros(shape, dtype=dtype, device=device)
             elif not create:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from ..compression import CompressedTensor
-from .keep import Stashed
+from .keep import Kept
 
 __all__ = ["DOUBLE_BACKWARD_MESSAGE", "double_backward", "refuse_double_backward", "create_graph_requested",
            "check_double_backward", "recompute_vjp"]
@@ -31,7 +31,7 @@ def create_graph_requested() -> bool:
     return torch.is_grad_enabled()
 
 
-def check_double_backward(op: str, *items: Stashed) -> None:
+def check_double_backward(op: str, *items: Kept) -> None:
     """RuntimeError (saying how to turn compression off) if any kept item is compressed."""
     if any(isinstance(item, CompressedTensor) for item in items):
         raise RuntimeError(DOUBLE_BACKWARD_MESSAGE.format(op=op))
@@ -59,7 +59,7 @@ def recompute_vjp(fn, inputs, needs, grads) -> list:
     return result
 
 
-def double_backward(op: str, *kept: Stashed) -> bool:
+def double_backward(op: str, *kept: Kept) -> bool:
     """In a Function's ``backward``: whether the gradient must be differentiable (the caller asked for
     ``create_graph=True``, :func:`create_graph_requested`), having checked that it can be: raises
     (:data:`DOUBLE_BACKWARD_MESSAGE`, naming ``op``) where any of the ``kept`` items is compressed. The one

@@ -38,7 +38,7 @@ from .._compat import compiling
 from ..compression import draw_seed, fuses_with_activation, relu_dropout_compress
 from ..compression_config import CompressionConfig, resolve_config
 from . import captured
-from .keep import fresh_outputs, offer_compressed, stash, stash_hook_active, unstash
+from .keep import fresh_outputs, offer_compressed, as_kept, keep_hook_active, restore
 from .double_backward import double_backward
 from .saved import load_kept, needs_saving, save_kept
 
@@ -98,9 +98,9 @@ def relu_dropout(x: torch.Tensor, p: float = 0.0, training: bool = True, *,
     ``compress_for``: the configuration under which the next op keeps this output for backward (a module's
     ``input_compression(x)``, e.g. SAGEConv's ``fc_self``). Where it quantises without projection, the
     output's compressed copy comes from the same pass over ``x`` (kernel ``relu_dropout_compress``) and the
-    next op's stash takes it instead of reading the output again (``keeping.offer_compressed``): the same
+    next op's keep takes it instead of reading the output again (``keeping.offer_compressed``): the same
     values and the same compression, drawn here instead of there. Ignored while compiling and under a
-    planner's stash hook (which chooses the kept compression itself).
+    planner's keep hook (which chooses the kept compression itself).
 
     ``like_torch``: unseeded and with compression off, torch's own dropout mask (see the module doc)."""
     _check_p(p)
@@ -114,7 +114,7 @@ def relu_dropout(x: torch.Tensor, p: float = 0.0, training: bool = True, *,
             return _kernel_for("relu_dropout", x)(x.contiguous(), p, int(seed))[0]
         return F.dropout(F.relu(x), p, training=p > 0)
     seed = (draw_seed() if seed is None else int(seed)) if p > 0 else 0
-    if (compress_for is not None and not compiling() and not stash_hook_active()
+    if (compress_for is not None and not compiling() and not keep_hook_active()
             and fuses_with_activation(x, compress_for)):
         return _ReLUDropout.apply(x, p, seed, compress_for)
     return captured.apply("_ReLUDropout", x, p, seed)
@@ -159,14 +159,14 @@ class _ELU(torch.autograd.Function):
         mask = x > 0
         ctx.alpha = alpha
         # the output is a fresh tensor nobody else keeps: compress it (no projection: not linear)
-        save_kept(ctx, pack_mask(mask), stash(y, cfg.replace(kept_frac=1.0), force=True))
+        save_kept(ctx, pack_mask(mask), as_kept(y, cfg.replace(kept_frac=1.0), force=True))
         return y
 
     @staticmethod
     def backward(ctx, grad):
         packed, y_s = load_kept(ctx)
         double_backward("elu", y_s)  # raises unless y is the output itself (kept uncompressed): then exact
-        y = unstash(y_s).to(grad.dtype)
+        y = restore(y_s).to(grad.dtype)
         mask = _kernel_for("unpack_mask", grad)(packed, grad.numel()).view(grad.shape)
         return torch.where(mask, grad, grad * (y + ctx.alpha)), None, None
 

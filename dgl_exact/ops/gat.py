@@ -19,7 +19,7 @@ from ..compression import draw_seed
 from ..compression_config import CompressionConfig, resolve_config
 from .. import kernels
 from ..kernels import reference as kernel_reference
-from .keep import fresh_outputs, stash, unstash
+from .keep import fresh_outputs, as_kept, restore
 from .chunks import row_chunks
 from .double_backward import double_backward, recompute_vjp
 from .saved import load_kept, needs_saving, save_kept
@@ -122,18 +122,18 @@ class GATAttention(torch.autograd.Function):
         # one tensor for both ends (GATConv on a graph, not a block): its two gradients are summed here, in
         # place, rather than returned as two [N, H, D] tensors for autograd to add into a third
         ctx.same = feat_dst is feat_src
-        fs_kept = stash(feat_src, cfg)
+        fs_kept = as_kept(feat_src, cfg)
         # The attention-vector gradients multiply the features by a gradient that is itself linear in the
         # (decompressed) source features: with a single compressed copy the product is biased
         # (E[x_hat x_hat^T] != x x^T; about 10% at INT2, ~100% with projection). A second, independently
         # compressed copy of the source features serves those products and keeps them unbiased.
-        # Decided by the configuration, not by what the first stash returned, so that a forward makes the same
-        # stash calls whatever a per-tensor plan keeps exactly (its slots are numbered by call); a copy of a
+        # Decided by the configuration, not by what the first keep returned, so that a forward makes the same
+        # keep calls whatever a per-tensor plan keeps exactly (its slots are numbered by call); a copy of a
         # tensor alive anyway is kept by reference, at no cost.
         second = cfg.enabled and (ctx.needs_input_grad[2] or (prefix and ctx.needs_input_grad[3]))
         # feat_dst is kept by reference (a view, no memory) when feat_src is exact: double backward needs it
-        fd_kept = (feat_dst if isinstance(fs_kept, torch.Tensor) else None) if prefix else stash(feat_dst, cfg)
-        save_kept(ctx, fs_kept, stash(feat_src, cfg) if second else None, fd_kept, el, er, attn_l, attn_r, ew)
+        fd_kept = (feat_dst if isinstance(fs_kept, torch.Tensor) else None) if prefix else as_kept(feat_dst, cfg)
+        save_kept(ctx, fs_kept, as_kept(feat_src, cfg) if second else None, fd_kept, el, er, attn_l, attn_r, ew)
         return out, a
 
     @staticmethod
@@ -148,7 +148,7 @@ class GATAttention(torch.autograd.Function):
         dtype = g_out.dtype
         raw, s, a = edge_attention(st, el, er, ctx.slope, ctx.p, ctx.seed, ew)
         g_out = g_out.contiguous()
-        fs = unstash(fs_s)  # whole (edges read any source row), and dropped before the feature gradient exists
+        fs = restore(fs_s)  # whole (edges read any source row), and dropped before the feature gradient exists
         grad_a = st.edge_dot(fs.to(dtype), g_out)
         del fs
         if g_a is not None:
@@ -228,12 +228,12 @@ class GATAttentionChunked(torch.autograd.Function):
         prefix = _is_prefix_view(feat_dst, feat_src)
         ctx.st, ctx.slope, ctx.prefix, ctx.n_dst, ctx.budget = st, slope, prefix, feat_dst.shape[0], budget
         ctx.same = feat_dst is feat_src
-        fs_kept = stash(feat_src, cfg)
-        # the same stash calls as GATAttention (see there: a second, independent copy for the attention
+        fs_kept = as_kept(feat_src, cfg)
+        # the same keep calls as GATAttention (see there: a second, independent copy for the attention
         # vectors' gradients; feat_dst by reference when it is a prefix of an exactly kept feat_src)
         second = cfg.enabled and (ctx.needs_input_grad[2] or (prefix and ctx.needs_input_grad[3]))
-        fd_kept = (feat_dst if isinstance(fs_kept, torch.Tensor) else None) if prefix else stash(feat_dst, cfg)
-        save_kept(ctx, fs_kept, stash(feat_src, cfg) if second else None, fd_kept, el, er, attn_l, attn_r, ew)
+        fd_kept = (feat_dst if isinstance(fs_kept, torch.Tensor) else None) if prefix else as_kept(feat_dst, cfg)
+        save_kept(ctx, fs_kept, as_kept(feat_src, cfg) if second else None, fd_kept, el, er, attn_l, attn_r, ew)
         if att is None:
             return out
         return out, att
@@ -258,7 +258,7 @@ class GATAttentionChunked(torch.autograd.Function):
         den_all = el.new_empty((st.num_dst, heads))
         grad_ew = torch.zeros_like(ew) if ew is not None and ctx.needs_input_grad[4] else None
         # pass 1, destination chunks: the score gradients (a destination's softmax needs all its edges)
-        fs = unstash(fs_s).to(dtype)  # whole (edges read any source row), dropped before the feature gradient
+        fs = restore(fs_s).to(dtype)  # whole (edges read any source row), dropped before the feature gradient
         for ch in csc_chunks(st, ctx.budget):
             raw, s, emax, den, _ = _dst_chunk_attention(ch, el, er, slope, None)
             emax_all[ch.r0:ch.r1], den_all[ch.r0:ch.r1] = emax, den

@@ -25,7 +25,7 @@ from .. import kernels
 from ..compression_config import CompressionConfig, resolve_config
 from ..kernels import reference as kernel_reference
 from .double_backward import check_double_backward, create_graph_requested, recompute_vjp
-from .keep import fresh_outputs, stash, unstash
+from .keep import fresh_outputs, as_kept, restore
 from .saved import load_kept, needs_saving, save_kept
 from .structure import GraphStructure, edge_softmax_forward, structure_of
 
@@ -56,7 +56,7 @@ class _GATv2Attention(torch.autograd.Function):
         packed = kernels.get("pack_mask", positive.device)(positive)
         del positive
         ctx.st, ctx.slope, ctx.same, ctx.shape = st, slope, x_r is x_l, tuple(x_l.shape[1:])
-        save_kept(ctx, stash(x_l, cfg), None if ctx.same else stash(x_r, cfg), packed, alpha, att)
+        save_kept(ctx, as_kept(x_l, cfg), None if ctx.same else as_kept(x_r, cfg), packed, alpha, att)
         return alpha
 
     @staticmethod
@@ -74,8 +74,8 @@ class _GATv2Attention(torch.autograd.Function):
         g = alpha * (grad_alpha - st.edge_sum_to(grad_alpha * alpha, "dst").index_select(0, st.dst))
         grad_att = None
         if ctx.needs_input_grad[2]:
-            x_l = unstash(xl_s).to(dtype)
-            x_r = x_l if ctx.same else unstash(xr_s).to(dtype)
+            x_l = restore(xl_s).to(dtype)
+            x_r = x_l if ctx.same else restore(xr_s).to(dtype)
             z = x_l.index_select(0, st.src)
             z += x_r.index_select(0, st.dst)
             del x_l, x_r

@@ -51,7 +51,7 @@ import torch.nn.functional as F
 from .. import kernels
 from ..compression import draw_seed
 from ..compression_config import CompressionConfig
-from .keep import stash
+from .keep import as_kept
 from .chunks import chunk_elements_for, chunk_rows, row_chunks, weight_grad
 from .donation import release
 from .double_backward import refuse_double_backward
@@ -169,7 +169,7 @@ def layer_forward(x, h0, weight1, bias, bn_weight, bn_bias, st, norm, step: GCN2
     for r0, r1 in ranges:  # s
         x[r0:r1].add_(h0[r0:r1] * step.alpha)
     # x is overwritten below: an exactly kept s is a copy (keep.py, rule 3)
-    kept_s = stash(x, cfg, force=True, overwritten=True) if need_weight and keep else None
+    kept_s = as_kept(x, cfg, force=True, overwritten=True) if need_weight and keep else None
     for r0, r1 in ranges:  # o
         part = x[r0:r1]
         proj = F.linear(part, weight1.t()).mul_(step.beta)
@@ -181,7 +181,7 @@ def layer_forward(x, h0, weight1, bias, bn_weight, bn_bias, st, norm, step: GCN2
     kept_o = None
     if bn is not None:
         # batch norm's input, never projected; overwritten below
-        kept_o = stash(x, cfg.replace(kept_frac=1.0), force=True, overwritten=True) if keep else None
+        kept_o = as_kept(x, cfg.replace(kept_frac=1.0), force=True, overwritten=True) if keep else None
         if bn.batch_stats:
             var, mean = torch.var_mean(x, 0, correction=0)
             if bn.running_mean is not None:
@@ -306,7 +306,7 @@ class _GCNIIStack(torch.autograd.Function):
             release(h0)
         logits = F.linear(x, head_w, head_b)
         # the last layer's output, made here and never overwritten: compressed (or itself when exact)
-        kept_head = stash(x, head_cfg, force=True) if needs[2] else None
+        kept_head = as_kept(x, head_cfg, force=True) if needs[2] else None
         del x
         ctx.st, ctx.records, ctx.has_head_bias = st, records, head_b is not None
         ctx.own = [kept_head, *own] if private else None
@@ -470,7 +470,7 @@ class MixGCN2(torch.autograd.Function):
     def forward(ctx, s, weight1, bias, beta, cfg):
         # row chunks: every step is row-local, so only chunk-sized temporaries exist besides s itself
         rows = chunk_rows(s.shape[0], s[0].numel(), s.device)
-        kept = stash(s, cfg, force=True, overwritten=True) if ctx.needs_input_grad[1] else None
+        kept = as_kept(s, cfg, force=True, overwritten=True) if ctx.needs_input_grad[1] else None
         for r0 in range(0, s.shape[0], rows):
             part = s[r0:r0 + rows]
             proj = F.linear(part, weight1.t()).mul_(beta)

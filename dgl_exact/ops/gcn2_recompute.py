@@ -4,7 +4,7 @@ stack's two-buffer peak.
 :func:`gcnii_layers_recomputed` computes what :func:`dgl_exact.ops.gcn2.gcnii_layers` computes (the hidden
 layers and the output linear as one autograd Function), but keeps for backward only
 
-* ``h0``, once (compressed unless it is alive anyway: :func:`.keep.stash`),
+* ``h0``, once (compressed unless it is alive anyway: :func:`.keep.as_kept`),
 * each segment's input boundary (the output of the layer before it, compressed under that layer's
   configuration; the first segment's input is ``dropout(h0)``, redrawn from ``h0``),
 * the dropout seeds of every layer (two integers per row chunk) and the last layer's output for the
@@ -57,7 +57,7 @@ from .. import kernels
 from ..compression import draw_seed, seed_stream
 from ..compression_config import CompressionConfig
 from .gcn2 import GCN2Layer, layer_forward, row_ranges, degree_norm, layers_backward
-from .keep import stash, unstash
+from .keep import as_kept, restore
 from .chunks import row_chunks, weight_grad
 from .double_backward import refuse_double_backward
 from .saved import load_kept, save_kept
@@ -183,13 +183,13 @@ class _GCNIIRecomputed(torch.autograd.Function):
         if plan.stem_dropout is not None:   # h0 is the features x: the input layer runs here
             x_in = h0
             h0, masks, drop_masks = _stem_forward(x_in, stem_w, stem_b, plan.stem_dropout)
-            stem = (stash(x_in, plan.stem_config), masks + drop_masks, row_ranges(h0))
+            stem = (as_kept(x_in, plan.stem_config), masks + drop_masks, row_ranges(h0))
         # read by every recompute; never written (made here when the input layer is folded in: compressed)
-        kept_h0 = stash(h0, plan.cfgs[0], force=stem is not None)
+        kept_h0 = as_kept(h0, plan.cfgs[0], force=stem is not None)
         x, boundaries, seeds, records = None, [], [], []
         for s, e in plan.segments:
             # the layers' buffer is overwritten below: an exactly kept boundary is a copy (keep.py, rule 3)
-            boundaries.append(None if x is None else stash(x, plan.cfgs[s], force=True, overwritten=True))
+            boundaries.append(None if x is None else as_kept(x, plan.cfgs[s], force=True, overwritten=True))
             seeds.append(draw_seed())   # the segment's own stream for its recompute's compression
             for i in range(s, e):
                 w1, b, bw, bb = params[4 * i:4 * i + 4]
@@ -197,7 +197,7 @@ class _GCNIIRecomputed(torch.autograd.Function):
                                            plan.cfgs[i], False, keep=False)
                 records.append(rec)
         logits = F.linear(x, head_w, head_b)
-        kept_head = stash(x, head_cfg, force=True) if needs[2] else None
+        kept_head = as_kept(x, head_cfg, force=True) if needs[2] else None
         del x
         ctx.st, ctx.plan, ctx.records, ctx.seeds = st, plan, records, seeds
         ctx.has_head_bias, ctx.h0_meta = head_b is not None, (h0.dtype, h0.device)
@@ -239,7 +239,7 @@ class _GCNIIRecomputed(torch.autograd.Function):
                 s, e = plan.segments[k]
                 # a buffer of its own: the decoded copy, or a copy of an exactly kept boundary
                 x = None if boundaries[k] is None else (
-                    boundaries[k].clone() if isinstance(boundaries[k], torch.Tensor) else unstash(boundaries[k]))
+                    boundaries[k].clone() if isinstance(boundaries[k], torch.Tensor) else restore(boundaries[k]))
                 seg_records: list = [None] * e
                 seg_items: list = [None] * e
                 with seed_stream(ctx.seeds[k]):   # the compression's noise: a stream of the segment's own

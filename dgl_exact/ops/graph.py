@@ -35,7 +35,7 @@ from ..compression_config import CompressionConfig, resolve_config
 from ..kernels import reference as kernel_reference
 from .chunks import needs_chunks, row_chunks
 from .edge_chunks import ChunkCSR
-from .keep import fresh_outputs, stash, unstash
+from .keep import fresh_outputs, as_kept, restore
 from .double_backward import double_backward
 from .saved import load_kept, needs_saving, save_kept
 from .dgl_general import readable
@@ -246,10 +246,10 @@ class UMulESum(torch.autograd.Function):
         del x3
         ctx.st, ctx.xshape, ctx.wshape, ctx.heads, ctx.dim = st, x.shape, w.shape, heads, dim
         ctx.heads_last = heads_last
-        # stash x itself, not the view x3: views made inside forward have no grad_fn and would pass for
+        # keep x itself, not the view x3: views made inside forward have no grad_fn and would pass for
         # tensors alive anyway (kept uncompressed, by reference). The edge values are kept exactly, by
         # reference (the input itself: double backward differentiates through it).
-        save_kept(ctx, stash(x, cfg) if ctx.needs_input_grad[1] else None, w if ctx.needs_input_grad[0] else None)
+        save_kept(ctx, as_kept(x, cfg) if ctx.needs_input_grad[1] else None, w if ctx.needs_input_grad[0] else None)
         return _node_output(out, (st.num_dst,) + tuple(out_shape))
 
     @staticmethod
@@ -270,7 +270,7 @@ class UMulESum(torch.autograd.Function):
         if ctx.needs_input_grad[1] and edge_dot == st.edge_dot and needs_chunks(x_s):
             gw = _edge_dot_by_sources(st, x_s, g, ctx.heads, ctx.dim, ctx.heads_last).reshape(ctx.wshape)
         elif ctx.needs_input_grad[1]:
-            x3 = _heads_first(unstash(x_s), ctx.heads, ctx.dim, ctx.heads_last)
+            x3 = _heads_first(restore(x_s), ctx.heads, ctx.dim, ctx.heads_last)
             gw = edge_dot(x3.to(g.dtype), g).reshape(ctx.wshape)
         return gx, gw, None, None, None, None, None, None
 
@@ -402,14 +402,14 @@ class _EdgeSoftmax(torch.autograd.Function):
     def forward(ctx, e, st: GraphStructure, cfg: CompressionConfig, by: str = "dst"):
         s = _softmax_forward(st, e, by)
         ctx.st, ctx.by = st, by
-        save_kept(ctx, stash(s, cfg, force=True) if cfg.enabled else s)
+        save_kept(ctx, as_kept(s, cfg, force=True) if cfg.enabled else s)
         return s
 
     @staticmethod
     def backward(ctx, grad):
         (s,) = load_kept(ctx)
         double_backward("edge_softmax", s)  # raises unless s is the output itself: the ops below are then exact
-        s = unstash(s).to(grad.dtype)
+        s = restore(s).to(grad.dtype)
         return softmax_backward(ctx.st, s, grad, ctx.by), None, None, None
 
 

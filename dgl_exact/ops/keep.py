@@ -5,7 +5,7 @@ are decided from what a call can see (a tensor's autograd history and class, the
 the caller's explicit words), never from reference counts or from how a caller holds its variables.
 
 1. **Keeping.** An op keeps what its backward reads either as the tensor itself (by reference) or as a
-   compressed copy (:func:`stash`). By reference: a tensor without autograd history (``grad_fn`` None:
+   compressed copy (:func:`as_kept`). By reference: a tensor without autograd history (``grad_fn`` None:
    input features, parameters, constants), which is alive anyway, unless a dgl_exact op produced it
    without autograd (:func:`fresh_outputs`, recorded in a weak registry: nobody else is known to keep it)
    or it was donated (rule 5); and anything while compression is off (without projection), as plain
@@ -19,7 +19,7 @@ the caller's explicit words), never from reference counts or from how a caller h
    written: autograd may share it (accumulation, hooks, ``retain_graph``); a fused region forms its
    own buffer from it instead.
 3. **Kept, then overwritten.** An op that writes into a buffer after keeping it says so
-   (``stash(..., overwritten=True)``): where the buffer would be kept exactly (compression off, a
+   (``as_kept(..., overwritten=True)``): where the buffer would be kept exactly (compression off, a
    planner's fp32 choice), a copy is kept.
 4. **Version counters stay honest.** Writes into a tensor autograd knows go through ``mark_dirty`` or
    in-place torch ops, so that a reference autograd saved elsewhere raises torch's "modified by an
@@ -75,7 +75,7 @@ from ..compression import CompressedTensor, compress, decompress
 from ..compression_config import CompressionConfig
 from .donation import Donated
 
-Stashed = Union[torch.Tensor, CompressedTensor, None]
+Kept = Union[torch.Tensor, CompressedTensor, None]
 
 
 #: tensors a dgl_exact op produced without autograd (rule 1): nobody else is known to keep them. Weakly keyed
@@ -150,45 +150,45 @@ def mark_fresh(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-#: ``fn(x, cfg, force) -> Stashed`` replacing :func:`stash` in this context (see :func:`stash_hook`)
-_stash_hook: contextvars.ContextVar = contextvars.ContextVar("dgl_exact_stash_hook", default=None)
+#: ``fn(x, cfg, force) -> Kept`` replacing :func:`as_kept` in this context (see :func:`keep_hook`)
+_keep_hook: contextvars.ContextVar = contextvars.ContextVar("dgl_exact_keep_hook", default=None)
 
 
-#: whether the hook set by :func:`stash_hook` in this context may keep something else than :func:`default_stash`
-_hook_chooses: contextvars.ContextVar = contextvars.ContextVar("dgl_exact_stash_hook_chooses", default=False)
+#: whether the hook set by :func:`keep_hook` in this context may keep something else than :func:`default_keep`
+_hook_chooses: contextvars.ContextVar = contextvars.ContextVar("dgl_exact_keep_hook_chooses", default=False)
 
 
 @contextlib.contextmanager
-def stash_hook(fn, *, records_only: bool = False):
-    """Within this scope every :func:`stash` call is answered by ``fn(x, cfg, force)`` (``x`` not None),
-    which may call :func:`default_stash` with another config. Used by :mod:`dgl_exact.planning` to record
+def keep_hook(fn, *, records_only: bool = False):
+    """Within this scope every :func:`as_kept` call is answered by ``fn(x, cfg, force)`` (``x`` not None),
+    which may call :func:`default_keep` with another config. Used by :mod:`dgl_exact.planning` to record
     each kept activation and to choose a compression per kept activation. ``records_only``: ``fn`` returns
-    what :func:`default_stash` returns for the same arguments (it only looks), so the ops run as without a
-    hook (:func:`stash_hook_active` is False): a planner's prediction records the step a run takes."""
-    tokens = (_stash_hook.set(fn), _hook_chooses.set(not records_only))
+    what :func:`default_keep` returns for the same arguments (it only looks), so the ops run as without a
+    hook (:func:`keep_hook_active` is False): a planner's prediction records the step a run takes."""
+    tokens = (_keep_hook.set(fn), _hook_chooses.set(not records_only))
     try:
         yield fn
     finally:
-        _stash_hook.reset(tokens[0])
+        _keep_hook.reset(tokens[0])
         _hook_chooses.reset(tokens[1])
 
 
-def stash_hook_active() -> bool:
-    """Whether a :func:`stash_hook` that may choose what is kept answers :func:`stash` calls in this context
-    (then ops that act on what :func:`default_stash` would keep, such as releasing a donated input once it is
+def keep_hook_active() -> bool:
+    """Whether a :func:`keep_hook` that may choose what is kept answers :func:`as_kept` calls in this context
+    (then ops that act on what :func:`default_keep` would keep, such as releasing a donated input once it is
     kept compressed or compressing an output for the next op, take their plain path)."""
-    return _stash_hook.get() is not None and _hook_chooses.get()
+    return _keep_hook.get() is not None and _hook_chooses.get()
 
 
-def stash(x: Optional[torch.Tensor], cfg: CompressionConfig, force: bool = False,
-          overwritten: bool = False) -> Stashed:
+def as_kept(x: Optional[torch.Tensor], cfg: CompressionConfig, force: bool = False,
+            overwritten: bool = False) -> Kept:
     """Keep ``x`` for backward: by reference if it is alive anyway or compression is off, else compressed.
     ``force`` compresses even a leaf (used for per-edge tensors nobody else keeps). ``overwritten``: the
     caller writes into ``x`` afterwards (rule 3): where ``x`` would be kept exactly, a copy is kept."""
     if x is None:
         return None
-    hook = _stash_hook.get()
-    item = hook(x, cfg, force) if hook is not None else default_stash(x, cfg, force)
+    hook = _keep_hook.get()
+    item = hook(x, cfg, force) if hook is not None else default_keep(x, cfg, force)
     if overwritten and isinstance(item, torch.Tensor) and _shares_storage(item, x):
         item = x.clone(memory_format=torch.contiguous_format)
     return item
@@ -198,8 +198,8 @@ def _shares_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
 
 
-def default_stash(x: torch.Tensor, cfg: CompressionConfig, force: bool = False) -> Stashed:
-    """:func:`stash` without the hook."""
+def default_keep(x: torch.Tensor, cfg: CompressionConfig, force: bool = False) -> Kept:
+    """:func:`as_kept` without the hook."""
     if (not cfg.enabled and cfg.kept_frac >= 1.0) or (alive_anyway(x) and not force):
         # the tensor itself, not a detached alias (same storage): saved through ``save_for_backward`` it
         # stays connected to its autograd history, which double backward needs
@@ -215,7 +215,7 @@ _offers = WeakIdKeyDictionary()
 def offer_compressed(x: torch.Tensor, cfg: CompressionConfig, c: CompressedTensor) -> None:
     """Offer ``c``, the compressed copy of ``x`` under ``cfg`` made by the op that produced ``x`` in the same
     pass (``ops.relu_dropout(..., compress_for=cfg)``), to the next op that keeps ``x`` (rule 6): its
-    :func:`stash` under an equal config takes it instead of compressing ``x`` again. One taker: a second op
+    :func:`as_kept` under an equal config takes it instead of compressing ``x`` again. One taker: a second op
     keeping ``x`` compresses it anew (independent noise, as without the offer). An ``x`` changed in place
     since is never matched. Unclaimed, the copy dies with ``x``."""
     _offers[x] = (cfg, x._version, c)
@@ -236,7 +236,8 @@ def offered(x: torch.Tensor) -> Optional[CompressedTensor]:
     return None if entry is None else entry[2]
 
 
-def unstash(item: Stashed) -> Optional[torch.Tensor]:
+def restore(item: Kept) -> Optional[torch.Tensor]:
+    """The tensor a kept item (what :func:`as_kept` returned) stands for: itself, decoded where compressed."""
     if item is None or isinstance(item, torch.Tensor):
         return item
     return decompress(item)

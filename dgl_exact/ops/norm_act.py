@@ -25,7 +25,7 @@ from .. import kernels
 from ..compression import draw_seed
 from ..compression_config import CompressionConfig, resolve_config
 from .dense import BatchNorm
-from .keep import stash
+from .keep import as_kept
 from .double_backward import double_backward
 from .saved import load_kept, save_kept
 
@@ -36,7 +36,7 @@ class _BatchNormReLUDropout(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, running_mean, running_var, training, momentum, eps, p, seed, cfg):
         # kept first: the compression's temporaries are gone before the output is allocated
-        x_s = stash(x, cfg.replace(kept_frac=1.0))
+        x_s = as_kept(x, cfg.replace(kept_frac=1.0))
         # running statistics are updated in place (unbiased variance), as F.batch_norm does
         y, save_mean, save_invstd = torch.native_batch_norm(x, weight, bias, running_mean, running_var, training,
                                                             momentum, eps)

@@ -1,7 +1,7 @@
 """Elementwise products of activations, compressed: ``a * b`` keeps, for each operand's gradient, the other
 operand; torch keeps it in fp32 (an attention layer's ``(ft * self.attn_l).sum(-1)`` keeps the whole ``ft``,
 layer-sized, for the attention vector's gradient). :func:`compressed_products` runs such products, inside its
-scope, as :class:`Product`: each operand the other's gradient needs is kept by :func:`~.keep.stash`: compressed
+scope, as :class:`Product`: each operand the other's gradient needs is kept by :func:`~.keep.as_kept`: compressed
 where it is an activation (the gradient ``sum(g * a)`` is linear in it, so the stochastic rounding stays
 unbiased), by reference where it is alive anyway (a parameter, a leaf) or compression is off. Values are
 torch's; gradients with compression off are torch's. The backward forms each gradient in row chunks of the kept
@@ -27,7 +27,7 @@ from ..compression_config import CompressionConfig, resolve_config
 from ..compression import CompressedTensor
 from .chunks import needs_chunks, row_chunks
 from .double_backward import double_backward
-from .keep import Stashed, alive_anyway, stash, unstash
+from .keep import Kept, alive_anyway, as_kept, restore
 from .saved import load_kept, save_kept
 from .torch_routes import route, scope
 
@@ -37,13 +37,13 @@ _PRODUCTS = frozenset({torch.mul, torch.Tensor.mul, torch.Tensor.__mul__, torch.
 
 
 class Product(torch.autograd.Function):
-    """``a * b`` (broadcast) keeping each operand the other's gradient needs through :func:`~.keep.stash`."""
+    """``a * b`` (broadcast) keeping each operand the other's gradient needs through :func:`~.keep.as_kept`."""
 
     @staticmethod
     def forward(ctx, a, b, cfg: CompressionConfig):
         need_a, need_b = ctx.needs_input_grad[:2]
         ctx.shapes = (a.shape, b.shape)
-        save_kept(ctx, stash(a, cfg) if need_b else None, stash(b, cfg) if need_a else None)
+        save_kept(ctx, as_kept(a, cfg) if need_b else None, as_kept(b, cfg) if need_a else None)
         return a * b
 
     @staticmethod
@@ -57,7 +57,7 @@ class Product(torch.autograd.Function):
         return ga, gb, None
 
 
-def operand_grad(grad: torch.Tensor, other: Stashed, shape: torch.Size, whole: bool = False) -> torch.Tensor:
+def operand_grad(grad: torch.Tensor, other: Kept, shape: torch.Size, whole: bool = False) -> torch.Tensor:
     """``(grad * other).sum_to_size(shape)``: the gradient of the operand of ``shape`` in ``a * b``, ``other`` the
     kept other operand. Where ``other`` has the output's rows and is large enough to chunk, it is formed in row
     chunks (:func:`~.chunks.row_chunks`): a compressed ``other`` has no full-size decoded copy, and an operand
@@ -69,7 +69,7 @@ def operand_grad(grad: torch.Tensor, other: Stashed, shape: torch.Size, whole: b
     chunked = (not whole and len(other.shape) == grad.dim() > 0 and other.shape[0] == grad.shape[0]
                and needs_chunks(other) and (over_rows or isinstance(other, CompressedTensor)))
     if not chunked:
-        return (grad * unstash(other)).sum_to_size(shape)
+        return (grad * restore(other)).sum_to_size(shape)
     out = None if over_rows else grad.new_empty(padded)
     for r0, r1, x in row_chunks(other):
         part = (grad[r0:r1] * x).sum_to_size((1 if over_rows else r1 - r0,) + padded[1:])

@@ -2,7 +2,7 @@
 
 Compressed activations still grow linearly with depth: every layer keeps its own codes. Split into
 segments of ``L`` layers, a stack keeps only each segment's input (its *boundary*), compressed under the
-run's configuration (:func:`dgl_exact.ops.keep.stash`), and, in the backward, decodes the boundary, runs
+run's configuration (:func:`dgl_exact.ops.keep.as_kept`), and, in the backward, decodes the boundary, runs
 the segment's forward again with grad enabled (its layers then keep what they keep, for this segment
 only) and back-propagates through it (``torch.utils.checkpoint`` with ``use_reentrant=False`` semantics,
 except that the kept boundary is the compressed copy). During the forward nothing inside a segment is
@@ -40,7 +40,7 @@ import torch
 
 from ..compression import draw_seed, seed_stream
 from ..compression_config import CompressionConfig
-from .keep import stash, unstash
+from .keep import as_kept, restore
 from .double_backward import refuse_double_backward
 from .saved import load_kept, save_kept
 
@@ -61,14 +61,14 @@ class _Recompute(torch.autograd.Function):
         ctx.cuda_rng = torch.cuda.get_rng_state(x.device) if x.is_cuda else None
         ctx.arg_is_tensor = [isinstance(a, torch.Tensor) for a in args]
         ctx.plain_args = [None if t else a for a, t in zip(args, ctx.arg_is_tensor)]
-        kept = [stash(x, config)]
+        kept = [as_kept(x, config)]
         for a, t in zip(args, ctx.arg_is_tensor):
             if not t:
                 continue
             if memo is not None and id(a) in memo and memo[id(a)][0] is a:
                 kept.append(memo[id(a)][1])   # shared by every segment: kept once
                 continue
-            item = stash(a, config)
+            item = as_kept(a, config)
             if memo is not None:
                 memo[id(a)] = (a, item)
             kept.append(item)
@@ -85,11 +85,11 @@ class _Recompute(torch.autograd.Function):
         items = load_kept(ctx)
         kept, params = items[:ctx.n_kept], items[ctx.n_kept:]
         needs = ctx.needs_input_grad[5:]
-        x = unstash(kept[0]).detach().requires_grad_(needs[0])
+        x = restore(kept[0]).detach().requires_grad_(needs[0])
         decoded = iter(kept[1:])
         args, arg_needs = [], needs[1:1 + ctx.n_args]
         for plain, is_t, need in zip(ctx.plain_args, ctx.arg_is_tensor, arg_needs):
-            args.append(unstash(next(decoded)).detach().requires_grad_(need) if is_t else plain)
+            args.append(restore(next(decoded)).detach().requires_grad_(need) if is_t else plain)
         snapshot = [b.clone() for b in ctx.buffers]
         devices = [x.device] if ctx.cuda_rng is not None else []
         with torch.random.fork_rng(devices=devices), seed_stream(ctx.noise_seed), torch.enable_grad():
@@ -116,7 +116,7 @@ def recompute_segment(fn: Callable[..., torch.Tensor], x: torch.Tensor, *args, c
                       params: Sequence[torch.Tensor] = (), memo: Optional[Dict] = None,
                       buffers: Sequence[torch.Tensor] = ()) -> torch.Tensor:
     """``fn(x, *args)`` (one tensor out) keeping only ``x`` compressed under ``config`` (and the tensors
-    among ``args``, also by :func:`.keep.stash`); the backward decodes them, re-runs ``fn`` with grad enabled
+    among ``args``, also by :func:`.keep.as_kept`); the backward decodes them, re-runs ``fn`` with grad enabled
     from the decoded copies and returns the gradients of ``x``, of the tensor ``args`` and of ``params``
     (every parameter ``fn`` reads must be listed there: they receive no gradient otherwise).
 

@@ -38,7 +38,7 @@ import torch
 from ..compression import CompressedTensor
 from ..compression_config import CompressionConfig, resolve_config
 from . import captured
-from .keep import alive_anyway, fresh_outputs, mark_fresh, stash
+from .keep import alive_anyway, fresh_outputs, mark_fresh, as_kept
 from .._compat import autocast_dtype
 from .chunks import chunk_elements_for, chunk_rows, needs_chunks, row_chunks, weight_grad
 from .double_backward import refuse_double_backward
@@ -73,7 +73,7 @@ def aggregate_then_project(x: torch.Tensor, w_neigh: torch.Tensor, st, cfg: Comp
     cd = w_neigh.dtype
     s = st.aggregate(x.unsqueeze(1)).view(n, d_in)
     s.div_(_degrees(st, s.dtype))
-    kept_s = stash(s, cfg, force=True) if keep_s else None
+    kept_s = as_kept(s, cfg, force=True) if keep_s else None
     # overwrite s only where backward does not read it (kept compressed, or not kept at all)
     owned = kept_s is None or isinstance(kept_s, CompressedTensor)
     rows = chunk_rows(n, d_in, s.device)
@@ -129,9 +129,9 @@ class SAGEMean(torch.autograd.Function):
         if not needs_x:
             kept_x = None
         elif ctx.lin_first or x_dst is x:
-            kept_x = stash(x, cfg)
+            kept_x = as_kept(x, cfg)
         else:
-            kept_x = stash(x_dst, cfg, force=not alive_anyway(x))
+            kept_x = as_kept(x_dst, cfg, force=not alive_anyway(x))
         ctx.st, ctx.has_bias, ctx.n_src = st, b_self is not None, n_src
         save_kept(ctx, kept_x, kept_s, w_self if ctx.needs_input_grad[0] else None,
              w_neigh if ctx.needs_input_grad[0] else None)

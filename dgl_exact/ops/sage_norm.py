@@ -34,7 +34,7 @@ from .. import kernels
 from .._compat import compiling
 from ..compression import CompressedTensor, compress, draw_seed
 from ..compression_config import CompressionConfig, resolve_config
-from .keep import alive_anyway, fresh_outputs, offer_compressed, stash, stash_hook_active
+from .keep import alive_anyway, fresh_outputs, offer_compressed, as_kept, keep_hook_active
 from .chunks import rows_together
 from .double_backward import refuse_double_backward
 from .saved import load_kept, save_kept
@@ -56,9 +56,9 @@ class _SAGEMeanBNReLUDropout(torch.autograd.Function):
         if b_self is not None:
             z.add_(b_self)
         # as sage_mean keeps x_dst (a view made here has no history: compressed unless x is alive anyway)
-        kept_x = stash(x_dst, cfg, force=x_dst is not x and not alive_anyway(x))
+        kept_x = as_kept(x_dst, cfg, force=x_dst is not x and not alive_anyway(x))
         # batch norm's input, kept before it is overwritten (rule 3: a copy where it would be kept exactly)
-        kept_z = stash(z, cfg.replace(kept_frac=1.0), force=True, overwritten=True)
+        kept_z = as_kept(z, cfg.replace(kept_frac=1.0), force=True, overwritten=True)
         var, mean = torch.var_mean(z, 0, correction=0)
         invstd = 1.0 / torch.sqrt(var + eps)
         if running_mean is not None:  # as F.batch_norm updates them: unbiased variance, in place
@@ -148,7 +148,7 @@ def sage_mean_bn_relu_dropout(g, x: torch.Tensor, w_self: torch.Tensor, b_self: 
         raise ValueError(f"sage_mean_bn_relu_dropout: dropout probability must be in [0, 1), got {p}")
     cfg = resolve_config(config)
     # as ops.relu_dropout offers it: quantised without projection, not while compiling or under a planner's hook
-    keep_for = (compress_for if compress_for is not None and not compiling() and not stash_hook_active()
+    keep_for = (compress_for if compress_for is not None and not compiling() and not keep_hook_active()
                 and compress_for.enabled and compress_for.projected_width(w_neigh.shape[0]) >= w_neigh.shape[0]
                 and compress_for.nonfinite == "propagate" else None)
     if not cfg.enabled:

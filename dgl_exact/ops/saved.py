@@ -14,7 +14,7 @@ import torch
 from .._compat import compiling
 from ..compression import CompressedTensor
 from ..tracing import active as tracing_active
-from .keep import Stashed
+from .keep import Kept
 
 __all__ = ["save_kept", "load_kept", "own_saved", "observe_saved", "tensors_in", "show_private",
            "private_keeping_allowed", "graph_freed_after_backward", "needs_saving", "SECOND_BACKWARD_MESSAGE"]
@@ -37,7 +37,7 @@ def own_saved(storages: set):
         _own_saved.reset(token)
 
 
-def save_kept(ctx, *items: Stashed) -> None:
+def save_kept(ctx, *items: Kept) -> None:
     tensors, layout = [], []
     for item in items:
         if item is None:
@@ -59,7 +59,7 @@ def save_kept(ctx, *items: Stashed) -> None:
 
 
 def load_kept(ctx) -> list:
-    """The saved items, compressed ones still compressed (call :func:`~.keep.unstash` to decode)."""
+    """The saved items, compressed ones still compressed (call :func:`~.keep.restore` to decode)."""
     tensors = iter(ctx.saved_tensors)
     out = []
     for entry in ctx.kept_layout:
@@ -130,7 +130,7 @@ def _observing(hooks):
     return pack if pack is not None and hooks and hooks[0] is pack else None
 
 
-def show_private(*items: Stashed) -> None:
+def show_private(*items: Kept) -> None:
     """Rule 8: show the tensors a Function holds privately (tensors, compressed tensors, None) to the
     observer in force (:func:`observe_saved`), as ``save_for_backward`` would have shown them to it. No-op
     without one."""

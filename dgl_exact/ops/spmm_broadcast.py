@@ -33,7 +33,7 @@ from .chunks import chunk_rows
 from .dgl_general import readable
 from .dgl_originals import originals
 from .double_backward import double_backward, recompute_vjp
-from .keep import stash, unstash
+from .keep import as_kept, restore
 from .saved import load_kept, needs_saving, save_kept
 from .structure import GraphStructure, structure_of
 
@@ -131,7 +131,7 @@ class _BroadcastSpMM(torch.autograd.Function):
         ctx.meta = (x.shape, y.shape, max(x.numel(), y.numel(), out.numel()))
         need_x, need_y = ctx.needs_input_grad[:2]
         if op in ("mul", "div"):
-            save_kept(ctx, stash(x, cfg) if need_y else None, y)
+            save_kept(ctx, as_kept(x, cfg) if need_y else None, y)
         else:
             save_kept(ctx, None, None)
         return out
@@ -161,7 +161,7 @@ class _BroadcastSpMM(torch.autograd.Function):
         else:
             y = y.to(g.dtype).reshape((yshape[0],) + lay.yp)
             w = y.reciprocal() if op == "div" else y
-            x = unstash(x_s)
+            x = restore(x_s)
             x = None if x is None else x.to(g.dtype).reshape((xshape[0],) + lay.xp)
             gx, gy = _mul_grads(st, lay, g, x, w, need_x, need_y, limit)
             del x

@@ -13,7 +13,7 @@ worse on both measures, verified the same way).
 
 ``BudgetPlan.allocation`` and the record's ``note`` say which was used.
 
-:class:`BudgetPlan.active` installs the plan (a stash hook) for a training run; when a training forward does
+:class:`BudgetPlan.active` installs the plan (a keep hook) for a training run; when a training forward does
 not match the recorded slots (another model, a kept activation of another shape, another compression scope)
 the hook raises :class:`PlanMismatchError` rather than apply a choice to the wrong tensor.
 """
@@ -175,7 +175,7 @@ def _budget_plan_once(spec: PlanSpec, budget: int, data=None, replicas: int = 2,
         candidates = [c for c in candidates if c[0] < sound[0] * (1 - 1e-9) and c[2] != sound[2]]
     plan = BudgetPlan(spec, budget, slots, ref, uniform, 0.0,
                       {n: _uniform_variance(slots, n) for n in ("INT8", "INT4", "INT2", "INT1")},
-                      len(runs["INT2"][1].stashes), relative=relative)
+                      len(runs["INT2"][1].keeps), relative=relative)
     fb = format_bytes
     verified, rejected, totals = _verify_trades(plan, candidates, sound[0] if sound else math.inf, g1, g2, own,
                                                 models)
@@ -245,7 +245,7 @@ def _peak_models(slots: Sequence[Slot], runs: Dict[str, tuple], uniform: Dict[st
     ref = uniform["INT2"]
     for name, (r1, r2) in runs.items():
         option = uniform_option(name)
-        if option is not None and all(r.born >= 0 for r in r2.stashes if r.kept != "reference"):
+        if option is not None and all(r.born >= 0 for r in r2.keeps if r.kept != "reference"):
             try:
                 shift = _shift(uniform, own, name) + own[name].static_bytes - ref.static_bytes
                 models[name] = PeakModel(slots, r1, r2, g1.scale, g2.scale, option, shift)

@@ -1,4 +1,4 @@
-""":class:`BudgetPlan`: a plan's choice per slot, what it is predicted to cost, and the stash hook that
+""":class:`BudgetPlan`: a plan's choice per slot, what it is predicted to cost, and the keep hook that
 applies it during training (:meth:`BudgetPlan.active`).
 """
 from __future__ import annotations
@@ -27,7 +27,7 @@ class BudgetPlan:
     uniform: Dict[str, PlanRecord]
     variance: float               # predicted added gradient variance (relative, sum over slots)
     uniform_variance: Dict[str, float]
-    calls: int                    # stash calls per training forward (kept-by-reference ones included)
+    calls: int                    # keep calls per training forward (kept-by-reference ones included)
     #: how the step peak was held within the budget: "trades (verified)" or "sound bound"; with the reason
     allocation: str = ""
     #: the variance is relative to each parameter tensor's gradient (:func:`relative_weights`), else plain
@@ -51,7 +51,7 @@ class BudgetPlan:
         return [[int(s.index), str(s.choice)] for s in self.slots]
 
     def hook(self, fallback=None):
-        """A stash hook applying the plan; the slot counter restarts after the last slot. A kept activation
+        """A keep hook applying the plan; the slot counter restarts after the last slot. A kept activation
         whose shape (beyond its rows) is not its slot's raises :class:`PlanMismatchError`: the forward is not
         the one planned, and a choice applied to the wrong tensor would break the plan's peak and variance
         without a sign."""
@@ -70,7 +70,7 @@ class BudgetPlan:
                     "cfg.compression = plan.scope)")
             slot = by_index.get(i)
             if slot is None:  # kept by reference when planned (a leaf, or alive anyway)
-                return fallback(x, cfg, force) if fallback else keeping.default_stash(x, cfg, force)
+                return fallback(x, cfg, force) if fallback else keeping.default_keep(x, cfg, force)
             if tuple(x.shape[1:]) != tuple(slot.shape[1:]) or x.dim() != len(slot.shape):
                 count[0] = 0  # the next forward starts afresh
                 raise PlanMismatchError(
@@ -90,7 +90,7 @@ class BudgetPlan:
         compression in force when the slots were recorded)."""
         from ..compression_config import config as compression_scope
 
-        with compression_scope(self.scope), keeping.stash_hook(self.hook()):
+        with compression_scope(self.scope), keeping.keep_hook(self.hook()):
             yield self
 
     def table(self) -> str:

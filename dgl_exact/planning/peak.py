@@ -13,7 +13,7 @@ Against each uniform setting ``u``, in two ways:
   activations are gone by then) costs nothing there and is kept in more bytes, up to the point where
   another point of the timeline would become the peak. Allocated with one limit per point on the bytes
   of the slots created up to its last live one (exact when activations die in the reverse order of their
-  creation, as a backward pass frees them). Where ``u``'s stashes were not all tracked, the signed sum
+  creation, as a backward pass frees them). Where ``u``'s keeps were not all tracked, the signed sum
   ``peak(u) + sum_i (bytes_i(plan) - bytes_i(u))`` over all slots. Both are exact only when the plan's
   own transients are ``u``'s (compression buffers differ between options), so every trade plan is
   **verified**: its own step is recorded on the planner's two samples and extrapolated, and it is kept
@@ -85,7 +85,7 @@ class PeakModel:
     recorded step. ``shift``: added to every point (the caller's prediction of ``u`` less this recording's)."""
 
     def __init__(self, slots: Sequence[Slot], r1, r2, s1: float, s2: float, ref: str, shift: int = 0):
-        by_index = {st.index: st for st in r2.stashes}
+        by_index = {st.index: st for st in r2.keeps}
         lives = []
         for s in slots:
             st = by_index.get(s.index)

@@ -206,8 +206,8 @@ def spec_from_graph(graph, features: int, classes: int, train_nodes: int, model:
 # --- one recorded step --------------------------------------------------------------------------------------
 
 @dataclasses.dataclass
-class StashRecord:
-    """One activation kept through :func:`dgl_exact.ops.keep.stash` during a recorded forward."""
+class KeptRecord:
+    """One activation kept through :func:`dgl_exact.ops.keep.as_kept` during a recorded forward."""
 
     index: int
     shape: tuple
@@ -232,7 +232,7 @@ class SampleRun:
     timeline: List[int]
     names: List[str]
     activation_bytes: int
-    stashes: List[StashRecord]
+    keeps: List[KeptRecord]
     parameter_bytes: int
     optimizer_bytes: int
     structure_bytes: int
@@ -302,11 +302,11 @@ def loss_fn(impl: str):
     return lambda logits, y, idx: F.cross_entropy(logits[idx], y)
 
 
-def _stash_recorder(records: List[StashRecord], timeline: Optional["Timeline"] = None):
+def _keep_recorder(records: List[KeptRecord], timeline: Optional["Timeline"] = None):
     from ..compression_config import get_config
 
     def hook(x, cfg, force):
-        kept = keeping.default_stash(x, cfg, force)
+        kept = keeping.default_keep(x, cfg, force)
         scope = get_config()
         if isinstance(kept, CompressedTensor):
             kind = "projected" if kept.raw is not None else "compressed"
@@ -315,7 +315,7 @@ def _stash_recorder(records: List[StashRecord], timeline: Optional["Timeline"] =
             kind, nbytes = "reference", 0
         # an op that forbids projection passes its config with kept_frac=1.0 while the scope projects
         projectable = not (cfg.kept_frac >= 1.0 and scope.kept_frac < 1.0)
-        record = StashRecord(len(records), tuple(x.shape), str(x.dtype)[6:], kind, nbytes, projectable, force)
+        record = KeptRecord(len(records), tuple(x.shape), str(x.dtype)[6:], kind, nbytes, projectable, force)
         records.append(record)
         if timeline is not None and isinstance(kept, CompressedTensor):
             _track_life(record, kept, timeline)
@@ -324,7 +324,7 @@ def _stash_recorder(records: List[StashRecord], timeline: Optional["Timeline"] =
     return hook
 
 
-def _track_life(record: StashRecord, kept: CompressedTensor, timeline: "Timeline") -> None:
+def _track_life(record: KeptRecord, kept: CompressedTensor, timeline: "Timeline") -> None:
     """Note in ``record`` the timeline points at which the compressed copy is alive: from now until its last
     tensor dies (autograd frees saved tensors after their node's backward)."""
     record.born = len(timeline.totals)
@@ -418,20 +418,20 @@ class SampleGraph:
         self.structure_bytes[setting.impl] = memory.tensor_bytes(tensors)
 
     def record(self, setting: Setting, hook=None) -> "SampleRun":
-        """A fresh model's recorded training step under ``setting``. ``hook(recorder)``: returns the stash hook
+        """A fresh model's recorded training step under ``setting``. ``hook(recorder)``: returns the keep hook
         to use instead of the recorder (given the recorder, to call it)."""
         t0 = time.perf_counter()
         if setting.impl not in self.structure_bytes:
             self.warm_up(setting)
         model, opt = self.model_and_optimizer(setting)
         forward = self.forward_fn(model, setting.impl)
-        stashes: List[StashRecord] = []
+        keeps: List[KeptRecord] = []
         timeline = Timeline(touched=not self.gpu)
-        recorder = _stash_recorder(stashes, timeline)
+        recorder = _keep_recorder(keeps, timeline)
         with self._context(setting):
             with timeline:
-                with memory.saved_storages() as saved, keeping.stash_hook(hook(recorder) if hook else recorder,
-                                                                         records_only=hook is None):
+                with memory.saved_storages() as saved, keeping.keep_hook(hook(recorder) if hook else recorder,
+                                                                        records_only=hook is None):
                     result = forward()
                 act, _ = memory.activation_bytes(saved, [model], [self.feat, self.label, self.idx], result)
                 result[0].backward()
@@ -441,7 +441,7 @@ class SampleGraph:
         state = [t for st in opt.state.values() for t in st.values() if isinstance(t, torch.Tensor)]
         graph = self.graph_for(setting.impl)
         return SampleRun(graph.num_nodes(), graph.num_edges(), timeline.totals, timeline.names, act,
-                         stashes, params, memory.tensor_bytes(state), self.structure_bytes[setting.impl],
+                         keeps, params, memory.tensor_bytes(state), self.structure_bytes[setting.impl],
                          held_formats(graph), time.perf_counter() - t0, self.edge_index_bytes.get(setting.impl, 0))
 
 
@@ -514,7 +514,7 @@ def samples_for(spec: PlanSpec, gpu: bool = False, sample_nodes: int = SAMPLE_NO
 def predict(spec: PlanSpec, setting: Setting, device_total: Optional[int] = None, gpu: bool = False,
             sample_nodes: int = SAMPLE_NODES, samples: Optional[tuple] = None, hook=None) -> PlanRecord:
     """One setting's :class:`PlanRecord` for ``spec`` (``samples``: from :func:`samples_for`, reused across
-    settings; ``hook``: a stash hook factory, see :meth:`SampleGraph.record`)."""
+    settings; ``hook``: a keep hook factory, see :meth:`SampleGraph.record`)."""
     g1, g2 = samples or samples_for(spec, gpu, sample_nodes)
     r1, r2 = g1.record(setting, hook), g2.record(setting, hook)
     return combine(spec, setting.name, r1, r2, g1.scale, g2.scale, device_total, describe_setting(spec, setting))

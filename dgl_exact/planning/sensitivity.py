@@ -71,7 +71,7 @@ def estimate_sensitivity(model: torch.nn.Module, graph, feat, label, idx, slots:
         for p in params:
             p.grad = None
         torch.manual_seed(seed)  # the same dropout masks every time
-        with keeping.stash_hook(hook):
+        with keeping.keep_hook(hook):
             out = loss(model(graph, feat))
         out.backward()
         return [(p.grad if p.grad is not None else torch.zeros_like(p)) for p in params]
@@ -96,7 +96,7 @@ def estimate_sensitivity(model: torch.nn.Module, graph, feat, label, idx, slots:
                             errors[i][name] = float(((decompress(compress(xd, c)).to(xd.dtype) - xd) ** 2).sum())
                         else:
                             errors[i][name] = 0.0
-                return keeping.default_stash(x, OPTIONS[probe], force)
+                return keeping.default_keep(x, OPTIONS[probe], force)
 
         return hook
 

@@ -1,7 +1,7 @@
 """The vocabulary of a budget plan: the options a kept activation may get, the slots (one per kept
-activation of a training forward), the stash hook's ``keep``, and the planner's errors.
+activation of a training forward), the keep hook's ``keep``, and the planner's errors.
 
-Every activation a training forward keeps goes through :func:`dgl_exact.ops.keep.stash`, in
+Every activation a training forward keeps goes through :func:`dgl_exact.ops.keep.as_kept`, in
 the same order every step; slot ``i`` is the ``i``-th call. Its full-size shape comes from the planner's
 sample runs (:mod:`.predict`), so its bytes under every option are exact
 (:func:`~dgl_exact.compression.compressed_nbytes`).
@@ -44,7 +44,7 @@ class PlanMismatchError(RuntimeError):
 
 @dataclasses.dataclass
 class Slot:
-    """One kept activation of a training forward (the ``index``-th stash call)."""
+    """One kept activation of a training forward (the ``index``-th keep call)."""
 
     index: int
     rows: int                 # at full size
@@ -72,10 +72,10 @@ class Slot:
 
 def slots_from_runs(r1, r2, s1: float, s2: float) -> List[Slot]:
     """One :class:`Slot` per activation kept by both sample runs, its bytes extrapolated to full size."""
-    if len(r1.stashes) != len(r2.stashes):
+    if len(r1.keeps) != len(r2.keeps):
         raise RuntimeError("the two sample runs kept a different number of activations; cannot plan per tensor")
     slots = []
-    for a, b in zip(r1.stashes, r2.stashes):
+    for a, b in zip(r1.keeps, r2.keeps):
         if b.kept == "reference":
             continue  # alive anyway (input features): kept by reference at no cost, nothing to choose
         rows = int(round(extrapolate(a.shape[0], b.shape[0], s1, s2))) if b.shape else 1
@@ -88,15 +88,15 @@ def slots_from_runs(r1, r2, s1: float, s2: float) -> List[Slot]:
 
 
 def keep(x: torch.Tensor, op_cfg: CompressionConfig, kept: CompressionConfig, force: bool,
-         stash: Optional[Callable] = None):
-    """``stash(x, kept, force)`` (default :func:`~dgl_exact.ops.keep.default_stash`) for an op that asked
+         as_kept: Optional[Callable] = None):
+    """``as_kept(x, kept, force)`` (default :func:`~dgl_exact.ops.keep.default_keep`) for an op that asked
     for ``op_cfg``, with an exact copy of ``x`` where the plan keeps it exactly but the op may overwrite it.
 
     An op that compresses a tensor it owns (``force`` under an enabled ``op_cfg``) may then overwrite that
     tensor in place (``ops.linear_reusing`` in GCN's square layers, GCNII's fused step): it only needs the
     compressed copy. Kept by reference, the buffer would be overwritten before backward reads it (autograd
     refuses: "modified by an inplace operation"). The copy has the bytes an exact slot is planned with."""
-    stash = stash or keeping.default_stash
+    as_kept = as_kept or keeping.default_keep
     if force and op_cfg.enabled and not kept.enabled and kept.kept_frac >= 1.0:
         x = x.detach().clone()
-    return stash(x, kept, force)
+    return as_kept(x, kept, force)

@@ -11,7 +11,7 @@ from dgl_exact import CompressionConfig, ops
 from dgl_exact.compression import compress, decompress
 from dgl_exact.compression.projection import rademacher
 from dgl_exact.memory import measure
-from dgl_exact.ops.keep import stash
+from dgl_exact.ops.keep import as_kept
 
 FP_PROJ = CompressionConfig(enabled=False, kept_frac=0.5)
 
@@ -52,11 +52,11 @@ def test_no_projection_keeps_the_tensor_itself():
     assert compress(x, CompressionConfig(enabled=False, kept_frac=0.9)).raw.shape == (10, 8)  # ceil(7.2) = 8: none
 
 
-def test_stash_projects_activations_not_leaves():
+def test_keep_projects_activations_not_leaves():
     leaf = torch.randn(20, 16)
     act = torch.randn(20, 16, requires_grad=True) * 2
-    assert stash(leaf, FP_PROJ) is leaf  # alive anyway: a projected copy would add memory
-    kept = stash(act, FP_PROJ)
+    assert as_kept(leaf, FP_PROJ) is leaf  # alive anyway: a projected copy would add memory
+    kept = as_kept(act, FP_PROJ)
     assert kept.raw.shape == (20, 8) and kept.proj_seed is not None
 
 

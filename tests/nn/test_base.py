@@ -44,7 +44,7 @@ def test_into_out_of_place(case):
     assert torch.equal(out, buf + other) and out.dtype == torch.result_type(buf, other)
 
 
-def test_kept_by_reference_mirrors_stash():
+def test_kept_by_reference_mirrors_keep():
     x = torch.randn(3, 2, requires_grad=True) * 2
     assert kept_by_reference(x, dgl_exact.CompressionConfig(enabled=False))
     assert not kept_by_reference(x, dgl_exact.CompressionConfig(bits=2))
@@ -297,9 +297,9 @@ def test_sage_mean_of_leaf_features_kept_compressed(with_ew, monkeypatch):
     from dgl_exact.ops import dense, sage
 
     kept = []
-    real = dense.stash
+    real = dense.as_kept
     for module in (dense, sage):  # the composed ops (with edge weights) and the fused sage_mean
-        monkeypatch.setattr(module, "stash", lambda x, cfg, force=False: kept.append(real(x, cfg, force)) or kept[-1])
+        monkeypatch.setattr(module, "as_kept", lambda x, cfg, force=False: kept.append(real(x, cfg, force)) or kept[-1])
     g = _graph(30)
     conv = dgl_exact.SAGEConv(5, 5, "mean", compression=dgl_exact.CompressionConfig(bits=2))
     x = torch.randn(30, 5)

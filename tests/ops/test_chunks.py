@@ -39,12 +39,12 @@ def test_row_chunks_dtypes_and_3d(dtype):
 
 
 @pytest.mark.parametrize("chunk", [40, 1000, 10 ** 6])
-def test_rows_together_decodes_each_item_as_unstash(chunk, monkeypatch):
+def test_rows_together_decodes_each_item_as_restore(chunk, monkeypatch):
     """Common row chunks over several kept items (different block sizes, a projected one, an exact tensor,
-    None): each item's chunks put together are its :func:`unstash` bit for bit, chunks start on multiples of
+    None): each item's chunks put together are its :func:`restore` bit for bit, chunks start on multiples of
     8 rows and of every item's block rows, and a short tail is merged. (A projected item's rows are
     unprojected by a product per chunk: equal up to the product's summation order.)"""
-    from dgl_exact.ops.keep import unstash
+    from dgl_exact.ops.keep import restore
     from dgl_exact.ops.chunks import rows_together
 
     monkeypatch.setattr(chunking, "CHUNK_ELEMENTS", chunk)
@@ -67,9 +67,9 @@ def test_rows_together_decodes_each_item_as_unstash(chunk, monkeypatch):
         if item is None:
             assert all(r is None for r in acc)
         elif getattr(item, "proj_seed", None) is not None:
-            torch.testing.assert_close(torch.cat(acc), unstash(item), rtol=1e-6, atol=1e-6)
+            torch.testing.assert_close(torch.cat(acc), restore(item), rtol=1e-6, atol=1e-6)
         else:
-            assert torch.equal(torch.cat(acc), unstash(item))
+            assert torch.equal(torch.cat(acc), restore(item))
 
 
 @pytest.mark.parametrize("kept_first", [False, True])

@@ -83,7 +83,7 @@ def test_chunked_block_and_bipartite_features():
 
 
 def test_chunked_compressed_same_kept_tensors():
-    """INT2: the chunked op makes the same stash calls, so the same compressed copies serve backward."""
+    """INT2: the chunked op makes the same keep calls, so the same compressed copies serve backward."""
     g = _graph()
     cfg = CompressionConfig(bits=2)
     _assert_same(_run(g, None, cfg=cfg), _run(g, 13, cfg=cfg), atol=1e-4)

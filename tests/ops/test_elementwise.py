@@ -2,7 +2,7 @@
 masks regenerated in backward, ``relu_dropout`` equal to dropout of relu.
 
 ``ops.relu_dropout(..., compress_for=cfg)``: the output's compressed copy made in the activation's own pass
-(kernel ``relu_dropout_compress``) and taken by the next op's stash instead of compressing the output again.
+(kernel ``relu_dropout_compress``) and taken by the next op's keep instead of compressing the output again.
 
 The fused path must give the same forward, the same kept compressed tensor and the same gradients as the
 unfused one when the random seeds are drawn in the same order; a copy is taken once, only under an equal
@@ -49,15 +49,15 @@ def test_fused_equals_unfused_bit_for_bit(shape, p):
         assert torch.equal(a, b)
 
 
-def test_the_next_stash_takes_the_offered_copy_once():
+def test_the_next_keep_takes_the_offered_copy_once():
     x = torch.randn(20, 8, requires_grad=True)
     with dgl_exact.config(INT2):
         h = ops.relu_dropout(x, 0.5, True, compress_for=INT2)
     offered = keeping.offered(h)
     assert isinstance(offered, CompressedTensor) and offered.bits == 2
     assert torch.allclose(decompress(offered), h.detach(), atol=float(h.detach().abs().max()) / 2)  # INT2 of h
-    assert keeping.default_stash(h, INT2) is offered
-    second = keeping.default_stash(h, INT2)  # a second keeper compresses anew (independent noise)
+    assert keeping.default_keep(h, INT2) is offered
+    second = keeping.default_keep(h, INT2)  # a second keeper compresses anew (independent noise)
     assert isinstance(second, CompressedTensor) and second is not offered
 
 

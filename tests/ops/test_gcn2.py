@@ -35,7 +35,7 @@ def small_chunks(monkeypatch):
 @pytest.fixture
 def exact_kept():
     """Every kept tensor exact (a copy where the op overwrites it), as a planner's fp32 slot keeps it."""
-    with keeping.stash_hook(lambda x, cfg, force: x.clone() if force else x):
+    with keeping.keep_hook(lambda x, cfg, force: x.clone() if force else x):
         yield
 
 
@@ -182,7 +182,7 @@ def test_int2_forward_exact_and_weight_gradients_unbiased():
     g = _graph(20)
     x, y = _data(20)
     model = _model("exact", 2, batch_norm=False)
-    with keeping.stash_hook(lambda t, cfg, force: t.clone() if force else t):
+    with keeping.keep_hook(lambda t, cfg, force: t.clone() if force else t):
         exact = _step(model, g, x, y)
     samples = {n: [] for n in exact[2]}
     for seed in range(200):
@@ -218,11 +218,11 @@ def test_kept_compressed_and_incoming_gradient_never_written():
     kept = []
 
     def hook(t, cfg, force):
-        item = keeping.default_stash(t, cfg, force)
+        item = keeping.default_keep(t, cfg, force)
         kept.append(item)
         return item
 
-    with keeping.stash_hook(hook):
+    with keeping.keep_hook(hook):
         out = gcn2.gcnii_layers(st, h0 * 1.0, [layer], head, None, layer.config)
     assert len(kept) == 2 and all(isinstance(k, dgl_exact.compression.CompressedTensor) for k in kept)
     gout = torch.randn(30, 3)

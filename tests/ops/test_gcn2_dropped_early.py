@@ -38,9 +38,9 @@ def _inputs(seed=0):
     return st, h0, head, layers, cfg, params
 
 
-def _recording_stash(kept):
+def _recording_keep(kept):
     def hook(t, cfg, force):
-        item = keeping.default_stash(t, cfg, force)
+        item = keeping.default_keep(t, cfg, force)
         kept.append(item)
         return item
     return hook
@@ -70,7 +70,7 @@ def _alive_per_layer(monkeypatch, retain_graph=False):
     st, h0, head, layers, cfg, params = _inputs()
     kept = []
     torch.manual_seed(5)
-    with keeping.stash_hook(_recording_stash(kept)):
+    with keeping.keep_hook(_recording_keep(kept)):
         out = gcn2.gcnii_layers(st, h0, layers, head, None, cfg)
     refs = _packed_refs(kept)
     del kept
@@ -152,7 +152,7 @@ def test_hooks_see_the_codes_and_nothing_is_dropped_under_them(monkeypatch):
     kept, stored = [], []
     torch.manual_seed(5)
     with torch.autograd.graph.saved_tensors_hooks(lambda t: stored.append(t) or t, lambda t: t):
-        with keeping.stash_hook(_recording_stash(kept)):
+        with keeping.keep_hook(_recording_keep(kept)):
             out = gcn2.gcnii_layers(st, h0, layers, head, None, cfg)
     stored_ptrs = {t.untyped_storage().data_ptr() for t in stored}
     assert all(item.packed.untyped_storage().data_ptr() in stored_ptrs for item in kept)
@@ -205,7 +205,7 @@ def test_a_layers_own_codes_are_freed_before_its_h0_gradient_is_formed(monkeypat
     st, h0, head, layers, cfg, params = _inputs()
     kept = []
     torch.manual_seed(5)
-    with keeping.stash_hook(_recording_stash(kept)):
+    with keeping.keep_hook(_recording_keep(kept)):
         out = gcn2.gcnii_layers(st, h0, layers, head, None, cfg)
     refs = _packed_refs(kept)
     del kept
@@ -227,19 +227,19 @@ def test_a_layers_own_codes_are_freed_before_its_h0_gradient_is_formed(monkeypat
 def _donated_run(donate, monkeypatch=None):
     st, h0, head, layers, cfg, params = _inputs()
     h = h0 * 1.0  # a tensor of this forward (a leaf that requires grad cannot be donated)
-    types_at_stash = []
+    types_at_keep = []
     if monkeypatch is not None:
-        real = gcn2.stash
+        real = gcn2.as_kept
 
         def spy(t, *a, **k):
-            types_at_stash.append(type(h))
+            types_at_keep.append(type(h))
             return real(t, *a, **k)
-        monkeypatch.setattr(gcn2, "stash", spy)
+        monkeypatch.setattr(gcn2, "as_kept", spy)
     torch.manual_seed(5)
     arg = donation.donate(h) if donate else h
     out = gcn2.gcnii_layers(st, arg, layers, head, None, cfg, release_h0=donate)
     grads = torch.autograd.grad(out.square().sum(), params)
-    return out.detach(), grads, h, types_at_stash
+    return out.detach(), grads, h, types_at_keep
 
 
 def test_a_donated_h0_is_released_before_the_output_layer_same_results(monkeypatch):
@@ -248,7 +248,7 @@ def test_a_donated_h0_is_released_before_the_output_layer_same_results(monkeypat
     assert torch.equal(out, d_out)
     for a, b in zip(grads, d_grads):
         assert torch.equal(a, b)
-    # every layer's stash saw h0 alive; the output layer's (the last stash) saw it released
+    # every layer's keep saw h0 alive; the output layer's (the last keep) saw it released
     assert types[:-1] == [donation.Donated] * (len(types) - 1) and types[-1] is donation.Released
     assert type(h) is torch.Tensor and type(d_h) is donation.Released
     with pytest.raises(RuntimeError, match="donated"):

@@ -57,7 +57,7 @@ def counted_seeds(monkeypatch):
 
 def _exact_kept():
     """Every kept tensor exact (a copy where the op overwrites it), as a planner's fp32 slot keeps it."""
-    return keeping.stash_hook(lambda x, cfg, force: x.clone() if force else x)
+    return keeping.keep_hook(lambda x, cfg, force: x.clone() if force else x)
 
 
 def _step(recompute, layers=5, dropout=0.0, batch_norm=True, hidden=7, seed=1, exact=False, model=None):
@@ -69,7 +69,7 @@ def _step(recompute, layers=5, dropout=0.0, batch_norm=True, hidden=7, seed=1, e
     model.zero_grad(set_to_none=True)
     torch.manual_seed(seed)
     getattr(gcn2.draw_seed, "reset", lambda: None)()   # counted_seeds: every step draws the same seeds
-    scope = _exact_kept() if exact else keeping.stash_hook(None)
+    scope = _exact_kept() if exact else keeping.keep_hook(None)
     with dgl_exact.config(enabled=True, bits=2), scope:
         out = model(g, x)
         F.cross_entropy(out, y).backward()

@@ -60,7 +60,7 @@ def test_operand_gradient_in_row_chunks_is_the_whole_product(shapes, compressed,
     ``(grad * other).sum_to_size(shape)`` of the same decoded ``other``, up to float summation order."""
     from dgl_exact.compression import compress
     from dgl_exact.ops import chunks
-    from dgl_exact.ops.keep import unstash
+    from dgl_exact.ops.keep import restore
     from dgl_exact.ops.products import operand_grad
 
     gen = torch.Generator().manual_seed(5)
@@ -69,7 +69,7 @@ def test_operand_gradient_in_row_chunks_is_the_whole_product(shapes, compressed,
     grad, b = torch.randn(out_shape, generator=gen), torch.randn(b_shape, generator=gen)
     kept = compress(b, INT2, seed=6) if compressed else b
     monkeypatch.setattr(chunks, "CHUNK_ELEMENTS", 5 * b[0].numel())
-    want = (grad * unstash(kept)).sum_to_size(a_shape)
+    want = (grad * restore(kept)).sum_to_size(a_shape)
     got = operand_grad(grad, kept, torch.Size(a_shape))
     assert got.shape == want.shape
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

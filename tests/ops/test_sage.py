@@ -41,7 +41,7 @@ def small_chunks(monkeypatch):
 @pytest.fixture
 def exact_kept():
     """Every kept tensor exact (a copy where the op overwrites it), as a planner's fp32 slot keeps it."""
-    with keeping.stash_hook(lambda x, cfg, force: x.clone() if force else x):
+    with keeping.keep_hook(lambda x, cfg, force: x.clone() if force else x):
         yield
 
 
@@ -94,8 +94,8 @@ def test_dtypes(dtype, small_chunks):
 @pytest.mark.parametrize("d_in,d_out,n_kept", [(7, 7, 2), (9, 4, 1)])
 def test_int2_forward_exact_input_grad_equal_and_kept_compressed(d_in, d_out, n_kept, small_chunks, monkeypatch):
     kept = []
-    real = sage.stash
-    monkeypatch.setattr(sage, "stash", lambda x, cfg, force=False: kept.append(real(x, cfg, force)) or kept[-1])
+    real = sage.as_kept
+    monkeypatch.setattr(sage, "as_kept", lambda x, cfg, force=False: kept.append(real(x, cfg, force)) or kept[-1])
     ref, ex = _pair(d_in, d_out)
     g = _graph(23)
     gen = torch.Generator().manual_seed(0)

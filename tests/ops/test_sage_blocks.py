@@ -63,7 +63,7 @@ def test_block_equals_dgl_with_exact_kept_tensors(d_in, d_out, hidden, bias, chu
     x = torch.randn(block.num_src_nodes(), d_in, generator=gen)
     gout = torch.randn(block.num_dst_nodes(), d_out, generator=gen)
     want = _run(ref, block, x, gout, hidden)
-    with keeping.stash_hook(lambda x, cfg, force: x.clone() if force else x):  # every kept tensor exact
+    with keeping.keep_hook(lambda x, cfg, force: x.clone() if force else x):  # every kept tensor exact
         got = _run(ex, block, x, gout, hidden)
     assert len(calls) == 1  # the fused op ran on the block
     torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-5)

@@ -33,7 +33,7 @@ def chunks(request, monkeypatch):
 
 
 def _exact_kept():
-    return keeping.stash_hook(lambda x, cfg, force: x.clone() if force else x)
+    return keeping.keep_hook(lambda x, cfg, force: x.clone() if force else x)
 
 
 @pytest.mark.parametrize("d_in,d_out", [(7, 7), (5, 9), (3, 20)])

@@ -65,26 +65,26 @@ def test_budget_plan_hook_applies_the_choice():
     g, feat, y, idx = P.sample_graph(spec, spec.nodes, spec.edges, 1)
     model = P.build_for(spec)
     kept = []
-    orig = keeping.default_stash
+    orig = keeping.default_keep
 
     def spy(x, cfg, force=False):
         out = orig(x, cfg, force)
         kept.append(out)
         return out
 
-    keeping.default_stash = spy
+    keeping.default_keep = spy
     try:
         with plan.active():
             P.loss_fn("exact")(model(g, feat), y, idx).backward()
     finally:
-        keeping.default_stash = orig
+        keeping.default_keep = orig
     first = kept[plan.slots[0].index]
     assert isinstance(first, CompressedTensor) and first.bits == 1
     assert all(isinstance(kept[s.index], torch.Tensor) for s in plan.slots[1:])
 
 
 def test_exact_slots_survive_in_place_ops():
-    """GCN's square layers (``ops.linear_reusing``) overwrite their input after a forced stash when compression is on:
+    """GCN's square layers (``ops.linear_reusing``) overwrite their input after a forced keep when compression is on:
     a slot kept exact under an INT2 scope (the fp32 reference of ``bench budget``, a plan's fp32 slot) must be a
     copy, and its gradient the exact one."""
     from dgl_exact.compression_config import CompressionConfig, config
@@ -99,15 +99,15 @@ def test_exact_slots_survive_in_place_ops():
 
     def grads(hook, scope):
         model = P.build_for(spec, seed=3)
-        with keeping.stash_hook(hook), config(scope):
+        with keeping.keep_hook(hook), config(scope):
             P.loss_fn("exact")(model(g, feat), y, idx).backward()
         return torch.cat([p.grad.flatten() for p in model.parameters()])
 
-    exact = grads(lambda x, c, f: keeping.default_stash(x, B.FP, f), B.FP)
+    exact = grads(lambda x, c, f: keeping.default_keep(x, B.FP, f), B.FP)
     kept_exact = grads(lambda x, c, f: B.keep(x, c, B.FP, f), int2)
     assert torch.allclose(kept_exact, exact, rtol=1e-4, atol=1e-6)
     v = gradient_variance(lambda: P.build_for(spec, seed=3), (g, feat, y, idx),
-                          lambda: (lambda x, c, f: keeping.default_stash(x, c, f)), draws=1, scope=int2)
+                          lambda: (lambda x, c, f: keeping.default_keep(x, c, f)), draws=1, scope=int2)
     assert v > 0
 
 
@@ -127,22 +127,22 @@ def test_a_plan_applied_to_another_forward_raises_and_its_scope_matches():
     g, feat, y, idx = P.sample_graph(spec, spec.nodes, spec.edges, 1)
     model = P.build_for(spec)
     shapes = []
-    orig = keeping.default_stash
+    orig = keeping.default_keep
 
     def spy(x, cfg, force=False):
         shapes.append(tuple(x.shape))
         return orig(x, cfg, force)
 
-    keeping.default_stash = spy
+    keeping.default_keep = spy
     try:
         with config(B.FP), plan.active():  # a caller's exact scope outside: the plan's own scope wins
             P.loss_fn("exact")(model(g, feat), y, idx).backward()
     finally:
-        keeping.default_stash = orig
+        keeping.default_keep = orig
     assert len(shapes) == plan.calls
     for s in plan.slots:
         assert shapes[s.index][1:] == s.shape[1:]
-    with config(B.FP), keeping.stash_hook(plan.hook()):  # the plan's hook under the exact scope: one copy fewer
+    with config(B.FP), keeping.keep_hook(plan.hook()):  # the plan's hook under the exact scope: one copy fewer
         with pytest.raises(B.PlanMismatchError, match="recorded under"):
             model(g, feat)
     data = (g, feat, y, idx)
@@ -409,15 +409,15 @@ def test_sensitivity_of_batch_norm_inputs_matches_measurement(option, relative):
     assert B.per_parameter_steps("adam") and B.per_parameter_steps("rmsprop") and not B.per_parameter_steps("sgd")
 
 
-def test_gat_makes_the_same_stash_calls_whatever_the_plan_keeps_exactly():
-    """A plan's slots are numbered by stash call: GAT's second copy of its source features must be stashed
+def test_gat_makes_the_same_keep_calls_whatever_the_plan_keeps_exactly():
+    """A plan's slots are numbered by keep call: GAT's second copy of its source features must be kept
     whether or not the plan keeps the first copy exactly (it was skipped, so every later slot got the next
     slot's option and the probe measured zero variance for the copy)."""
     spec = P.PlanSpec(model="gat", nodes=1500, edges=9000, features=16, classes=3, hidden=8, layers=2, heads=2)
     g = P.SampleGraph(spec, spec.nodes, spec.edges)
     int2 = select("INT2")[0]
-    reference = [st.shape for st in g.record(int2).stashes]
-    first_copy = next(st.index for st in g.record(int2).stashes if st.kept == "compressed")
+    reference = [st.shape for st in g.record(int2).keeps]
+    first_copy = next(st.index for st in g.record(int2).keeps if st.kept == "compressed")
 
     def exact_first(rec):
         count = [0]
@@ -428,7 +428,7 @@ def test_gat_makes_the_same_stash_calls_whatever_the_plan_keeps_exactly():
             return rec(x, B.FP if i == first_copy else cfg, force)
         return hook
 
-    assert [st.shape for st in g.record(int2, hook=exact_first).stashes] == reference
+    assert [st.shape for st in g.record(int2, hook=exact_first).keeps] == reference
     assert len(reference) > first_copy + 1 and reference[first_copy + 1] == reference[first_copy]
 
 
@@ -519,9 +519,9 @@ def test_bench_budget_takes_sizes_or_setting_names():
 
 def _run(timeline, lives, shape=(20000, 128)):
     """A recorded step (at full size) whose kept activations are alive at the points ``born <= j < died``."""
-    stashes = [P.StashRecord(i, shape, "float32", "compressed", 0, False, False, born, died)
+    keeps = [P.KeptRecord(i, shape, "float32", "compressed", 0, False, False, born, died)
                for i, (born, died) in enumerate(lives)]
-    return P.SampleRun(shape[0], 0, list(timeline), ["op"] * len(timeline), 0, stashes, 0, 0, 0, [], 0.0)
+    return P.SampleRun(shape[0], 0, list(timeline), ["op"] * len(timeline), 0, keeps, 0, 0, 0, [], 0.0)
 
 
 def test_peak_model_keeps_a_tensor_freed_before_the_peak_exactly():
