@@ -312,3 +312,41 @@ def test_sage_mean_of_leaf_features_kept_compressed(with_ew, monkeypatch):
 def _skip_without_cpu_fp16_matmul(dtype):
     if dtype == torch.float16 and tuple(int(v) for v in torch.__version__.split(".")[:2]) < (2, 2):
         pytest.skip("torch < 2.2 has no fp16 matmul on the CPU (addmm_impl_cpu_)")
+
+
+@pytest.mark.parametrize("case", ["hook", "subclass", "double-backward"])
+def test_gcn2_donated_input_with_hooks_subclass_and_double_backward(case):
+    """The donated-input path under a forward hook (declines: a hook may read the input), in a subclass (same
+    results as undonated) and with a double backward (the same as the undonated call: both give the same second
+    derivative or both refuse with the same error)."""
+    g = _graph(20)
+    gen = torch.Generator().manual_seed(2)
+    cls = dgl_exact.GCN2Conv if case != "subclass" else type("MyGCN2Conv", (dgl_exact.GCN2Conv,), {})
+    conv = cls(6, 2, alpha=0.2, compression=dgl_exact.CompressionConfig(bits=2))
+    if case == "hook":
+        conv.register_forward_hook(lambda mod, args, out: None)
+    x = torch.randn(20, 6, generator=gen, requires_grad=True)
+    r = torch.randn(20, 6, generator=gen)
+    results = []
+    for give in (False, True):
+        torch.manual_seed(3)
+        h = x * 1.0
+        out = conv(g, dgl_exact.donate(h) if give else h, x * 2.0)
+        if case == "double-backward":
+            try:
+                (gx,) = torch.autograd.grad((out * r).sum(), x, create_graph=True)
+                results.append(("ok", torch.autograd.grad(gx.pow(2).sum(), x)[0]))
+            except RuntimeError as e:
+                results.append(("error", str(e).splitlines()[0]))
+            continue
+        results.append((out.detach(), *torch.autograd.grad(out, (x, *conv.parameters()), r, allow_unused=True)))
+        if give:
+            released = type(h) is dgl_exact.ops.donation.Released
+    if case == "double-backward":
+        assert results[0][0] == results[1][0]
+        if results[0][0] == "ok":
+            assert torch.equal(results[0][1], results[1][1])
+        return
+    assert released == (case == "subclass")
+    for a, b in zip(*results):
+        assert (a is None and b is None) or torch.equal(a, b)
