@@ -98,10 +98,12 @@ def train_user_model(work: Workload, model_name: str, setting: Setting, seed: in
 
 def user_accuracy_grid(dataset, models: Sequence[str], settings: Sequence[Setting], runs: int, epochs: int,
                        sink: ResultSink, *, seed: int = 0, lr: float = 0.01, weight_decay: float = 5e-4,
-                       device="cpu", progress: bool = True) -> List[Dict]:
+                       device="cpu", progress: bool = True, **model_options) -> List[Dict]:
     """Test metric of each user model over ``runs`` seeds (``seed``, ``seed + 1``, ...; the same for every
-    setting) per setting, compared with its baseline (:func:`compare_to_baseline`). PyG settings are skipped."""
-    work = Workload(dataset, device)
+    setting) per setting, compared with its baseline (:func:`compare_to_baseline`). PyG settings are skipped.
+    ``model_options``: :class:`~dgl_exact.bench.runner.Workload`'s ``hidden``, ``layers``, ``dropout`` and
+    ``batch_norm`` (each model's benchmark default where not given)."""
+    work = Workload(dataset, device, **model_options)
     rows = []
     for model_name in models:
         model_rows = []

@@ -223,7 +223,8 @@ def build_user_model(name: str, in_feats: int, hidden: int, classes: int, layers
     elif name == "arxiv-gat-user":
         model = ArxivGAT(in_feats, hidden, classes, layers, ARXIV_GAT_HEADS, F.relu, dropout)
     elif name in ("user-gcn2", "user-gcn2-donate"):
-        model = UserGCNII(in_feats, hidden, classes, layers, dropout, donate_inputs=name.endswith("donate"))
+        model = UserGCNII(in_feats, hidden, classes, layers, dropout, batch_norm=batch_norm,
+                          donate_inputs=name.endswith("donate"))
     else:
         model = UserSAGE(in_feats, hidden, classes, layers, dropout, batch_norm,
                          donate_inputs=name.endswith("donate"))
@@ -340,17 +341,19 @@ class ArxivGAT(ArxivModel):
 class UserGCNII(nn.Module):
     """A user's GCNII loop: ``Linear(in, hidden)`` and ReLU give ``h0``; ``layers`` ``dgl.nn.GCN2Conv``
     (``alpha`` 0.1, ``lambda_`` 0.5, layer ``i + 1``), each followed by an ``nn.Sequential(BatchNorm1d,
-    ReLU, Dropout)``; ``Linear(hidden, classes)`` out. ``donate_inputs``: every conv from the second on is
-    given its input with :func:`dgl_exact.donate` (the first one's input is ``h0``, which every layer reads)."""
+    ReLU, Dropout)`` (without the ``BatchNorm1d`` where ``batch_norm`` is False: the recipe that learns Cora's
+    140 labels at 16 layers); ``Linear(hidden, classes)`` out. ``donate_inputs``: every conv from the second on
+    is given its input with :func:`dgl_exact.donate` (the first one's input is ``h0``, which every layer reads)."""
 
     def __init__(self, in_feats: int, hidden: int, classes: int, layers: int, dropout: float,
-                 alpha: float = 0.1, lambda_: float = 0.5, donate_inputs: bool = False):
+                 alpha: float = 0.1, lambda_: float = 0.5, donate_inputs: bool = False, batch_norm: bool = True):
         super().__init__()
         self.donate_inputs = donate_inputs
         self.inp = nn.Linear(in_feats, hidden)
         self.convs = nn.ModuleList(dgl.nn.GCN2Conv(hidden, layer=i + 1, alpha=alpha, lambda_=lambda_)
                                    for i in range(layers))
-        self.posts = nn.ModuleList(nn.Sequential(nn.BatchNorm1d(hidden), nn.ReLU(), nn.Dropout(dropout))
+        self.posts = nn.ModuleList(nn.Sequential(*([nn.BatchNorm1d(hidden)] if batch_norm else []), nn.ReLU(),
+                                                 nn.Dropout(dropout))
                                    for _ in range(layers))
         self.out = nn.Linear(hidden, classes)
 

@@ -327,7 +327,9 @@ def bench_kernels(rows, cols, repeats, device, out, quiet):
                                       "standard errors of the difference.")
 @click.option("--runs", type=_COUNT, default=10, show_default=True, help="Seeds per setting.")
 @click.option("--epochs", type=_COUNT, default=200, show_default=True)
-@click.option("--conf", default=None, show_default="none", help="YAML of training defaults (as for `train`).")
+@click.option("--conf", default=None, show_default="none",
+              help="YAML of training defaults (as for `train`); for the user models its lr, weight_decay, seed and, "
+                   "where set, hidden, layers, dropout and batch_norm.")
 @click.option("--device", default=DEFAULT_DEVICE, show_default=True)
 @click.option("--data-root", default=lambda: os.environ.get("DGL_EXACT_DATA", "data"), show_default=DATA_ROOT_SHOWN)
 @click.option("--out", default="bench-results", show_default=True, type=click.Path(file_okay=False))
@@ -363,10 +365,11 @@ def bench_accuracy(dataset, models, settings, runs, epochs, conf, device, data_r
                                  "model": "gcn" if model in USER_MODELS else model.split("-", 1)[-1]})
         except ValueError as e:
             raise UserError(str(e)) from None
-        if model in USER_MODELS:
+        if model in USER_MODELS:  # --conf's width, depth, dropout and batch norm where it sets them
+            shape = {k: base[k] for k in ("hidden", "layers", "dropout", "batch_norm") if k in base}
             rows += user_accuracy_grid(ds, [model], chosen, runs, epochs, sink, seed=cfg.seed, lr=cfg.lr,
                                        weight_decay=cfg.weight_decay, device=resolve_device(cfg.device),
-                                       progress=not quiet)
+                                       progress=not quiet, **shape)
         else:
             rows += accuracy_grid(ds, cfg, chosen, runs, sink, progress=not quiet)
     click.echo(sink.finish(ACCURACY_COLUMNS, "Accuracy", f"{ds.summary()}; {runs} seeds per setting; "

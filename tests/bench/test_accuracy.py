@@ -46,3 +46,28 @@ def test_user_models_train_as_written_and_converted(tmp_path, model):
     assert all(len(r["tests"]) == 2 and 0 <= r["test_mean"] <= 1 for r in rows)
     assert rows[0]["verdict"] == "baseline" and rows[1]["se_delta"] is not None
     assert sink.rows == rows  # written as they came, then completed
+
+
+def test_user_gcn2_takes_the_model_options_it_is_given(tmp_path, monkeypatch):
+    """--conf's hidden/layers/dropout/batch_norm reach the user model (user-gcn2 without batch norm: the recipe
+    that learns a small label set at depth)."""
+    import torch.nn as nn
+
+    from dgl_exact.bench import accuracy
+    from dgl_exact.data import load_dataset
+
+    built = []
+    real = accuracy.Workload.build
+
+    def spy(self, model, impl, seed=0, recompute=None):
+        built.append(real(self, model, impl, seed=seed, recompute=recompute))
+        return built[-1]
+
+    monkeypatch.setattr(accuracy.Workload, "build", spy)
+    ds = load_dataset("synthetic-small:num_nodes=60,num_features=8,num_classes=3", quiet=True)
+    user_accuracy_grid(ds, ["user-gcn2"], select("DGL fp32"), 1, 1, ResultSink(str(tmp_path), "accuracy"),
+                       progress=False, hidden=12, layers=3, dropout=0.25, batch_norm=False)
+    model = built[0]
+    assert len(model.convs) == 3 and model.inp.out_features == 12
+    assert not any(isinstance(m, nn.BatchNorm1d) for m in model.modules())
+    assert [m.p for m in model.modules() if isinstance(m, nn.Dropout)] == [0.25] * 3
