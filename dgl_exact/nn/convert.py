@@ -120,9 +120,8 @@ def _qualname(cls) -> str:
     return f"{cls.__module__.split('.')[0]}.{cls.__name__}"
 
 
-def _why_fp32(module: nn.Module, saved_tensors: bool, refused: Optional[str] = None) -> Optional[str]:
-    """Why ``module`` (not converted) keeps what it saves in fp32; None if there is nothing to say.
-    ``refused``: why its drop-in refused it (a PyG conv with a setting the drop-in does not support)."""
+def _why_fp32(module: nn.Module, saved_tensors: bool) -> Optional[str]:
+    """Why ``module`` (not converted) keeps what it saves in fp32; None if there is nothing to say."""
     cls = type(module)
     if cls.__module__.startswith("dgl_exact.") or isinstance(module, _KEEP_NOTHING):
         return None
@@ -131,8 +130,6 @@ def _why_fp32(module: nn.Module, saved_tensors: bool, refused: Optional[str] = N
     pyg = _pyg()
     if pyg is not None and _pyg_keeps_nothing(module):
         return None
-    if refused is not None:
-        return f"{_qualname(cls)} not converted ({refused}): runs as PyG runs it" + fallback
     known = (*_conversions(), *(pyg.CONVERSIONS if pyg is not None else ()))
     base = next((b for b in known if isinstance(module, b)), None)
     if base is not None:
@@ -161,13 +158,16 @@ def compress_model(model: nn.Module, config: Optional[CompressionConfig] = None,
 
     Converts modules whose type is exactly one of DGL's ``GraphConv``, ``SAGEConv``, ``GATConv``,
     ``GCN2Conv``, PyTorch Geometric's ``GCNConv``, ``SAGEConv``, ``GATConv``, ``GATv2Conv``, ``GCN2Conv``,
-    ``Linear`` (to :mod:`dgl_exact.pyg`'s drop-ins, where :func:`dgl_exact.pyg.refusal` finds nothing) or torch's
+    ``Linear`` (to :mod:`dgl_exact.pyg`'s drop-ins, whatever their settings) or torch's
     ``Linear``, ``BatchNorm1d``, ``LayerNorm``, ``ReLU``, ``LeakyReLU``, ``ELU``, ``GELU``, ``SiLU``, ``PReLU``,
     ``Softmax``, ``LogSoftmax``, ``Dropout`` (subclasses are left alone: their forward may differ); PyG's
     ``BatchNorm`` runs its ``torch.nn.BatchNorm1d``, converted as torch's. Converted modules keep their
-    train/eval mode. A residual (``x + f(x)``) keeps nothing for backward: nothing to convert. A PyG
-    ``MessagePassing`` without a drop-in (or refused by it) runs as PyG runs it, its ``propagate`` saving what
-    PyG saves (fp32 unless ``saved_tensors=True``); the report names it.
+    train/eval mode. A residual (``x + f(x)``) keeps nothing for backward: nothing to convert. A PyG conv with
+    a setting its drop-in has no compressed path for (``decomposed_layers > 1``, SAGE's ``lstm`` or several
+    aggregations, GAT's ``edge_dim``: :func:`dgl_exact.pyg.pyg_code`) is converted and runs PyG's code, what it
+    saves compressed by :func:`dgl_exact.compress_saved` at its configuration; the report says so. A PyG
+    ``MessagePassing`` without a drop-in runs as PyG runs it, its ``propagate`` saving what PyG saves (fp32
+    unless ``saved_tensors=True``); the report names it.
 
     ``config`` becomes the model's configuration (None: keep the one it has, else follow the configuration in
     force): every compressed op that runs inside ``model``'s forward runs at it (converted modules take it as
@@ -199,22 +199,8 @@ def compress_model(model: nn.Module, config: Optional[CompressionConfig] = None,
     if config is not None and not isinstance(config, CompressionConfig):
         raise TypeError(f"config must be a dgl_exact.CompressionConfig or None, got {type(config).__name__}")
     result = ConversionReport()
-    converted = []
-    refused = {}  # qualified name -> why PyG's conv stays as it is
-    pyg, conversions = _pyg(), _conversions()
-    for name, module in list(model.named_modules()):
-        target = conversions.get(type(module))
-        if target is None and pyg is not None and type(module) in pyg.CONVERSIONS:
-            refused[name] = pyg.refusal(module)
-            target = None if refused[name] is not None else pyg.CONVERSIONS[type(module)]
-        if target is None:
-            continue
-        old = f"{type(module).__module__.split('.')[0]}.{type(module).__name__}"  # before the class changes
-        module.__class__ = target
-        if hasattr(target, "_init_compression"):
-            module.compression = None
-            converted.append(module)
-        result.converted[name] = f"{old} -> dgl_exact.{target.__name__}"
+    pyg = _pyg()
+    converted = _convert_modules(model, pyg, result)
     if fuse:
         for name, module in list(model.named_modules()):
             if isinstance(module, nn.Sequential):
@@ -231,10 +217,32 @@ def compress_model(model: nn.Module, config: Optional[CompressionConfig] = None,
               if pyg is not None and isinstance(module, pyg.pyg_nn.MessagePassing)}
     for name, module in model.named_modules():
         if name not in result.converted and name not in inside:
-            why = _why_fp32(module, saved_tensors, refused.get(name))
+            why = _why_fp32(module, saved_tensors)
             if why is not None:
                 result.fp32[name] = why
     return (model, result) if report else model
+
+
+def _convert_modules(model: nn.Module, pyg, result: ConversionReport) -> list:
+    """Swap the class of every module of ``model`` whose exact type has a dgl_exact version (``pyg``: the PyG
+    conversions, where PyG is loaded), noting each in ``result`` (a PyG conv's setting that runs PyG's code
+    too: :func:`dgl_exact.pyg.pyg_code`); returns the converted modules that take a ``compression``."""
+    conversions = {**_conversions(), **(pyg.CONVERSIONS if pyg is not None else {})}
+    converted = []
+    for name, module in list(model.named_modules()):
+        target = conversions.get(type(module))
+        if target is None:
+            continue
+        old = f"{type(module).__module__.split('.')[0]}.{type(module).__name__}"  # before the class changes
+        module.__class__ = target
+        if hasattr(target, "_init_compression"):
+            module.compression = None
+            converted.append(module)
+        result.converted[name] = f"{old} -> dgl_exact.{target.__name__}"
+        setting = pyg.pyg_code(module) if pyg is not None else None
+        if setting is not None:
+            result.converted[name] += f" ({setting}: runs PyG's code, what it saves compressed by compress_saved)"
+    return converted
 
 
 # --- the model's configuration: a scope around its forward ------------------------------------------------

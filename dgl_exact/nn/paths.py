@@ -118,7 +118,9 @@ class Explanation:
 def explain(model: nn.Module, *inputs, **kwargs) -> Explanation:
     """Run ``model(*inputs, **kwargs)`` once (in its current train/eval mode, grad enabled, no backward) and
     list, for each dgl_exact module and each module a fused path covered, which path its call took and
-    why a fast path was refused. Running it draws random numbers and, in training mode, updates batch
+    why a fast path was refused (a module that decides no fast path here may say itself, by an
+    ``explain_path()`` method returning ``(path, why)`` or None: :mod:`dgl_exact.pyg`'s drop-ins name the
+    setting for which they run PyG's code). Running it draws random numbers and, in training mode, updates batch
     norm's running statistics, as any forward does."""
     from ..ops.saved import observe_saved, tensors_in
 
@@ -152,7 +154,9 @@ def explain(model: nn.Module, *inputs, **kwargs) -> Explanation:
         if entry is None:
             if not type(m).__module__.startswith("dgl_exact."):
                 continue
-            entry = (None, COMPOSED, "", False)
+            own = getattr(m, "explain_path", None)  # a module that runs another library's code for some settings
+            found = own() if callable(own) else None
+            entry = (None, *found, False) if found is not None else (None, COMPOSED, "", False)
         rows.append((name or "<root>", type(m).__name__, entry[1], entry[2] or ""))
     return Explanation(rows, fp32)
 

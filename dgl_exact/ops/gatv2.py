@@ -13,10 +13,15 @@ Gradients, with ``g`` the score gradient ``[E, H]`` (softmax backward from the e
 kept slope per element (1 or ``negative_slope``): ``d att = sum_e g m z_hat`` (linear in the decompressed
 ``z_hat``: unbiased), ``d z = g m att`` onto the sources (``x_l``) and destinations (``x_r``). Double
 backward recomputes the reference from exactly kept inputs and refuses compressed ones.
+
+The ``[E, H, C]`` tensors (``z`` and its signs in the forward; ``z`` and ``d z`` in the backward) are formed
+over contiguous edge ranges, one at a time (:func:`_edge_ranges`: the edge budget of GAT's chunked attention,
+:mod:`dgl_exact.ops.edge_chunks`), so that at most one range's exist at once; the ``[E, H]`` scores, attention
+and score gradient are whole.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -25,6 +30,7 @@ from .. import kernels
 from ..compression_config import CompressionConfig, resolve_config
 from ..kernels import reference as kernel_reference
 from .double_backward import check_double_backward, create_graph_requested, recompute_vjp
+from .gat import attention_chunk_budget
 from .keep import fresh_outputs, as_kept, restore
 from .saved import load_kept, needs_saving, save_kept
 from .structure import GraphStructure, edge_softmax_forward, structure_of
@@ -32,13 +38,44 @@ from .structure import GraphStructure, edge_softmax_forward, structure_of
 __all__ = ["gatv2_attention"]
 
 
-def _scores(st: GraphStructure, x_l: torch.Tensor, x_r: torch.Tensor, att: torch.Tensor, slope: float):
-    """``(scores [E, H], z > 0 [E, H, C])``; the one ``[E, H, C]`` temporary is activated in place."""
-    z = x_l.index_select(0, st.src)
-    z += x_r.index_select(0, st.dst)
+def _scores(st: GraphStructure, x_l: torch.Tensor, x_r: torch.Tensor, att: torch.Tensor, slope: float,
+            e0: int = 0, e1: Optional[int] = None):
+    """``(scores [e1 - e0, H], z > 0 [e1 - e0, H, C])`` of the edges ``[e0, e1)`` (default: all); the one
+    ``[edges, H, C]`` temporary is activated in place."""
+    e1 = st.num_edges if e1 is None else e1
+    z = x_l.index_select(0, st.src[e0:e1])
+    z += x_r.index_select(0, st.dst[e0:e1])
     positive = z > 0
     F.leaky_relu(z, slope, inplace=True)
     return torch.einsum("ehc,hc->eh", z, att.reshape(att.shape[-2:]).to(z.dtype)), positive
+
+
+def _edge_ranges(st: GraphStructure) -> List[Tuple[int, int]]:
+    """Contiguous edge ranges ``[(e0, e1), ...]`` the per-edge ``[edges, H, C]`` tensors are formed over, one at a
+    time: the edge budget of GAT's chunked attention (:func:`dgl_exact.ops.gat.attention_chunk_budget`, asked
+    with unit width: these per-edge tensors are as wide as the node features, so they dominate wherever edges
+    outnumber a quarter of the sources), rounded down to a multiple of 8 so that each range's sign bits start
+    on a byte of the packed mask; one range without a budget."""
+    budget = attention_chunk_budget(st, 0.0)
+    n = st.num_edges
+    if budget is None or n <= budget:
+        return [(0, n)]
+    step = max(8, budget - budget % 8)
+    return [(e0, min(e0 + step, n)) for e0 in range(0, n, step)]
+
+
+def _all_scores(st: GraphStructure, x_l, x_r, att, slope: float, ranges, keep_signs: bool):
+    """``(scores [E, H], packed signs of z or None)``, formed range by range (:func:`_edge_ranges`)."""
+    scores, packed = [], []
+    for e0, e1 in ranges:
+        part, positive = _scores(st, x_l, x_r, att, slope, e0, e1)
+        scores.append(part)
+        if keep_signs:
+            packed.append(kernels.get("pack_mask", positive.device)(positive))
+        del positive
+    if len(ranges) == 1:
+        return scores[0], (packed[0] if keep_signs else None)
+    return torch.cat(scores), (torch.cat(packed) if keep_signs else None)
 
 
 def _reference(st: GraphStructure, x_l, x_r, att, slope: float):
@@ -50,12 +87,11 @@ def _reference(st: GraphStructure, x_l, x_r, att, slope: float):
 class _GATv2Attention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x_l, x_r, att, st: GraphStructure, slope: float, cfg: CompressionConfig):
-        scores, positive = _scores(st, x_l, x_r, att, slope)
+        ranges = _edge_ranges(st)
+        scores, packed = _all_scores(st, x_l, x_r, att, slope, ranges, keep_signs=True)
         alpha = edge_softmax_forward(st, scores)
         del scores
-        packed = kernels.get("pack_mask", positive.device)(positive)
-        del positive
-        ctx.st, ctx.slope, ctx.same, ctx.shape = st, slope, x_r is x_l, tuple(x_l.shape[1:])
+        ctx.st, ctx.slope, ctx.same, ctx.shape, ctx.ranges = st, slope, x_r is x_l, tuple(x_l.shape[1:]), ranges
         save_kept(ctx, as_kept(x_l, cfg), None if ctx.same else as_kept(x_r, cfg), packed, alpha, att)
         return alpha
 
@@ -72,22 +108,36 @@ class _GATv2Attention(torch.autograd.Function):
         dtype = grad_alpha.dtype
         # the softmax's backward, from the exact attention
         g = alpha * (grad_alpha - st.edge_sum_to(grad_alpha * alpha, "dst").index_select(0, st.dst))
-        grad_att = None
-        if ctx.needs_input_grad[2]:
+        want_l, want_r, want_att = ctx.needs_input_grad[:3]
+        x_l = x_r = None
+        if want_att:
             x_l = restore(xl_s).to(dtype)
             x_r = x_l if ctx.same else restore(xr_s).to(dtype)
-            z = x_l.index_select(0, st.src)
-            z += x_r.index_select(0, st.dst)
-            del x_l, x_r
-            z = kernels.get("masked_scale", z.device)(z, packed, 1.0, slope)  # LeakyReLU at the kept signs
-            grad_att = torch.einsum("eh,ehc->hc", g, z).view(att.shape).to(att.dtype)
-            del z
-        grad_xl = grad_xr = None
-        if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
-            gz = g.unsqueeze(-1) * att.reshape(att.shape[-2:]).to(dtype)
-            gz = kernels.get("masked_scale", gz.device)(gz, packed, 1.0, slope)
-            grad_xl = st.edge_sum_to(gz, "src") if ctx.needs_input_grad[0] else None
-            grad_xr = st.edge_sum_to(gz, "dst") if ctx.needs_input_grad[1] else None
+        a = att.reshape(att.shape[-2:]).to(dtype)
+        width = a.numel()  # sign bits per edge
+        grad_att = torch.zeros_like(a) if want_att else None
+        grad_xl = g.new_zeros((st.num_src,) + ctx.shape) if want_l else None
+        grad_xr = g.new_zeros((st.num_dst,) + ctx.shape) if want_r else None
+        scale = kernels.get("masked_scale", g.device)
+        # the per-edge [edges, H, C] tensors one edge range at a time; index_add_ in edge order, as edge_sum_to
+        for e0, e1 in ctx.ranges:
+            bits = packed[e0 * width // 8:]  # a range starts on a byte (_edge_ranges)
+            g_part = g[e0:e1]
+            if want_att:
+                z = x_l.index_select(0, st.src[e0:e1])
+                z += x_r.index_select(0, st.dst[e0:e1])
+                z = scale(z, bits, 1.0, slope)  # LeakyReLU at the kept signs
+                grad_att += torch.einsum("eh,ehc->hc", g_part, z)
+                del z
+            if want_l or want_r:
+                gz = scale(g_part.unsqueeze(-1) * a, bits, 1.0, slope)
+                if want_l:
+                    grad_xl.index_add_(0, st.src[e0:e1], gz)
+                if want_r:
+                    grad_xr.index_add_(0, st.dst[e0:e1], gz)
+                del gz
+        if grad_att is not None:
+            grad_att = grad_att.view(att.shape).to(att.dtype)
         return grad_xl, grad_xr, grad_att, None, None, None
 
 
@@ -107,5 +157,6 @@ def gatv2_attention(g, x_l: torch.Tensor, x_r: torch.Tensor, att: torch.Tensor, 
         raise ValueError(f"x_l has {x_l.shape[0]} rows and x_r {x_r.shape[0]}, but the graph has {st.num_src} "
                          f"source and {st.num_dst} destination nodes")
     if not needs_saving(x_l, x_r, att):
-        return edge_softmax_forward(st, _scores(st, x_l, x_r, att, float(negative_slope))[0])
+        slope = float(negative_slope)
+        return edge_softmax_forward(st, _all_scores(st, x_l, x_r, att, slope, _edge_ranges(st), False)[0])
     return _GATv2Attention.apply(x_l, x_r, att, st, float(negative_slope), resolve_config(config))

@@ -6,6 +6,10 @@ backward are compressed under its ``compression`` (or the configuration in force
 aggregation kernels over the graph read from ``edge_index`` (:mod:`.structure`), without a DGL graph.
 A conv on which a PyG hook is registered (``register_propagate_forward_hook`` and the like) or ``explain`` is
 set runs PyG's own forward instead (uncompressed): those hooks see per-edge tensors the fused ops never form.
+Every constructor argument PyG's class takes is accepted: a setting no compressed path here computes
+(``decomposed_layers > 1``, SAGE's ``lstm``, learnable or several aggregations, GAT's and GATv2's ``edge_dim``:
+:func:`pyg_code`) runs PyG's own code, what it saves for backward compressed by :func:`dgl_exact.compress_saved`
+at the conv's configuration. ``torch.jit.script`` compiles PyG's class over the drop-in's weights (uncompressed).
 
 Besides PyG's arguments, every drop-in takes ``compression``: this module's
 :class:`~dgl_exact.CompressionConfig` (default None: the configuration in force); the convs pass their other
@@ -24,7 +28,7 @@ from .gcn_conv import GCNConv
 from .linear import Linear
 from .sage_conv import SAGEConv
 from .structure import EdgeStructure
-from .conversions import CONVERSIONS, convert, refusal
+from .conversions import CONVERSIONS, convert, pyg_code, refusal
 
 __all__ = ["GCNConv", "SAGEConv", "GATConv", "GATv2Conv", "GCN2Conv", "Linear", "EdgeStructure", "CONVERSIONS",
-           "convert", "refusal"]
+           "convert", "pyg_code", "refusal"]

@@ -3,16 +3,19 @@ or a ``torch.sparse`` adjacency) read into a cached :class:`~.structure.EdgeStru
 ops they run on it (dgl_exact's autograd graph ops, which keep only what backward needs)."""
 from __future__ import annotations
 
+from copy import copy as shallow_copy
 from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
 
+from .._compat import compiling
 from .._docs import doc_filler
 from ..compression_config import CompressionConfig, ConfiguredModule
 from ..ops.graph import CopyUMinMax, CopyUReduce, UMulESum
 from ..ops.keep import fresh_outputs
 from ..ops.saved import needs_saving
+from ..saved_tensors import compress_saved
 from .structure import EdgeStructure, edge_structure
 
 #: the docstring text the drop-ins share, written once: a line of a docstring that is only ``%(name)s`` becomes
@@ -51,13 +54,97 @@ shared_doc = doc_filler(DOC_FRAGMENTS)
 
 class CompressedMixin(ConfiguredModule):
     """``compression`` (a :class:`~dgl_exact.CompressionConfig` or None: the configuration in force), the
-    configuration a forward runs under (compression off outside training), and when PyG's own forward runs."""
+    configuration a forward runs under (compression off outside training), and when PyG's own code runs: for
+    a call with a PyG hook or ``explain`` (:meth:`_hooked`), and for a setting no compressed path here computes
+    (:meth:`pyg_setting`), which every drop-in accepts as PyG's class does and runs as PyG's code
+    (:meth:`_pyg_forward`)."""
+
+    #: the aggregations (``aggr``) the drop-in's compressed path computes; None: not a ``MessagePassing``
+    compressed_aggregations: Optional[Tuple[str, ...]] = None
+
+    @classmethod
+    def pyg_setting(cls, conv: torch.nn.Module) -> Optional[str]:
+        """The setting of ``conv`` (this drop-in, or the PyG conv it replaces: read from its attributes, which
+        may change after construction, as ``decomposed_layers`` does) that this drop-in has no compressed path
+        for, so that its forward runs PyG's code; None where its own path computes it. Here: PyG's
+        ``decomposed_layers > 1`` and an aggregation other than :attr:`compressed_aggregations`; a drop-in adds
+        its own."""
+        if cls.compressed_aggregations is None:
+            return None
+        if conv.decomposed_layers != 1:
+            return f"decomposed_layers={conv.decomposed_layers}"
+        aggr = conv.aggr  # (PyG stores an Aggregation object's as its str, a list's as a list of those)
+        if not isinstance(aggr, str) or aggr not in cls.compressed_aggregations:
+            return f"aggr {aggr!r}"
+        return None
+
+    def _hooked(self) -> bool:
+        """Whether a hook on ``propagate``, ``message``, ``aggregate``, ``message_and_aggregate`` or
+        ``edge_update`` is registered, or ``explain`` is set: those see PyG's per-edge tensors, which
+        dgl_exact's fused ops never form (never, on a module that is not a ``MessagePassing``)."""
+        if self.compressed_aggregations is None:
+            return False
+        return bool(self._explain) or any(getattr(self, name) for name in _PYG_HOOKS)
 
     def _runs_as_pyg(self) -> bool:
-        """Whether this call must run PyG's own forward (uncompressed): a hook on ``propagate``, ``message``,
-        ``aggregate``, ``message_and_aggregate`` or ``edge_update`` is registered, or ``explain`` is set. Those see
-        PyG's per-edge tensors, which dgl_exact's fused ops never form."""
-        return bool(self._explain) or any(getattr(self, name) for name in _PYG_HOOKS)
+        """Whether this call runs PyG's own forward (:meth:`_pyg_forward`): :meth:`_hooked`, or a
+        :meth:`pyg_setting`."""
+        return self._hooked() or self.pyg_setting(self) is not None
+
+    def _pyg_forward(self, forward, *args, setting: Optional[str] = None):
+        """``forward(*args)``: PyG's own forward (its bound method) for this call. With a hook or ``explain``
+        (:meth:`_hooked`) it runs as PyG runs it, uncompressed (the hooks see PyG's tensors). For a setting
+        without a compressed path (:meth:`pyg_setting`, or ``setting``, one of this call's inputs), in a
+        training forward with compression on, what PyG's code saves for backward is compressed at this
+        module's configuration by the generic saved-tensor path, :func:`dgl_exact.compress_saved` (as
+        ``compress_model(..., saved_tensors=True)`` covers a ``MessagePassing`` without a drop-in): signs and
+        zeros exact, magnitudes at the configuration's bits. Not while torch.compile traces (saved-tensor hooks
+        are eager-mode machinery: the compiled forward keeps what PyG's keeps)."""
+        if compiling() or self._hooked() or not torch.is_grad_enabled():
+            return forward(*args)
+        if setting is None and self.pyg_setting(self) is None:
+            return forward(*args)
+        with compress_saved(self._config(), model=self):
+            return forward(*args)
+
+    def __prepare_scriptable__(self):
+        """What ``torch.jit.script`` compiles in place of this module: a copy of class PyG's own (the class this
+        drop-in replaces) sharing its parameters, buffers and submodules (which are prepared in turn, in the
+        copy); TorchScript cannot run dgl_exact's autograd ops nor saved-tensor hooks, so the scripted module
+        runs PyG's forward, uncompressed, with this module's weights. A subclass defined elsewhere is left as it
+        is (its forward may differ)."""
+        if not type(self).__module__.startswith("dgl_exact."):
+            return self
+        base = next(k for k in type(self).__mro__ if k.__module__.startswith("torch_geometric."))
+        copy = base.__new__(base)
+        state = {k: v for k, v in self.__dict__.items() if k != "compression" and not k.startswith("_dgl_exact")}
+        # PyG binds ``propagate`` to the instance for some settings; the copy reads its class's (as scripting does)
+        state.pop("propagate", None)
+        inspector = state.get("inspector")
+        if inspector is not None:
+            # PyG compiles propagate with the globals of the inspected class's modules: PyG's class's, not the
+            # drop-in's (whose helpers, is_sparse, shadow PyG's names)
+            inspector = shallow_copy(inspector)
+            inspector._cls, inspector._source_dict = base, {}
+            state["inspector"] = inspector
+        copy.__dict__.update(state)
+        for attr in ("_modules", "_parameters", "_buffers"):  # the copy's own dicts: scripting replaces submodules
+            copy.__dict__[attr] = dict(self.__dict__[attr])
+        if hasattr(copy, "_set_jittable_templates"):  # PyG's compiled propagate for its class (made once per class)
+            copy._set_jittable_templates()
+        return copy
+
+    def explain_path(self) -> Optional[Tuple[str, str]]:
+        """For :func:`dgl_exact.explain`: ``(path, why)`` where this module's forward runs PyG's code (a hook, or
+        a :meth:`pyg_setting`), else None (its compressed path)."""
+        if self._hooked():
+            return ("PyG's own forward (uncompressed)",
+                    "a PyG hook or explain is set (they see PyG's per-edge tensors)")
+        setting = self.pyg_setting(self)
+        if setting is not None:
+            return ("PyG's own code, its saved tensors compressed by compress_saved",
+                    f"{setting}: no compressed path in dgl_exact.pyg")
+        return None
 
 
 _PYG_HOOKS = tuple(f"_{step}_forward{kind}_hooks" for step in ("propagate", "message", "aggregate",

@@ -62,7 +62,9 @@ class GATConv(CompressedMixin, pyg_nn.GATConv):
     Attention dropout draws its mask from dgl_exact's seeded generator, so with ``dropout > 0`` a training
     forward equals PyG's in distribution, not draw for draw.
 
-    Not supported (``NotImplementedError``): ``edge_dim`` (edge features in the attention).
+    ``edge_dim`` (edge features in the attention), another ``aggr`` and ``decomposed_layers > 1`` run PyG's own
+    code, what it saves compressed by :func:`dgl_exact.compress_saved`
+    (:meth:`~dgl_exact.pyg._base.CompressedMixin.pyg_setting`).
 
     Parameters
     ----------
@@ -78,22 +80,26 @@ class GATConv(CompressedMixin, pyg_nn.GATConv):
 
     # PyG compiles each class's ``propagate`` from the types its source declares, reading sources cached by class
     # name: ours share PyG's names (and call no propagate), so PyG's declarations are repeated here, for the
-    # runs that take PyG's own forward (hooks, explain)
+    # runs that take PyG's own forward (hooks, explain, a setting of ``pyg_setting``)
     propagate_type = {"x": OptPairTensor, "alpha": Tensor}
     edge_updater_type = {"alpha": OptPairTensor, "edge_attr": OptTensor}
+
+    compressed_aggregations = ("add", "sum")
+
+    @classmethod
+    def pyg_setting(cls, conv) -> Optional[str]:
+        """:meth:`~._base.CompressedMixin.pyg_setting`, and ``edge_dim`` (edge features in the attention)."""
+        if getattr(conv, "lin_edge", None) is not None:
+            return "edge_dim (edge features in the attention)"
+        return super().pyg_setting(conv)
 
     def __init__(self, in_channels: Union[int, Tuple[int, int]], out_channels: int, heads: int = 1,
                  concat: bool = True, negative_slope: float = 0.2, dropout: float = 0.0, add_self_loops: bool = True,
                  edge_dim: Optional[int] = None, fill_value="mean", bias: bool = True, residual: bool = False, *,
                  compression: Optional[CompressionConfig] = None, **kwargs):
-        if edge_dim is not None:
-            raise NotImplementedError("dgl_exact.pyg.GATConv does not support edge_dim (edge features in the "
-                                      "attention); use torch_geometric.nn.GATConv for it")
         super().__init__(in_channels, out_channels, heads=heads, concat=concat, negative_slope=negative_slope,
                          dropout=dropout, add_self_loops=add_self_loops, edge_dim=edge_dim, fill_value=fill_value,
                          bias=bias, residual=residual, **kwargs)
-        if self.aggr != "add" or self.decomposed_layers != 1:
-            raise NotImplementedError("dgl_exact.pyg.GATConv supports aggr='add' and decomposed_layers=1 only")
         self._init_compression(compression)
 
     def forward(self, x: Union[Tensor, Tuple[Tensor, Tensor]], edge_index, edge_attr: Optional[Tensor] = None,
@@ -104,7 +110,7 @@ class GATConv(CompressedMixin, pyg_nn.GATConv):
         ``return_attention_weights``, also ``(edge_index with self loops, attention [E', heads])``.
         ``edge_attr`` is ignored, as PyG ignores it without ``edge_dim``."""
         if self._runs_as_pyg():
-            return super().forward(x, edge_index, edge_attr, size, return_attention_weights)
+            return self._pyg_forward(super().forward, x, edge_index, edge_attr, size, return_attention_weights)
         check_adjacency(edge_index)
         H, C = self.heads, self.out_channels
         cfg = self._config()

@@ -32,6 +32,9 @@ class GATv2Conv(CompressedMixin, pyg_nn.GATv2Conv):
     independent, so that the attention vector's gradient is unbiased) and, per edge, one bit per feature element
     (the LeakyReLU's side) and the attention ``[E, H]`` (:func:`dgl_exact.ops.gatv2.gatv2_attention`); PyG keeps
     several ``[E, H, C]`` fp32 tensors. Attention dropout draws dgl_exact's masks when compression is on.
+    ``edge_dim`` (edge features in the attention), another ``aggr`` and ``decomposed_layers > 1`` run PyG's own
+    code, what it saves compressed by :func:`dgl_exact.compress_saved`
+    (:meth:`~dgl_exact.pyg._base.CompressedMixin.pyg_setting`).
 
     Parameters
     ----------
@@ -50,22 +53,26 @@ class GATv2Conv(CompressedMixin, pyg_nn.GATv2Conv):
 
     # PyG compiles each class's ``propagate`` from the types its source declares, reading sources cached by class
     # name: ours share PyG's names (and call no propagate), so PyG's declarations are repeated here, for the
-    # runs that take PyG's own forward (hooks, explain)
+    # runs that take PyG's own forward (hooks, explain, a setting of ``pyg_setting``)
     propagate_type = {"x": PairTensor, "alpha": Tensor}
     edge_updater_type = {"x": PairTensor, "edge_attr": OptTensor}
+
+    compressed_aggregations = ("add", "sum")
+
+    @classmethod
+    def pyg_setting(cls, conv) -> Optional[str]:
+        """:meth:`~._base.CompressedMixin.pyg_setting`, and ``edge_dim`` (edge features in the attention)."""
+        if getattr(conv, "lin_edge", None) is not None:
+            return "edge_dim (edge features in the attention)"
+        return super().pyg_setting(conv)
 
     def __init__(self, in_channels: Union[int, Tuple[int, int]], out_channels: int, heads: int = 1,
                  concat: bool = True, negative_slope: float = 0.2, dropout: float = 0.0, add_self_loops: bool = True,
                  edge_dim: Optional[int] = None, fill_value="mean", bias: bool = True, share_weights: bool = False,
                  residual: bool = False, *, compression: Optional[CompressionConfig] = None, **kwargs):
-        if edge_dim is not None:
-            raise NotImplementedError("dgl_exact.pyg.GATv2Conv does not support edge_dim (edge features in the "
-                                      "attention); use torch_geometric.nn.GATv2Conv for it")
         super().__init__(in_channels, out_channels, heads=heads, concat=concat, negative_slope=negative_slope,
                          dropout=dropout, add_self_loops=add_self_loops, edge_dim=edge_dim, fill_value=fill_value,
                          bias=bias, share_weights=share_weights, residual=residual, **kwargs)
-        if self.aggr not in ("add", "sum") or self.decomposed_layers != 1:
-            raise NotImplementedError("dgl_exact.pyg.GATv2Conv supports aggr='sum' and decomposed_layers=1 only")
         self._init_compression(compression)
 
     def forward(self, x: Union[Tensor, Tuple[Tensor, Tensor]], edge_index, edge_attr: Optional[Tensor] = None,
@@ -76,7 +83,7 @@ class GATv2Conv(CompressedMixin, pyg_nn.GATv2Conv):
         ``return_attention_weights``, also ``(edge_index with self loops, attention [E', heads])``.
         ``edge_attr`` is ignored, as PyG ignores it without ``edge_dim``."""
         if self._runs_as_pyg():
-            return super().forward(x, edge_index, edge_attr, return_attention_weights)
+            return self._pyg_forward(super().forward, x, edge_index, edge_attr, return_attention_weights)
         check_adjacency(edge_index)
         H, C = self.heads, self.out_channels
         cfg = self._config()

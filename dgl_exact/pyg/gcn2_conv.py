@@ -34,7 +34,9 @@ class GCN2Conv(CompressedMixin, pyg_nn.GCN2Conv):
     compressed, and ``X0`` itself (alive anyway: the model's first layer's output is kept by that layer) for
     ``weight2``'s gradient. Without edge weights (and without ``cached``) the normalisation is applied as node
     factors around a sum that keeps nothing: nothing per edge is kept; with them, the ``E`` normalised weights,
-    and the aggregated features compressed where the weights need a gradient.
+    and the aggregated features compressed where the weights need a gradient. Another ``aggr`` than ``'add'``
+    and ``decomposed_layers > 1`` run PyG's own code, what it saves compressed by
+    :func:`dgl_exact.compress_saved`.
 
     Parameters
     ----------
@@ -62,16 +64,15 @@ class GCN2Conv(CompressedMixin, pyg_nn.GCN2Conv):
 
     # PyG compiles each class's ``propagate`` from the types its source declares, reading sources cached by class
     # name: ours share PyG's names (and call no propagate), so PyG's declarations are repeated here, for the
-    # runs that take PyG's own forward (hooks, explain)
+    # runs that take PyG's own forward (hooks, explain, a setting of ``pyg_setting``)
     propagate_type = {"x": Tensor, "edge_weight": OptTensor}
+    compressed_aggregations = ("add", "sum")
 
     def __init__(self, channels: int, alpha: float, theta: Optional[float] = None, layer: Optional[int] = None,
                  shared_weights: bool = True, cached: bool = False, add_self_loops: bool = True,
                  normalize: bool = True, *, compression: Optional[CompressionConfig] = None, **kwargs):
         super().__init__(channels, alpha, theta=theta, layer=layer, shared_weights=shared_weights, cached=cached,
                          add_self_loops=add_self_loops, normalize=normalize, **kwargs)
-        if self.aggr != "add" or self.decomposed_layers != 1:
-            raise NotImplementedError("dgl_exact.pyg.GCN2Conv supports aggr='add' and decomposed_layers=1 only")
         self._init_compression(compression)
 
     def forward(self, x: Tensor, x_0: Tensor, edge_index, edge_weight: Optional[Tensor] = None) -> Tensor:
@@ -79,7 +80,7 @@ class GCN2Conv(CompressedMixin, pyg_nn.GCN2Conv):
         (or a ``torch.sparse`` adjacency indexed ``[target, source]``), ``edge_weight [E]``; returns
         ``[N, channels]``."""
         if self._runs_as_pyg():
-            return super().forward(x, x_0, edge_index, edge_weight)
+            return self._pyg_forward(super().forward, x, x_0, edge_index, edge_weight)
         check_adjacency(edge_index)
         n = x.size(self.node_dim)
         cfg = self._config()

@@ -53,7 +53,8 @@ class GCNConv(CompressedMixin, pyg_nn.GCNConv):
     bias : bool, default True
         Learnable bias.
     compression, **kwargs
-        As every drop-in takes them (:mod:`dgl_exact.pyg`); ``aggr`` must stay ``'add'``.
+        As every drop-in takes them (:mod:`dgl_exact.pyg`); another ``aggr`` than ``'add'`` and
+        ``decomposed_layers > 1`` run PyG's own code, what it saves compressed by :func:`dgl_exact.compress_saved`.
 
     Example
     -------
@@ -67,17 +68,15 @@ class GCNConv(CompressedMixin, pyg_nn.GCNConv):
 
     # PyG compiles each class's ``propagate`` from the types its source declares, reading sources cached by class
     # name: ours share PyG's names (and call no propagate), so PyG's declarations are repeated here, for the
-    # runs that take PyG's own forward (hooks, explain)
+    # runs that take PyG's own forward (hooks, explain, a setting of ``pyg_setting``)
     propagate_type = {"x": Tensor, "edge_weight": OptTensor}
+    compressed_aggregations = ("add", "sum")
 
     def __init__(self, in_channels: int, out_channels: int, improved: bool = False, cached: bool = False,
                  add_self_loops: Optional[bool] = None, normalize: bool = True, bias: bool = True, *,
                  compression: Optional[CompressionConfig] = None, **kwargs):
         super().__init__(in_channels, out_channels, improved=improved, cached=cached, add_self_loops=add_self_loops,
                          normalize=normalize, bias=bias, **kwargs)
-        if self.aggr != "add" or self.decomposed_layers != 1:
-            raise NotImplementedError("dgl_exact.pyg.GCNConv supports aggr='add' and decomposed_layers=1 only; "
-                                      "use torch_geometric.nn.GCNConv for other settings")
         self._init_compression(compression)
 
     def forward(self, x: Tensor, edge_index, edge_weight: Optional[Tensor] = None) -> Tensor:
@@ -89,7 +88,7 @@ class GCNConv(CompressedMixin, pyg_nn.GCNConv):
                              f"layer does not support bipartite message passing. Please try other layers such as "
                              f"'SAGEConv' or 'GraphConv' instead")
         if self._runs_as_pyg():
-            return super().forward(x, edge_index, edge_weight)
+            return self._pyg_forward(super().forward, x, edge_index, edge_weight)
         check_adjacency(edge_index)
         n = x.size(self.node_dim)
         # nodes along another dimension (a static graph's [B, N, F]): aggregated as [N, B * F]

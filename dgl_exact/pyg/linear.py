@@ -50,9 +50,6 @@ class Linear(CompressedMixin, pyg_nn.Linear):
                          bias_initializer=bias_initializer, **kwargs)
         self._init_compression(compression)
 
-    def _runs_as_pyg(self) -> bool:  # a Linear has no message-passing hooks
-        return False
-
     def forward(self, x: Tensor) -> Tensor:
         """``x [*, in_channels]``; returns ``[*, out_channels]``."""
         return linear(x, self.weight, self.bias, self._config())

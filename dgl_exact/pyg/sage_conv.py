@@ -32,15 +32,18 @@ class SAGEConv(CompressedMixin, pyg_nn.SAGEConv):
 
     Same constructor, forward signature, parameters (``lin_l`` with the bias, ``lin_r`` without, ``lin`` with
     ``project``), initialisation, ``state_dict`` and output as PyG's; during training the activations kept for
-    backward are compressed. Aggregations ``'mean'``, ``'sum'``/``'add'`` and ``'max'``; others (lists,
-    :class:`~torch_geometric.nn.aggr.Aggregation` objects, ``'lstm'``, ...) raise ``NotImplementedError``.
+    backward are compressed. Aggregations ``'mean'``, ``'sum'``/``'add'`` and ``'max'`` run on dgl_exact's ops;
+    the others PyG accepts (lists, :class:`~torch_geometric.nn.aggr.Aggregation` objects, ``'lstm'``, ...), and
+    ``decomposed_layers > 1``, run PyG's own code, what it saves compressed by :func:`dgl_exact.compress_saved`
+    (:meth:`~dgl_exact.pyg._base.CompressedMixin.pyg_setting`).
 
     Kept for backward, with one feature tensor, 'mean' and ``root_weight`` (the common layer): the input (by
     reference where it is alive anyway, else compressed) and the neighbour mean compressed, through
     :func:`dgl_exact.ops.sage_mean` (one fused op); otherwise each linear's input compressed, nothing for the
     sum and mean, the winning source per element for 'max' (PyG keeps the ``[E, D]`` messages for it), one bit
     per element for ``project``'s ReLU. ``normalize``'s L2 normalisation runs as PyG runs it (its output kept
-    exactly). A ``torch.sparse`` adjacency must have unit values (the aggregation is unweighted).
+    exactly). A ``torch.sparse`` adjacency with values other than 1 (PyG weighs its sum by them) runs PyG's code
+    the same way.
 
     Parameters
     ----------
@@ -48,8 +51,8 @@ class SAGEConv(CompressedMixin, pyg_nn.SAGEConv):
         Input feature size (sources, destinations); -1 for lazy initialisation.
     out_channels : int
         Output feature size.
-    aggr : str, default 'mean'
-        'mean', 'sum' ('add') or 'max'.
+    aggr : str, list or Aggregation, default 'mean'
+        'mean', 'sum' ('add') or 'max' on dgl_exact's ops; anything else PyG takes runs PyG's code.
     normalize : bool, default False
         L2-normalise the output.
     root_weight : bool, default True
@@ -75,19 +78,15 @@ class SAGEConv(CompressedMixin, pyg_nn.SAGEConv):
 
     # PyG compiles each class's ``propagate`` from the types its source declares, reading sources cached by class
     # name: ours share PyG's names (and call no propagate), so PyG's declarations are repeated here, for the
-    # runs that take PyG's own forward (hooks, explain)
+    # runs that take PyG's own forward (hooks, explain, a setting of ``pyg_setting``)
     propagate_type = {"x": OptPairTensor}
+    compressed_aggregations = tuple(AGGREGATIONS)
 
     def __init__(self, in_channels: Union[int, Tuple[int, int]], out_channels: int, aggr: str = "mean",
                  normalize: bool = False, root_weight: bool = True, project: bool = False, bias: bool = True, *,
                  compression: Optional[CompressionConfig] = None, **kwargs):
-        if not isinstance(aggr, str) or aggr not in AGGREGATIONS:
-            raise NotImplementedError(f"dgl_exact.pyg.SAGEConv supports aggr {', '.join(map(repr, AGGREGATIONS))}, "
-                                      f"got {aggr!r}; use torch_geometric.nn.SAGEConv for it")
         super().__init__(in_channels, out_channels, aggr=aggr, normalize=normalize, root_weight=root_weight,
                          project=project, bias=bias, **kwargs)
-        if self.decomposed_layers != 1:
-            raise NotImplementedError("dgl_exact.pyg.SAGEConv supports decomposed_layers=1 only")
         self._init_compression(compression)
 
     def forward(self, x: Union[Tensor, Tuple[Tensor, Optional[Tensor]]], edge_index,
@@ -95,7 +94,7 @@ class SAGEConv(CompressedMixin, pyg_nn.SAGEConv):
         """``x [N, in]`` or a pair ``(x_src [N_src, in], x_dst [N_dst, in] or None)``, ``edge_index [2, E]`` (or a
         ``torch.sparse`` adjacency ``[N_dst, N_src]``), ``size`` ``(N_src, N_dst)``; returns ``[N_dst, out]``."""
         if self._runs_as_pyg():
-            return super().forward(x, edge_index, size)
+            return self._pyg_forward(super().forward, x, edge_index, size)
         check_adjacency(edge_index)
         cfg = self._config()
         x_src, x_dst = (x, x) if isinstance(x, Tensor) else x
@@ -107,9 +106,9 @@ class SAGEConv(CompressedMixin, pyg_nn.SAGEConv):
         if is_sparse(edge_index):
             n_dst, n_src = edge_index.shape[0], edge_index.shape[1]
             values = sparse_edges(edge_index)[2]
-            if not bool((values == 1).all()):
-                raise NotImplementedError("dgl_exact.pyg.SAGEConv aggregates unweighted: pass a sparse adjacency "
-                                          "whose values are all 1 (or an edge_index)")
+            if not bool((values == 1).all()):  # PyG weighs its sum by them: its code runs
+                return self._pyg_forward(super().forward, x, edge_index, size,
+                                         setting="a sparse adjacency with values other than 1")
         st = structure(edge_index, "as_is", n_src, n_dst, x_src.device, self.flow)
         materialize(self.lin_l, x_src)
         if self.root_weight and x_dst is not None:

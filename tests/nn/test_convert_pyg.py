@@ -1,6 +1,7 @@
 """compress_model on PyTorch Geometric models: PyG's convs, Linear and BatchNorm become dgl_exact's, the forward
 and state_dict stay PyG's, gradients with compression off are PyG's, and a MessagePassing it does not know is
-named in the report and left to PyG (its saved tensors compressed with ``saved_tensors=True``)."""
+named in the report and left to PyG (its saved tensors compressed with ``saved_tensors=True``); a conv with a
+setting its drop-in has no compressed path for is converted, runs PyG's code and is named in the report."""
 import copy
 
 import pytest
@@ -32,8 +33,8 @@ class EdgeGate(pyg_nn.MessagePassing):
 
 
 class Net(nn.Module):
-    """Every PyG module compress_model converts, one it refuses (GATConv with edge_dim), an unknown MessagePassing
-    and a functional activation, in one model."""
+    """Every PyG module compress_model converts, one whose setting runs PyG's code (GATConv with edge_dim), an
+    unknown MessagePassing and a functional activation, in one model."""
 
     def __init__(self):
         super().__init__()
@@ -80,12 +81,14 @@ def test_converts_pyg_modules_and_reports_the_rest():
     assert type(ours.bn) is pyg_nn.BatchNorm and type(ours.bn.module) is dgl_exact.nn.layers.BatchNorm1d
     assert "bn" not in report.fp32  # the wrapper keeps nothing; its BatchNorm1d is converted
     assert report.converted["bn.module"] == "torch.BatchNorm1d -> dgl_exact.BatchNorm1d"
-    assert type(ours.gat_edges) is pyg_nn.GATConv
-    assert report.fp32["gat_edges"].startswith("torch_geometric.GATConv not converted (edge_dim")
+    assert type(ours.gat_edges) is dgl_exact.pyg.GATConv and ours.gat_edges.compression == INT2
+    assert report.converted["gat_edges"] == ("torch_geometric.GATConv -> dgl_exact.GATConv (edge_dim (edge features "
+                                             "in the attention): runs PyG's code, what it saves compressed by "
+                                             "compress_saved)")
     assert report.fp32["gate"].startswith("PyG MessagePassing without a dgl_exact drop-in (tests.EdgeGate)")
     assert "saved_tensors=True" in report.fp32["gate"]
     assert "gate" in str(report) and "gat_edges" in str(report)
-    assert set(report.fp32) == {"", "gat_edges", "gate"}  # and the root, a custom module
+    assert set(report.fp32) == {"", "gate"}  # and the root, a custom module
 
 
 @pytest.mark.parametrize("cfg", [OFF, INT2], ids=["off", "int2"])

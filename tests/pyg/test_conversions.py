@@ -33,16 +33,28 @@ def test_convert_in_place(name):
     assert sizes[1] < sizes[0] / 4, sizes
 
 
-@pytest.mark.parametrize("module, why", [
-    (lambda: pyg_nn.SAGEConv(4, 4, aggr="min"), "aggr 'min'"),
-    (lambda: pyg_nn.GATConv(4, 4, edge_dim=2), "edge_dim"),
-    (lambda: pyg_nn.GCNConv(4, 4, aggr="mean"), "aggr 'mean'"),
-    (lambda: pyg_nn.GINConv(torch.nn.Linear(4, 4)), "no dgl_exact.pyg drop-in"),
-])
-def test_refusals(module, why):
-    module = module()
-    assert why in ours_nn.refusal(module)
-    kind = type(module)
+def test_refusal():
+    module = pyg_nn.GINConv(torch.nn.Linear(4, 4))
+    assert "no dgl_exact.pyg drop-in" in ours_nn.refusal(module)
     with pytest.raises(ValueError, match="keep PyG's module"):
         ours_nn.convert(module)
-    assert type(module) is kind  # left as it was
+    assert type(module) is pyg_nn.GINConv  # left as it was
+
+
+@pytest.mark.parametrize("module, setting", [
+    (lambda: pyg_nn.SAGEConv(4, 4, aggr="min"), "aggr 'min'"),
+    (lambda: pyg_nn.SAGEConv(4, 4, aggr=["mean", "max"]), "aggr ['mean', 'max']"),
+    (lambda: pyg_nn.SAGEConv(4, 4, aggr=pyg_nn.aggr.MedianAggregation()), "aggr 'MedianAggregation()'"),
+    (lambda: pyg_nn.GATConv(4, 4, edge_dim=2), "edge_dim"),
+    (lambda: pyg_nn.GATv2Conv(4, 4, edge_dim=2), "edge_dim"),
+    (lambda: pyg_nn.GCNConv(4, 4, aggr="mean"), "aggr 'mean'"),
+    (lambda: pyg_nn.GCN2Conv(4, 0.1, decomposed_layers=2), "decomposed_layers=2"),
+])
+def test_settings_without_a_compressed_path_convert(module, setting):
+    """A setting no compressed path computes is no refusal: the conv converts and runs PyG's code
+    (:func:`dgl_exact.pyg.pyg_code` names the setting, before and after the conversion)."""
+    module = module()
+    assert ours_nn.refusal(module) is None and setting in ours_nn.pyg_code(module)
+    ours_nn.convert(module)
+    assert type(module).__module__.startswith("dgl_exact.pyg") and setting in ours_nn.pyg_code(module)
+    assert ours_nn.pyg_code(ours_nn.GCNConv(4, 4)) is None

@@ -95,11 +95,6 @@ def test_int2_keeps_less_than_pyg():
     assert sizes[1] < sizes[0] / 4, sizes
 
 
-def test_unsupported():
-    with pytest.raises(NotImplementedError, match="edge_dim"):
-        GATConv(D_IN, D_OUT, edge_dim=3)
-
-
 @pytest.mark.parametrize("kwargs", [dict(), dict(add_self_loops=False), dict(residual=True)], ids=case_id)
 @pytest.mark.parametrize("bipartite", [False, True])
 def test_no_destination_features_equals_pyg(kwargs, bipartite):

@@ -154,8 +154,6 @@ def test_errors():
         conv(x, random_graph(N).t())
     with pytest.raises(ValueError, match="outside the graph"):
         GCNConv(D_IN, D_OUT, normalize=False)(x[:10], random_graph(N))
-    with pytest.raises(NotImplementedError, match="aggr='add'"):
-        GCNConv(D_IN, D_OUT, aggr="mean")
 
 
 def test_lazy_in_channels():

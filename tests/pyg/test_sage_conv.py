@@ -52,8 +52,8 @@ def test_sparse_adjacency_equals_pyg():
     x = torch.randn(N, D_IN)
     torch.testing.assert_close(ours(x, adj_t.to_sparse_csr()), theirs(x, adj_t.to_sparse_csr()), rtol=1e-5,
                                atol=1e-6)
-    with pytest.raises(NotImplementedError, match="values are all 1"):
-        ours(x, (adj_t * 2).to_sparse_csr())
+    weighted = (adj_t * torch.rand(N, N).add(0.5)).to_sparse_csr()  # PyG weighs the sum: its code runs
+    torch.testing.assert_close(ours(x, weighted), theirs(x, weighted), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("kwargs", [dict(), dict(aggr="max"), dict(project=True, normalize=True)], ids=case_id)
@@ -106,9 +106,3 @@ def test_int2_keeps_less_than_pyg(aggr):
     sizes = [saved_bytes(lambda m=m: m(x, ei), exclude=[ei, *m.parameters()]) for m in (theirs, ours)]
     assert sizes[1] < sizes[0] / 4, sizes
 
-
-def test_unsupported_aggregation():
-    with pytest.raises(NotImplementedError, match="supports aggr 'mean'"):
-        SAGEConv(D_IN, D_OUT, aggr="lstm")
-    with pytest.raises(NotImplementedError, match="supports aggr"):
-        SAGEConv(D_IN, D_OUT, aggr=["mean", "max"])
