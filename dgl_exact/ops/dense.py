@@ -196,9 +196,9 @@ class BatchNorm(torch.autograd.Function):
             mean, invstd = stat_a, (stat_b + ctx.eps).rsqrt()
         sum_g = g.sum(0)
         sum_gxhat = torch.zeros_like(sum_g)
-        # per chunk at most one temporary beside the decoded rows (x - mean, scaled in place): none where the
-        # decoded rows are this backward's own fresh buffer (rule 2), which then takes the arithmetic; never
-        # where a chunk is a view of a kept tensor (an exact one, or a compressed copy's stored rows)
+        # the first pass: per chunk at most one temporary beside the decoded rows (x - mean, scaled in place):
+        # none where the decoded rows are this backward's own fresh buffer (rule 2), which then takes the
+        # arithmetic; never where a chunk is a view of a kept tensor (an exact one, or a compressed copy's rows)
         kept = {t.untyped_storage().data_ptr() for t in x_s.split()[1]}
 
         def centred(x):
@@ -208,8 +208,9 @@ class BatchNorm(torch.autograd.Function):
 
         for r0, r1, x in row_chunks(x_s):
             t = centred(x)
-            sum_gxhat += t.mul_(invstd).mul_(g[r0:r1]).sum(0)
+            sum_gxhat += t.mul_(g[r0:r1]).sum(0)
             del t, x  # before the next chunk is decoded (see row_chunks)
+        sum_gxhat.mul_(invstd)  # invstd is per column: once on the sum, not on every element
         w = invstd if weight is None else weight.to(cdt) * invstd
         gx = None
         if ctx.needs_input_grad[0]:
@@ -218,15 +219,16 @@ class BatchNorm(torch.autograd.Function):
             if ctx.training:
                 n = grad.shape[0]
                 mean_g, proj = sum_g / n, sum_gxhat * invstd / n  # (x - mean) * invstd^2 * sum(g xhat) / N
+                # w (g - mean_g - (x - mean) proj) = x (-proj w) + g w + (mean proj - mean_g) w: per column
+                # vectors, so three passes per chunk, formed in gx's own rows (no temporary; was five and one)
+                x_scale, shift = -proj * w, (mean * proj - mean_g) * w
                 for r0, r1, x in row_chunks(x_s):
-                    t = centred(x).mul_(proj)
-                    if gx.dtype == cdt:  # formed in gx's own rows: no chunk-sized temporaries beyond t
+                    if gx.dtype == cdt:  # (where gx is grad, out is g's own rows: read as written)
                         out = gx[r0:r1]
-                        torch.sub(g[r0:r1], mean_g, out=out)
-                        out.sub_(t).mul_(w)
+                        torch.mul(g[r0:r1], w, out=out).addcmul_(x.to(cdt), x_scale).add_(shift)
                     else:  # half-precision gradient: the arithmetic in cdt, as ATen does, then rounded once
-                        gx[r0:r1] = t.neg_().add_(g[r0:r1]).sub_(mean_g).mul_(w)
-                    del t, x
+                        gx[r0:r1] = centred(x).mul_(proj).neg_().add_(g[r0:r1]).sub_(mean_g).mul_(w)
+                    del x
             elif gx.dtype == cdt:
                 torch.mul(g, w, out=gx)
             else:
