@@ -36,12 +36,16 @@ the caller's explicit words), never from reference counts or from how a caller h
    (:func:`offer_compressed`): the first keeper takes it, and it is shared from then on. Both registries are
    weakly keyed by ``x`` (an entry dies with it); a registered copy is held only through weak references, so
    nothing keeps it alive but the autograd nodes (or rule 8's private holders) that keep it; an unclaimed offer
-   is held until ``x`` dies. Shared: only tensors autograd knows (``requires_grad``: rule 4 makes their version
+   is held until ``x`` dies. Shared: only tensors with autograd history (``grad_fn``: rule 4 makes their version
    counters honest), never while compiling or inside a captured op, never for a keeper that writes into ``x``
-   afterwards (rule 3, which also withdraws ``x``'s copies). Each consumer's gradient stays unbiased (one draw,
-   each decode unbiased) and so does their sum; but the consumers' quantization noise is now correlated: the
-   summed gradient's added variance is at most ``(sum of the consumers' noise std)**2`` instead of the sum of
-   their variances (at most ``k`` times as large for ``k`` consumers).
+   afterwards (rule 3, which also withdraws ``x``'s copies). **Never on one backward path**: a keeper whose op
+   also reads a tensor computed from ``x`` (the edge weights beside ``ft`` in ``update_all(fn.u_mul_e)``, whose
+   scores came from ``ft``) gets a copy of its own, as does an op that asks for one
+   (``as_kept(..., independent=True)``): there a gradient formed from one decode of ``x`` is multiplied by
+   another, which is unbiased only if the two are independent draws. Where shared, each consumer's gradient
+   stays unbiased (one draw, each decode unbiased) and so does their sum, but their quantization noise is now
+   correlated: the summed gradient's added variance is at most ``(sum of the consumers' noise std)**2`` instead
+   of the sum of their variances (at most ``k`` times as large for ``k`` consumers).
 7. **Fast paths never change what a model computes.** A fused or in-place path runs only where it is
    provably equivalent to the composed modules: training mode with grad, no forward, forward-pre,
    backward or backward-pre hook on the modules involved nor a global one
@@ -137,7 +141,8 @@ def fresh_outputs(fn):
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        out = fn(*args, **kwargs)
+        with op_inputs(*args, *kwargs.values()):
+            out = fn(*args, **kwargs)
         if compiling():
             return out
         inputs = None
@@ -193,12 +198,17 @@ def keep_hook_active() -> bool:
 
 
 def as_kept(x: Optional[torch.Tensor], cfg: CompressionConfig, force: bool = False,
-            overwritten: bool = False) -> Kept:
+            overwritten: bool = False, independent: bool = False) -> Kept:
     """Keep ``x`` for backward: by reference if it is alive anyway or compression is off, else compressed.
     ``force`` compresses even a leaf (used for per-edge tensors nobody else keeps). ``overwritten``: the
-    caller writes into ``x`` afterwards (rule 3): where ``x`` would be kept exactly, a copy is kept."""
+    caller writes into ``x`` afterwards (rule 3): where ``x`` would be kept exactly, a copy is kept.
+    ``independent``: a compressed copy of its own (fresh noise), neither shared nor registered (rule 6): for an
+    op whose backward multiplies two decodes of ``x`` (``gat_attention``'s second copy)."""
     if x is None:
         return None
+    if independent:
+        with _no_sharing():
+            return as_kept(x, cfg, force, overwritten)
     hook = _keep_hook.get()
     item = hook(x, cfg, force) if hook is not None else default_keep(x, cfg, force)
     if overwritten:
@@ -233,11 +243,66 @@ def default_keep(x: torch.Tensor, cfg: CompressionConfig, force: bool = False) -
 _shared = WeakIdKeyDictionary()
 
 
+#: the tensor arguments of the dgl_exact op running now (:func:`op_inputs`; None: not known)
+_op_inputs: "contextvars.ContextVar[Optional[tuple]]" = contextvars.ContextVar("dgl_exact_op_inputs", default=None)
+
+#: False inside :func:`_no_sharing` (``as_kept(..., independent=True)``)
+_sharing: contextvars.ContextVar = contextvars.ContextVar("dgl_exact_sharing", default=True)
+
+
+@contextlib.contextmanager
+def op_inputs(*args):
+    """Within this scope the op being run has these arguments (its tensors are what rule 6 checks: a keeper of
+    ``x`` shares ``x``'s copy only where none of its other inputs was computed from ``x``). Entered by
+    :func:`fresh_outputs` for every public op, and by the products route."""
+    token = _op_inputs.set(tuple(a for a in args if isinstance(a, torch.Tensor)))
+    try:
+        yield
+    finally:
+        _op_inputs.reset(token)
+
+
+@contextlib.contextmanager
+def _no_sharing():
+    token = _sharing.set(False)
+    try:
+        yield
+    finally:
+        _sharing.reset(token)
+
+
 def sharing_allowed(x: torch.Tensor) -> bool:
-    """Whether a compressed copy of ``x`` may be shared by its keepers (rule 6): ``x`` is known to autograd
-    (``requires_grad``; rule 4 keeps its version counter honest), and this is not a trace (torch.compile) nor a
-    captured op's run (``ops.captured``: its decisions were taken at trace time)."""
-    return x.requires_grad and not compiling() and not tracing_active() and _alive_ids.get() is None
+    """Whether a compressed copy of ``x`` may be shared by its keepers (rule 6): ``x`` has autograd history
+    (rule 4 keeps its version counter honest), this is not a trace (torch.compile) nor a captured op's run
+    (``ops.captured``: its decisions were taken at trace time), and the op keeping it is known
+    (:func:`op_inputs`) and reads nothing else computed from ``x`` (:func:`_computed_from`)."""
+    if (x.grad_fn is None or not _sharing.get() or compiling() or tracing_active()
+            or _alive_ids.get() is not None):
+        return False
+    inputs = _op_inputs.get()
+    return inputs is not None and not any(t is not x and _computed_from(t, x.grad_fn) for t in inputs)
+
+
+def _computed_from(t: torch.Tensor, node) -> bool:
+    """Whether ``t``'s autograd history passes through ``node``. Then an op reading ``x`` (``node``'s output)
+    and ``t`` may receive, in its backward, a gradient that an earlier keeper of ``x`` formed from its decode
+    of ``x``: multiplied by a decode of the same copy, the product is biased (``E[x_hat x_hat^T] != x x^T``);
+    an independent copy keeps it unbiased. Nodes created before ``node`` (lower sequence numbers) cannot lead
+    to it and are not searched, so the search covers what was computed since ``x``."""
+    if t.grad_fn is None:
+        return False
+    floor = node._sequence_nr()
+    stack, seen = [t.grad_fn], {}
+    while stack:
+        n = stack.pop()
+        if n is node:
+            return True
+        if id(n) in seen:
+            continue
+        seen[id(n)] = n  # held: an id is not reused while the search runs
+        if n._sequence_nr() >= floor:
+            stack.extend(f for f, _ in n.next_functions if f is not None)
+    return False
 
 
 def _register(x: torch.Tensor, cfg: CompressionConfig, c: CompressedTensor) -> None:

@@ -56,8 +56,9 @@ def test_the_next_keep_takes_the_offered_copy_and_later_ones_share_it():
     offered = keeping.offered(h)
     assert isinstance(offered, CompressedTensor) and offered.bits == 2
     assert torch.allclose(decompress(offered), h.detach(), atol=float(h.detach().abs().max()) / 2)  # INT2 of h
-    assert keeping.default_keep(h, INT2) is offered
-    second = keeping.default_keep(h, INT2)  # a second keeper shares it (rule 6): the same codes
+    with keeping.op_inputs(h):  # an op reading h alone
+        assert keeping.default_keep(h, INT2) is offered
+        second = keeping.default_keep(h, INT2)  # a second keeper shares it (rule 6): the same codes
     assert isinstance(second, CompressedTensor) and second.packed is offered.packed
     assert keeping.offered(h) is None
 

@@ -27,10 +27,21 @@ def _codes(item):
     return item.packed if item.packed is not None else item.raw
 
 
+def _keep(x, cfg, **kwargs):
+    """``default_keep`` as an op reading only ``x`` calls it (rule 6 shares only for a known op)."""
+    with keeping.op_inputs(x):
+        return keeping.default_keep(x, cfg, **kwargs)
+
+
+def _product(a, b, cfg=INT2):
+    with keeping.op_inputs(a, b):
+        return Product.apply(a, b, cfg)
+
+
 def test_later_keepers_under_an_equal_config_share_the_first_copy():
     x = _activation()
-    first = keeping.default_keep(x, INT2)
-    again = keeping.default_keep(x, CompressionConfig(bits=2))  # equal, another object
+    first = _keep(x, INT2)
+    again = _keep(x, CompressionConfig(bits=2))  # equal, another object
     assert _codes(again) is _codes(first) and again.lo is first.lo and again.step is first.step
 
 
@@ -39,47 +50,71 @@ def test_later_keepers_under_an_equal_config_share_the_first_copy():
                          ids=["bits", "blocks", "projection", "levels"])
 def test_another_config_makes_its_own_copy(other):
     x = _activation()
-    first = keeping.default_keep(x, INT2)
-    second = keeping.default_keep(x, other)
+    first = _keep(x, INT2)
+    second = _keep(x, other)
     assert _codes(second) is not _codes(first)
-    assert _codes(keeping.default_keep(x, other)) is _codes(second)  # and shares that one
-    assert _codes(keeping.default_keep(x, INT2)) is _codes(first)
+    assert _codes(_keep(x, other)) is _codes(second)  # and shares that one
+    assert _codes(_keep(x, INT2)) is _codes(first)
 
 
 def test_an_inplace_change_makes_a_new_copy():
     x = _activation()
-    first = keeping.default_keep(x, INT2)
+    first = _keep(x, INT2)
     with torch.no_grad():
         x.mul_(2.0)
-    second = keeping.default_keep(x, INT2)
+    second = _keep(x, INT2)
     assert _codes(second) is not _codes(first)
     torch.testing.assert_close(keeping.restore(second), x.detach(), atol=float(x.detach().abs().max()), rtol=0)
 
 
-def test_not_shared_without_autograd_history_nor_for_a_keeper_that_overwrites():
+def test_not_shared_without_autograd_history_nor_for_a_keeper_that_overwrites_nor_an_unknown_op():
     t = torch.randn(32, 8)  # an op's own buffer: rule 4 does not vouch for its version counter
-    assert _codes(keeping.default_keep(t, INT2, force=True)) is not _codes(keeping.default_keep(t, INT2, force=True))
+    assert _codes(_keep(t, INT2, force=True)) is not _codes(_keep(t, INT2, force=True))
     x = _activation()
-    first = keeping.default_keep(x, INT2)
-    kept = keeping.as_kept(x, INT2, overwritten=True)  # rule 3: it writes into x next, perhaps without a bump
+    first = _keep(x, INT2)
+    with keeping.op_inputs(x):
+        kept = keeping.as_kept(x, INT2, overwritten=True)  # rule 3: it writes into x next, perhaps without a bump
     assert _codes(kept) is _codes(first)  # x is still what the copy holds
-    assert keeping.shared_copy(x, INT2) is None
-    assert _codes(keeping.default_keep(x, INT2)) is not _codes(first)
+    with keeping.op_inputs(x):
+        assert keeping.shared_copy(x, INT2) is None
+    assert _codes(_keep(x, INT2)) is not _codes(first)
+    y = _activation()
+    assert _codes(keeping.default_keep(y, INT2)) is not _codes(keeping.default_keep(y, INT2))  # no op_inputs
+
+
+def test_not_shared_on_one_backward_path_nor_where_the_op_asks(monkeypatch):
+    """A keeper whose other operand was computed from x (scores from ft, then ft * scores: GAT's aggregation)
+    gets a copy of its own; so does ``as_kept(..., independent=True)``; a parallel keeper shares."""
+    x = _activation(64, 16)
+    p1, p2 = (torch.nn.Parameter(torch.randn(1, 16)) for _ in range(2))
+    with compress_calls(monkeypatch) as made:
+        score = _product(x, p1).sum(-1, keepdim=True)
+        parallel = _product(x, p2)
+        out = _product(x, score)  # x is kept here beside a tensor computed from it
+    assert [tuple(c.shape) for c in made].count((64, 16)) == 2
+    with compress_calls(monkeypatch) as made:
+        with keeping.op_inputs(x):
+            first = keeping.as_kept(x, INT2)
+            second = keeping.as_kept(x, INT2, independent=True)
+    assert len(made) == 1 and _codes(second) is not _codes(first)  # the first shares the products' copy
+    (out + parallel).sum().backward()
 
 
 def test_not_shared_inside_a_captured_op():
     x = _activation()
     with keeping.alive_override(()):
-        first = keeping.default_keep(x, INT2)
-        assert _codes(keeping.default_keep(x, INT2)) is not _codes(first)
-    assert keeping.shared_copy(x, INT2) is None
+        first = _keep(x, INT2)
+        assert _codes(_keep(x, INT2)) is not _codes(first)
+    with keeping.op_inputs(x):
+        assert keeping.shared_copy(x, INT2) is None
 
 
 def test_nothing_but_the_keepers_holds_the_copy():
     x = _activation()
     p = torch.nn.Parameter(torch.randn(1, 8))
-    y = Product.apply(x, p, INT2)
-    held = keeping.shared_copy(x, INT2)
+    y = _product(x, p, INT2)
+    with keeping.op_inputs(x):
+        held = keeping.shared_copy(x, INT2)
     assert held is not None
     codes = weakref.ref(_codes(held))
     del held
@@ -87,7 +122,9 @@ def test_nothing_but_the_keepers_holds_the_copy():
     assert codes() is not None  # the product's node keeps it
     del y
     gc.collect()
-    assert codes() is None and keeping.shared_copy(x, INT2) is None
+    assert codes() is None
+    with keeping.op_inputs(x):
+        assert keeping.shared_copy(x, INT2) is None
 
 
 def test_an_offered_copy_is_shared():
@@ -95,16 +132,16 @@ def test_an_offered_copy_is_shared():
     with dgl_exact.config(INT2):
         h = dgl_exact.ops.relu_dropout(x, 0.5, True, compress_for=INT2)
     offered = keeping.offered(h)
-    taken = keeping.default_keep(h, INT2)
+    taken = _keep(h, INT2)
     assert taken is offered and keeping.offered(h) is None
-    assert _codes(keeping.default_keep(h, INT2)) is _codes(offered)
+    assert _codes(_keep(h, INT2)) is _codes(offered)
 
 
 def test_two_products_compress_their_operand_once(monkeypatch):
     x = _activation(64, 16)
     p1, p2 = (torch.nn.Parameter(torch.randn(1, 16)) for _ in range(2))
     with compress_calls(monkeypatch) as made, saved_tensors() as saved:
-        y = Product.apply(x, p1, INT2) + Product.apply(x, p2, INT2)
+        y = _product(x, p1, INT2) + _product(x, p2, INT2)
     assert len(made) == 1
     codes = [t for t in saved if t.dtype == torch.uint8]
     assert len(codes) == 2 and codes[0] is codes[1]
@@ -125,8 +162,8 @@ def test_each_consumer_and_their_sum_unbiased():
     sums = [torch.zeros(cols, dtype=torch.float64) for _ in range(3)]
     for _ in range(draws):
         x = x0 * 1.0
-        loss = ((r1 * Product.apply(x, p1, INT2)).sum() + (r2 * Product.apply(x, p2, INT2)).sum()
-                + (r1 * Product.apply(x, q, INT2)).sum() + (r2 * Product.apply(x, q, INT2)).sum())
+        loss = ((r1 * _product(x, p1, INT2)).sum() + (r2 * _product(x, p2, INT2)).sum()
+                + (r1 * _product(x, q, INT2)).sum() + (r2 * _product(x, q, INT2)).sum())
         for s, g in zip(sums, torch.autograd.grad(loss, [p1, p2, q])):
             s += g.reshape(-1).double()
     xd = x0.detach().double()

@@ -292,9 +292,10 @@ def test_a_shared_copy_is_recorded_once():
     p1, p2 = torch.nn.Parameter(torch.randn(1, 16)), torch.nn.Parameter(torch.randn(1, 16))
     records = []
     with keeping.keep_hook(P._keep_recorder(records), records_only=True):
-        y = Product.apply(x, p1, int2) + Product.apply(x, p2, int2)  # x's copy, p1 by reference, x's, p2's
+        with keeping.op_inputs(x, p1, p2):
+            y = Product.apply(x, p1, int2) + Product.apply(x, p2, int2)  # x's copy, p1 by reference, x's, p2's
     assert [r.kept for r in records] == ["compressed", "reference", "shared", "reference"]
-    assert records[0].nbytes == keeping.default_keep(x, int2).nbytes > 0 and records[2].nbytes == 0
+    assert records[0].nbytes == keeping.compress(x, int2).nbytes > 0 and records[2].nbytes == 0
     run = P.SampleRun(64, 0, [], [], 0, records, 0, 0, 0, [], 0.0)
     assert [s.index for s in slots_from_runs(run, run, 0.5, 1.0)] == [0]
     y.sum().backward()
