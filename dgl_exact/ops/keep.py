@@ -141,10 +141,10 @@ def fresh_outputs(fn):
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        if compiling():  # nothing is shared while compiling (rule 6); dynamo cannot trace a context variable
+            return fn(*args, **kwargs)
         with op_inputs(*args, *kwargs.values()):
             out = fn(*args, **kwargs)
-        if compiling():
-            return out
         inputs = None
         for t in (out if isinstance(out, tuple) else (out,)):
             if isinstance(t, torch.Tensor) and t.grad_fn is None and not t.requires_grad:
@@ -206,7 +206,7 @@ def as_kept(x: Optional[torch.Tensor], cfg: CompressionConfig, force: bool = Fal
     op whose backward multiplies two decodes of ``x`` (``gat_attention``'s second copy)."""
     if x is None:
         return None
-    if independent:
+    if independent and not compiling():  # (nothing is shared while compiling)
         with _no_sharing():
             return as_kept(x, cfg, force, overwritten)
     hook = _keep_hook.get()
