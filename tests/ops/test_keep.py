@@ -172,3 +172,28 @@ def test_each_consumer_and_their_sum_unbiased():
         exact = (w.double() * xd).sum(0)
         bound = 5 * ((gap ** 2 / 4 * w.double() ** 2).sum(0) / draws).sqrt()
         assert ((s / draws - exact).abs() <= bound).all(), ((s / draws - exact).abs() / bound).max()
+
+
+def test_a_keeper_on_the_backward_path_stays_unbiased():
+    """``s = sum_d (x * p)`` then ``x * s``: ``grad p_d = sum_n ds_n * x_hat_A[n, d]`` with ``ds_n = sum_d
+    r_nd * x_hat_B[n, d]``. From one shared draw ``E[x_hat_B x_hat_A] = x x + Var(e)``: biased by about
+    ``sum_n Var(e_nd)`` per element (``r = 1``); the second product keeps a copy of its own (rule 6), so the mean
+    over ``D`` draws converges. Its variance per element is at most ``sum_n (v_n w_n + v_n x_nd**2 + m_n**2
+    w_n) / D`` (a product of two independent factors: ``m_n``, ``v_n`` the mean and variance bound of ``ds_n``,
+    ``w_n = gap_n**2 / 4`` that of ``x_hat``): 5 of those standard deviations."""
+    gen = torch.Generator().manual_seed(4)
+    rows, cols, draws = 64, 16, 400
+    x0 = torch.randn(rows, cols, generator=gen, requires_grad=True)
+    p = torch.nn.Parameter(torch.randn(1, cols, generator=gen))
+    total = torch.zeros(cols, dtype=torch.float64)
+    for _ in range(draws):
+        x = x0 * 1.0
+        out = _product(x, _product(x, p).sum(-1, keepdim=True))
+        total += torch.autograd.grad(out.sum(), p)[0].reshape(-1).double()
+    xd, pd = x0.detach().double(), p.detach().double().requires_grad_()
+    exact = torch.autograd.grad((xd * (xd * pd).sum(-1, keepdim=True)).sum(), pd)[0].reshape(-1)
+    gap = 1.02 * (xd.amax(1, keepdim=True) - xd.amin(1, keepdim=True)) / (2 ** INT2.bits - 1)
+    w = gap ** 2 / 4                       # [rows, 1]
+    m, v = xd.sum(1, keepdim=True), cols * w
+    bound = 5 * ((v * w + v * xd ** 2 + m ** 2 * w).sum(0) / draws).sqrt()
+    assert ((total / draws - exact).abs() <= bound).all(), ((total / draws - exact).abs() / bound).max()
