@@ -135,6 +135,29 @@ def test_linear_measures_exactly_its_compressed_input(cfg, shape, monkeypatch):
     assert base.grad is not None and lin.weight.grad is not None
 
 
+def test_an_input_read_by_two_linears_is_measured_once(monkeypatch):
+    """A residual linear beside another linear (SAGE's two, a conv and a linear residual) keep one copy of their
+    input (ownership rule 6): measured, and in the census, once."""
+    from dgl_exact.memory import census
+    from dgl_exact.ops import keep as keeping
+
+    cfg = CompressionConfig(bits=2)
+    made = []
+    real = keeping.compress
+    monkeypatch.setattr(keeping, "compress", lambda x, c: made.append(real(x, c)) or made[-1])
+    a, b = dgl_exact.nn.Linear(64, 16, compression=cfg), dgl_exact.nn.Linear(64, 16, compression=cfg)
+    base = torch.randn(4096, 64, requires_grad=True)
+    h = base * 2.0
+    report = measure(lambda: a(h) + b(h), modules=[a, b])
+    assert len(made) == 1 and report.activation_bytes == made[0].nbytes == compressed_nbytes(h.shape, cfg)
+    report.result.sum().backward()
+
+    made.clear()
+    seen = census(lambda: (lambda x: (a(x) + b(x)).sum().backward())(base * 2.0), warmup=0, min_bytes=1024)
+    kept = [t for p in seen.peaks for t in p.tensors if t.compressed and p.phase == "forward"]
+    assert len(made) == 1 and sum(t.bytes for t in kept) == made[0].nbytes
+
+
 def test_linear_uncompressed_and_leaf_inputs():
     lin = dgl_exact.nn.Linear(32, 8, compression=CompressionConfig(enabled=False))
     base = torch.randn(100, 32, requires_grad=True)

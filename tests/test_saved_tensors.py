@@ -39,6 +39,25 @@ def test_compress_saved_compresses_unknown_ops_once_and_skips_params_small_and_o
         lambda v: torch.nn.functional.gelu(lin(v)), x.detach(), torch.ones(256, 256))[1], rtol=0.05, atol=0.05)
 
 
+def test_compress_saved_passes_a_shared_copy_through_once_per_keeper():
+    """Two dgl_exact products keep one copy of ``h`` (ownership rule 6) inside the scope: the pack hook passes its
+    storages through for both (nothing compressed again), and they are the same storages."""
+    from dgl_exact.ops import message_passing
+
+    h = torch.randn(256, 64, requires_grad=True) * 1.0
+    p1, p2 = nn.Parameter(torch.randn(1, 64)), nn.Parameter(torch.randn(1, 64))
+    seen = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: seen.append(t) or t, lambda t: t):
+        with message_passing(), dgl_exact.config(CompressionConfig(bits=2)), \
+                dgl_exact.compress_saved(CompressionConfig(bits=2)) as stats:
+            y = h * p1 + h * p2
+    assert stats.compressed == 0
+    codes = [t for t in seen if t.dtype == torch.uint8]
+    assert len(codes) == 2 and codes[0] is codes[1]
+    y.sum().backward()
+    assert p1.grad is not None and p2.grad is not None
+
+
 def test_compress_saved_opt_outs():
     h = torch.randn(256, 256, requires_grad=True) * 1.0
     for scope in (lambda: dgl_exact.compress_saved(enabled=False),

@@ -133,7 +133,8 @@ class GATAttention(torch.autograd.Function):
         second = cfg.enabled and (ctx.needs_input_grad[2] or (prefix and ctx.needs_input_grad[3]))
         # feat_dst is kept by reference (a view, no memory) when feat_src is exact: double backward needs it
         fd_kept = (feat_dst if isinstance(fs_kept, torch.Tensor) else None) if prefix else as_kept(feat_dst, cfg)
-        save_kept(ctx, fs_kept, as_kept(feat_src, cfg) if second else None, fd_kept, el, er, attn_l, attn_r, ew)
+        fs_second = as_kept(feat_src, cfg, independent=True) if second else None  # fresh noise, never shared
+        save_kept(ctx, fs_kept, fs_second, fd_kept, el, er, attn_l, attn_r, ew)
         return out, a
 
     @staticmethod
@@ -233,7 +234,8 @@ class GATAttentionChunked(torch.autograd.Function):
         # vectors' gradients; feat_dst by reference when it is a prefix of an exactly kept feat_src)
         second = cfg.enabled and (ctx.needs_input_grad[2] or (prefix and ctx.needs_input_grad[3]))
         fd_kept = (feat_dst if isinstance(fs_kept, torch.Tensor) else None) if prefix else as_kept(feat_dst, cfg)
-        save_kept(ctx, fs_kept, as_kept(feat_src, cfg) if second else None, fd_kept, el, er, attn_l, attn_r, ew)
+        fs_second = as_kept(feat_src, cfg, independent=True) if second else None  # fresh noise, never shared
+        save_kept(ctx, fs_kept, fs_second, fd_kept, el, er, attn_l, attn_r, ew)
         if att is None:
             return out
         return out, att

@@ -29,9 +29,23 @@ the caller's explicit words), never from reference counts or from how a caller h
    it has kept what its backward needs compressed, instead of when the call returns. Donation is a
    permission, never a request: the callee releases only where that cannot change what is computed or
    seen (rule 7). A donated tensor is compressed where rule 1 would keep data by reference.
-6. **Offers.** An op that produced ``x`` may offer a compressed copy of ``x`` for the next op that keeps
-   ``x`` under the same configuration (:func:`offer_compressed`): matched by identity and version
-   counter, taken once (a weak registry; an unclaimed offer dies with ``x``).
+6. **One compressed copy per tensor: shared, and offered.** The first op that keeps ``x`` compressed under a
+   configuration registers its copy (:func:`default_keep`); every later op that keeps the same ``x`` (identity
+   and version counter) under an equal configuration within the copy's life takes that copy instead of
+   compressing ``x`` again. An op that produced ``x`` may also offer a compressed copy of it
+   (:func:`offer_compressed`): the first keeper takes it, and it is shared from then on. Both registries are
+   weakly keyed by ``x`` (an entry dies with it); a registered copy is held only through weak references, so
+   nothing keeps it alive but the autograd nodes (or rule 8's private holders) that keep it; an unclaimed offer
+   is held until ``x`` dies. Shared: only tensors with autograd history (``grad_fn``: rule 4 makes their version
+   counters honest), never while compiling or inside a captured op, never for a keeper that writes into ``x``
+   afterwards (rule 3, which also withdraws ``x``'s copies). **Never on one backward path**: a keeper whose op
+   also reads a tensor computed from ``x`` (the edge weights beside ``ft`` in ``update_all(fn.u_mul_e)``, whose
+   scores came from ``ft``) gets a copy of its own, as does an op that asks for one
+   (``as_kept(..., independent=True)``): there a gradient formed from one decode of ``x`` is multiplied by
+   another, which is unbiased only if the two are independent draws. Where shared, each consumer's gradient
+   stays unbiased (one draw, each decode unbiased) and so does their sum, but their quantization noise is now
+   correlated: the summed gradient's added variance is at most ``(sum of the consumers' noise std)**2`` instead
+   of the sum of their variances (at most ``k`` times as large for ``k`` consumers).
 7. **Fast paths never change what a model computes.** A fused or in-place path runs only where it is
    provably equivalent to the composed modules: training mode with grad, no forward, forward-pre,
    backward or backward-pre hook on the modules involved nor a global one
@@ -65,6 +79,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import weakref
 from typing import Optional, Union
 
 import torch
@@ -73,6 +88,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from .._compat import compiling
 from ..compression import CompressedTensor, compress, decompress
 from ..compression_config import CompressionConfig
+from ..tracing import active as tracing_active
 from .donation import Donated
 
 Kept = Union[torch.Tensor, CompressedTensor, None]
@@ -125,9 +141,10 @@ def fresh_outputs(fn):
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        out = fn(*args, **kwargs)
-        if compiling():
-            return out
+        if compiling():  # nothing is shared while compiling (rule 6); dynamo cannot trace a context variable
+            return fn(*args, **kwargs)
+        with op_inputs(*args, *kwargs.values()):
+            out = fn(*args, **kwargs)
         inputs = None
         for t in (out if isinstance(out, tuple) else (out,)):
             if isinstance(t, torch.Tensor) and t.grad_fn is None and not t.requires_grad:
@@ -181,16 +198,23 @@ def keep_hook_active() -> bool:
 
 
 def as_kept(x: Optional[torch.Tensor], cfg: CompressionConfig, force: bool = False,
-            overwritten: bool = False) -> Kept:
+            overwritten: bool = False, independent: bool = False) -> Kept:
     """Keep ``x`` for backward: by reference if it is alive anyway or compression is off, else compressed.
     ``force`` compresses even a leaf (used for per-edge tensors nobody else keeps). ``overwritten``: the
-    caller writes into ``x`` afterwards (rule 3): where ``x`` would be kept exactly, a copy is kept."""
+    caller writes into ``x`` afterwards (rule 3): where ``x`` would be kept exactly, a copy is kept.
+    ``independent``: a compressed copy of its own (fresh noise), neither shared nor registered (rule 6): for an
+    op whose backward multiplies two decodes of ``x`` (``gat_attention``'s second copy)."""
     if x is None:
         return None
+    if independent and not compiling():  # (nothing is shared while compiling)
+        with _no_sharing():
+            return as_kept(x, cfg, force, overwritten)
     hook = _keep_hook.get()
     item = hook(x, cfg, force) if hook is not None else default_keep(x, cfg, force)
-    if overwritten and isinstance(item, torch.Tensor) and _shares_storage(item, x):
-        item = x.clone(memory_format=torch.contiguous_format)
+    if overwritten:
+        withdraw(x)  # the caller writes into x next, perhaps without a version bump: no later keeper may share
+        if isinstance(item, torch.Tensor) and _shares_storage(item, x):
+            item = x.clone(memory_format=torch.contiguous_format)
     return item
 
 
@@ -204,8 +228,112 @@ def default_keep(x: torch.Tensor, cfg: CompressionConfig, force: bool = False) -
         # the tensor itself, not a detached alias (same storage): saved through ``save_for_backward`` it
         # stays connected to its autograd history, which double backward needs
         return x
+    ready = shared_copy(x, cfg)
+    if ready is not None:
+        return ready
     ready = take_offered(x, cfg)
-    return ready if ready is not None else compress(x, cfg)
+    c = ready if ready is not None else compress(x, cfg)
+    if isinstance(c, CompressedTensor) and sharing_allowed(x):
+        _register(x, cfg, c)
+    return c
+
+
+#: compressed copies kept by dgl_exact's ops, for every later keeper of the same tensor (rule 6), weakly keyed by
+#: the tensor: a list of ``(cfg, version, shell, weak references to the copy's tensors)`` per tensor
+_shared = WeakIdKeyDictionary()
+
+
+#: the tensor arguments of the dgl_exact op running now (:func:`op_inputs`; None: not known)
+_op_inputs: "contextvars.ContextVar[Optional[tuple]]" = contextvars.ContextVar("dgl_exact_op_inputs", default=None)
+
+#: False inside :func:`_no_sharing` (``as_kept(..., independent=True)``)
+_sharing: contextvars.ContextVar = contextvars.ContextVar("dgl_exact_sharing", default=True)
+
+
+@contextlib.contextmanager
+def op_inputs(*args):
+    """Within this scope the op being run has these arguments (its tensors are what rule 6 checks: a keeper of
+    ``x`` shares ``x``'s copy only where none of its other inputs was computed from ``x``). Entered by
+    :func:`fresh_outputs` for every public op, and by the products route."""
+    token = _op_inputs.set(tuple(a for a in args if isinstance(a, torch.Tensor)))
+    try:
+        yield
+    finally:
+        _op_inputs.reset(token)
+
+
+@contextlib.contextmanager
+def _no_sharing():
+    token = _sharing.set(False)
+    try:
+        yield
+    finally:
+        _sharing.reset(token)
+
+
+def sharing_allowed(x: torch.Tensor) -> bool:
+    """Whether a compressed copy of ``x`` may be shared by its keepers (rule 6): ``x`` has autograd history
+    (rule 4 keeps its version counter honest), this is not a trace (torch.compile) nor a captured op's run
+    (``ops.captured``: its decisions were taken at trace time), and the op keeping it is known
+    (:func:`op_inputs`) and reads nothing else computed from ``x`` (:func:`_computed_from`)."""
+    if (x.grad_fn is None or not _sharing.get() or compiling() or tracing_active()
+            or _alive_ids.get() is not None):
+        return False
+    inputs = _op_inputs.get()
+    return inputs is not None and not any(t is not x and _computed_from(t, x.grad_fn) for t in inputs)
+
+
+def _computed_from(t: torch.Tensor, node) -> bool:
+    """Whether ``t``'s autograd history passes through ``node``. Then an op reading ``x`` (``node``'s output)
+    and ``t`` may receive, in its backward, a gradient that an earlier keeper of ``x`` formed from its decode
+    of ``x``: multiplied by a decode of the same copy, the product is biased (``E[x_hat x_hat^T] != x x^T``);
+    an independent copy keeps it unbiased. Nodes created before ``node`` (lower sequence numbers) cannot lead
+    to it and are not searched, so the search covers what was computed since ``x``."""
+    if t.grad_fn is None:
+        return False
+    floor = node._sequence_nr()
+    stack, seen = [t.grad_fn], {}
+    while stack:
+        n = stack.pop()
+        if n is node:
+            return True
+        if id(n) in seen:
+            continue
+        seen[id(n)] = n  # held: an id is not reused while the search runs
+        if n._sequence_nr() >= floor:
+            stack.extend(f for f, _ in n.next_functions if f is not None)
+    return False
+
+
+def _register(x: torch.Tensor, cfg: CompressionConfig, c: CompressedTensor) -> None:
+    shell, tensors = c.split()
+    live = [e for e in _shared.get(x, ()) if e[1] == x._version and _alive(e[3]) is not None]
+    live.append((cfg, x._version, shell, tuple(weakref.ref(t) for t in tensors)))
+    _shared[x] = live
+
+
+def _alive(refs) -> Optional[list]:
+    tensors = [r() for r in refs]
+    return tensors if all(t is not None for t in tensors) else None
+
+
+def shared_copy(x: torch.Tensor, cfg: CompressionConfig) -> Optional[CompressedTensor]:
+    """The compressed copy of ``x`` an earlier keeper registered under ``cfg`` and some autograd node still
+    keeps, if ``x`` has not changed in place since (rule 6); else None."""
+    if not sharing_allowed(x):
+        return None
+    for entry_cfg, version, shell, refs in _shared.get(x, ()):
+        if version == x._version and entry_cfg == cfg:
+            tensors = _alive(refs)
+            if tensors is not None:
+                return shell.join(tensors)
+    return None
+
+
+def withdraw(x: torch.Tensor) -> None:
+    """Forget the copies of ``x`` registered or offered for sharing (rule 3: its keeper writes into it next)."""
+    _shared.pop(x, None)
+    _offers.pop(x, None)
 
 
 #: compressed copies offered for the next op that keeps a tensor (rule 6), weakly keyed by the tensor
@@ -215,9 +343,9 @@ _offers = WeakIdKeyDictionary()
 def offer_compressed(x: torch.Tensor, cfg: CompressionConfig, c: CompressedTensor) -> None:
     """Offer ``c``, the compressed copy of ``x`` under ``cfg`` made by the op that produced ``x`` in the same
     pass (``ops.relu_dropout(..., compress_for=cfg)``), to the next op that keeps ``x`` (rule 6): its
-    :func:`as_kept` under an equal config takes it instead of compressing ``x`` again. One taker: a second op
-    keeping ``x`` compresses it anew (independent noise, as without the offer). An ``x`` changed in place
-    since is never matched. Unclaimed, the copy dies with ``x``."""
+    :func:`as_kept` under an equal config takes it instead of compressing ``x`` again, and registers it for the
+    keepers after it (shared, as a copy the first keeper made). An ``x`` changed in place since is never
+    matched. Unclaimed, the copy dies with ``x``."""
     _offers[x] = (cfg, x._version, c)
 
 

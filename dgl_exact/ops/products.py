@@ -27,7 +27,7 @@ from ..compression_config import CompressionConfig, resolve_config
 from ..compression import CompressedTensor
 from .chunks import needs_chunks, row_chunks
 from .double_backward import double_backward
-from .keep import Kept, alive_anyway, as_kept, restore
+from .keep import Kept, alive_anyway, as_kept, op_inputs, restore
 from .saved import load_kept, save_kept
 from .torch_routes import route, scope
 
@@ -97,7 +97,8 @@ def _taken(a, b) -> bool:
 def _product(a, b, cfg: CompressionConfig):
     # a frame of its own: what a routed product keeps is dgl_exact's decision, while the mode's own frame
     # only passes calls on (dgl_exact.explain tells them apart by the frame's name)
-    return Product.apply(a, b, cfg)
+    with op_inputs(a, b):  # rule 6: a keeper shares a copy only where its other operand was not computed from it
+        return Product.apply(a, b, cfg)
 
 
 def _route(args, kwargs):

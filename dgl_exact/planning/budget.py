@@ -245,7 +245,7 @@ def _peak_models(slots: Sequence[Slot], runs: Dict[str, tuple], uniform: Dict[st
     ref = uniform["INT2"]
     for name, (r1, r2) in runs.items():
         option = uniform_option(name)
-        if option is not None and all(r.born >= 0 for r in r2.keeps if r.kept != "reference"):
+        if option is not None and all(r.born >= 0 for r in r2.keeps if r.kept not in ("reference", "shared")):
             try:
                 shift = _shift(uniform, own, name) + own[name].static_bytes - ref.static_bytes
                 models[name] = PeakModel(slots, r1, r2, g1.scale, g2.scale, option, shift)

@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 from typing import Any, Dict, List, Optional
 
+from torch.utils.weak import WeakIdKeyDictionary
 
 from ..compression_config import CompressionConfig
 from ..ops import keep as keeping
@@ -57,6 +58,7 @@ class BudgetPlan:
         without a sign."""
         by_index = {s.index: s for s in self.slots}
         count = [0]
+        chosen = WeakIdKeyDictionary()  # tensor -> (version, the option its slot chose), for later keepers
 
         def hook(x, cfg, force):
             i = count[0]
@@ -69,7 +71,10 @@ class BudgetPlan:
                     "model under the plan's compression scope (`with plan.active():` enters it; a Trainer needs "
                     "cfg.compression = plan.scope)")
             slot = by_index.get(i)
-            if slot is None:  # kept by reference when planned (a leaf, or alive anyway)
+            if slot is None:  # kept by reference when planned (a leaf, or alive anyway), or shared (rule 6)
+                earlier = chosen.get(x)  # kept by an earlier slot: as that slot chose (its copy, when compressed)
+                if earlier is not None and earlier[0] == x._version:
+                    return keep(x, cfg, earlier[1], force, fallback)
                 return fallback(x, cfg, force) if fallback else keeping.default_keep(x, cfg, force)
             if tuple(x.shape[1:]) != tuple(slot.shape[1:]) or x.dim() != len(slot.shape):
                 count[0] = 0  # the next forward starts afresh
@@ -80,6 +85,7 @@ class BudgetPlan:
                     f"{self.scope.describe()}). Train the planned model under the plan's compression scope "
                     "(`with plan.active():` enters it; a Trainer needs cfg.compression = plan.scope), or plan "
                     "again for this model")
+            chosen[x] = (x._version, OPTIONS[slot.choice])
             return keep(x, cfg, OPTIONS[slot.choice], force, fallback)
 
         return hook

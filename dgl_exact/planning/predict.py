@@ -212,8 +212,10 @@ class KeptRecord:
     index: int
     shape: tuple
     dtype: str
-    kept: str            # "reference" (alive anyway / not compressed), "compressed", "projected"
-    nbytes: int          # bytes kept (0 when kept by reference to a tensor alive anyway)
+    #: "reference" (alive anyway / not compressed), "compressed", "projected", or "shared": the copy an earlier
+    #: keeper of the same tensor made (ownership rule 6, :mod:`dgl_exact.ops.keep`), its bytes counted there
+    kept: str
+    nbytes: int          # bytes kept (0 when kept by reference to a tensor alive anyway, or shared)
     projectable: bool    # the op allows a random projection (batch norm, ReLU outputs do not)
     force: bool
     #: where the kept copy lives in the recorded step's timeline (operator indices): it is counted at the points
@@ -306,9 +308,12 @@ def _keep_recorder(records: List[KeptRecord], timeline: Optional["Timeline"] = N
     from ..compression_config import get_config
 
     def hook(x, cfg, force):
+        shared = keeping.shared_copy(x, cfg) is not None
         kept = keeping.default_keep(x, cfg, force)
         scope = get_config()
-        if isinstance(kept, CompressedTensor):
+        if isinstance(kept, CompressedTensor) and shared:  # an earlier keeper's copy (rule 6): counted there
+            kind, nbytes = "shared", 0
+        elif isinstance(kept, CompressedTensor):
             kind = "projected" if kept.raw is not None else "compressed"
             nbytes = kept.nbytes
         else:
@@ -317,7 +322,7 @@ def _keep_recorder(records: List[KeptRecord], timeline: Optional["Timeline"] = N
         projectable = not (cfg.kept_frac >= 1.0 and scope.kept_frac < 1.0)
         record = KeptRecord(len(records), tuple(x.shape), str(x.dtype)[6:], kind, nbytes, projectable, force)
         records.append(record)
-        if timeline is not None and isinstance(kept, CompressedTensor):
+        if timeline is not None and isinstance(kept, CompressedTensor) and not shared:
             _track_life(record, kept, timeline)
         return kept
 

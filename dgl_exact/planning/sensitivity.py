@@ -83,7 +83,9 @@ def estimate_sensitivity(model: torch.nn.Module, graph, feat, label, idx, slots:
             i = count[0]
             count[0] += 1
             if i != target or keeping.alive_anyway(x) and not force:
-                return keep(x, cfg, FP, force)
+                shared = keeping.shared_copy(x, OPTIONS[probe]) if target is not None and i > target else None
+                # a later keeper of the probed tensor shares its copy (ownership rule 6), as in training
+                return shared if shared is not None else keep(x, cfg, FP, force)
             slot = wanted[i]
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(10_000 + 97 * i + replica)

@@ -76,8 +76,10 @@ def slots_from_runs(r1, r2, s1: float, s2: float) -> List[Slot]:
         raise RuntimeError("the two sample runs kept a different number of activations; cannot plan per tensor")
     slots = []
     for a, b in zip(r1.keeps, r2.keeps):
-        if b.kept == "reference":
-            continue  # alive anyway (input features): kept by reference at no cost, nothing to choose
+        if b.kept in ("reference", "shared"):
+            # alive anyway (input features): kept by reference at no cost, nothing to choose; shared: the copy
+            # of an earlier slot's tensor, kept as that slot chooses (planning.budgeted)
+            continue
         rows = int(round(extrapolate(a.shape[0], b.shape[0], s1, s2))) if b.shape else 1
         width = math.prod(b.shape[1:]) if len(b.shape) > 1 else (1 if b.shape else 1)
         size = torch.empty((), dtype=getattr(torch, b.dtype)).element_size()

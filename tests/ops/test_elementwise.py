@@ -49,16 +49,18 @@ def test_fused_equals_unfused_bit_for_bit(shape, p):
         assert torch.equal(a, b)
 
 
-def test_the_next_keep_takes_the_offered_copy_once():
+def test_the_next_keep_takes_the_offered_copy_and_later_ones_share_it():
     x = torch.randn(20, 8, requires_grad=True)
     with dgl_exact.config(INT2):
         h = ops.relu_dropout(x, 0.5, True, compress_for=INT2)
     offered = keeping.offered(h)
     assert isinstance(offered, CompressedTensor) and offered.bits == 2
     assert torch.allclose(decompress(offered), h.detach(), atol=float(h.detach().abs().max()) / 2)  # INT2 of h
-    assert keeping.default_keep(h, INT2) is offered
-    second = keeping.default_keep(h, INT2)  # a second keeper compresses anew (independent noise)
-    assert isinstance(second, CompressedTensor) and second is not offered
+    with keeping.op_inputs(h):  # an op reading h alone
+        assert keeping.default_keep(h, INT2) is offered
+        second = keeping.default_keep(h, INT2)  # a second keeper shares it (rule 6): the same codes
+    assert isinstance(second, CompressedTensor) and second.packed is offered.packed
+    assert keeping.offered(h) is None
 
 
 def test_no_copy_taken_under_another_config_or_after_an_inplace_change():

@@ -80,14 +80,16 @@ def test_gat_attention_keeps_no_per_edge_tensor(graphs, kernel_path, monkeypatch
     al, ar = torch.randn(1, 2, 4, requires_grad=True), torch.randn(1, 2, 4, requires_grad=True)
     with compress_calls(monkeypatch) as made, saved_tensors() as kept:
         out, _ = ops.gat_attention(g, fs, fs, al, ar, 0.2, 0.3, None, True, INT8)
-    # the source features, twice with independent noise (unbiased attention-vector gradients)
+    # the source features, twice with independent noise (unbiased attention-vector gradients; not shared)
     assert [c.shape for c in made] == [(n, 2, 4), (n, 2, 4)]
     assert not any(t.dim() > 0 and t.shape[0] == e for t in kept)
     float_kept = [t for t in kept if t.is_floating_point() and t.dtype != torch.bfloat16]
     assert sorted(tuple(t.shape) for t in float_kept if t.data_ptr() not in (al.data_ptr(), ar.data_ptr())) == \
         [(n, 2), (n, 2)]  # el and er
     out.sum().backward()
-    # attention vectors frozen: a single compressed copy is enough
+    # attention vectors frozen: a single compressed copy is enough (new features: the first call's copies are
+    # still held here, and rule 6 would share them)
+    fs = hidden(torch.randn(n, 2, 4, requires_grad=True))
     with compress_calls(monkeypatch) as made:
         ops.gat_attention(g, fs, fs, al.detach(), ar.detach(), 0.2, 0.0, None, True, INT8)
     assert len(made) == 1

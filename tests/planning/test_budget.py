@@ -607,3 +607,28 @@ def test_a_deep_budget_plan_is_refused_before_any_recording():
     spec = PlanSpec(model="gcn", nodes=1000, edges=2000, features=16, classes=4, layers=100)
     with pytest.raises(ValueError, match=r"--layers 100: a --memory-budget plan records .* plans at most 73 layers"):
         budget_plan(spec, 2**30, samples=(None, None))
+
+
+@pytest.mark.parametrize("choice", ["INT4", "fp32"])
+def test_a_keeper_planned_as_shared_keeps_as_the_first_keepers_slot_chose(choice):
+    """The recording marks a second keeper of one activation "shared" (ownership rule 6), no slot of its own:
+    under the plan it keeps what the first keeper's slot chose (that copy, or the tensor itself when exact)."""
+    from dgl_exact.ops import keep as keeping
+    from dgl_exact.ops.products import Product
+    from dgl_exact.planning.budgeted import BudgetPlan
+    from dgl_exact.planning.settings import OPTIONS
+    from dgl_exact.planning.slots import Slot
+    from tests.ops._helpers import saved_tensors
+
+    slot = Slot(0, 64, 16, 4, True, (64, 16), choice=choice)
+    plan = BudgetPlan(None, 0, [slot], None, {}, 0.0, {}, calls=4, scope=OPTIONS["INT2"])
+    x = torch.randn(64, 16, requires_grad=True) * 1.0
+    p1, p2 = torch.nn.Parameter(torch.randn(1, 16)), torch.nn.Parameter(torch.randn(1, 16))
+    with plan.active(), saved_tensors() as saved, keeping.op_inputs(x, p1, p2):
+        y = Product.apply(x, p1, OPTIONS["INT2"]) + Product.apply(x, p2, OPTIONS["INT2"])
+    if choice == "fp32":
+        assert sum(t is x for t in saved) == 2
+    else:
+        codes = [t for t in saved if t.dtype == torch.uint8]
+        assert len(codes) == 2 and codes[0] is codes[1] and codes[0].numel() == 64 * 16 * 4 // 8
+    y.sum().backward()

@@ -275,3 +275,27 @@ def test_plan_prints_each_static_part(capsys):
     assert code == 0, err
     lines = [ln for ln in out.splitlines() if ln.startswith("static memory (")]
     assert [ln.split(")")[0] for ln in lines] == ["static memory (DGL fp32", "static memory (INT2"]
+
+
+def test_a_shared_copy_is_recorded_once():
+    """Two products keep one activation under one configuration: one compressed copy (ownership rule 6), so the
+    recording counts its bytes at the first keeper and marks the second "shared" (no bytes, not a slot)."""
+    import torch
+
+    from dgl_exact import CompressionConfig
+    from dgl_exact.ops import keep as keeping
+    from dgl_exact.ops.products import Product
+    from dgl_exact.planning.slots import slots_from_runs
+
+    int2 = CompressionConfig(bits=2)
+    x = torch.randn(64, 16, requires_grad=True) * 1.0
+    p1, p2 = torch.nn.Parameter(torch.randn(1, 16)), torch.nn.Parameter(torch.randn(1, 16))
+    records = []
+    with keeping.keep_hook(P._keep_recorder(records), records_only=True):
+        with keeping.op_inputs(x, p1, p2):
+            y = Product.apply(x, p1, int2) + Product.apply(x, p2, int2)  # x's copy, p1 by reference, x's, p2's
+    assert [r.kept for r in records] == ["compressed", "reference", "shared", "reference"]
+    assert records[0].nbytes == keeping.compress(x, int2).nbytes > 0 and records[2].nbytes == 0
+    run = P.SampleRun(64, 0, [], [], 0, records, 0, 0, 0, [], 0.0)
+    assert [s.index for s in slots_from_runs(run, run, 0.5, 1.0)] == [0]
+    y.sum().backward()
