@@ -66,11 +66,13 @@ class CompressedMixin(ConfiguredModule):
     def pyg_setting(cls, conv: torch.nn.Module) -> Optional[str]:
         """The setting of ``conv`` (this drop-in, or the PyG conv it replaces: read from its attributes, which
         may change after construction, as ``decomposed_layers`` does) that this drop-in has no compressed path
-        for, so that its forward runs PyG's code; None where its own path computes it. Here: PyG's
-        ``decomposed_layers > 1`` and an aggregation other than :attr:`compressed_aggregations`; a drop-in adds
-        its own."""
+        for, so that its forward runs PyG's code; None where its own path computes it. Here: edge features in
+        the attention (GAT's and GATv2's ``edge_dim``: a ``lin_edge``), PyG's ``decomposed_layers > 1`` and an
+        aggregation other than :attr:`compressed_aggregations`; a drop-in adds its own."""
         if cls.compressed_aggregations is None:
             return None
+        if getattr(conv, "lin_edge", None) is not None:
+            return "edge_dim (edge features in the attention)"
         if conv.decomposed_layers != 1:
             return f"decomposed_layers={conv.decomposed_layers}"
         aggr = conv.aggr  # (PyG stores an Aggregation object's as its str, a list's as a list of those)

@@ -59,13 +59,6 @@ class GATv2Conv(CompressedMixin, pyg_nn.GATv2Conv):
 
     compressed_aggregations = ("add", "sum")
 
-    @classmethod
-    def pyg_setting(cls, conv) -> Optional[str]:
-        """:meth:`~._base.CompressedMixin.pyg_setting`, and ``edge_dim`` (edge features in the attention)."""
-        if getattr(conv, "lin_edge", None) is not None:
-            return "edge_dim (edge features in the attention)"
-        return super().pyg_setting(conv)
-
     def __init__(self, in_channels: Union[int, Tuple[int, int]], out_channels: int, heads: int = 1,
                  concat: bool = True, negative_slope: float = 0.2, dropout: float = 0.0, add_self_loops: bool = True,
                  edge_dim: Optional[int] = None, fill_value="mean", bias: bool = True, share_weights: bool = False,
