@@ -44,13 +44,13 @@ def test_compress_saved_compresses_unknown_ops_once_and_skips_params_small_and_o
 def test_compress_saved_passes_a_shared_copy_through_once_per_keeper():
     """Two dgl_exact products keep one copy of ``h`` (ownership rule 6) inside the scope: the pack hook passes its
     storages through for both (nothing compressed again), and they are the same storages."""
-    from dgl_exact.ops import message_passing
+    from dgl_exact.ops.products import compressed_products
 
     h = torch.randn(256, 64, requires_grad=True) * 1.0
     p1, p2 = nn.Parameter(torch.randn(1, 64)), nn.Parameter(torch.randn(1, 64))
     seen = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: seen.append(t) or t, lambda t: t):
-        with message_passing(), dgl_exact.config(CompressionConfig(bits=2)), \
+        with compressed_products(), dgl_exact.config(CompressionConfig(bits=2)), \
                 dgl_exact.compress_saved(CompressionConfig(bits=2)) as stats:
             y = h * p1 + h * p2
     assert stats.compressed == 0
