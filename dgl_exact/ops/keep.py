@@ -228,12 +228,13 @@ def default_keep(x: torch.Tensor, cfg: CompressionConfig, force: bool = False) -
         # the tensor itself, not a detached alias (same storage): saved through ``save_for_backward`` it
         # stays connected to its autograd history, which double backward needs
         return x
-    ready = shared_copy(x, cfg)
+    shareable = sharing_allowed(x)  # once per keep: it walks the autograd graph
+    ready = _registered_copy(x, cfg) if shareable else None
     if ready is not None:
         return ready
     ready = take_offered(x, cfg)
     c = ready if ready is not None else compress(x, cfg)
-    if isinstance(c, CompressedTensor) and sharing_allowed(x):
+    if isinstance(c, CompressedTensor) and shareable:
         _register(x, cfg, c)
     return c
 
@@ -320,8 +321,10 @@ def _alive(refs) -> Optional[list]:
 def shared_copy(x: torch.Tensor, cfg: CompressionConfig) -> Optional[CompressedTensor]:
     """The compressed copy of ``x`` an earlier keeper registered under ``cfg`` and some autograd node still
     keeps, if ``x`` has not changed in place since (rule 6); else None."""
-    if not sharing_allowed(x):
-        return None
+    return _registered_copy(x, cfg) if sharing_allowed(x) else None
+
+
+def _registered_copy(x: torch.Tensor, cfg: CompressionConfig) -> Optional[CompressedTensor]:
     for entry_cfg, version, shell, refs in _shared.get(x, ()):
         if version == x._version and entry_cfg == cfg:
             tensors = _alive(refs)
