@@ -109,6 +109,10 @@ class CompressedMixin(ConfiguredModule):
         with compress_saved(self._config(), model=self):
             return forward(*args)
 
+    def _set_jittable_templates(self, raise_on_error: bool = False) -> None:
+        """PyG's compilation of ``propagate`` for this class (once per class: :func:`compile_propagate`)."""
+        compile_propagate(self, super()._set_jittable_templates, raise_on_error)
+
     def __prepare_scriptable__(self):
         """What ``torch.jit.script`` compiles in place of this module: a copy of class PyG's own (the class this
         drop-in replaces) sharing its parameters, buffers and submodules (which are prepared in turn, in the
@@ -133,7 +137,7 @@ class CompressedMixin(ConfiguredModule):
         for attr in ("_modules", "_parameters", "_buffers"):  # the copy's own dicts: scripting replaces submodules
             copy.__dict__[attr] = dict(self.__dict__[attr])
         if hasattr(copy, "_set_jittable_templates"):  # PyG's compiled propagate for its class (made once per class)
-            copy._set_jittable_templates()
+            compile_propagate(copy, copy._set_jittable_templates)
         return copy
 
     def explain_path(self) -> Optional[Tuple[str, str]]:
@@ -147,6 +151,21 @@ class CompressedMixin(ConfiguredModule):
             return ("PyG's own code, its saved tensors compressed by compress_saved",
                     f"{setting}: no compressed path in dgl_exact.pyg")
         return None
+
+
+def compile_propagate(conv: torch.nn.Module, compile_templates, *args) -> None:
+    """Run PyG's ``_set_jittable_templates`` (``compile_templates(*args)``) for ``conv`` so that the
+    ``propagate`` it compiles keeps the fused sparse path wherever the class implements
+    ``message_and_aggregate``. PyG compiles ``propagate`` once per class from the first instance's ``fuse``, so
+    a first instance without it (SAGE's ``aggr="lstm"``) left every later one of the class without a fused path:
+    a sparse adjacency then raised "'message_and_aggregate' not implemented". The compiled code still tests
+    each instance's own ``fuse`` at run time, so compiling the path in is right for every instance."""
+    own = conv.fuse
+    conv.fuse = conv.inspector.implements("message_and_aggregate")
+    try:
+        compile_templates(*args)
+    finally:
+        conv.fuse = own
 
 
 _PYG_HOOKS = tuple(f"_{step}_forward{kind}_hooks" for step in ("propagate", "message", "aggregate",

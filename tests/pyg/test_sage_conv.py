@@ -56,6 +56,36 @@ def test_sparse_adjacency_equals_pyg():
     torch.testing.assert_close(ours(x, weighted), theirs(x, weighted), rtol=1e-5, atol=1e-6)
 
 
+@pytest.fixture
+def fresh_propagate():
+    """PyG compiles ``propagate`` once per class, at its first instance; this makes the next instance of the
+    drop-in's class and of PyG's compile it afresh (as in a new process), and restores both afterwards."""
+    keys = ("propagate", "collect", "_orig_propagate", "_jinja_propagate")
+    saved = {cls: {k: cls.__dict__[k] for k in keys if k in cls.__dict__} for cls in (SAGEConv, pyg_nn.SAGEConv)}
+    for cls, entries in saved.items():
+        for k in entries:
+            delattr(cls, k)
+    yield
+    for cls, entries in saved.items():
+        for k in keys:
+            if k in cls.__dict__:
+                delattr(cls, k)
+        for k, v in entries.items():
+            setattr(cls, k, v)
+
+
+def test_sparse_adjacency_after_an_lstm_instance(fresh_propagate):
+    """The class's first instance aggregates with an LSTM (no fused path): a later mean instance given a
+    weighted sparse adjacency (PyG's code runs) still takes the fused path (CI's no-DGL job once built them in
+    this order and PyG's compiled propagate raised "'message_and_aggregate' not implemented")."""
+    SAGEConv(D_IN, D_OUT, aggr="lstm")
+    theirs, ours = _pair()
+    ei = torch.unique(random_graph(N), dim=1)
+    adj = torch.sparse_coo_tensor(ei.flip(0), torch.rand(ei.shape[1]).add(0.5), (N, N)).coalesce().to_sparse_csr()
+    x = torch.randn(N, D_IN)
+    torch.testing.assert_close(ours(x, adj), theirs(x, adj), rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("kwargs", [dict(), dict(aggr="max"), dict(project=True, normalize=True)], ids=case_id)
 def test_gradients_without_compression_equal_pyg(kwargs):
     theirs, ours = _pair(compression=OFF, **kwargs)
