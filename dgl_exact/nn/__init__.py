@@ -10,7 +10,7 @@ from .layers import (ELU, GELU, BatchNorm1d, Dropout, LayerNorm, LeakyReLU, Line
                      ReLUDropout, SiLU, Softmax)
 from .sequential import Sequential
 
-_CONVS = ("GraphConv", "SAGEConv", "GATConv", "GCN2Conv")
+_CONVS = ("GraphConv", "SAGEConv", "GATConv", "GCN2Conv", "conv_plus_linear")
 
 
 def __getattr__(name):
@@ -25,6 +25,7 @@ def __dir__():
     return sorted(set(globals()) | set(_CONVS))
 
 
-__all__ = ["GraphConv", "SAGEConv", "GATConv", "GCN2Conv", "Linear", "BatchNorm1d", "ReLU", "LeakyReLU", "ELU",
+__all__ = ["GraphConv", "SAGEConv", "GATConv", "GCN2Conv", "conv_plus_linear", "Linear", "BatchNorm1d", "ReLU",
+           "LeakyReLU", "ELU",
            "Dropout", "ReLUDropout", "LayerNorm", "GELU", "SiLU", "PReLU", "Softmax", "LogSoftmax", "Sequential",
            "compress_model", "ConversionReport", "set_model_config", "get_model_config"]

@@ -45,7 +45,8 @@ from . import paths
 from ._base import CompressedModuleMixin, hooks_present, kept_by_reference, plain_dropout_p, plain_linear
 
 __all__ = ["Call", "FastPath", "SHARED", "PATHS", "BN_RELU_DROPOUT", "SAGE_MEAN", "SAGE_MEAN_BN_RELU_DROPOUT",
-           "SAGE_INPUT_COMPRESSED_AHEAD", "SAGE_ADD_IN_PLACE", "GCN2_MIX", "GCN2_SCALE_IN_PLACE", "GCNII_STACK",
+           "SAGE_INPUT_COMPRESSED_AHEAD", "SAGE_ADD_IN_PLACE", "GCN_PLUS_LINEAR", "GCN2_MIX", "GCN2_SCALE_IN_PLACE",
+           "GCNII_STACK",
            "GCNII_RECOMPUTE", "FIRST_LAYER_BN_RELU_DROPOUT", "GAT_ATTENTION", "GAT_DONATED_INPUT", "GCN2_DONATED_INPUT",
            "describe", "paths_for"]
 
@@ -175,6 +176,7 @@ _LAYERS = "dgl_exact.nn.layers"
 _SAGE = "dgl_exact.nn.conv.sageconv.SAGEConv"
 _GCN2 = "dgl_exact.nn.conv.gcn2conv.GCN2Conv"
 _GAT = "dgl_exact.nn.conv.gatconv.GATConv"
+_GRAPHCONV = "dgl_exact.nn.conv.graphconv.GraphConv"
 
 
 # --- nn.Sequential: BatchNorm1d -> ReLU (+ Dropout) as one op (dgl_exact.nn.sequential) -----------------------
@@ -291,6 +293,38 @@ SAGE_ADD_IN_PLACE = _step("neighbour term added into fc_self's output in place",
                           lambda c: plain_linear(c.conv.fc_self, c.cfg),
                           "fc_self replaced by another module (its output is not this module's to overwrite)",
                           facts=lambda conv, cfg: Call((conv,), conv=conv, cfg=cfg))
+
+
+# --- GraphConv plus a residual linear as one op (ops.graph_conv_plus_linear; nn.conv_plus_linear) ------------
+
+def _conv_plus_linear_facts(conv, linear, graph, feat) -> Call:
+    # (read by the ``saving`` check, before the conditions: the residual may be any module)
+    weights = lambda: (feat, conv.weight, conv.bias, getattr(linear, "weight", None), getattr(linear, "bias", None))  # noqa: E731
+    return Call((conv, linear), x=feat, own=((conv, _type(_GRAPHCONV)),), configs=lambda: (conv._config(),),
+                saved=weights, conv=conv, linear=linear, graph=graph)
+
+
+def _homogeneous(graph) -> bool:
+    return not graph.is_block and graph.num_src_nodes() == graph.num_dst_nodes()
+
+
+GCN_PLUS_LINEAR = FastPath(
+    name="GraphConv + residual Linear as one op (ops.graph_conv_plus_linear)",
+    applies_to=(_GRAPHCONV,),
+    shared=("compile", "input", "types", "hooks", "training", "grad", "compression", "autocast", "saving"),
+    conditions=(
+        (lambda c: plain_linear(c.linear, c.conv._config()),
+         "the residual is not a plain nn.Linear under the conv's configuration (another module, or a hook)"),
+        (lambda c: c.conv.weight is not None and c.conv._activation is None,
+         "the conv has an activation, or no weight of its own (an external weight)"),
+        (lambda c: _homogeneous(c.graph), "a block or a bipartite graph"),
+        (lambda c: c.x.dim() == 2 and c.x.is_floating_point(), "not [N, D] floating-point features"),
+        (lambda c: tuple(c.linear.weight.shape) == tuple(c.conv.weight.shape[::-1]),
+         "the linear's shape differs from the conv's (their outputs would not add)"),
+        (lambda c: c.x.dtype == c.conv.weight.dtype == c.linear.weight.dtype, "mixed dtypes"),
+    ),
+    facts=_conv_plus_linear_facts,
+)
 
 
 # --- GCN2Conv: the mix after the propagation as one op (ops.gcn2.gcn2_mix) ------------------------------------
@@ -490,7 +524,8 @@ GAT_DONATED_INPUT = FastPath(
 
 #: every fast path, outermost first (a stack's decision precedes its modules' own)
 PATHS: Tuple[FastPath, ...] = (GCNII_RECOMPUTE, GCNII_STACK, FIRST_LAYER_BN_RELU_DROPOUT, SAGE_MEAN_BN_RELU_DROPOUT,
-                               BN_RELU_DROPOUT, SAGE_INPUT_COMPRESSED_AHEAD, SAGE_MEAN, SAGE_ADD_IN_PLACE, GCN2_MIX,
+                               BN_RELU_DROPOUT, SAGE_INPUT_COMPRESSED_AHEAD, SAGE_MEAN, SAGE_ADD_IN_PLACE,
+                               GCN_PLUS_LINEAR, GCN2_MIX,
                                GCN2_SCALE_IN_PLACE, GCN2_DONATED_INPUT, GAT_ATTENTION, GAT_DONATED_INPUT)
 
 

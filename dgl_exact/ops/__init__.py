@@ -7,7 +7,7 @@ from .elementwise import dropout, elu, leaky_relu, relu, relu_dropout
 from .graph import copy_u_mean, copy_u_sum, edge_softmax, normalize_edge_weight, src_norm_sum, u_add_v, u_mul_e_sum
 from .gat import gat_attention
 from .gatv2 import gatv2_attention
-from .sage import sage_mean
+from .sage import graph_conv_plus_linear, sage_mean
 from .sage_norm import sage_mean_bn_relu_dropout
 from . import gcn2
 from .loss import binary_cross_entropy_with_logits, cross_entropy
@@ -21,7 +21,8 @@ __all__ = ["linear", "linear_reusing", "batch_norm", "batch_norm_relu_dropout", 
            "copy_u_mean", "u_mul_e_sum", "copy_u_max", "copy_u_min", "u_add_v", "edge_softmax", "gat_attention",
            "gatv2_attention",
            "cross_entropy", "binary_cross_entropy_with_logits", "normalize_edge_weight",
-           "sage_mean", "sage_mean_bn_relu_dropout", "gcn2", "GraphStructure", "structure_of", "layer_norm",
+           "sage_mean", "graph_conv_plus_linear", "sage_mean_bn_relu_dropout", "gcn2", "GraphStructure", "structure_of",
+           "layer_norm",
            "gelu", "silu", "prelu",
            "softmax", "log_softmax", "message_passing", "functional_ops"]
 

@@ -22,6 +22,11 @@ x[:N_dst]`` feeds ``fc_self``; the backward's one ``[N_src, D_in]`` buffer is ``
 to ``N_src`` rows by the slice's backward, and their sum), and the first layer (input features without gradient)
 allocates none. Only ``x_dst`` is kept where the layer aggregates first.
 
+The same op computes GraphConv plus a residual linear, ``x W_lin^T + b_lin + n_dst A (n_src x) W + b``
+(:func:`graph_conv_plus_linear`: GCN's degree factors ``n_src``, ``n_dst`` in place of the mean's ``1 / deg``,
+and the conv's bias): the composed modules hold three layer-sized buffers in both passes (the input, the
+conv's output and the linear's; in backward the three gradients), this op two.
+
 Same values as the composed layer up to float summation order (the sum ``s W_neigh^T + x W_self^T + b``
 runs in that order); ``gx`` needs no activation and equals the composed layer's; the weight gradients are
 unbiased estimates from the kept tensors. Under autocast the products run in the autocast dtype and the
@@ -46,15 +51,63 @@ from .saved import load_kept, needs_saving, save_kept
 from .graph import check_nodes
 from .structure import structure_of
 
-__all__ = ["DivideByInDegrees", "SAGEMean", "divide_by_in_degrees", "sage_mean"]
+__all__ = ["DivideByInDegrees", "SAGEMean", "MEAN", "divide_by_in_degrees", "graph_conv_plus_linear", "gcn_norm",
+           "sage_mean"]
 
 #: columns per chunk of the backward's transposed aggregation (input features; output features where the
 #: layer projects first), when the layer is chunked at all
 COLUMN_CHUNK = 32
 
 
+#: the normalisation of the aggregation, ``(source factor, destination factor)``, each None, ``"sqrt"``
+#: (``deg^-1/2``) or ``"inv"`` (``1 / deg``), the source's out-degree and the destination's in-degree, clamped
+#: at 1: the mean (SAGE) divides by the in-degree
+MEAN = (None, "inv")
+
+
+def gcn_norm(norm: str) -> tuple:
+    """GraphConv's ``norm`` (``'both'``, ``'left'``, ``'right'``, ``'none'``) as a normalisation of :data:`MEAN`'s
+    form."""
+    return {"both": ("sqrt", "sqrt"), "left": ("inv", None), "right": (None, "inv"), "none": (None, None)}[norm]
+
+
 def _degrees(st, dtype) -> torch.Tensor:
     return st.in_degrees().clamp(min=1).to(dtype).view(-1, 1)
+
+
+def _scale_dst(t: torch.Tensor, st, norm: tuple) -> torch.Tensor:
+    """``t`` (destination rows) times the destination factor of ``norm``, in place (the mean divides, as
+    the composed ``DivideByInDegrees`` does)."""
+    if norm[1] == "inv":
+        return t.div_(_degrees(st, t.dtype))
+    if norm[1] == "sqrt":
+        return t.mul_(st.node_norm("in", "sqrt", t.dtype).view(-1, 1))
+    return t
+
+
+def _scale_src(t: torch.Tensor, st, norm: tuple) -> torch.Tensor:
+    """``t`` (source rows) times the source factor of ``norm``, in place."""
+    return t if norm[0] is None else t.mul_(st.node_norm("out", norm[0], t.dtype).view(-1, 1))
+
+
+def _aggregate(st, t: torch.Tensor, norm: tuple) -> torch.Tensor:
+    """``sum_{u -> v} n_src(u) t[u]`` (``[N_dst, D]``): the source factor as an edge value for the call (no
+    layer-sized ``t * n_src``), then the destination factor in place."""
+    w = None if norm[0] is None else st.src_edge_norm("out", norm[0], t.dtype).unsqueeze(1)
+    out = st.aggregate(t.unsqueeze(1), w).view(st.num_dst, t.shape[1])
+    del w
+    return _scale_dst(out, st, norm)
+
+
+def _aggregate_back(st, g: torch.Tensor, norm: tuple, owned: bool = False) -> torch.Tensor:
+    """The transpose of :func:`_aggregate` applied to ``g`` (``[N_dst, D]``; ``owned``: the caller's own
+    buffer, scaled in place; else a scaled copy is made where the normalisation has a destination factor)."""
+    if norm[1] is not None:
+        g = _scale_dst(g if owned else g.clone(memory_format=torch.contiguous_format), st, norm)
+    else:
+        g = g.contiguous()
+    out = st.aggregate(g.unsqueeze(1), transpose=True).view(st.num_src, g.shape[1])
+    return _scale_src(out, st, norm)
 
 
 def column_chunks(n_rows: int, width: int, device) -> int:
@@ -65,14 +118,15 @@ def column_chunks(n_rows: int, width: int, device) -> int:
     return width if n_rows * width <= chunk_elements_for(device) else min(width, COLUMN_CHUNK)
 
 
-def aggregate_then_project(x: torch.Tensor, w_neigh: torch.Tensor, st, cfg: CompressionConfig, keep_s: bool):
-    """``(s W_neigh^T, kept s)`` with ``s = mean_{u -> v} x[u]`` (``[N_dst, D_in]``), kept compressed where
+def aggregate_then_project(x: torch.Tensor, w_neigh: torch.Tensor, st, cfg: CompressionConfig, keep_s: bool,
+                           norm: tuple = MEAN):
+    """``(s W_neigh^T, kept s)`` with ``s = mean_{u -> v} x[u]`` (``[N_dst, D_in]``; ``norm``: another
+    normalisation of the sum, :data:`MEAN`'s form), kept compressed where
     ``keep_s`` (``W_neigh``'s gradient reads it), the product written into ``s``'s own rows where ``W_neigh``
     is square and ``s`` is not kept by reference (rule 2): one ``[N_dst, D]`` buffer at a time."""
     n, d_in = st.num_dst, x.shape[1]
     cd = w_neigh.dtype
-    s = st.aggregate(x.unsqueeze(1)).view(n, d_in)
-    s.div_(_degrees(st, s.dtype))
+    s = _aggregate(st, x, norm)
     kept_s = as_kept(s, cfg, force=True) if keep_s else None
     # overwrite s only where backward does not read it (kept compressed, or not kept at all)
     owned = kept_s is None or isinstance(kept_s, CompressedTensor)
@@ -91,11 +145,13 @@ def aggregate_then_project(x: torch.Tensor, w_neigh: torch.Tensor, st, cfg: Comp
 
 
 class SAGEMean(torch.autograd.Function):
-    """``apply(x, w_self, b_self, w_neigh, st, cfg)``: :func:`sage_mean`'s op on a structure ``st``,
-    ``x_dst W_self^T + b_self + mean_{u -> v}(x[u]) W_neigh^T``; keeps ``x`` compressed under ``cfg``."""
+    """``apply(x, w_self, b_self, w_neigh, st, cfg, norm, b_neigh)``: :func:`sage_mean`'s op on a structure
+    ``st``, ``x_dst W_self^T + b_self + mean_{u -> v}(x[u]) W_neigh^T (+ b_neigh)``, the mean or another
+    normalisation of the sum (``norm``, :data:`MEAN`'s form: :func:`graph_conv_plus_linear`); keeps ``x``
+    compressed under ``cfg``."""
 
     @staticmethod
-    def forward(ctx, x, w_self, b_self, w_neigh, st, cfg: CompressionConfig):
+    def forward(ctx, x, w_self, b_self, w_neigh, st, cfg: CompressionConfig, norm: tuple = MEAN, b_neigh=None):
         # Under autocast the weights arrive cast (``cd``, e.g. bf16) and ``x`` as it was: the products run in
         # ``cd`` and the aggregation of ``x`` in ``x``'s dtype, as the composed ops under autocast run them.
         # a block: the destination nodes are the first ``n`` source nodes (DGL's layout), ``x_dst = x[:n]``
@@ -110,15 +166,16 @@ class SAGEMean(torch.autograd.Function):
         if ctx.lin_first:
             # a cast copy of x (autocast) is made for each product and dropped before the aggregation
             t = x.matmul(w_neigh.t()) if x.dtype == cd else x.to(cd).matmul(w_neigh.t())
-            out = st.aggregate(t.unsqueeze(1)).view(n, -1)
+            out = _aggregate(st, t, norm)
             del t
-            out.div_(_degrees(st, out.dtype))
             xc = x_dst if x.dtype == cd else x_dst.to(cd)
         else:
-            out, kept_s = aggregate_then_project(x, w_neigh, st, cfg, keep_s=ctx.needs_input_grad[3])
+            out, kept_s = aggregate_then_project(x, w_neigh, st, cfg, keep_s=ctx.needs_input_grad[3], norm=norm)
             xc = x_dst if x.dtype == cd else x_dst.to(cd)
         out.addmm_(xc, w_self.t())
         del xc
+        if b_neigh is not None:  # (GraphConv's bias: after its normalisation, before the residual's)
+            out.add_(b_neigh)
         if b_self is not None:
             out.add_(b_self)
         # x serves both weight gradients when the projection came first (dW_neigh = (A_mean^T g)^T x)
@@ -132,7 +189,8 @@ class SAGEMean(torch.autograd.Function):
             kept_x = as_kept(x, cfg)
         else:
             kept_x = as_kept(x_dst, cfg, force=not alive_anyway(x))
-        ctx.st, ctx.has_bias, ctx.n_src = st, b_self is not None, n_src
+        ctx.st, ctx.has_bias, ctx.n_src, ctx.norm = st, b_self is not None, n_src, norm
+        ctx.has_bias_neigh = b_neigh is not None
         save_kept(ctx, kept_x, kept_s, w_self if ctx.needs_input_grad[0] else None,
              w_neigh if ctx.needs_input_grad[0] else None)
         return out
@@ -146,24 +204,25 @@ class SAGEMean(torch.autograd.Function):
         st = ctx.st
         grad = grad.contiguous()
         n, n_src, xd = grad.shape[0], ctx.n_src, ctx.x_dtype
-        gx = gws = gb = gwn = None
+        gx = gws = gb = gwn = gbn = None
+        norm = ctx.norm
         if ctx.has_bias and ctx.needs_input_grad[2]:
             gb = grad.sum(0)
+        if ctx.has_bias_neigh and ctx.needs_input_grad[7]:
+            gbn = grad.sum(0)
         if ctx.lin_first:
             # m = A_mean^T g: [N, D_out], narrower than the input; both weight gradients from one pass over x
             m = None
             if ctx.needs_input_grad[0] or ctx.needs_input_grad[3]:
-                deg, d_out = _degrees(st, grad.dtype), grad.shape[1]
+                d_out = grad.shape[1]
                 width = column_chunks(n_src, d_out, grad.device)
                 if width >= d_out:
-                    m = st.aggregate((grad / deg).unsqueeze(1), transpose=True).view(n_src, d_out)
+                    m = _aggregate_back(st, grad, norm)
                 else:  # column chunks: the scaled gradient and the kernel's buffers exist a chunk at a time
                     m = grad.new_empty((n_src, d_out))
                     for c0 in range(0, d_out, width):
                         c1 = min(d_out, c0 + width)
-                        g = grad[:, c0:c1] / deg
-                        m[:, c0:c1] = st.aggregate(g.unsqueeze(1), transpose=True).view(n_src, c1 - c0)
-                        del g
+                        m[:, c0:c1] = _aggregate_back(st, grad[:, c0:c1], norm)
             if ctx.needs_input_grad[1] or ctx.needs_input_grad[3]:
                 for r0, r1, x in row_chunks(x_s):
                     x = x.to(grad.dtype)
@@ -183,7 +242,7 @@ class SAGEMean(torch.autograd.Function):
                     gx.addmm_(m, w_neigh.to(grad.dtype))
                 else:  # autocast: each product cast back to x's dtype, as the composed ops' casts do
                     gx = gx.to(xd).add_(m.matmul(w_neigh.to(grad.dtype)))
-            return gx, gws, gb, gwn, None, None
+            return gx, gws, gb, gwn, None, None, None, gbn
         if ctx.needs_input_grad[1]:
             gws = weight_grad(grad, x_s)
         if ctx.needs_input_grad[3]:
@@ -199,12 +258,9 @@ class SAGEMean(torch.autograd.Function):
                 gx = grad.matmul(w_self).to(xd)
             elif width < d_in:
                 gx = grad.new_empty((n_src, d_in), dtype=xd)
-            deg = _degrees(st, xd)
             for c0 in range(0, d_in, width):
                 c1 = min(d_in, c0 + width)
-                g = grad.matmul(w_neigh[:, c0:c1]).to(xd).div_(deg)
-                part = st.aggregate(g.unsqueeze(1), transpose=True).view(n_src, c1 - c0)
-                del g
+                part = _aggregate_back(st, grad.matmul(w_neigh[:, c0:c1]).to(xd), norm, owned=True)
                 if block and width >= d_in:
                     gx = part  # the kernel's fresh buffer is the input gradient
                 elif block:
@@ -214,7 +270,7 @@ class SAGEMean(torch.autograd.Function):
                 del part
             if block:
                 gx[:n].add_(grad.matmul(w_self).to(xd))
-        return gx, gws, gb, gwn, None, None
+        return gx, gws, gb, gwn, None, None, None, gbn
 
 
 @fresh_outputs
@@ -233,12 +289,42 @@ def sage_mean(g, x: torch.Tensor, w_self: torch.Tensor, b_self: Optional[torch.T
     cfg = resolve_config(config)
     dtype = autocast_dtype(x.device.type)
     if dtype is None:
-        return SAGEMean.apply(x, w_self, b_self, w_neigh, st, cfg)
+        return SAGEMean.apply(x, w_self, b_self, w_neigh, st, cfg, MEAN, None)
     # autocast: the weights cast as the composed linears cast them (their gradients flow back through the
     # casts); x stays as it is, kept as it is, and is cast inside (no cast copy kept)
     with torch.autocast(x.device.type, enabled=False):
         return SAGEMean.apply(x, w_self.to(dtype), None if b_self is None else b_self.to(dtype),
-                               w_neigh.to(dtype), st, cfg)
+                               w_neigh.to(dtype), st, cfg, MEAN, None)
+
+
+@fresh_outputs
+def graph_conv_plus_linear(g, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                           lin_weight: torch.Tensor, lin_bias: Optional[torch.Tensor], norm: str = "both",
+                           config: Optional[CompressionConfig] = None) -> torch.Tensor:
+    """GraphConv with a linear residual as one op: ``n_dst A (n_src x) W + b + x W_lin^T + b_lin`` on a
+    homogeneous graph, ``x [N, D_in]``, ``weight [D_in, D_out]`` and ``bias`` as :class:`dgl.nn.GraphConv` holds
+    them, ``lin_weight [D_out, D_in]`` and ``lin_bias`` as :class:`torch.nn.Linear` holds them, ``norm`` as
+    GraphConv's (``n_src``, ``n_dst``: its degree factors). What ``conv(g, x) + linear(x)`` computes, up to
+    float summation order, with one layer-sized buffer fewer in each pass and ``x`` kept once, compressed
+    under ``config`` (:mod:`dgl_exact.ops.sage`). In a model, :func:`dgl_exact.nn.conv_plus_linear` calls it
+    where the modules allow it."""
+    st = structure_of(g, x.device)
+    check_nodes(st, x)
+    if st.is_block or st.num_src != st.num_dst or x.dim() != 2:
+        raise ValueError(f"graph_conv_plus_linear needs a homogeneous graph and [N, D] features; got features "
+                         f"{tuple(x.shape)} on a graph of {st.num_src} source / {st.num_dst} destination nodes")
+    if norm not in ("both", "left", "right", "none"):
+        raise ValueError(f"graph_conv_plus_linear: norm is 'both', 'left', 'right' or 'none', got {norm!r}")
+    if weight.shape != (x.shape[1], lin_weight.shape[0]) or lin_weight.shape[1] != x.shape[1]:
+        raise ValueError(f"graph_conv_plus_linear: weight {tuple(weight.shape)} ([D_in, D_out]) and lin_weight "
+                         f"{tuple(lin_weight.shape)} ([D_out, D_in]) do not fit features of width {x.shape[1]}")
+    cfg = resolve_config(config)
+    dtype = autocast_dtype(x.device.type)
+    if dtype is None:
+        return SAGEMean.apply(x, lin_weight, lin_bias, weight.t(), st, cfg, gcn_norm(norm), bias)
+    with torch.autocast(x.device.type, enabled=False):
+        return SAGEMean.apply(x, lin_weight.to(dtype), None if lin_bias is None else lin_bias.to(dtype),
+                               weight.t().to(dtype), st, cfg, gcn_norm(norm), None if bias is None else bias.to(dtype))
 
 
 @captured.capturable

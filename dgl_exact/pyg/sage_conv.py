@@ -12,7 +12,7 @@ from ..compression_config import CompressionConfig
 from ..ops import linear, relu
 from .._compat import autocast_dtype
 from ..ops.saved import needs_saving
-from ..ops.sage import SAGEMean
+from ..ops.sage import MEAN, SAGEMean
 from ._base import (CompressedMixin, check_adjacency, is_sparse, materialize, maximum, mean, plain_sum, shared_doc,
                     sparse_edges, structure)
 
@@ -114,7 +114,7 @@ class SAGEConv(CompressedMixin, pyg_nn.SAGEConv):
         if self.root_weight and x_dst is not None:
             materialize(self.lin_r, x_dst)
         if self._fused(cfg, x_src, x_dst, st):
-            out = SAGEMean.apply(x_src, self.lin_r.weight, self.lin_l.bias, self.lin_l.weight, st, cfg)
+            out = SAGEMean.apply(x_src, self.lin_r.weight, self.lin_l.bias, self.lin_l.weight, st, cfg, MEAN, None)
         else:
             out = linear(AGGREGATIONS[self.aggr](st, x_src), self.lin_l.weight, self.lin_l.bias, cfg)
             if self.root_weight and x_dst is not None:

@@ -2,7 +2,7 @@
 activations compressed for the backward pass."""
 from .gatconv import GATConv
 from .gcn2conv import GCN2Conv
-from .graphconv import GraphConv
+from .graphconv import GraphConv, conv_plus_linear
 from .sageconv import SAGEConv
 
-__all__ = ["GraphConv", "SAGEConv", "GATConv", "GCN2Conv"]
+__all__ = ["GraphConv", "SAGEConv", "GATConv", "GCN2Conv", "conv_plus_linear"]

@@ -8,6 +8,7 @@ import torch
 from ..._compat import import_dgl
 from ... import ops
 from ...compression_config import CompressionConfig
+from .. import fastpaths
 from .._base import (CompressedModuleMixin, check_feature_rows, check_zero_in_degree, compressed_activation, into,
                      shared_doc)
 
@@ -153,3 +154,36 @@ class GraphConv(CompressedModuleMixin, dgl.nn.GraphConv):
             raise dgl.DGLError("External weight is provided while at the same time the module has defined "
                                "its own weight parameter. Please create the module with flag weight=False.")
         return weight
+
+
+def conv_plus_linear(conv: torch.nn.Module, linear: torch.nn.Module, graph, feat: torch.Tensor) -> torch.Tensor:
+    """``conv(graph, feat) + linear(feat)``: a graph convolution with a linear residual, as DGL's ogbn-arxiv GCN
+    example writes each layer, with one layer-sized buffer fewer in each pass where the two run as one op.
+
+    Written as separate calls, the layer holds three ``[N, D]`` buffers at once in the forward (the input, the
+    conv's output, the linear's) and three in the backward (their gradients), whatever is compressed. Where
+    ``conv`` is dgl_exact's :class:`GraphConv` (what :func:`dgl_exact.compress_model` makes of DGL's) and
+    ``linear`` a plain :class:`torch.nn.Linear` (or dgl_exact's) of the transposed shape, in a training forward
+    with compression on, on a homogeneous graph, this runs :func:`dgl_exact.ops.graph_conv_plus_linear`: the
+    linear's output is added into the conv's own buffer, the backward forms the input gradient in one buffer,
+    and ``feat`` is kept once, compressed, for both weight gradients. Same values up to float summation order.
+    Anywhere else (DGL's own modules, a conv with an activation, eval, compression off, a block, hooks) it
+    calls the two modules and adds their outputs; :func:`dgl_exact.explain` says which ran and why
+    (:data:`dgl_exact.nn.fastpaths.GCN_PLUS_LINEAR`).
+
+    Example
+    -------
+    >>> import dgl, torch, dgl_exact
+    >>> g = dgl.add_self_loop(dgl.rand_graph(100, 500))
+    >>> conv, res = dgl_exact.GraphConv(16, 16, bias=False), torch.nn.Linear(16, 16, bias=False)
+    >>> # was: h = conv(g, h) + res(h)
+    >>> dgl_exact.nn.conv_plus_linear(conv, res, g, torch.randn(100, 16)).shape
+    torch.Size([100, 16])
+    """
+    if not fastpaths.GCN_PLUS_LINEAR.runs(conv, linear, graph, feat):
+        return conv(graph, feat) + linear(feat)
+    st = ops.structure_of(graph, feat.device)
+    check_feature_rows(st, feat)
+    check_zero_in_degree(conv, st)
+    return ops.graph_conv_plus_linear(graph, feat, conv.weight, conv.bias, linear.weight, linear.bias, conv._norm,
+                                      conv._config())
