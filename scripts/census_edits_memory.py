@@ -11,7 +11,9 @@ Edits: ``gcn-relu-module`` (``nn.ReLU()`` passed as the activation instead of ``
 (batch norm, ``nn.ReLU()`` and dropout as one ``nn.Sequential`` per layer), ``gcn-saved-tensors`` and
 ``gat-saved-tensors`` (``compress_model(model, saved_tensors=True)``), ``gcn-add-in-place`` (the three lines
 ``conv = ...``, ``linear = ...``, ``h = conv + linear`` as ``h = self.convs[i](graph, h).add_(self.linears[i](h))``),
-``gat-in-place`` (four lines of the attention layer's ``forward``: see :func:`_in_place_gat_conv`).
+``gcn-plus-linear`` (the same three lines as one call, ``h = dgl_exact.nn.conv_plus_linear(self.convs[i],
+self.linears[i], graph, h)``), ``gat-in-place`` (four lines of the attention layer's ``forward``: see
+:func:`_in_place_gat_conv`).
 """
 from __future__ import annotations
 
@@ -24,8 +26,8 @@ import torch.nn.functional as F
 
 from dgl_exact import memory
 
-EDITS = ("gcn-relu-module", "gcn-sequential", "gcn-saved-tensors", "gcn-add-in-place", "gat-saved-tensors",
-         "gat-in-place")
+EDITS = ("gcn-relu-module", "gcn-sequential", "gcn-saved-tensors", "gcn-add-in-place", "gcn-plus-linear",
+         "gat-saved-tensors", "gat-in-place")
 
 
 def _in_place_gat_conv():
@@ -95,6 +97,20 @@ def build(edit: str, num_features: int, classes: int):
                 return h
 
         return "arxiv-gcn-user", dgl_exact.compress_model(InPlaceGCN(num_features, 256, classes, 3, F.relu, 0.5))
+    if edit == "gcn-plus-linear":
+        class PlusLinearGCN(um.ArxivGCN):
+            def forward(self, graph, feat):
+                h = self.input_drop(feat)
+                for i in range(self.layers):
+                    # was: conv = self.convs[i](graph, h); linear = self.linears[i](h); h = conv + linear
+                    h = dgl_exact.nn.conv_plus_linear(self.convs[i], self.linears[i], graph, h)
+                    if i < self.layers - 1:
+                        h = self.norms[i](h)
+                        h = self.activation(h)
+                        h = self.dropout(h)
+                return h
+
+        return "arxiv-gcn-user", dgl_exact.compress_model(PlusLinearGCN(num_features, 256, classes, 3, F.relu, 0.5))
     if edit == "gat-in-place":
         model = um.ArxivGAT(num_features, 128, classes, 3, um.ARXIV_GAT_HEADS, F.relu, 0.5)
         for conv in model.convs:

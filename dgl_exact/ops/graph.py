@@ -236,7 +236,9 @@ def _heads_back(t: torch.Tensor, heads_last: bool) -> torch.Tensor:
 class UMulESum(torch.autograd.Function):
     """``apply(x, w, st, out_shape, heads, dim, cfg, heads_last=False)``: ``out[v] = sum_{(u, e, v)} x[u] * w[e]``
     on a structure ``st`` with the layout :func:`mul_layout` gives; keeps ``x`` compressed under ``cfg`` (for
-    the edge gradient) and ``w`` exactly (for the feature gradient)."""
+    the edge gradient) and ``w`` as per-edge values are kept (for the feature gradient, which is linear in
+    ``w``: unbiased from an unbiased copy): by reference where alive anyway (edge weights given as data),
+    else compressed under :func:`_edge_weight_config` (attention weights: at least 8 bits)."""
 
     @staticmethod
     def forward(ctx, x, w, st: GraphStructure, out_shape: tuple, heads: int, dim: int, cfg: CompressionConfig,
@@ -246,27 +248,28 @@ class UMulESum(torch.autograd.Function):
         del x3
         ctx.st, ctx.xshape, ctx.wshape, ctx.heads, ctx.dim = st, x.shape, w.shape, heads, dim
         ctx.heads_last = heads_last
-        # keep x itself, not the view x3: views made inside forward have no grad_fn and would pass for
-        # tensors alive anyway (kept uncompressed, by reference). The edge values are kept exactly, by
-        # reference (the input itself: double backward differentiates through it).
-        save_kept(ctx, as_kept(x, cfg) if ctx.needs_input_grad[1] else None, w if ctx.needs_input_grad[0] else None)
+        # keep x and w themselves, not the views x3, w2: views made inside forward have no grad_fn and would
+        # pass for tensors alive anyway (kept uncompressed, by reference)
+        save_kept(ctx, as_kept(x, cfg) if ctx.needs_input_grad[1] else None,
+                  as_kept(w, _edge_weight_config(cfg, heads)) if ctx.needs_input_grad[0] else None)
         return _node_output(out, (st.num_dst,) + tuple(out_shape))
 
     @staticmethod
     def backward(ctx, grad):
-        x_s, w = load_kept(ctx)
+        x_s, w_s = load_kept(ctx)
         st = ctx.st
         # heads last: the gradient as a heads-first copy (node-sized), so that the edge gradient is the kernel's
         # per-edge, per-head dot product: no [E, dim, heads] product is formed
         g = _heads_first(grad.contiguous(), ctx.heads, ctx.dim, ctx.heads_last)
         gx = gw = None
-        if double_backward("u_mul_e_sum", x_s):
+        if double_backward("u_mul_e_sum", x_s, w_s):
             aggregate, edge_dot = functools.partial(spmm_ref, st), functools.partial(_edge_dot_ref, st)
         else:
             aggregate, edge_dot = st.aggregate, st.edge_dot
         if ctx.needs_input_grad[0]:
-            w2 = w.reshape(w.shape[0], ctx.heads)
+            w2 = restore(w_s).reshape(ctx.wshape[0], ctx.heads)
             gx = _heads_back(aggregate(g, w2.to(g.dtype), transpose=True), ctx.heads_last).reshape(ctx.xshape)
+            del w2
         if ctx.needs_input_grad[1] and edge_dot == st.edge_dot and needs_chunks(x_s):
             gw = _edge_dot_by_sources(st, x_s, g, ctx.heads, ctx.dim, ctx.heads_last).reshape(ctx.wshape)
         elif ctx.needs_input_grad[1]:
@@ -295,8 +298,9 @@ def _edge_dot_by_sources(st: GraphStructure, x_s, g: torch.Tensor, heads: int, d
 @fresh_outputs
 def u_mul_e_sum(g, x: torch.Tensor, y: torch.Tensor, *, config: Optional[CompressionConfig] = None) -> torch.Tensor:
     """``out[v] = sum_{(u, e, v)} x[u] * y[e]`` (DGL's ``u_mul_e_sum``, its broadcasting: feature shapes
-    right-aligned as numpy does); keeps compressed ``x`` (for the edge gradient) and the edge values
-    exactly (for the feature gradient). Heads last (``x [N, D, H]``, ``y [E, H]``) runs heads first on
+    right-aligned as numpy does); keeps compressed ``x`` (for the edge gradient) and the edge values (for
+    the feature gradient: by reference where they are data, else compressed at 8 bits or more, unbiased).
+    Heads last (``x [N, D, H]``, ``y [E, H]``) runs heads first on
     node-sized copies, so that no backward forms an ``[E, D, H]`` product (the edge gradient is a per-edge,
     per-head dot product). Shapes the fused kernel does not take (``y`` broadcasting against a middle
     feature dim, ``x`` broadcast by ``y``) run :mod:`.spmm_broadcast`, which keeps the same and forms
@@ -416,6 +420,14 @@ class _EdgeSoftmax(torch.autograd.Function):
 def _edge_config(cfg: CompressionConfig, heads: int) -> CompressionConfig:
     """Per-edge tensors have few columns (heads): group ~256 values so metadata stays negligible."""
     return cfg.replace(kept_frac=1.0, block_rows=max(cfg.block_rows, -(-256 // max(heads, 1))))
+
+
+def _edge_weight_config(cfg: CompressionConfig, heads: int) -> CompressionConfig:
+    """How an aggregation keeps edge weights that have autograd history (attention weights) for its feature
+    gradient: :func:`_edge_config` at 8 bits or more. The feature gradient ``A_w^T g`` is linear in them, so
+    any unbiased copy keeps it unbiased; 8 bits keep its added variance small at a quarter of fp32's bytes
+    (``[E, heads]`` values: edge-sized, the largest kept tensor of an attention layer left in fp32)."""
+    return _edge_config(cfg, heads).replace(bits=max(cfg.bits, 8))
 
 
 ALL = "__ALL__"  # dgl.base.ALL
