@@ -1,5 +1,6 @@
-"""Fixtures shared by the op tests: ``graphs``, small graphs of every kind the ops take (a random graph with
-self loops, zero in-degree nodes, a block, and their int32 CSC/CSR-only versions as the trainer prepares them)."""
+"""Fixtures shared by the op tests: ``exact_kept``, and ``graphs``, small graphs of every kind the ops take (a
+random graph with self loops, zero in-degree nodes, a block, and their int32 CSC/CSR-only versions as the trainer
+prepares them)."""
 from __future__ import annotations
 
 import pytest
@@ -22,3 +23,12 @@ def graphs():
     return {"graph": g, "zero_in": zero, "block": blocks[0],
             "graph-int32": compact_graph(g, TRAINING_FORMATS), "zero_in-int32": compact_graph(zero, TRAINING_FORMATS),
             "block-int32": blocks[0].int()}
+
+
+@pytest.fixture
+def exact_kept():
+    """Every kept tensor exact (a copy where the op overwrites it), as a planner's fp32 slot keeps it."""
+    from dgl_exact.ops import keep as keeping
+
+    with keeping.keep_hook(lambda x, cfg, force: x.clone() if force else x):
+        yield

@@ -32,13 +32,6 @@ def small_chunks(monkeypatch):
     monkeypatch.setattr(gcn2, "COLUMN_CHUNK", 3)
 
 
-@pytest.fixture
-def exact_kept():
-    """Every kept tensor exact (a copy where the op overwrites it), as a planner's fp32 slot keeps it."""
-    with keeping.keep_hook(lambda x, cfg, force: x.clone() if force else x):
-        yield
-
-
 def _spy(monkeypatch):
     calls = []
     real = gcn2._GCNIIStack.apply

@@ -8,7 +8,7 @@ import torch
 
 import dgl_exact
 from dgl_exact.compression import CompressedTensor
-from dgl_exact.ops import chunks as chunking, keep as keeping, sage
+from dgl_exact.ops import chunks as chunking, sage
 
 dgl = pytest.importorskip("dgl")
 
@@ -51,19 +51,13 @@ def _pair(d_in, d_out, norm="both", bias=True):
 
 @pytest.fixture
 def small_chunks(monkeypatch):
-    """Row chunks of 5 rows of 7 columns and column chunks of 3 (CPU policy): tiny layers cross boundaries."""
+    """As ``test_sage.py``'s (the same op): row chunks of 5 rows of 7 columns, column chunks of 3."""
     monkeypatch.setattr(chunking, "CHUNK_ELEMENTS", 5 * 7)
     monkeypatch.setattr(sage, "COLUMN_CHUNK", 3)
 
 
-@pytest.fixture
-def exact_kept():
-    """Every kept tensor exact (a copy where the op overwrites it), as a planner's fp32 slot keeps it."""
-    with keeping.keep_hook(lambda x, cfg, force: x.clone() if force else x):
-        yield
-
-
 def _spy(monkeypatch):
+    """The calls of the op's Function (SAGE's, with GCN's degree factors)."""
     calls = []
     real = sage.SAGEMean.apply
     monkeypatch.setattr(sage.SAGEMean, "apply", lambda *a: calls.append(a) or real(*a))

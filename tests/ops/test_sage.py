@@ -7,7 +7,7 @@ import torch
 
 import dgl_exact
 from dgl_exact.compression import CompressedTensor
-from dgl_exact.ops import keep as keeping, sage
+from dgl_exact.ops import sage
 from dgl_exact.ops import chunks as chunking
 
 dgl = pytest.importorskip("dgl")
@@ -36,13 +36,6 @@ def small_chunks(monkeypatch):
     """Row chunks of 5 rows of 7 columns and column chunks of 3 (CPU policy): tiny layers cross boundaries."""
     monkeypatch.setattr(chunking, "CHUNK_ELEMENTS", 5 * 7)
     monkeypatch.setattr(sage, "COLUMN_CHUNK", 3)
-
-
-@pytest.fixture
-def exact_kept():
-    """Every kept tensor exact (a copy where the op overwrites it), as a planner's fp32 slot keeps it."""
-    with keeping.keep_hook(lambda x, cfg, force: x.clone() if force else x):
-        yield
 
 
 def _spy(monkeypatch):
