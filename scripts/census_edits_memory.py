@@ -58,6 +58,32 @@ def _in_place_gat_conv():
     return InPlaceGATConv
 
 
+def _residual_edited_gcn(edit: str):
+    """ArxivGCN with its three residual lines (``conv = ...``, ``linear = ...``, ``h = conv + linear``) written
+    as one: the linear's output added in place to the conv's (``gcn-add-in-place``), or one
+    ``dgl_exact.nn.conv_plus_linear`` call (``gcn-plus-linear``)."""
+    import dgl_exact
+    from dgl_exact.bench import user_models as um
+
+    def residual(conv, linear, graph, h):
+        if edit == "gcn-add-in-place":
+            return conv(graph, h).add_(linear(h))
+        return dgl_exact.nn.conv_plus_linear(conv, linear, graph, h)
+
+    class EditedGCN(um.ArxivGCN):
+        def forward(self, graph, feat):
+            h = self.input_drop(feat)
+            for i in range(self.layers):
+                h = residual(self.convs[i], self.linears[i], graph, h)  # the edited line
+                if i < self.layers - 1:
+                    h = self.norms[i](h)
+                    h = self.activation(h)
+                    h = self.dropout(h)
+            return h
+
+    return EditedGCN
+
+
 def build(edit: str, num_features: int, classes: int):
     """(benchmark model name, the edited model converted by compress_model)."""
     import dgl_exact
@@ -83,34 +109,9 @@ def build(edit: str, num_features: int, classes: int):
     if edit == "gcn-saved-tensors":
         return "arxiv-gcn-user", dgl_exact.compress_model(um.ArxivGCN(num_features, 256, classes, 3, F.relu, 0.5),
                                                           saved_tensors=True)
-    if edit == "gcn-add-in-place":
-        class InPlaceGCN(um.ArxivGCN):
-            def forward(self, graph, feat):
-                h = self.input_drop(feat)
-                for i in range(self.layers):
-                    # was: conv = self.convs[i](graph, h); linear = self.linears[i](h); h = conv + linear
-                    h = self.convs[i](graph, h).add_(self.linears[i](h))
-                    if i < self.layers - 1:
-                        h = self.norms[i](h)
-                        h = self.activation(h)
-                        h = self.dropout(h)
-                return h
-
-        return "arxiv-gcn-user", dgl_exact.compress_model(InPlaceGCN(num_features, 256, classes, 3, F.relu, 0.5))
-    if edit == "gcn-plus-linear":
-        class PlusLinearGCN(um.ArxivGCN):
-            def forward(self, graph, feat):
-                h = self.input_drop(feat)
-                for i in range(self.layers):
-                    # was: conv = self.convs[i](graph, h); linear = self.linears[i](h); h = conv + linear
-                    h = dgl_exact.nn.conv_plus_linear(self.convs[i], self.linears[i], graph, h)
-                    if i < self.layers - 1:
-                        h = self.norms[i](h)
-                        h = self.activation(h)
-                        h = self.dropout(h)
-                return h
-
-        return "arxiv-gcn-user", dgl_exact.compress_model(PlusLinearGCN(num_features, 256, classes, 3, F.relu, 0.5))
+    if edit in ("gcn-add-in-place", "gcn-plus-linear"):
+        return "arxiv-gcn-user", dgl_exact.compress_model(_residual_edited_gcn(edit)(num_features, 256, classes, 3,
+                                                                                     F.relu, 0.5))
     if edit == "gat-in-place":
         model = um.ArxivGAT(num_features, 128, classes, 3, um.ARXIV_GAT_HEADS, F.relu, 0.5)
         for conv in model.convs:

@@ -108,3 +108,20 @@ CONFIGS = {
     "int8": _cfg(bits=8),
     "off-rp": dgl_exact.CompressionConfig(enabled=False, kept_frac=0.5),
 }
+
+
+def small_chunks_of(monkeypatch, module) -> None:
+    """Row chunks of 5 rows of 7 columns and ``module``'s column chunks of 3 (CPU policy): tiny layers cross
+    chunk boundaries."""
+    from dgl_exact.ops import chunks
+
+    monkeypatch.setattr(chunks, "CHUNK_ELEMENTS", 5 * 7)
+    monkeypatch.setattr(module, "COLUMN_CHUNK", 3)
+
+
+def spy_apply(monkeypatch, function) -> list:
+    """The argument tuples of every call of ``function.apply`` (an autograd Function) for the rest of the test."""
+    calls = []
+    real = function.apply
+    monkeypatch.setattr(function, "apply", lambda *a: calls.append(a) or real(*a))
+    return calls

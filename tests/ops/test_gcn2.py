@@ -13,6 +13,7 @@ from dgl_exact.ops import chunks as chunking
 from dgl_exact.ops import donation
 from dgl_exact.training import models
 from dgl_exact.training.models import build_model
+from tests.ops._helpers import small_chunks_of
 
 dgl = pytest.importorskip("dgl")
 
@@ -27,9 +28,7 @@ def _graph(n, seed=0):
 
 @pytest.fixture
 def small_chunks(monkeypatch):
-    """Row chunks of 5 rows of 7 columns and column chunks of 3 (CPU policy): tiny layers cross boundaries."""
-    monkeypatch.setattr(chunking, "CHUNK_ELEMENTS", 5 * 7)
-    monkeypatch.setattr(gcn2, "COLUMN_CHUNK", 3)
+    small_chunks_of(monkeypatch, gcn2)
 
 
 def _spy(monkeypatch):

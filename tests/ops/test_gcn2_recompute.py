@@ -14,8 +14,8 @@ import dgl_exact
 from dgl_exact.ops import gcn2, gcn2_recompute
 from dgl_exact.nn import fastpaths
 from dgl_exact.ops import keep as keeping
-from dgl_exact.ops import chunks as chunking
 from dgl_exact.training.models import GCNII
+from tests.ops._helpers import small_chunks_of
 
 dgl = pytest.importorskip("dgl")
 
@@ -34,9 +34,7 @@ def _data(n=40, feats=6):
 
 @pytest.fixture
 def small_chunks(monkeypatch):
-    """Row chunks of 5 rows of 7 columns and column chunks of 3: tiny layers cross chunk boundaries."""
-    monkeypatch.setattr(chunking, "CHUNK_ELEMENTS", 5 * 7)
-    monkeypatch.setattr(gcn2, "COLUMN_CHUNK", 3)
+    small_chunks_of(monkeypatch, gcn2)
 
 
 @pytest.fixture

@@ -8,7 +8,8 @@ import torch
 
 import dgl_exact
 from dgl_exact.compression import CompressedTensor
-from dgl_exact.ops import chunks as chunking, sage
+from dgl_exact.ops import sage
+from tests.ops._helpers import small_chunks_of, spy_apply
 
 dgl = pytest.importorskip("dgl")
 
@@ -51,17 +52,12 @@ def _pair(d_in, d_out, norm="both", bias=True):
 
 @pytest.fixture
 def small_chunks(monkeypatch):
-    """As ``test_sage.py``'s (the same op): row chunks of 5 rows of 7 columns, column chunks of 3."""
-    monkeypatch.setattr(chunking, "CHUNK_ELEMENTS", 5 * 7)
-    monkeypatch.setattr(sage, "COLUMN_CHUNK", 3)
+    small_chunks_of(monkeypatch, sage)
 
 
 def _spy(monkeypatch):
     """The calls of the op's Function (SAGE's, with GCN's degree factors)."""
-    calls = []
-    real = sage.SAGEMean.apply
-    monkeypatch.setattr(sage.SAGEMean, "apply", lambda *a: calls.append(a) or real(*a))
-    return calls
+    return spy_apply(monkeypatch, sage.SAGEMean)
 
 
 def _run(pair, g, x, gout, inner=True):
@@ -167,6 +163,8 @@ def test_explain_names_the_fused_op():
     ("activation", "the conv has an activation"),
     ("other residual", "the residual is not a plain nn.Linear"),
     ("hook", "a module has hooks"),
+    ("conv hook", "a module has hooks"),
+    ("subclass", "not dgl_exact's own module type"),
     ("eval", None),
 ])
 def test_modules_own_calls_where_the_op_does_not_apply(case, reason, monkeypatch):
@@ -184,6 +182,14 @@ def test_modules_own_calls_where_the_op_does_not_apply(case, reason, monkeypatch
         ref["res"] = torch.nn.Sequential(ref["res"])
     elif case == "hook":
         ours["res"].register_forward_hook(lambda *a: None)
+    elif case == "conv hook":
+        ours["conv"].register_forward_pre_hook(lambda *a: None)
+    elif case == "subclass":  # a user's GraphConv whose forward is its own (here: DGL's result plus nothing)
+        class MyConv(dgl_exact.GraphConv):
+            def forward(self, graph, feat, weight=None, edge_weight=None):
+                return super().forward(graph, feat, weight, edge_weight)
+
+        ours["conv"].__class__ = MyConv
     g = _graph(12)
     gen = torch.Generator().manual_seed(0)
     x, gout = torch.randn(12, 7, generator=gen), torch.randn(12, 7, generator=gen)
@@ -230,6 +236,26 @@ def test_op_refuses_what_it_does_not_cover():
         dgl_exact.ops.graph_conv_plus_linear(g, torch.randn(10, 4), torch.randn(4, 3), None, lw, None)
     with pytest.raises(ValueError, match="homogeneous"):
         dgl_exact.ops.graph_conv_plus_linear(_block(), torch.randn(20, 4), w, None, lw, None)
+
+
+def test_double_backward_with_compression_off_equals_dgl(monkeypatch):
+    """Compression off: the modules' own calls (kept exactly), so second-order gradients are DGL's."""
+    calls = _spy(monkeypatch)
+    ref, ours = _pair(5, 5)
+    dgl_exact.set_model_config(ours, _cfg(enabled=False))
+    g = _graph(11)
+    x0 = torch.randn(11, 5)
+    grads = []
+    for pair, fused in ((ref, False), (ours, True)):
+        x = x0.clone().requires_grad_()
+        h = x * 1.0
+        out = (dgl_exact.nn.conv_plus_linear(pair["conv"], pair["res"], g, h) if fused
+               else pair["conv"](g, h) + pair["res"](h))
+        (gx,) = torch.autograd.grad(out.pow(2).sum(), x, create_graph=True)
+        grads.append(torch.autograd.grad(gx.pow(2).sum(), [x, pair["conv"].weight, pair["res"].weight]))
+    assert calls == []
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
 def test_double_backward_refused_when_compressed():

@@ -8,7 +8,7 @@ import torch
 import dgl_exact
 from dgl_exact.compression import CompressedTensor
 from dgl_exact.ops import sage
-from dgl_exact.ops import chunks as chunking
+from tests.ops._helpers import small_chunks_of, spy_apply
 
 dgl = pytest.importorskip("dgl")
 
@@ -33,16 +33,11 @@ def _pair(d_in, d_out, bias=True, dtype=torch.float32):
 
 @pytest.fixture
 def small_chunks(monkeypatch):
-    """Row chunks of 5 rows of 7 columns and column chunks of 3 (CPU policy): tiny layers cross boundaries."""
-    monkeypatch.setattr(chunking, "CHUNK_ELEMENTS", 5 * 7)
-    monkeypatch.setattr(sage, "COLUMN_CHUNK", 3)
+    small_chunks_of(monkeypatch, sage)
 
 
 def _spy(monkeypatch):
-    calls = []
-    real = sage.SAGEMean.apply
-    monkeypatch.setattr(sage.SAGEMean, "apply", lambda *a: calls.append(a) or real(*a))
-    return calls
+    return spy_apply(monkeypatch, sage.SAGEMean)
 
 
 def _run(conv, g, x, gout, inner=False):

@@ -8,6 +8,7 @@ import torch
 import dgl_exact
 from dgl_exact.ops import keep as keeping, sage
 from dgl_exact.ops import chunks as chunking
+from tests.ops._helpers import spy_apply
 
 dgl = pytest.importorskip("dgl")
 
@@ -30,10 +31,7 @@ def _pair(d_in, d_out, bias=True):
 
 
 def _spy(monkeypatch):
-    calls = []
-    real = sage.SAGEMean.apply
-    monkeypatch.setattr(sage.SAGEMean, "apply", lambda *a: calls.append(a) or real(*a))
-    return calls
+    return spy_apply(monkeypatch, sage.SAGEMean)
 
 
 def _run(conv, block, x, gout, hidden):
