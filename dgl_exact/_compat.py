@@ -18,6 +18,11 @@ Three known breakages are handled here, and nowhere else:
 3. **numba-cuda with numpy >= 2.5.** numba-cuda 0.30 references ``numpy.row_stack``, which numpy 2.5
    removed, and fails to compile any kernel. :func:`patch_numpy_for_numba` restores the alias
    (``numpy.vstack`` is what ``row_stack`` always was) right before ``numba.cuda`` is imported.
+
+One torch behaviour is worked around here too: :func:`storage_ptr` (where a tensor's storage begins) without
+``Tensor.untyped_storage()``, whose Python storage object outlives the call and keeps the storage's use count
+above one, so that autograd no longer sums a gradient into that tensor in place (rule 9 of
+:mod:`dgl_exact.ops.keep`).
 """
 from __future__ import annotations
 
@@ -26,7 +31,8 @@ import functools
 import random
 import sys
 
-__all__ = ["import_dgl", "DGL_MISSING", "graphbolt_stubbed", "dgl_supports_device", "patch_numpy_for_numba"]
+__all__ = ["import_dgl", "DGL_MISSING", "graphbolt_stubbed", "dgl_supports_device", "patch_numpy_for_numba",
+           "storage_ptr"]
 
 from _dgl_exact_import_hook import GRAPHBOLT as _GRAPHBOLT
 from _dgl_exact_import_hook import STUB_FLAG as _STUB_FLAG
@@ -165,3 +171,14 @@ def autocast_dtype(device_type: str):
             return torch.get_autocast_cpu_dtype()
     return None
 
+
+
+def storage_ptr(t) -> int:
+    """Where ``t``'s storage begins (``t.untyped_storage().data_ptr()``) without creating the storage's Python
+    object: once created, it stays alive with the storage (torch preserves it), its reference keeps the
+    storage's use count above one, and autograd then refuses to sum another gradient into ``t`` in place (one
+    more buffer of ``t``'s size at a backward's peak). Tensors without data (fake, meta): the storage's own."""
+    try:
+        return t.data_ptr() - t.storage_offset() * t.element_size()
+    except (RuntimeError, NotImplementedError):
+        return t.untyped_storage().data_ptr()

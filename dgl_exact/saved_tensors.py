@@ -49,6 +49,7 @@ from typing import Iterator, Optional
 
 import torch
 
+from ._compat import storage_ptr
 from .compression.signed import SignExactTensor, compress_sign_exact, decompress_sign_exact
 from .compression_config import CompressionConfig, resolve_config
 from .ops import keep as keeping
@@ -82,7 +83,7 @@ class _Packed:
 
 
 def _ptr(t: torch.Tensor) -> int:
-    return t.untyped_storage().data_ptr()
+    return storage_ptr(t)
 
 
 @contextlib.contextmanager

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+import torch.utils.dlpack
 
 from . import register
 
@@ -24,9 +25,19 @@ def _dgl_dtype(x: torch.Tensor) -> torch.Tensor:
 
 
 def spmm_sum(gidx, x, w, n_dst):
-    """``out[v] = sum_{(u, v)} w[e] * x[u]`` over ``gidx``'s edges: ``x [n_src, H, D]``, ``w [E, H]`` or None."""
+    """``out[v] = sum_{(u, v)} w[e] * x[u]`` over ``gidx``'s edges: ``x [n_src, H, D]``, ``w [E, H]`` or None.
+
+    DGL's kernel called as ``dgl._sparse_ops._gspmm`` calls it, but with the output handed over without that
+    wrapper's view check, which creates the output's Python storage object (see
+    :func:`dgl_exact._compat.storage_ptr`): a gradient formed here could then not be summed into in place."""
+    u = _dgl_dtype(x)
     win = None if w is None else _dgl_dtype(w)[..., None]
-    out = _sparse._gspmm(gidx, "copy_lhs" if w is None else "mul", "sum", _dgl_dtype(x), win)[0]
+    out = torch.zeros((n_dst,) + tuple(u.shape[1:]), dtype=u.dtype, device=u.device)
+    if gidx.num_edges(0) > 0 and out.numel():
+        null = _sparse.nd.NULL["int64"]
+        _sparse._CAPI_DGLKernelSpMM(gidx, "copy_lhs" if w is None else "mul", "sum", _sparse.to_dgl_nd(u),
+                                     _sparse.to_dgl_nd(win), _sparse.nd.from_dlpack(torch.utils.dlpack.to_dlpack(out)),
+                                     null, null)
     return out.to(x.dtype)
 
 

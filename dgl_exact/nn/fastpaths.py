@@ -36,7 +36,7 @@ import torch
 import torch.nn as nn
 
 from .. import ops
-from .._compat import autocast_dtype, compiling
+from .._compat import autocast_dtype, compiling, storage_ptr
 from ..compression_config import get_config
 from ..ops.donation import Donated
 from ..ops.keep import keep_hook_active
@@ -368,7 +368,7 @@ def _gcn2_donated_facts(conv, feat, feat_0, edge_weight) -> Call:
 def _apart_from(x: torch.Tensor, other: torch.Tensor) -> bool:
     """Whether ``x`` is a whole tensor sharing no memory with ``other`` (releasing it frees its memory and
     nothing ``other`` reads)."""
-    return x._base is None and x.untyped_storage().data_ptr() != other.untyped_storage().data_ptr()
+    return x._base is None and storage_ptr(x) != storage_ptr(other)
 
 
 GCN2_DONATED_INPUT = FastPath(

@@ -47,6 +47,7 @@ from .keep import alive_anyway, fresh_outputs, as_kept, restore
 from .chunks import needs_chunks, row_chunks
 from .double_backward import double_backward, recompute_vjp, refuse_double_backward
 from .saved import load_kept, needs_saving, save_kept
+from .function import Function
 
 __all__ = ["layer_norm", "gelu", "silu", "prelu", "softmax", "log_softmax"]
 
@@ -78,7 +79,7 @@ def _pointwise_backward(fn, grad, x_s):
 
 
 # --- layer norm ------------------------------------------------------------------------------------------
-class _LayerNorm(torch.autograd.Function):
+class _LayerNorm(Function):
     @staticmethod
     def forward(ctx, x, normalized_shape, weight, bias, eps, cfg):
         y, mean, rstd = torch.ops.aten.native_layer_norm(x, list(normalized_shape), weight, bias, eps)
@@ -155,7 +156,7 @@ def _pointwise_grad(ctx, grad, op, fn, act_backward):
     return _pointwise_backward(act_backward, grad, kept)
 
 
-class _GELU(torch.autograd.Function):
+class _GELU(Function):
     @staticmethod
     def forward(ctx, x, approximate, cfg):
         ctx.approximate = approximate
@@ -179,7 +180,7 @@ def gelu(x: torch.Tensor, approximate: str = "none", config: Optional[Compressio
     return _GELU.apply(x, approximate, resolve_config(config))
 
 
-class _SiLU(torch.autograd.Function):
+class _SiLU(Function):
     @staticmethod
     def forward(ctx, x, cfg):
         _keep_pointwise(ctx, x, cfg, lambda t: torch.ops.aten.silu_backward(torch.ones_like(t), t))
@@ -204,7 +205,7 @@ def _prelu_weight_view(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return weight.reshape((1, -1) + (1,) * (x.dim() - 2))
 
 
-class _PReLU(torch.autograd.Function):
+class _PReLU(Function):
     @staticmethod
     def forward(ctx, x, weight, cfg):
         from .elementwise import pack_mask
@@ -251,7 +252,7 @@ def prelu(x: torch.Tensor, weight: torch.Tensor, config: Optional[CompressionCon
 
 
 # --- softmax ---------------------------------------------------------------------------------------------
-class _Softmax(torch.autograd.Function):
+class _Softmax(Function):
     @staticmethod
     def forward(ctx, x, dim, cfg):
         y = F.softmax(x, dim)
@@ -278,7 +279,7 @@ def softmax(x: torch.Tensor, dim: int, config: Optional[CompressionConfig] = Non
     return _Softmax.apply(x, int(dim), resolve_config(config))
 
 
-class _LogSoftmax(torch.autograd.Function):
+class _LogSoftmax(Function):
     @staticmethod
     def forward(ctx, x, dim, cfg):
         y = F.log_softmax(x, dim)

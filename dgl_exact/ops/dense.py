@@ -17,16 +17,17 @@ from ..compression_config import CompressionConfig, resolve_config
 from ..compression import CompressedTensor
 from . import captured
 from .keep import alive_anyway, fresh_outputs, as_kept, restore
-from .._compat import autocast_dtype
+from .._compat import autocast_dtype, storage_ptr
 from .chunks import chunk_elements_for, chunk_rows, needs_chunks, row_chunks, weight_grad
 from .double_backward import double_backward, recompute_vjp
 from .saved import load_kept, needs_saving, save_kept
+from .function import Function
 
 __all__ = ["linear", "linear_reusing", "batch_norm", "BatchNorm"]
 
 
 @captured.capturable
-class _Linear(torch.autograd.Function):
+class _Linear(Function):
     @staticmethod
     def forward(ctx, x, weight, bias, cfg: CompressionConfig, kept=None):
         # ``kept``: the tensor backward reads x from (``x`` before an autocast cast; backward casts it again)
@@ -81,7 +82,7 @@ def _linear(x, weight, bias, config, owned: bool = False):
         return _Linear.apply(x, weight, bias, resolve_config(config), kept)
 
 
-class _LinearInPlace(torch.autograd.Function):
+class _LinearInPlace(Function):
     """``x <- x W^T (+ b)`` written into ``x``'s own buffer, row chunk by row chunk (square ``W``): each
     output row depends only on the same input row, so a chunk is computed into a small temporary and copied
     back. ``x`` is kept compressed first (its exact values are overwritten). Backward is :class:`_Linear`'s."""
@@ -134,7 +135,7 @@ def _param_dtype(weight: Optional[torch.Tensor], like: torch.Tensor) -> torch.dt
     return like.dtype if weight is None else weight.dtype
 
 
-class BatchNorm(torch.autograd.Function):
+class BatchNorm(Function):
     """ATen's batch-norm kernels (fused, multithreaded / cuDNN-free) on both passes; only what backward
     reads changes: the input comes from its compressed copy."""
 
@@ -199,10 +200,10 @@ class BatchNorm(torch.autograd.Function):
         # the first pass: per chunk at most one temporary beside the decoded rows (x - mean, scaled in place):
         # none where the decoded rows are this backward's own fresh buffer (rule 2), which then takes the
         # arithmetic; never where a chunk is a view of a kept tensor (an exact one, or a compressed copy's rows)
-        kept = {t.untyped_storage().data_ptr() for t in x_s.split()[1]}
+        kept = {storage_ptr(t) for t in x_s.split()[1]}
 
         def centred(x):
-            if x.dtype == cdt and x.untyped_storage().data_ptr() not in kept:
+            if x.dtype == cdt and storage_ptr(x) not in kept:
                 return x.sub_(mean)
             return torch.sub(x.to(cdt), mean)
 

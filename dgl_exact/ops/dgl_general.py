@@ -11,6 +11,7 @@ from ..compression_config import CompressionConfig, resolve_config
 from .double_backward import double_backward
 from .keep import as_kept, restore
 from .saved import load_kept, needs_saving, save_kept
+from .function import Function
 
 __all__ = ["readable", "Bilinear", "bilinear"]
 
@@ -26,7 +27,7 @@ def readable(g):
     return g.formats(["coo", "csr", "csc"])
 
 
-class Bilinear(torch.autograd.Function):
+class Bilinear(Function):
     """``fn(a, b)``, bilinear in ``(a, b)``, run without autograd; keeps compressed the operand the other's
     gradient needs. Backward re-runs ``fn`` with autograd on the decoded operands (zeros for one not kept:
     its own gradient does not read it) and returns its vector-Jacobian product."""

@@ -41,6 +41,7 @@ from . import captured
 from .keep import fresh_outputs, offer_compressed, as_kept, keep_hook_active, restore
 from .double_backward import double_backward
 from .saved import load_kept, needs_saving, save_kept
+from .function import Function
 
 __all__ = ["relu", "leaky_relu", "elu", "dropout", "relu_dropout", "pack_mask", "mask_like"]
 
@@ -61,7 +62,7 @@ def mask_like(packed: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
 
 
 @captured.capturable
-class _ReLUDropout(torch.autograd.Function):
+class _ReLUDropout(Function):
     @staticmethod
     def forward(ctx, x, p: float, seed: int, compress_for: Optional[CompressionConfig] = None):
         if compress_for is None:
@@ -127,7 +128,7 @@ def relu(x: torch.Tensor) -> torch.Tensor:
 
 
 @captured.capturable
-class _LeakyReLU(torch.autograd.Function):
+class _LeakyReLU(Function):
     @staticmethod
     def forward(ctx, x, slope: float):
         mask = x > 0
@@ -152,7 +153,7 @@ def leaky_relu(x: torch.Tensor, negative_slope: float = 0.01) -> torch.Tensor:
 
 
 @captured.capturable
-class _ELU(torch.autograd.Function):
+class _ELU(Function):
     @staticmethod
     def forward(ctx, x, alpha: float, cfg: CompressionConfig):
         y = F.elu(x, alpha)
@@ -180,7 +181,7 @@ def elu(x: torch.Tensor, alpha: float = 1.0, config: Optional[CompressionConfig]
 
 
 @captured.capturable
-class _Dropout(torch.autograd.Function):
+class _Dropout(Function):
     @staticmethod
     def forward(ctx, x, p: float, seed: int):
         ctx.p, ctx.seed = p, seed
@@ -211,7 +212,7 @@ def _set_rng_state(device: torch.device, state: torch.Tensor) -> None:
         torch.set_rng_state(state)
 
 
-class _TorchDropout(torch.autograd.Function):
+class _TorchDropout(Function):
     """``torch.nn.functional.dropout`` itself (its mask, from torch's generator), keeping only the generator's
     state and a layout (``like``, a meta tensor: the mask follows the strides torch's dropout would give it
     on a tensor of that layout): backward draws the same mask again on a tensor of ones of that layout (as

@@ -26,6 +26,7 @@ from .saved import load_kept, needs_saving, save_kept
 from .structure import GraphStructure, edge_softmax_forward, structure_of
 from . import captured
 from .graph import check_nodes, edge_softmax_ref, softmax_backward, spmm_ref
+from .function import Function
 
 __all__ = ["gat_attention", "GATAttention", "GATAttentionChunked", "edge_attention", "attention_chunk_budget"]
 
@@ -105,7 +106,7 @@ def _score_gradients(ctx, grad_fs, grad_el, grad_er, kept, attn_l, attn_r, ct):
 
 
 @captured.capturable
-class GATAttention(torch.autograd.Function):
+class GATAttention(Function):
     """``apply(feat_src, feat_dst, attn_l, attn_r, ew, st, slope, p, seed, cfg)``: :func:`gat_attention`'s op
     on a structure ``st``: ``(out [N_dst, H, D], attention [E, H])``; keeps ``feat_src`` compressed (twice,
     independently, where the attention vectors need gradients), ``el``/``er`` and no per-edge tensor."""
@@ -216,7 +217,7 @@ def _gat_chunked_forward(st, feat_src, el, er, slope, ew, budget: int, need_atte
     return out, att
 
 
-class GATAttentionChunked(torch.autograd.Function):
+class GATAttentionChunked(Function):
     """:class:`GATAttention` without attention dropout, its per-edge tensors formed one edge chunk at a time
     (:mod:`.edge_chunks`) in forward and backward. Keeps exactly what :class:`GATAttention` keeps."""
 

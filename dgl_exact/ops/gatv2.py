@@ -34,6 +34,7 @@ from .gat import attention_chunk_budget
 from .keep import fresh_outputs, as_kept, restore
 from .saved import load_kept, needs_saving, save_kept
 from .structure import GraphStructure, edge_softmax_forward, structure_of
+from .function import Function
 
 __all__ = ["gatv2_attention"]
 
@@ -84,7 +85,7 @@ def _reference(st: GraphStructure, x_l, x_r, att, slope: float):
     return kernel_reference.edge_softmax_by_dst(st.dst, st.num_dst, (z * att).sum(dim=-1))
 
 
-class _GATv2Attention(torch.autograd.Function):
+class _GATv2Attention(Function):
     @staticmethod
     def forward(ctx, x_l, x_r, att, st: GraphStructure, slope: float, cfg: CompressionConfig):
         ranges = _edge_ranges(st)

@@ -57,6 +57,7 @@ from .donation import release
 from .double_backward import refuse_double_backward
 from .saved import (SECOND_BACKWARD_MESSAGE, graph_freed_after_backward, load_kept, private_keeping_allowed, save_kept,
                     show_private)
+from .function import Function
 
 __all__ = ["AddScaledGCN2", "BatchNormArgs", "GCN2Layer", "GCN2Step", "MixGCN2", "degree_norm", "gcn2_mix",
            "gcnii_layers", "layer_forward", "row_ranges"]
@@ -279,7 +280,7 @@ def _mix_backward(g, weight1, step: GCN2Step, ranges, gh0, need_h0: bool):
     return gh0
 
 
-class _GCNIIStack(torch.autograd.Function):
+class _GCNIIStack(Function):
     """GCNII's hidden layers and the output linear as one autograd region (the pattern of
     ``torch.utils.checkpoint``: the layers' forward and backward loops run inside one Function). Every
     layer-sized buffer the loops write in place is allocated inside it (keep.py, rule 2): the layers' shared
@@ -433,7 +434,7 @@ def gcnii_layers(st, h0: torch.Tensor, layers: List[GCN2Layer], head_weight: tor
                              bool(release_h0), *params)
 
 
-class AddScaledGCN2(torch.autograd.Function):
+class AddScaledGCN2(Function):
     """GCNII's initial residual ``s = h + alpha h0`` written into the propagation's own buffer ``h`` (already
     times ``1 - alpha``), in row chunks: the same operations in the same order as the unfused chain. Keeps
     nothing. Backward: the incoming gradient itself for ``h`` (``ds/dh = I``, as torch's ``add`` returns it)
@@ -456,7 +457,7 @@ class AddScaledGCN2(torch.autograd.Function):
         return (grad if needs[0] else None), (grad * ctx.alpha if needs[1] else None), None
 
 
-class MixGCN2(torch.autograd.Function):
+class MixGCN2(Function):
     """GCNII's mix over the initial residual's buffer ``s`` (:class:`AddScaledGCN2`'s output):
     ``out = (1 - beta) s + beta s W (+ b)`` written into ``s``, the same operations in the same order as the
     unfused chain (bit-identical forward), keeping only ``s`` compressed. Backward: one new layer-sized

@@ -61,6 +61,7 @@ from .keep import as_kept, restore
 from .chunks import row_chunks, weight_grad
 from .double_backward import refuse_double_backward
 from .saved import load_kept, save_kept
+from .function import Function
 
 __all__ = ["StemArgs", "gcnii_layers_recomputed", "segments_of"]
 
@@ -171,7 +172,7 @@ class _StemGradient:
                 self.gb = part if self.gb is None else self.gb.add_(part)
         return self
 
-class _GCNIIRecomputed(torch.autograd.Function):
+class _GCNIIRecomputed(Function):
     """The fused GCNII stack keeping only segment boundaries (see the module docstring). Every layer-sized
     buffer written in place is allocated inside it (keep.py, rule 2): the layers' buffer in the forward, and
     in the backward the gradient ``g W_out``, the ``h0`` gradient and each segment's decoded boundary."""

@@ -43,6 +43,7 @@ from .dgl_originals import originals
 from .spmm_broadcast import gspmm_broadcast, pad_feature_shapes
 from .structure import GraphStructure, edge_softmax_forward, structure_of
 from . import captured
+from .function import Function
 
 __all__ = ["normalize_edge_weight", "copy_u_sum", "copy_u_mean", "u_mul_e_sum", "copy_u_max", "copy_u_min", "u_add_v",
            "edge_softmax",
@@ -117,7 +118,7 @@ def _narrow_index(arg: torch.Tensor, n: int) -> torch.Tensor:
 
 # --- copy_u sum / mean ------------------------------------------------------------------------------
 @captured.capturable
-class CopyUReduce(torch.autograd.Function):
+class CopyUReduce(Function):
     """``apply(x, st, mean)``: the sum (``mean``: the mean) over each node's in-edges of ``x``'s source rows, on
     a structure ``st``; keeps nothing (the backward is the transposed sum)."""
 
@@ -158,7 +159,7 @@ def copy_u_mean(g, x: torch.Tensor) -> torch.Tensor:
 
 # --- sum weighted by a source-node normalisation ----------------------------------------------------------
 @captured.capturable
-class _SrcNormSum(torch.autograd.Function):
+class _SrcNormSum(Function):
     @staticmethod
     def forward(ctx, x, st: GraphStructure, degrees: str, kind: str):
         x3 = _as3(x)
@@ -233,7 +234,7 @@ def _heads_back(t: torch.Tensor, heads_last: bool) -> torch.Tensor:
 
 
 @captured.capturable
-class UMulESum(torch.autograd.Function):
+class UMulESum(Function):
     """``apply(x, w, st, out_shape, heads, dim, cfg, heads_last=False)``: ``out[v] = sum_{(u, e, v)} x[u] * w[e]``
     on a structure ``st`` with the layout :func:`mul_layout` gives; keeps ``x`` compressed under ``cfg`` (for
     the edge gradient) and ``w`` as per-edge values are kept (for the feature gradient, which is linear in
@@ -321,7 +322,7 @@ def u_mul_e_sum(g, x: torch.Tensor, y: torch.Tensor, *, config: Optional[Compres
 
 # --- copy_u max / min -------------------------------------------------------------------------------
 @captured.capturable
-class CopyUMinMax(torch.autograd.Function):
+class CopyUMinMax(Function):
     """``apply(x, st, reduce)``: the max or min (``reduce``) over each node's in-edges of ``x``'s source rows
     (0 without in-edges), on a structure ``st``; keeps the winning source per element, narrowest int type."""
 
@@ -361,7 +362,7 @@ def copy_u_min(g, x: torch.Tensor) -> torch.Tensor:
 
 # --- u_add_v -----------------------------------------------------------------------------------------
 @captured.capturable
-class _UAddV(torch.autograd.Function):
+class _UAddV(Function):
     @staticmethod
     def forward(ctx, a, b, st: GraphStructure):
         ctx.st = st
@@ -401,7 +402,7 @@ def _softmax_forward(st: GraphStructure, e: torch.Tensor, by: str) -> torch.Tens
 
 
 @captured.capturable
-class _EdgeSoftmax(torch.autograd.Function):
+class _EdgeSoftmax(Function):
     @staticmethod
     def forward(ctx, e, st: GraphStructure, cfg: CompressionConfig, by: str = "dst"):
         s = _softmax_forward(st, e, by)

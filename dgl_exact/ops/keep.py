@@ -85,7 +85,7 @@ from typing import Optional, Union
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from .._compat import compiling
+from .._compat import compiling, storage_ptr
 from ..compression import CompressedTensor, compress, decompress
 from ..compression_config import CompressionConfig
 from ..tracing import active as tracing_active
@@ -149,9 +149,9 @@ def fresh_outputs(fn):
         for t in (out if isinstance(out, tuple) else (out,)):
             if isinstance(t, torch.Tensor) and t.grad_fn is None and not t.requires_grad:
                 if inputs is None:
-                    inputs = {a.untyped_storage().data_ptr() for a in (*args, *kwargs.values())
+                    inputs = {storage_ptr(a) for a in (*args, *kwargs.values())
                               if isinstance(a, torch.Tensor)}
-                if t.untyped_storage().data_ptr() not in inputs:
+                if storage_ptr(t) not in inputs:
                     _made_here[t] = True
         return out
 
@@ -219,7 +219,7 @@ def as_kept(x: Optional[torch.Tensor], cfg: CompressionConfig, force: bool = Fal
 
 
 def _shares_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+    return storage_ptr(a) == storage_ptr(b)
 
 
 def default_keep(x: torch.Tensor, cfg: CompressionConfig, force: bool = False) -> Kept:

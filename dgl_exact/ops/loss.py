@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from .double_backward import double_backward, recompute_vjp
 from .saved import load_kept, needs_saving, save_kept
+from .function import Function
 
 __all__ = ["cross_entropy", "binary_cross_entropy_with_logits"]
 
@@ -37,7 +38,7 @@ def _reduce(loss, weight):
     return loss.sum() / max(loss.numel(), 1)
 
 
-class _RowLoss(torch.autograd.Function):
+class _RowLoss(Function):
     @staticmethod
     def forward(ctx, logits, target, index, weight, kind):
         z = _rows(logits, index)

@@ -28,11 +28,12 @@ from .dense import BatchNorm
 from .keep import as_kept
 from .double_backward import double_backward
 from .saved import load_kept, save_kept
+from .function import Function
 
 __all__ = ["batch_norm_relu_dropout"]
 
 
-class _BatchNormReLUDropout(torch.autograd.Function):
+class _BatchNormReLUDropout(Function):
     @staticmethod
     def forward(ctx, x, weight, bias, running_mean, running_var, training, momentum, eps, p, seed, cfg):
         # kept first: the compression's temporaries are gone before the output is allocated

@@ -30,13 +30,14 @@ from .double_backward import double_backward
 from .keep import Kept, alive_anyway, as_kept, op_inputs, restore
 from .saved import load_kept, save_kept
 from .torch_routes import route, scope
+from .function import Function
 
 __all__ = ["Product", "compressed_products", "operand_grad"]
 
 _PRODUCTS = frozenset({torch.mul, torch.Tensor.mul, torch.Tensor.__mul__, torch.Tensor.__rmul__})
 
 
-class Product(torch.autograd.Function):
+class Product(Function):
     """``a * b`` (broadcast) keeping each operand the other's gradient needs through :func:`~.keep.as_kept`."""
 
     @staticmethod

@@ -43,6 +43,7 @@ from ..compression_config import CompressionConfig
 from .keep import as_kept, restore
 from .double_backward import refuse_double_backward
 from .saved import load_kept, save_kept
+from .function import Function
 
 __all__ = ["recompute_segment", "RECOMPUTE_DOUBLE_BACKWARD_MESSAGE"]
 
@@ -52,7 +53,7 @@ RECOMPUTE_DOUBLE_BACKWARD_MESSAGE = (
     "(`recompute=None`) and with compression off for double backward.")
 
 
-class _Recompute(torch.autograd.Function):
+class _Recompute(Function):
     @staticmethod
     def forward(ctx, fn, config, memo, buffers, n_args, x, *rest):
         args, params = rest[:n_args], rest[n_args:]

@@ -50,6 +50,7 @@ from .double_backward import refuse_double_backward
 from .saved import load_kept, needs_saving, save_kept
 from .graph import check_nodes
 from .structure import structure_of
+from .function import Function
 
 __all__ = ["DivideByInDegrees", "SAGEMean", "MEAN", "divide_by_in_degrees", "graph_conv_plus_linear", "gcn_norm",
            "sage_mean"]
@@ -145,7 +146,7 @@ def aggregate_then_project(x: torch.Tensor, w_neigh: torch.Tensor, st, cfg: Comp
     return s.matmul(w_neigh.t()), kept_s
 
 
-class SAGEMean(torch.autograd.Function):
+class SAGEMean(Function):
     """``apply(x, w_self, b_self, w_neigh, st, cfg, norm, b_neigh)``: :func:`sage_mean`'s op on a structure
     ``st``, ``x_dst W_self^T + b_self + mean_{u -> v}(x[u]) W_neigh^T (+ b_neigh)``, the mean or another
     normalisation of the sum (``norm``, :data:`MEAN`'s form: :func:`graph_conv_plus_linear`); keeps ``x``
@@ -329,7 +330,7 @@ def graph_conv_plus_linear(g, x: torch.Tensor, weight: torch.Tensor, bias: Optio
 
 
 @captured.capturable
-class DivideByInDegrees(torch.autograd.Function):
+class DivideByInDegrees(Function):
     """``x / max(in_degree, 1)`` per destination row, keeping nothing (the degrees come from the structure
     again in backward; a plain division would keep the degree vector)."""
 

@@ -41,11 +41,12 @@ from .saved import load_kept, save_kept
 from .graph import check_nodes
 from .sage import aggregate_then_project
 from .structure import structure_of
+from .function import Function
 
 __all__ = ["sage_mean_bn_relu_dropout"]
 
 
-class _SAGEMeanBNReLUDropout(torch.autograd.Function):
+class _SAGEMeanBNReLUDropout(Function):
     @staticmethod
     def forward(ctx, x, w_self, b_self, w_neigh, bn_weight, bn_bias, running_mean, running_var, momentum, eps,
                 p, st, cfg: CompressionConfig, compress_for: Optional[CompressionConfig]):

@@ -11,7 +11,7 @@ from typing import Optional
 
 import torch
 
-from .._compat import compiling
+from .._compat import compiling, storage_ptr
 from ..compression import CompressedTensor
 from ..tracing import active as tracing_active
 from .keep import Kept
@@ -53,7 +53,7 @@ def save_kept(ctx, *items: Kept) -> None:
             raise TypeError(f"cannot save {type(item).__name__} for backward")
     own = _own_saved.get()
     if own is not None:
-        own.update(t.untyped_storage().data_ptr() for t in tensors)
+        own.update(storage_ptr(t) for t in tensors)
     ctx.save_for_backward(*tensors)
     ctx.kept_layout = layout
 

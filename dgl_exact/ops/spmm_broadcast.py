@@ -36,6 +36,7 @@ from .double_backward import double_backward, recompute_vjp
 from .keep import as_kept, restore
 from .saved import load_kept, needs_saving, save_kept
 from .structure import GraphStructure, structure_of
+from .function import Function
 
 __all__ = ["BROADCAST_OPS", "BROADCAST_REDUCERS", "gspmm_broadcast", "pad_feature_shapes"]
 
@@ -119,7 +120,7 @@ def _mul_grads(st, lay: _Layout, g, x, w, need_x: bool, need_w: bool, limit: int
     return gx, gw
 
 
-class _BroadcastSpMM(torch.autograd.Function):
+class _BroadcastSpMM(Function):
     @staticmethod
     def forward(ctx, x, y, g, st: GraphStructure, op: str, reduce_op: str, cfg: CompressionConfig):
         dgl_gspmm = originals().gspmm
