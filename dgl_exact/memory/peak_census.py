@@ -26,9 +26,10 @@ What it cannot see: storages created before the step (the model, the graph, the 
 of earlier steps: a warm-up step runs first by default), and tensors smaller than ``min_bytes``. Tensors that
 DGL's C++ kernels allocate outside torch (DGL 2.1.0 on modern torch) are found when a torch operator first
 reads them and are charged to the line running then (``data`` says ``outside torch``), so a plain DGL model's
-peak here can be below :func:`dgl_exact.memory.measure_step`'s resident step peak. The mode references each
-output while its operator returns, which keeps autograd from accumulating a gradient in place: a backward
-peak can show one extra layer-sized ``add`` that a run without the census does not allocate. For the number
+peak here can be below :func:`dgl_exact.memory.measure_step`'s resident step peak. While any dispatch mode is
+active, torch never sums a tensor's gradients in place (it treats every tensor as a subclass then): a backward
+peak can show one extra ``add`` of the tensor's size, per tensor several ops read, that a run without the
+census does not allocate (rule 9 of :mod:`dgl_exact.ops.keep` is what makes those sums in place). For the number
 that decides whether a step fits, use :func:`dgl_exact.memory.measure_step`; the census says where it goes.
 
 Usage::

@@ -68,12 +68,21 @@ the caller's explicit words), never from reference counts or from how a caller h
    Dropping a reference frees nothing that anybody else holds; tensors the op did not allocate (inputs,
    parameters, running statistics) always go through ``save_for_backward``. A second backward through a
    region that dropped its references raises torch's "backward through the graph a second time" error.
+9. **Gradients returned own their storage.** Autograd sums the gradients of a tensor several ops read in place
+   into the first one that arrives, but only where torch sees that nothing else holds it: not a view (which
+   holds its base), and a storage whose Python object was never created (``Tensor.untyped_storage()`` creates
+   one that lives as long as the storage and counts as a holder). Otherwise each sum is a new buffer of the
+   tensor's size beside the two it adds. So every autograd Function subclasses :class:`.function.Function`,
+   whose ``backward`` returns a view as ``view.detach()`` (except for ``create_graph``); op code asks where a
+   storage begins with :func:`dgl_exact._compat.storage_ptr`, never ``untyped_storage()``; and DGL's kernels
+   are given their output buffers without DGL's wrapper, which calls it (:mod:`dgl_exact.kernels.dgl_graph`).
 
 The rest of what the ops share lives beside this file, one job per module: :mod:`.saved` (how kept items
 pass through ``ctx.save_for_backward``, rule 8's private holding and the observers), :mod:`.chunks` (row
 chunks of a kept item in a backward, the chunk size), :mod:`.donation` (rule 5's :func:`~.donation.donate`,
-:func:`~.donation.release`), :mod:`.double_backward` (rule 7's :data:`~.double_backward.DOUBLE_BACKWARD_MESSAGE`);
-the autocast dtype is :func:`dgl_exact._compat.autocast_dtype`.
+:func:`~.donation.release`), :mod:`.function` (rule 9's base class of every autograd Function),
+:mod:`.double_backward` (rule 7's :data:`~.double_backward.DOUBLE_BACKWARD_MESSAGE`); the autocast dtype is
+:func:`dgl_exact._compat.autocast_dtype`, and where a storage begins :func:`dgl_exact._compat.storage_ptr`.
 """
 from __future__ import annotations
 
