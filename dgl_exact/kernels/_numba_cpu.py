@@ -324,6 +324,60 @@ def quantize_pack(x, e0, k, block_rows, lo, inv, pre, levels, has_levels, bits, 
         out[bi] = acc
 
 
+_BATCH = 1 << 14  # elements per batch of groups in compress_groups: 64 KiB of fp32, cached for the second pass
+
+
+@njit(**_KERNEL)
+def compress_groups(x, n_rows, k, block_rows, levels, has_levels, bits, factor, top_f, s_lo, s_hi, stochastic,
+                    meta, lo, inv, pre, out, start, end):
+    """``reference.compress_rows`` of fp32 ``x`` (flat, ``n_rows * k`` elements) in one read from memory: for
+    each batch of whole groups (about :data:`_BATCH` elements), every group's min and max (a NaN makes the
+    group NaN, as torch's ``aminmax``), its ``(lo, step)`` (:func:`group_meta1`, into ``meta[0, g]``,
+    ``meta[1, g]``) and ``reference.quant_params`` (into ``lo``, ``inv``, ``pre``), then
+    :func:`quantize_pack` of the batch while its values are still cached. Every group must begin on a whole
+    byte of ``out`` (``block_rows * k * bits`` a multiple of 8), so that threads never share a byte. Units:
+    groups."""
+    n = n_rows * k
+    per_group = block_rows * k
+    batch = max(1, _BATCH // per_group)
+    g0 = start
+    while g0 < end:
+        g1 = min(end, g0 + batch)
+        for g in range(g0, g1):
+            a = g * per_group
+            b = min(n, a + per_group)
+            mn = x[a]
+            mx = x[a]
+            nan = False
+            for i in range(a, b):
+                v = x[i]
+                nan |= v != v
+                mn = v if v < mn else mn
+                mx = v if v > mx else mx
+            if nan:
+                mn = _NAN32
+                mx = _NAN32
+            lo_g, step_g = group_meta1(mn, mx, factor, top_f)
+            meta[0, g] = lo_g
+            meta[1, g] = step_g
+            # reference.quant_params: every scaling by a power of two
+            s = step_g
+            pre_g = ONE
+            if step_g < ZERO:  # wide
+                pre_g = _WIDE_INV
+                s = -step_g
+            elif step_g > ZERO and step_g < _MIN_NORMAL:  # tiny
+                pre_g = _TINY_SCALE
+                lo_g = lo_g * _TINY_SCALE
+                s = step_g * _TINY_SCALE
+            lo[g] = lo_g
+            pre[g] = pre_g
+            inv[g] = ONE / s if s > ZERO else ZERO
+        quantize_pack(x, 0, k, block_rows, lo, inv, pre, levels, has_levels, bits, s_lo, s_hi, stochastic, out,
+                      g0 * per_group * bits // 8, -(-min(n, g1 * per_group) * bits // 8))
+        g0 = g1
+
+
 @njit(**_KERNEL)
 def unpack_dequantize(packed, e0, k, block_rows, lo, step, post, vmax, table, bits, out, start, end):
     """``out[i] = (lo + table[q] * step) * post`` (fp32) clamped to ``[-vmax, vmax]`` for flat elements

@@ -4,8 +4,9 @@ Ops (from :data:`.spec.OPS`; signatures and results exactly those of :mod:`.refe
 ``compress_rows``, ``relu_dropout_compress``, ``quantize_pack``, ``unpack_dequantize``, ``pack_mask``,
 ``unpack_mask``, ``dropout``, ``relu_dropout``, ``relu_dropout_inplace`` (the ``relu_dropout`` kernel with
 its output array the input's), ``masked_scale``, ``rademacher``. No fallback of its own: the
-registry chooses. ``compress_rows`` and ``relu_dropout_compress`` are compositions of this backend's kernels
-(the one-read fused kernels are the extension's).
+registry chooses. ``compress_rows`` reads its input once on the CPU (``_numba_cpu.compress_groups``, for fp32
+rows whose groups begin on whole bytes of the codes); elsewhere it, and ``relu_dropout_compress`` everywhere, are
+compositions of this backend's kernels (the extension's are fused on both devices).
 
 Two kernel sets share one scalar source (the hash and the rounding rule live in :mod:`._numba_cpu`):
 
@@ -104,9 +105,11 @@ class _CpuEngine:
                 self._pool_key = key
             return self._pool
 
-    def launch(self, kernel: str, units: int, device, *args):
+    def launch(self, kernel: str, units: int, device, *args, unit_bytes: int = 1):
+        """``kernel(*args, start, end)`` over ``units`` work units, split across threads where each thread
+        gets at least :attr:`min_units_per_thread` bytes of work (``unit_bytes``: bytes per unit)."""
         fn = getattr(self.module, kernel)
-        threads = max(1, min(torch.get_num_threads(), units // self.min_units_per_thread))
+        threads = max(1, min(torch.get_num_threads(), units * unit_bytes // self.min_units_per_thread))
         if threads == 1:
             fn(*args, 0, units)
             return
@@ -148,7 +151,7 @@ class _CudaEngine:
         index = device.index if device.index is not None else torch.cuda.current_device()
         return self.cuda.gpus[index]
 
-    def launch(self, kernel: str, units: int, device, *args):
+    def launch(self, kernel: str, units: int, device, *args, unit_bytes: int = 1):
         fn = getattr(self.module, kernel)
         blocks = max(1, min(self.max_blocks, -(-units // self.threads)))
         if device.type == "cuda":
@@ -302,8 +305,9 @@ class _TorchOps:
         return out
 
     def compress_rows(self, x, levels, bits, block_rows, seed, stochastic):
-        """Three launches (torch's ``aminmax``, then this engine's ``group_meta`` and ``quantize_pack``): the
-        fused one-read kernel is the extension's; the results are the same bit for bit."""
+        """On the CPU, for fp32 rows whose groups begin on whole bytes of the codes, one read of ``x``
+        (``_numba_cpu.compress_groups``); otherwise three launches (torch's ``aminmax``, then this engine's
+        ``group_meta`` and ``quantize_pack``). The results are the reference's bit for bit."""
         from .reference import group_minmax
 
         n_rows, k = x.shape
@@ -312,10 +316,30 @@ class _TorchOps:
             _check_codes(int(bits), int(block_rows), levels, x.new_zeros(n_groups), x.new_zeros(n_groups), n_rows)
             return (torch.empty(0, dtype=torch.uint8, device=x.device),
                     torch.zeros((2, n_groups), dtype=torch.bfloat16, device=x.device))
+        if (hasattr(self.engine.module, "compress_groups") and x.dtype == torch.float32
+                and int(block_rows) * k * int(bits) % 8 == 0):
+            return self._compress_groups(x, levels, int(bits), int(block_rows), seed, stochastic, n_groups)
         mn, mx = group_minmax(x, int(block_rows))
         meta = self.group_meta(mn, mx, bits)
         packed = self.quantize_pack(x, meta[0], meta[1], levels, bits, block_rows, seed, stochastic)
         return packed, meta.to(torch.bfloat16)
+
+    def _compress_groups(self, x, levels, bits, block_rows, seed, stochastic, n_groups):
+        from .reference import meta_factor
+
+        _check_codes(bits, block_rows, levels, x.new_zeros(n_groups), x.new_zeros(n_groups), x.shape[0])
+        n_rows, k = x.shape
+        out = torch.empty(-(-n_rows * k * bits // 8), dtype=torch.uint8, device=x.device)
+        meta = torch.empty((2, n_groups), dtype=torch.float32, device=x.device)
+        lo, inv, pre = (torch.empty(n_groups, dtype=torch.float32, device=x.device) for _ in range(3))
+        lv, has_levels = self._levels(levels, x.device)
+        s_lo, s_hi = _seed_words(seed)
+        a = self._a
+        self.engine.launch("compress_groups", n_groups, x.device, a(x.contiguous().view(-1)), n_rows, k, block_rows,
+                           a(lv), has_levels, bits, _f32(meta_factor(bits)), _f32((1 << bits) - 1), s_lo, s_hi,
+                           bool(stochastic), a(meta), a(lo), a(inv), a(pre), a(out),
+                           unit_bytes=max(1, block_rows * k * bits // 8))
+        return out, meta.to(torch.bfloat16)
 
     def unpack_dequantize(self, packed, lo, step, levels, bits, block_rows, n_rows, k, dtype):
         n = n_rows * k

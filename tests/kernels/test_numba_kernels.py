@@ -528,3 +528,31 @@ def test_cuda_backend_registered():
         c = dgl_exact.compress(x, cfg, seed=5)
         torch.testing.assert_close(dgl_exact.decompress(c), dgl_exact.decompress(c_ref))
     assert torch.equal(c.packed, c_ref.packed)
+
+
+@pytest.mark.parametrize("bits", [1, 2, 4, 8])
+@pytest.mark.parametrize("block_rows,k,level_kind", [(1, 64, "uniform"), (64, 48, "optimal"), (3, 8, "uniform")])
+def test_one_read_compression_matches_reference(bits, block_rows, k, level_kind):
+    """The CPU's one-read kernel (``_numba_cpu.compress_groups``: groups on whole bytes, fp32), on enough rows
+    for several cached batches per thread and two threads, with the groups that take its special branches: a
+    NaN, an inf, a constant row, mixed signed zeros, denormals (a tiny step) and values near fp32's largest (a
+    wide group). Metadata bit for bit (signed zeros included), codes exactly."""
+    assert block_rows * k * bits % 8 == 0  # the one-read path
+    g = torch.Generator().manual_seed(bits + k)
+    x = torch.randn(6001, k, generator=g)
+    x[5, 3], x[70, 0], x[71] = float("nan"), float("inf"), 2.5
+    x[300, :] = 0.0
+    x[300, ::2] = -0.0
+    x[2000] = torch.rand(k, generator=g) * 1e-40
+    x[4000] = torch.rand(k, generator=g) * 3e38 - 1.5e38
+    levels = _levels(bits, level_kind, "cpu")
+    ops = _ops("cpu")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        packed, meta = ops.compress_rows(x, levels, bits, block_rows, SEED, True)
+    finally:
+        torch.set_num_threads(threads)
+    want_packed, want_meta = R.compress_rows(x, levels, bits, block_rows, SEED, True)
+    assert torch.equal(meta.view(torch.int16), want_meta.view(torch.int16))
+    assert torch.equal(packed, want_packed)
