@@ -23,7 +23,8 @@ def _bench_options(f):
                      help="Graph to measure on (any dataset name; synthetic-arxiv is ogbn-arxiv-sized)."),
         click.option("--model", "models", default="sage,gcn", show_default=True,
                      help="Comma-separated: gcn,sage,gat,gcn2, or user-sage,user-sage-donate,user-block-gcn,"
-                          "user-block-sage,user-block-gat,user-block-gat-ops (bench/user_models.py), or PyG models "
+                          "user-block-sage,user-block-gat,user-block-gat-ops,arxiv-gcn-user,arxiv-gat-user,user-gcn2,"
+                          "user-gcn2-donate (bench/user_models.py), or PyG models "
                           "pyg-gcn,pyg-sage,pyg-gat,pyg-gcn2,pyg-gatv2 (bench/pyg_models.py; baseline PyG fp32)."),
         click.option("--settings", default="", show_default="all standard ones",
                      help="Comma-separated setting names."),
