@@ -58,13 +58,15 @@ def test_storage_ptr_keeps_a_gradient_summable_in_place():
 
 
 def test_untyped_storage_makes_torch_refuse_in_place_sums():
-    """Why :func:`storage_ptr` exists (a torch behaviour; if torch changes, the workaround can go)."""
+    """Why :func:`storage_ptr` exists: on recent torch (2.13 here; not 2.1) a storage's Python object, once
+    created, counts as a holder of the storage for as long as the storage lives."""
     def looked_at(g):
         out = g * 2
         out.untyped_storage()
         return out
 
-    assert not _accumulated_in_place(looked_at, lambda h: h * 3)
+    if _accumulated_in_place(looked_at, lambda h: h * 3):
+        pytest.skip(f"torch {torch.__version__} sums in place after untyped_storage(): storage_ptr changes nothing")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int64])
