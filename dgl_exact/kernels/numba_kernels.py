@@ -214,14 +214,16 @@ class _TorchOps:
         from .reference import group_minmax
 
         n_rows, k = x.shape
-        n_groups = -(-n_rows // int(block_rows))
+        bits, block_rows = int(bits), int(block_rows)
+        n_groups = -(-n_rows // block_rows)
         if n_rows * k == 0:
-            _check_codes(int(bits), int(block_rows), levels, x.new_zeros(n_groups), x.new_zeros(n_groups), n_rows)
+            _check_codes(bits, block_rows, levels, x.new_zeros(n_groups), x.new_zeros(n_groups), n_rows)
             return (torch.empty(0, dtype=torch.uint8, device=x.device),
                     torch.zeros((2, n_groups), dtype=torch.bfloat16, device=x.device))
-        if (hasattr(self.engine.module, "compress_groups") and x.dtype == torch.float32
-                and int(block_rows) * k * int(bits) % 8 == 0):
-            return self._compress_groups(x, levels, int(bits), int(block_rows), seed, stochastic, n_groups)
+        one_read = hasattr(self.engine.module, "compress_groups") and x.dtype == torch.float32
+        if one_read and block_rows * k * bits % 8 == 0:  # groups begin on whole bytes: threads share none
+            _check_codes(bits, block_rows, levels, x.new_zeros(n_groups), x.new_zeros(n_groups), n_rows)
+            return self._compress_groups(x, levels, bits, block_rows, seed, stochastic, n_groups)
         mn, mx = group_minmax(x, int(block_rows))
         meta = self.group_meta(mn, mx, bits)
         packed = self.quantize_pack(x, meta[0], meta[1], levels, bits, block_rows, seed, stochastic)
@@ -230,7 +232,6 @@ class _TorchOps:
     def _compress_groups(self, x, levels, bits, block_rows, seed, stochastic, n_groups):
         from .reference import meta_factor
 
-        _check_codes(bits, block_rows, levels, x.new_zeros(n_groups), x.new_zeros(n_groups), x.shape[0])
         n_rows, k = x.shape
         out = torch.empty(-(-n_rows * k * bits // 8), dtype=torch.uint8, device=x.device)
         meta = torch.empty((2, n_groups), dtype=torch.float32, device=x.device)
