@@ -505,3 +505,24 @@ def rademacher(s_lo, s_hi, v, out, start, end):
     """``out[e] = v if u(seed, e) < 0.5 else -v`` (the flat ``[d, k]`` projection matrix). Units: elements."""
     for e in range(start, end):
         out[e] = v if hash_u(e, s_lo, s_hi) < HALF else -v
+
+
+@njit(**_KERNEL)
+def spmm_weighted_rows(indptr, indices, eids, has_eids, x, w, out, bounds, start, end):
+    """``out[r, h, :] += w[eid(e), h] * x[indices[e], h, :]`` over each row's stored edges, in storage order
+    (DGL's CPU kernel's order and rounding: the product rounded, then added). ``x [n, H, D]``, ``w [E, H]`` or
+    ``[E, 1]`` (one weight for every head) in edge-id order, ``out [rows, H, D]`` zeroed; ``eid(e)`` is
+    ``eids[e]`` if ``has_eids`` else ``e``. Units: parts of about equal edge counts, rows ``bounds[p] ..
+    bounds[p + 1]``."""
+    heads, dim = x.shape[1], x.shape[2]
+    per_head = w.shape[1] > 1
+    for p in range(start, end):
+        for r in range(bounds[p], bounds[p + 1]):
+            o = out[r]
+            for e in range(indptr[r], indptr[r + 1]):
+                xu = x[indices[e]]
+                ei = eids[e] if has_eids else e
+                for h in range(heads):
+                    wv = w[ei, h if per_head else 0]
+                    for d in range(dim):
+                        o[h, d] += wv * xu[h, d]

@@ -270,10 +270,18 @@ def rademacher(d, k, seed, device, dtype=torch.float32):
     return out
 
 
-_HANDWRITTEN = {"rademacher": rademacher}
+def spmm_weighted_sum(indptr, indices, eids, x, w, n_dst):
+    """``torch.ops.dgl_exact.spmm_sum`` with edge weights (the extension's one sum kernel takes them)."""
+    if w is None:
+        raise ValueError("spmm_weighted_sum needs edge weights w [E, H]; spmm_sum sums without them")
+    return wrapper("spmm_sum")(indptr, indices, eids, x, w, n_dst)
+
+
+_HANDWRITTEN = {"rademacher": rademacher, "spmm_weighted_sum": spmm_weighted_sum}
 #: the ``torch.ops.dgl_exact`` schema of each op (``cuda/dgl_exact.cpp``): the spec's, else the handwritten op's
 SCHEMAS = {op: _SPEC[op].schema for op in OPS if _SPEC[op].schema is not None}
 SCHEMAS["rademacher"] = "rademacher_(Tensor(a!) out, int seed) -> ()"
+SCHEMAS["spmm_weighted_sum"] = SCHEMAS["spmm_sum"]
 _SCHEMA_NAME = {op: schema[: schema.index("(")] for op, schema in SCHEMAS.items()}
 _wrappers = {}
 

@@ -41,7 +41,7 @@ import torch
 
 from . import register
 from ._numba_engines import CpuEngine as _CpuEngine, CudaEngine as _CudaEngine
-from .spec import implemented
+from .spec import OPS as _SPEC, implemented
 
 __all__ = ["load", "get_ops", "OPS", "CHUNK", "cpu_status", "cuda_status"]
 
@@ -370,6 +370,33 @@ class _TorchOps:
             "masked_scale", b - a, g.device, gc, a, a_packed, a_on, a_off, c, oc))
         return out
 
+    # graph ----------------------------------------------------------------------------------------
+    def spmm_weighted_sum(self, indptr, indices, eids, x, w, n_dst):
+        """The CPU kernel (spec: no Numba CUDA graph kernel) over parts of about equal edge counts."""
+        from . import reference
+
+        if x.dtype not in (torch.float32, torch.float64) or not hasattr(self.engine.module, "spmm_weighted_rows"):
+            return reference.spmm_weighted_sum(indptr, indices, eids, x, w, n_dst)
+        edges = indices.numel()
+        if x.dim() != 3 or w.dim() != 2 or w.shape[1] not in (1, x.shape[1]) or indptr.numel() != n_dst + 1 \
+                or (eids is None and w.shape[0] < edges) or (eids is not None and eids.numel() != edges):
+            raise ValueError(f"spmm_weighted_sum: x [n, H, D] and w [E, H or 1] over {edges} edges and {n_dst} rows, "
+                             f"got x {tuple(x.shape)}, w {tuple(w.shape)}, indptr of {indptr.numel()}")
+        out = torch.zeros((n_dst,) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
+        if edges == 0 or out.numel() == 0:
+            return out
+        parts = 4 * torch.get_num_threads()
+        ptr = indptr.long()
+        bounds = torch.searchsorted(ptr, torch.linspace(0, edges, parts + 1, dtype=torch.float64).long())
+        bounds[0], bounds[-1] = 0, n_dst
+        a = self._a
+        none = eids is None
+        part_bytes = edges * (x.numel() // x.shape[0]) * x.element_size() // parts
+        self.engine.launch("spmm_weighted_rows", parts, x.device, a(ptr), a(indices.contiguous()),
+                           a(indices[:0] if none else eids.contiguous()), not none, a(x.contiguous()),
+                           a(w.to(x.dtype).contiguous()), a(out), a(bounds), unit_bytes=part_bytes)
+        return out
+
     # random numbers -------------------------------------------------------------------------------
     def rademacher(self, d, k, seed, device, dtype=torch.float32):
         import math
@@ -519,5 +546,6 @@ def load() -> Optional[str]:
     cuda_ops = get_ops("cuda") if reason is None else None
     devices = ("cpu", "cuda") if cuda_ops is not None else ("cpu",)
     for op in OPS:
-        register(op, "numba", devices=devices)(_registered(op, cpu_ops, cuda_ops))
+        served = tuple(d for d in devices if d in _SPEC[op].devices("numba"))  # graph kernels: CPU only
+        register(op, "numba", devices=served)(_registered(op, cpu_ops, cuda_ops))
     return None

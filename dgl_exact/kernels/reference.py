@@ -421,7 +421,8 @@ def _edge_values(w: Optional[torch.Tensor], eids: Optional[torch.Tensor]):
 
 @register("spmm_sum", "torch")
 def spmm_sum(indptr, indices, eids, x, w, n_dst):
-    """``out[v] = sum_{(u,v)} w[e] * x[u]``; ``x [n_src, H, D]``, ``w [E, H]`` or None -> ``[n_dst, H, D]``."""
+    """``out[v] = sum_{(u,v)} w[e] * x[u]``; ``x [n_src, H, D]``, ``w [E, H]``, ``[E, 1]`` (one weight for every
+    head) or None -> ``[n_dst, H, D]``."""
     n_src, heads, dim = x.shape
     wv = _edge_values(w, eids)
     if wv is None or heads == 1:
@@ -445,6 +446,14 @@ def spmm_sum(indptr, indices, eids, x, w, n_dst):
     msg = x[indices] * wv.to(x.dtype)[:, :, None]
     out = x.new_zeros(n_dst, heads, dim)
     return out.index_add_(0, rows, msg)
+
+
+@register("spmm_weighted_sum", "torch")
+def spmm_weighted_sum(indptr, indices, eids, x, w, n_dst):
+    """:func:`spmm_sum` with edge weights ``w [E, H]`` or ``[E, 1]`` (edge-id order), which are required."""
+    if w is None:
+        raise ValueError("spmm_weighted_sum needs edge weights w [E, H]; spmm_sum sums without them")
+    return spmm_sum(indptr, indices, eids, x, w, n_dst)
 
 
 @register("spmm_minmax", "torch")

@@ -139,7 +139,7 @@ class ChunkCSR:
     def aggregate(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """``out[r] = sum_{e in row r} w[e] * x[col(e)]``: ``x [num_cols, H, D]``, ``w [edges, H]`` in chunk
         order; returns ``[num_rows, H, D]``."""
-        fn, graph = self._graph("spmm_sum", x.device)
+        fn, graph = self._graph("spmm_weighted_sum", x.device)
         with torch.autocast(x.device.type, enabled=False):
             return fn(*graph, x, w, self.num_rows)
 

@@ -12,21 +12,9 @@ import torch
 
 from .. import kernels
 from ..kernels import reference
-from .structure import GraphStructure
+from .structure import GraphStructure, grouped as _grouped
 
 __all__ = ["IndexStructure"]
-
-
-def _grouped(rows: torch.Tensor, cols: torch.Tensor, n_rows: int):
-    """``(indptr, indices, eids)`` grouping the edges by ``rows`` (stable: edge order within a row); ``eids`` is
-    None where the edges are already grouped (their ids are their positions)."""
-    counts = torch.bincount(rows, minlength=n_rows)
-    indptr = torch.zeros(n_rows + 1, dtype=torch.int64, device=rows.device)
-    torch.cumsum(counts, 0, out=indptr[1:])
-    if rows.numel() < 2 or bool((rows[1:] >= rows[:-1]).all()):
-        return indptr, cols, None
-    perm = torch.sort(rows, stable=True).indices
-    return indptr, cols[perm], perm
 
 
 class IndexStructure(GraphStructure):

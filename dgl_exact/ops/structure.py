@@ -119,9 +119,16 @@ class GraphStructure:
 
     @property
     def csr(self) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
-        """(indptr over src, dst of each out-edge, edge ids) on the device."""
+        """(indptr over src, dst of each out-edge, edge ids) on the device; for a graph restricted to CSC
+        (:func:`~dgl_exact.data.compact.compact_graph`) regrouped from its CSC (the transposed weighted sum
+        of GAT's backward needs it)."""
         if self._csr is None:
-            self._csr = _to_device(*_adj_tensors(self._gidx, "csr"), self.device)
+            if _allows(self._gidx, "csr"):
+                self._csr = _to_device(*_adj_tensors(self._gidx, "csr"), self.device)
+            else:
+                indptr, indices, eids = self.csc
+                ptr, dst, perm = grouped(indices.long(), reference.csr_rows(indptr, indices.numel()), self.num_src)
+                self._csr = (ptr, dst, eids if perm is None else (perm if eids is None else eids[perm]))
         return self._csr
 
     @property
@@ -228,7 +235,7 @@ class GraphStructure:
         if transpose and w is None and self.symmetric:
             transpose = False  # A^T == A: the forward's format (CSC) serves; sums in another order only
         n_out = self.num_src if transpose else self.num_dst
-        fn, graph = self._kernel("spmm_sum", transpose)
+        fn, graph = self._kernel("spmm_sum" if w is None else "spmm_weighted_sum", transpose)
         # kernels compute in the dtype they are given: autocast must not recast their internal products
         # (on the CPU it turns the sparse product into a bf16 one torch does not implement)
         with torch.autocast(x.device.type, enabled=False):
@@ -280,6 +287,18 @@ def _endpoints(gidx, side: str) -> torch.Tensor:
     if eids is None:
         return values
     return torch.empty_like(values).index_put_((eids.long() if eids.dtype != torch.int64 else eids,), values)
+
+
+def grouped(rows: torch.Tensor, cols: torch.Tensor, n_rows: int):
+    """``(indptr, indices, eids)`` grouping the edges by ``rows`` (stable: edge order within a row); ``eids`` is
+    None where the edges are already grouped (their ids are their positions)."""
+    counts = torch.bincount(rows, minlength=n_rows)
+    indptr = torch.zeros(n_rows + 1, dtype=torch.int64, device=rows.device)
+    torch.cumsum(counts, 0, out=indptr[1:])
+    if rows.numel() < 2 or bool((rows[1:] >= rows[:-1]).all()):
+        return indptr, cols, None
+    perm = torch.sort(rows, stable=True).indices
+    return indptr, cols[perm], perm
 
 
 def _allows(gidx, *fmts: str) -> bool:

@@ -42,8 +42,9 @@ class EdgeStructure(IndexStructure):
     outside_hint = "pass as many feature rows as nodes (or `size`)"
 
     def _reference(self, op: str) -> bool:
-        """Whether ``op`` runs on the reference kernel here (the CPU: DGL's kernels are out, Numba has no graph
-        kernels), whose multi-head sum and edge dot products form an ``[E, H, D]`` product at once."""
+        """Whether ``op`` runs on the reference kernel here (the CPU: DGL's kernels are out,
+        Numba's CPU graph kernel is the weighted sum's), whose multi-head sum and edge dot products
+        form an ``[E, H, D]`` product at once."""
         with kernels.exclude("dgl"):
             return kernels.chosen(op, self.device) == "torch"
 
@@ -52,7 +53,7 @@ class EdgeStructure(IndexStructure):
         by head (each one sparse product), never forming the ``[E, H, D]`` messages (GAT's attention-weighted
         sum: those are the size of what PyG keeps)."""
         heads = x.shape[1]
-        if w is None or heads == 1 or not self._reference("spmm_sum"):
+        if w is None or heads == 1 or not self._reference("spmm_weighted_sum"):
             return super().aggregate(x, w, transpose)
         out = x.new_empty((self.num_src if transpose else self.num_dst, heads, x.shape[2]))
         for h in range(heads):

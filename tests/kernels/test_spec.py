@@ -63,6 +63,7 @@ def test_fast_path_per_device():
             assert report.ops[op] == "dgl", op
     if status["numba"] == "available":
         assert report.ops["quantize_pack"] == "numba" and report.ops["rademacher"] == "numba"
+        assert report.ops["spmm_weighted_sum"] == "numba"  # DGL's broadcasts the weights: not on the chain
     assert kernels._CHAIN["cuda"][0] == "ext" and kernels._CHAIN["cpu"][0] == "dgl"
 
 
@@ -86,7 +87,7 @@ def test_forcing_applies_to_the_ops_the_backend_implements():
     if kernels.available_backends()["numba"] == "available":
         with kernels.use_backend("numba"):
             assert kernels.chosen("quantize_pack", "cpu") == "numba"
-            # numba has no graph kernels (a recorded reason, no warning): the chain serves them
+            # numba has no unweighted sum (a recorded reason, no warning): the chain serves it
             with warnings.catch_warnings():
                 warnings.simplefilter("error")
                 assert kernels.chosen("spmm_sum", "cpu") in ("dgl", "torch")

@@ -153,3 +153,14 @@ def test_resident_memory_flat_over_1000_fresh_graphs():
           f"cache entries {structure_mod.cache_size()}")
     assert structure_mod.cache_size() <= 1
     assert rss[1000] - rss[100] < 64, rss  # the old cache: about +1,270 MiB over these 900 graphs
+
+
+def test_the_csr_of_a_csc_only_graph_is_regrouped_from_its_csc():
+    """A graph restricted to CSC cannot give DGL's CSR; the structure regroups its CSC into the same CSR
+    (rows, their edges in edge-id order, the edge ids), which the weighted transposed sum reads."""
+    g = dgl.graph((torch.tensor([0, 3, 1, 3, 2, 0, 4]), torch.tensor([1, 1, 0, 2, 4, 4, 3])), num_nodes=5)
+    want = structure_mod.structure_of(g, "cpu").csr
+    got = structure_mod.structure_of(g.formats(["csc"]), "cpu").csr
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1].to(got[1].dtype))
+    ids = lambda t: torch.arange(7) if t is None else t.long()  # noqa: E731
+    assert torch.equal(ids(got[2]), ids(want[2]))
