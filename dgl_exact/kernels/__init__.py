@@ -258,6 +258,8 @@ class BackendReport:
 
     def __str__(self) -> str:
         graph = self.ops.get("spmm_sum", "torch")
+        weighted = self.ops.get("spmm_weighted_sum", graph)
+        graph += "" if weighted == graph else f", weighted sums: {weighted}"
         lines = [f"kernel backend on {self.device}: {self.primary} (graph ops: {graph})"]
         for name in BACKENDS:
             lines.append(f"  {name:6s} {self.status.get(name, 'not loaded')}")
