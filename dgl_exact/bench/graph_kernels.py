@@ -87,7 +87,7 @@ def graph_kernel_grid(sink, device, nodes: int = 169343, degree: int = 14, cols:
             ms = _best_ms(call, device, repeats)
             row = {"kind": "kernel", "backend": backend, "op": op, "setting": setting,
                    "shape": f"{nodes} nodes x {degree} in-edges, {heads}x{cols // heads}", "ms": ms,
-                   "GB_per_s": edges * cols * x.element_size() / (ms / 1000) / 1e9, "device": str(device)}
+                   "GB_per_s": edges * x[0].numel() * x.element_size() / (ms / 1000) / 1e9, "device": str(device)}
             out.append(row)
             sink.add(row)
     return out
