@@ -19,7 +19,7 @@ that device serves it):
 * CPU tensors: ``dgl`` -> ``numba`` -> ``torch``. DGL's C kernels serve graph ops but the weighted sum, the
   Numba CPU kernels the compression, mask and dropout ops (INT2 compress about 6x, decompress about 3x the
   reference's speed on a 2-core CPU; no compiler needed) and ``spmm_weighted_sum`` (DGL's kernel broadcasts
-  the weight per element: 2.8-4x slower than Numba's on an arxiv-sized graph, so the spec lists no DGL
+  the weight per element: 2-4x slower than Numba's on an arxiv-sized graph, so the spec lists no DGL
   implementation of it);
   ``ext``'s C++ CPU kernels are used on the CPU only when asked for (they exist to test the CUDA kernels'
   shared logic on machines without a GPU).

@@ -106,7 +106,7 @@ _OPS = (
        "spmm_sum(Tensor indptr, Tensor indices, Tensor? eids, Tensor x, Tensor? w, int n_dst) -> Tensor",
        _graph(), lambda indptr, indices, eids, x, w, n_dst: x.new_empty((n_dst, x.shape[1], x.shape[2]))),
     # spmm_sum with edge weights, an op of its own so that each backend's fastest kernel serves it: DGL's CPU
-    # kernel broadcasts a weight per element (about 3-4x slower than its unweighted sum), Numba's CPU kernel
+    # kernel broadcasts a weight per element (about 5x slower than its unweighted sum), Numba's CPU kernel
     # reads one weight per edge and head; the extension's spmm_sum takes the weights
     Op("spmm_weighted_sum", "(indptr, indices, eids, x, w, n_dst) -> [n_dst, H, D]; w [E, H] or [E, 1] required",
        None, {"ext": _ANY, "numba": _CPU,
