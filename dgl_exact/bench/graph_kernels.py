@@ -15,12 +15,15 @@ from .. import kernels
 from .._progress import progress_bar
 from ..ops.structure import grouped
 
-#: (setting name, heads, features per head) of the weighted sums timed, for ``cols`` features in all
+#: (setting name, heads) of the weighted sums timed; each head has ``cols // heads`` features
 SHAPES = (("w [E, 1]", 1), ("w [E, 3] (3 heads)", 3))
 
 
-def _best_ms(fn: Callable[[], torch.Tensor], device, repeats: int) -> float:
-    fn()  # compiles a numba kernel on its first call
+def best_ms(fn: Callable[[], object], device, repeats: int) -> float:
+    """The fastest of ``repeats`` timed calls of ``fn`` in ms (synchronised on CUDA); ``fn`` is called once
+    before, untimed (a numba kernel compiles on its first call)."""
+    device = torch.device(device)
+    fn()
     times = []
     for _ in range(repeats):
         if device.type == "cuda":
@@ -37,10 +40,9 @@ def _dgl_graph(indptr, indices, eids, nodes):
     """DGL's graph index of the CSC (on the CPU, where DGL's kernels load), else None."""
     if kernels.available_backends().get("dgl") != "available":
         return None
-    from dgl import heterograph_index
+    from ..kernels.dgl_graph import csc_graph_index
 
-    return heterograph_index.create_unitgraph_from_csr(2, nodes, nodes, indptr, indices, eids,
-                                                       ["coo", "csr", "csc"], True)
+    return csc_graph_index(indptr, indices, eids, nodes, nodes)
 
 
 def _backends_serving(op: str, device) -> List[tuple]:
@@ -84,7 +86,7 @@ def graph_kernel_grid(sink, device, nodes: int = 169343, degree: int = 14, cols:
             fn0 = kernels.get("spmm_sum", device)
             calls.append((unweighted, "spmm_sum (no weights)", lambda: fn0(*csc, x, None, nodes)))
         for backend, op, call in calls:
-            ms = _best_ms(call, device, repeats)
+            ms = best_ms(call, device, repeats)
             row = {"kind": "kernel", "backend": backend, "op": op, "setting": setting,
                    "shape": f"{nodes} nodes x {degree} in-edges, {heads}x{cols // heads}", "ms": ms,
                    "GB_per_s": edges * x[0].numel() * x.element_size() / (ms / 1000) / 1e9, "device": str(device)}

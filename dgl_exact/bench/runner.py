@@ -22,6 +22,7 @@ from ..compression_config import CompressionConfig
 from ..compression_config import config as compression_scope
 from ..training.models import build_model
 from ..training.workloads import MODEL_TRAITS, prepare_graph
+from .graph_kernels import best_ms
 from .pyg_models import PYG_MODEL_TRAITS, PYG_MODELS, build_pyg_model
 from .user_models import USER_MODEL_TRAITS, USER_MODELS, build_user_model
 from . import provenance
@@ -537,16 +538,9 @@ def kernel_grid(sink: ResultSink, device, rows: int = 169343, cols: int = 128, r
             c = compress(x, cfg)
             decompress(c)
             for op, fn in (("compress", lambda: compress(x, cfg)), ("decompress", lambda: decompress(c))):
-                times = []
-                for _ in range(repeats):
-                    _sync(device)
-                    t0 = time.perf_counter()
-                    fn()
-                    _sync(device)
-                    times.append(time.perf_counter() - t0)
-                best = min(times)
+                ms = best_ms(fn, device, repeats)
                 row = {"kind": "kernel", "backend": backend_name, "op": op, "setting": cfg.describe(),
-                       "shape": f"{rows}x{cols}", "ms": best * 1000, "GB_per_s": nbytes / best / 1e9,
+                       "shape": f"{rows}x{cols}", "ms": ms, "GB_per_s": nbytes / (ms / 1000) / 1e9,
                        "device": str(device)}
                 out.append(row)
                 sink.add(row)

@@ -41,6 +41,15 @@ def spmm_sum(gidx, x, w, n_dst):
     return out.to(x.dtype)
 
 
+def csc_graph_index(indptr, indices, eids, num_src: int, num_dst: int):
+    """DGL's graph index of a CSC (rows: destinations; ``eids`` the edge id of each stored edge), every
+    format allowed: what DGL's kernels take in place of the CSR triple."""
+    from dgl import heterograph_index
+
+    return heterograph_index.create_unitgraph_from_csr(2, num_src, num_dst, indptr, indices, eids,
+                                                       ["coo", "csr", "csc"], True)
+
+
 def spmm_minmax(gidx, x, reduce, n_dst):
     """Max/min over in-edges and the source attaining it; ``-1`` and output 0 without in-edges."""
     out, (arg_u, _) = _sparse._gspmm(gidx, "copy_lhs", reduce, _dgl_dtype(x), None)

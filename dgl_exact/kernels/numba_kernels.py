@@ -224,7 +224,7 @@ class _TorchOps:
         if one_read and block_rows * k * bits % 8 == 0:  # groups begin on whole bytes: threads share none
             _check_codes(bits, block_rows, levels, x.new_zeros(n_groups), x.new_zeros(n_groups), n_rows)
             return self._compress_groups(x, levels, bits, block_rows, seed, stochastic, n_groups)
-        mn, mx = group_minmax(x, int(block_rows))
+        mn, mx = group_minmax(x, block_rows)
         meta = self.group_meta(mn, mx, bits)
         packed = self.quantize_pack(x, meta[0], meta[1], levels, bits, block_rows, seed, stochastic)
         return packed, meta.to(torch.bfloat16)
@@ -372,10 +372,11 @@ class _TorchOps:
 
     # graph ----------------------------------------------------------------------------------------
     def spmm_weighted_sum(self, indptr, indices, eids, x, w, n_dst):
-        """The CPU kernel (spec: no Numba CUDA graph kernel) over parts of about equal edge counts."""
+        """The CPU kernel (the spec registers no Numba CUDA graph kernel) over parts of about equal edge counts;
+        fp16/bf16 go to the reference."""
         from . import reference
 
-        if x.dtype not in (torch.float32, torch.float64) or not hasattr(self.engine.module, "spmm_weighted_rows"):
+        if x.dtype not in (torch.float32, torch.float64):
             return reference.spmm_weighted_sum(indptr, indices, eids, x, w, n_dst)
         edges = indices.numel()
         if x.dim() != 3 or w.dim() != 2 or w.shape[1] not in (1, x.shape[1]) or indptr.numel() != n_dst + 1 \

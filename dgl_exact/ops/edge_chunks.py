@@ -127,12 +127,12 @@ class ChunkCSR:
         fn = kernels.get(op, device)
         if kernels.chosen(op, device) == "dgl":
             if self._gidx is None:
-                from dgl import heterograph_index
+                from ..kernels.dgl_graph import csc_graph_index
 
                 # explicit edge ids (chunk order): DGL's libxsmm SpMM refuses a CSR without them
-                self._gidx = heterograph_index.create_unitgraph_from_csr(
-                    2, self.num_cols, self.num_rows, self.indptr, self.indices,
-                    torch.arange(self.num_edges, dtype=self.indices.dtype), ["coo", "csr", "csc"], True)
+                self._gidx = csc_graph_index(self.indptr, self.indices,
+                                             torch.arange(self.num_edges, dtype=self.indices.dtype),
+                                             self.num_cols, self.num_rows)
             return fn, (self._gidx,)
         return fn, (self.indptr, self.indices, None)
 
