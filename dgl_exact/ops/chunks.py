@@ -14,7 +14,7 @@ from typing import Optional
 import torch
 
 from ..compression import CompressedTensor, decompress
-from .keep import Kept, restore
+from .keep import Kept, LinearOf, restore
 
 __all__ = ["CHUNK_ELEMENTS", "CUDA_CHUNK_ELEMENTS", "gpu_chunk_policy", "sample_chunking", "chunk_scale",
            "chunk_elements_for", "chunk_rows", "needs_chunks", "row_chunks", "rows_together", "weight_grad"]
@@ -92,6 +92,8 @@ def chunk_rows(n_rows: int, per_row: int, device, align: int = 1) -> int:
 def _item_numel_device(item: "Kept"):
     if isinstance(item, torch.Tensor):
         return item.numel(), item.device
+    if isinstance(item, LinearOf):
+        return item.shape.numel(), item.device
     return item.n_rows * item.orig_width, item.device
 
 
@@ -112,8 +114,12 @@ def row_chunks(item: Kept, chunk_elements: Optional[int] = None):
 
     The next chunk is decoded when the loop asks for it, while the loop's own names still hold the previous
     one: a loop body ends with ``del x`` (and whatever else holds the chunk), or two decoded chunks are alive
-    at once at the backward's peak."""
+    at once at the backward's peak. A :class:`~.keep.LinearOf` is decoded through its linear from row chunks of
+    its kept input, each holding about as many of its own elements as a chunk of another item."""
     if item is None:
+        return
+    if isinstance(item, LinearOf):
+        yield from _linear_chunks(item, chunk_elements)
         return
     n = item.shape[0] if len(item.shape) else 1
     per_row = max(1, (item.numel() if isinstance(item, torch.Tensor) else
@@ -135,6 +141,16 @@ def row_chunks(item: Kept, chunk_elements: Optional[int] = None):
     for i, r0 in enumerate(starts):
         r1 = starts[i + 1] if i + 1 < len(starts) else n
         yield r0, r1, _decode_rows(item, r0, r1)
+
+
+def _linear_chunks(item: LinearOf, chunk_elements: Optional[int]):
+    n = max(1, item.shape[0] if len(item.shape) else 1)
+    per_row = max(1, item.shape.numel() // n)
+    x_numel = _item_numel_device(item.x)[0]
+    budget = chunk_elements if chunk_elements is not None else chunk_elements_for(item.device)
+    for r0, r1, x in row_chunks(item.x, max(1, budget * max(1, x_numel // n) // per_row)):
+        yield r0, r1, item.rows(x)
+        del x
 
 
 def _chunk_starts(n: int, step: int, block_rows: int) -> list:

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from ..compression_config import CompressionConfig, resolve_config
 from ..compression import CompressedTensor
 from . import captured
-from .keep import alive_anyway, fresh_outputs, as_kept, restore
+from .keep import LinearOf, alive_anyway, fresh_outputs, as_kept, record_linear_output, restore
 from .._compat import autocast_dtype, storage_ptr
 from .chunks import chunk_elements_for, chunk_rows, needs_chunks, row_chunks, weight_grad
 from .double_backward import double_backward, recompute_vjp
@@ -33,8 +33,10 @@ class _Linear(Function):
         # ``kept``: the tensor backward reads x from (``x`` before an autocast cast; backward casts it again)
         out = F.linear(x, weight, bias)
         ctx.has_bias = bias is not None
-        save_kept(ctx, as_kept(x if kept is None else kept, cfg) if ctx.needs_input_grad[1] else None,
-             weight if ctx.needs_input_grad[0] else None)
+        x_s = as_kept(x if kept is None else kept, cfg, via_linear=True) if ctx.needs_input_grad[1] else None
+        save_kept(ctx, x_s, weight if ctx.needs_input_grad[0] else None)
+        if (kept is None or kept is x) and x_s is not None:  # out may be kept through x_s (rule 10)
+            record_linear_output(out, x, x_s, weight, bias, cfg)
         return out
 
     @staticmethod
@@ -44,7 +46,7 @@ class _Linear(Function):
         gx = gw = gb = None
         if ctx.needs_input_grad[0]:
             gx = grad.matmul(weight.to(grad.dtype))
-        if ctx.needs_input_grad[1] and isinstance(x_s, CompressedTensor):
+        if ctx.needs_input_grad[1] and isinstance(x_s, (CompressedTensor, LinearOf)):
             # row chunks: no full-size decompressed copy of x exists (one layer-sized buffer fewer at the
             # backward's peak); the sum over chunks is the same product, up to float summation order
             gw = weight_grad(grad, x_s)

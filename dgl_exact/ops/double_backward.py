@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import torch
 
-from ..compression import CompressedTensor
 from .keep import Kept
 
 __all__ = ["DOUBLE_BACKWARD_MESSAGE", "double_backward", "refuse_double_backward", "create_graph_requested",
@@ -32,8 +31,9 @@ def create_graph_requested() -> bool:
 
 
 def check_double_backward(op: str, *items: Kept) -> None:
-    """RuntimeError (saying how to turn compression off) if any kept item is compressed."""
-    if any(isinstance(item, CompressedTensor) for item in items):
+    """RuntimeError (saying how to turn compression off) if any kept item is not kept exactly (compressed, or
+    kept through the linear that made it: :class:`~.keep.LinearOf`)."""
+    if any(item is not None and not isinstance(item, torch.Tensor) for item in items):
         raise RuntimeError(DOUBLE_BACKWARD_MESSAGE.format(op=op))
 
 

@@ -76,6 +76,18 @@ the caller's explicit words), never from reference counts or from how a caller h
    whose ``backward`` returns a view as ``view.detach()`` (except for ``create_graph``); op code asks where a
    storage begins with :func:`dgl_exact._compat.storage_ptr`, never ``untyped_storage()``; and DGL's kernels
    are given their output buffers without DGL's wrapper, which calls it (:mod:`dgl_exact.kernels.dgl_graph`).
+10. **Kept through the linear that made it.** An op whose backward is linear in a kept ``y`` (an elementwise
+   product's operand, a linear's input: ``as_kept(y, cfg, via_linear=True)``) keeps ``y = x W^T + b``, the
+   output of a dgl_exact linear (or a view of all of it, rows first), as :class:`LinearOf`: the linear's own
+   kept ``x`` (its compressed copy, or ``x`` itself where that is data), ``W`` and ``b``, decoded as
+   ``x_hat W^T + b`` (row chunk by row chunk) instead of a compressed copy of ``y`` of its own. Unbiased as a copy
+   of ``y`` is (``E[x_hat] W^T + b = y``), and it costs no bytes beyond the linear's own copy. It shares that
+   copy's draw, so rule 6's condition applies to ``x``: taken only where none of the op's other inputs was
+   computed from ``x`` (or from ``y``, where ``x`` has no autograd history), with an equal configuration,
+   ``y`` unchanged since the linear (version counter), outside autocast, compiling, captured ops, a keep
+   hook that chooses, and ``independent=True``. Measured on DGL's arxiv GAT example written with the
+   message-passing API: the attention vectors' products (``(ft * attn_l).sum(-1)``) keep ``fc``'s copy of its
+   input instead of a copy of ``ft`` each layer.
 
 The rest of what the ops share lives beside this file, one job per module: :mod:`.saved` (how kept items
 pass through ``ctx.save_for_backward``, rule 8's private holding and the observers), :mod:`.chunks` (row
@@ -92,6 +104,7 @@ import weakref
 from typing import Optional, Union
 
 import torch
+import torch.nn.functional as F
 from torch.utils.weak import WeakIdKeyDictionary
 
 from .._compat import compiling, storage_ptr
@@ -100,7 +113,41 @@ from ..compression_config import CompressionConfig
 from ..tracing import active as tracing_active
 from .donation import Donated
 
-Kept = Union[torch.Tensor, CompressedTensor, None]
+class LinearOf:
+    """A kept ``y = x W^T + b`` (rule 10): the kept ``x`` of the dgl_exact linear that made ``y`` (its compressed
+    copy, or ``x`` itself where that is data), ``weight`` and ``bias``; ``shape``: the shape ``y`` is kept as (a
+    view of the whole output, rows first, so row ``r`` of ``y`` comes from row ``r`` of ``x``). Decoded by
+    :func:`restore` or row chunk by row chunk (:func:`~.chunks.row_chunks`)."""
+
+    def __init__(self, x, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor], shape: torch.Size):
+        self.x, self.weight, self.bias, self.shape = x, weight, bias, torch.Size(shape)
+        self.device = None if weight is None else weight.device
+        self.dtype = None if weight is None else weight.dtype
+
+    def rows(self, x_rows: torch.Tensor) -> torch.Tensor:
+        """The rows of ``y`` made from decoded rows ``x_rows`` of ``x``."""
+        y = F.linear(x_rows.to(self.weight.dtype), self.weight, self.bias)
+        return y.reshape((x_rows.shape[0],) + tuple(self.shape[1:]))
+
+    def split(self):
+        """``(shell, tensors)`` as :meth:`CompressedTensor.split <dgl_exact.compression.CompressedTensor.split>`
+        gives them (for ``ctx.save_for_backward``); :meth:`join` rebuilds."""
+        shell_x, xs = self.x.split() if isinstance(self.x, CompressedTensor) else (None, (self.x,))
+        shell = LinearOf(shell_x, None, None, self.shape)
+        shell.device, shell.dtype, shell.n_x, shell.has_bias = self.device, self.dtype, len(xs), self.bias is not None
+        return shell, tuple(xs) + ((self.weight,) if self.bias is None else (self.weight, self.bias))
+
+    def join(self, tensors) -> "LinearOf":
+        """Inverse of :meth:`split`."""
+        xs, rest = tensors[:self.n_x], tensors[self.n_x:]
+        x = xs[0] if self.x is None else self.x.join(list(xs))
+        return LinearOf(x, rest[0], rest[1] if self.has_bias else None, self.shape)
+
+    def __repr__(self) -> str:
+        return f"LinearOf(shape={tuple(self.shape)}, x={self.x!r})"
+
+
+Kept = Union[torch.Tensor, CompressedTensor, LinearOf, None]
 
 
 #: tensors a dgl_exact op produced without autograd (rule 1): nobody else is known to keep them. Weakly keyed
@@ -207,17 +254,25 @@ def keep_hook_active() -> bool:
 
 
 def as_kept(x: Optional[torch.Tensor], cfg: CompressionConfig, force: bool = False,
-            overwritten: bool = False, independent: bool = False) -> Kept:
+            overwritten: bool = False, independent: bool = False, via_linear: bool = False) -> Kept:
     """Keep ``x`` for backward: by reference if it is alive anyway or compression is off, else compressed.
     ``force`` compresses even a leaf (used for per-edge tensors nobody else keeps). ``overwritten``: the
     caller writes into ``x`` afterwards (rule 3): where ``x`` would be kept exactly, a copy is kept.
     ``independent``: a compressed copy of its own (fresh noise), neither shared nor registered (rule 6): for an
-    op whose backward multiplies two decodes of ``x`` (``gat_attention``'s second copy)."""
+    op whose backward multiplies two decodes of ``x`` (``gat_attention``'s second copy). ``via_linear``: the op's
+    backward is linear in ``x``, so ``x``, where a dgl_exact linear made it, may be kept through that linear's kept
+    input (rule 10: a :class:`LinearOf`)."""
     if x is None:
         return None
     if independent and not compiling():  # (nothing is shared while compiling)
         with _no_sharing():
             return as_kept(x, cfg, force, overwritten)
+    if via_linear:
+        item = _linear_origin(x, cfg)
+        if item is not None:
+            if overwritten:
+                withdraw(x)
+            return item
     hook = _keep_hook.get()
     item = hook(x, cfg, force) if hook is not None else default_keep(x, cfg, force)
     if overwritten:
@@ -343,9 +398,56 @@ def _registered_copy(x: torch.Tensor, cfg: CompressionConfig) -> Optional[Compre
 
 
 def withdraw(x: torch.Tensor) -> None:
-    """Forget the copies of ``x`` registered or offered for sharing (rule 3: its keeper writes into it next)."""
+    """Forget the copies of ``x`` registered or offered for sharing (rule 3: its keeper writes into it next), and
+    the linear that made it (rule 10)."""
     _shared.pop(x, None)
     _offers.pop(x, None)
+    _linear_outputs.pop(x, None)
+
+
+#: rule 10: the outputs of dgl_exact's linear, weakly keyed by the output: ``(cfg, version, x's kept copy as
+#: (shell or None, weak references to its tensors), weight, bias, x's autograd node)``
+_linear_outputs = WeakIdKeyDictionary()
+
+
+def record_linear_output(y: torch.Tensor, x: torch.Tensor, kept: Kept, weight: torch.Tensor,
+                         bias: Optional[torch.Tensor], cfg: CompressionConfig) -> None:
+    """Called by dgl_exact's linear in its forward: ``y = x W^T + b``, whose weight gradient keeps ``kept`` (a
+    compressed copy of ``x``, or ``x`` itself where that is data), may be kept through it (rule 10). The entry
+    holds the copy weakly: it dies with ``y`` or with the linear's backward."""
+    if (not cfg.enabled or x.dim() < 2 or compiling() or tracing_active() or _alive_ids.get() is not None
+            or weight.grad_fn is not None or (bias is not None and bias.grad_fn is not None)):
+        return
+    if isinstance(kept, CompressedTensor):
+        shell, tensors = kept.split()
+    elif kept is x:
+        shell, tensors = None, (x,)
+    else:
+        return
+    _linear_outputs[y] = (cfg, y._version, shell, tuple(weakref.ref(t) for t in tensors), weight, bias, x.grad_fn)
+
+
+def _linear_origin(y: torch.Tensor, cfg: CompressionConfig) -> Optional[LinearOf]:
+    """``y`` as a :class:`LinearOf` where rule 10 allows it (see there), else None."""
+    if (not cfg.enabled or type(y) is not torch.Tensor or y.grad_fn is None or not _sharing.get() or compiling()
+            or tracing_active() or _alive_ids.get() is not None or keep_hook_active()):
+        return None
+    base = y if y._base is None else y._base
+    entry = _linear_outputs.get(base)
+    if entry is None:
+        return None
+    e_cfg, version, shell, refs, weight, bias, x_node = entry
+    whole = (y.numel() == base.numel() and y.storage_offset() == base.storage_offset() and y.dim() > 0
+             and y.shape[0] == base.shape[0] and y.is_contiguous() and base.is_contiguous())
+    if e_cfg != cfg or version != y._version or not whole:
+        return None
+    tensors = _alive(refs)
+    node, inputs = (x_node if x_node is not None else base.grad_fn), _op_inputs.get()
+    if tensors is None or node is None or inputs is None:
+        return None
+    if sum(t is y for t in inputs) != 1 or any(t is not y and _computed_from(t, node) for t in inputs):
+        return None  # the op reads y twice or something else computed from x: a copy of y (rule 6)
+    return LinearOf(tensors[0] if shell is None else shell.join(tensors), weight, bias, y.shape)
 
 
 #: compressed copies offered for the next op that keeps a tensor (rule 6), weakly keyed by the tensor
@@ -380,4 +482,6 @@ def restore(item: Kept) -> Optional[torch.Tensor]:
     """The tensor a kept item (what :func:`as_kept` returned) stands for: itself, decoded where compressed."""
     if item is None or isinstance(item, torch.Tensor):
         return item
+    if isinstance(item, LinearOf):
+        return item.rows(restore(item.x))
     return decompress(item)

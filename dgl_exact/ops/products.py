@@ -27,7 +27,7 @@ from ..compression_config import CompressionConfig, resolve_config
 from ..compression import CompressedTensor
 from .chunks import needs_chunks, row_chunks
 from .double_backward import double_backward
-from .keep import Kept, alive_anyway, as_kept, op_inputs, restore
+from .keep import Kept, LinearOf, alive_anyway, as_kept, op_inputs, restore
 from .saved import load_kept, save_kept
 from .torch_routes import route, scope
 from .function import Function
@@ -44,7 +44,8 @@ class Product(Function):
     def forward(ctx, a, b, cfg: CompressionConfig):
         need_a, need_b = ctx.needs_input_grad[:2]
         ctx.shapes = (a.shape, b.shape)
-        save_kept(ctx, as_kept(a, cfg) if need_b else None, as_kept(b, cfg) if need_a else None)
+        save_kept(ctx, as_kept(a, cfg, via_linear=True) if need_b else None,
+                  as_kept(b, cfg, via_linear=True) if need_a else None)
         return a * b
 
     @staticmethod
@@ -68,7 +69,7 @@ def operand_grad(grad: torch.Tensor, other: Kept, shape: torch.Size, whole: bool
     padded = (1,) * (grad.dim() - len(shape)) + tuple(shape)
     over_rows = grad.dim() > 0 and padded[0] == 1 and grad.shape[0] > 1
     chunked = (not whole and len(other.shape) == grad.dim() > 0 and other.shape[0] == grad.shape[0]
-               and needs_chunks(other) and (over_rows or isinstance(other, CompressedTensor)))
+               and needs_chunks(other) and (over_rows or isinstance(other, (CompressedTensor, LinearOf))))
     if not chunked:
         return (grad * restore(other)).sum_to_size(shape)
     out = None if over_rows else grad.new_empty(padded)

@@ -14,7 +14,7 @@ import torch
 from .._compat import compiling, storage_ptr
 from ..compression import CompressedTensor
 from ..tracing import active as tracing_active
-from .keep import Kept
+from .keep import Kept, LinearOf
 
 __all__ = ["save_kept", "load_kept", "own_saved", "observe_saved", "tensors_in", "show_private",
            "private_keeping_allowed", "graph_freed_after_backward", "needs_saving", "SECOND_BACKWARD_MESSAGE"]
@@ -42,7 +42,7 @@ def save_kept(ctx, *items: Kept) -> None:
     for item in items:
         if item is None:
             layout.append(None)
-        elif isinstance(item, CompressedTensor):
+        elif isinstance(item, (CompressedTensor, LinearOf)):
             shell, ts = item.split()
             layout.append((shell, len(ts)))
             tensors.extend(ts)
@@ -138,7 +138,7 @@ def show_private(*items: Kept) -> None:
     if pack is None:
         return
     for item in items:
-        if isinstance(item, CompressedTensor):
+        if isinstance(item, (CompressedTensor, LinearOf)):
             for t in item.split()[1]:
                 pack(t)
         elif isinstance(item, torch.Tensor):
