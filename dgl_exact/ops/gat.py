@@ -1,7 +1,8 @@
 """GAT's attention and aggregation as one op (:func:`gat_attention`) that keeps no per-edge tensor.
 
 ``el = <feat_src, attn_l>`` and ``er = <feat_dst, attn_r>`` (``[N, H]``) are kept with the features
-(compressed, twice with independent noise where the attention vectors need gradients); the attention is
+(compressed, twice with independent noise where the attention vectors need gradients: the second is the kept
+input of the dgl_exact linear that made the features, where one did, ownership rule 10); the attention is
 recomputed from them in the backward. On graphs where the per-edge tensors outweigh the node features the
 forward and backward run in edge chunks (:mod:`dgl_exact.ops.edge_chunks`): no edge-sized fp32 tensor
 beyond one chunk is alive. Double backward runs the reference recompute from exactly kept tensors, and
@@ -85,6 +86,15 @@ def _node_sum(grad: torch.Tensor, item, dtype: torch.dtype, rows: int) -> torch.
     return out
 
 
+def _second_copy(feat_src, cfg, attn_l, attn_r):
+    """The source features' second copy, for the attention vectors' gradients only: a draw independent of the
+    first (fresh noise, never shared), or, where the vectors are parameters and a dgl_exact linear made the
+    features, that linear's kept input (rule 10: its draw is independent of the first copy, and it serves only
+    gradients of tensors without autograd history)."""
+    leaves = attn_l.grad_fn is None and attn_r.grad_fn is None
+    return as_kept(feat_src, cfg, independent=True, via_linear=True, leaf_grads=leaves)
+
+
 def _score_gradients(ctx, grad_fs, grad_el, grad_er, kept, attn_l, attn_r, ct):
     """``(grad_fs, grad_fd, grad_attn_l, grad_attn_r)`` from the scores' per-node gradients ``grad_el``,
     ``grad_er``: the attention vectors' from the second kept copy of the source features (``kept = (fs_s,
@@ -134,7 +144,7 @@ class GATAttention(Function):
         second = cfg.enabled and (ctx.needs_input_grad[2] or (prefix and ctx.needs_input_grad[3]))
         # feat_dst is kept by reference (a view, no memory) when feat_src is exact: double backward needs it
         fd_kept = (feat_dst if isinstance(fs_kept, torch.Tensor) else None) if prefix else as_kept(feat_dst, cfg)
-        fs_second = as_kept(feat_src, cfg, independent=True) if second else None  # fresh noise, never shared
+        fs_second = _second_copy(feat_src, cfg, attn_l, attn_r) if second else None
         save_kept(ctx, fs_kept, fs_second, fd_kept, el, er, attn_l, attn_r, ew)
         return out, a
 
@@ -235,7 +245,7 @@ class GATAttentionChunked(Function):
         # vectors' gradients; feat_dst by reference when it is a prefix of an exactly kept feat_src)
         second = cfg.enabled and (ctx.needs_input_grad[2] or (prefix and ctx.needs_input_grad[3]))
         fd_kept = (feat_dst if isinstance(fs_kept, torch.Tensor) else None) if prefix else as_kept(feat_dst, cfg)
-        fs_second = as_kept(feat_src, cfg, independent=True) if second else None  # fresh noise, never shared
+        fs_second = _second_copy(feat_src, cfg, attn_l, attn_r) if second else None
         save_kept(ctx, fs_kept, fs_second, fd_kept, el, er, attn_l, attn_r, ew)
         if att is None:
             return out

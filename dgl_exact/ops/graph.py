@@ -10,8 +10,9 @@ copy_u max/min     which source won                             arg indices, nar
 u_add_v            nothing                                      nothing
 edge_softmax       its output                                   compressed output
 gat_attention      feat, el/er (attention is recomputed)        compressed feat (twice, independently:
-                                                               unbiased attention-vector gradients),
-                                                               el and er ([N, H])
+                                                               unbiased attention-vector gradients; the
+                                                               second is fc's kept input where fc made
+                                                               feat, ownership rule 10), el and er ([N, H])
 =================  ==========================================  =====================================
 
 Features are ``[N, D]`` or ``[N, H, D]`` (or more dims, as DGL accepts); edge values ``[E]``, ``[E, H]`` or

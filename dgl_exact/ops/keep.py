@@ -83,7 +83,9 @@ the caller's explicit words), never from reference counts or from how a caller h
    ``x_hat W^T + b`` (row chunk by row chunk) instead of a compressed copy of ``y`` of its own. Unbiased as a copy
    of ``y`` is (``E[x_hat] W^T + b = y``), and it costs no bytes beyond the linear's own copy. It shares that
    copy's draw, so rule 6's condition applies to ``x``: taken only where none of the op's other inputs was
-   computed from ``x`` (or from ``y``, where ``x`` has no autograd history), with an equal configuration,
+   computed from ``x`` (or from ``y``, where ``x`` has no autograd history), except where the op forms from the
+   decode only gradients of parameters (``leaf_grads``: ``gat_attention``'s second copy of its features, for
+   the attention vectors, independent of its first copy), with an equal configuration,
    ``y`` unchanged since the linear (version counter), outside autocast, compiling, captured ops, a keep
    hook that chooses, and ``independent=True``. Measured on DGL's arxiv GAT example written with the
    message-passing API: the attention vectors' products (``(ft * attn_l).sum(-1)``) keep ``fc``'s copy of its
@@ -254,25 +256,28 @@ def keep_hook_active() -> bool:
 
 
 def as_kept(x: Optional[torch.Tensor], cfg: CompressionConfig, force: bool = False,
-            overwritten: bool = False, independent: bool = False, via_linear: bool = False) -> Kept:
+            overwritten: bool = False, independent: bool = False, via_linear: bool = False,
+            leaf_grads: bool = False) -> Kept:
     """Keep ``x`` for backward: by reference if it is alive anyway or compression is off, else compressed.
     ``force`` compresses even a leaf (used for per-edge tensors nobody else keeps). ``overwritten``: the
     caller writes into ``x`` afterwards (rule 3): where ``x`` would be kept exactly, a copy is kept.
     ``independent``: a compressed copy of its own (fresh noise), neither shared nor registered (rule 6): for an
     op whose backward multiplies two decodes of ``x`` (``gat_attention``'s second copy). ``via_linear``: the op's
     backward is linear in ``x``, so ``x``, where a dgl_exact linear made it, may be kept through that linear's kept
-    input (rule 10: a :class:`LinearOf`)."""
+    input (rule 10: a :class:`LinearOf`). ``leaf_grads``: the op forms from this decode only gradients of
+    tensors without autograd history (parameters), so rule 10 needs no condition on the op's other inputs;
+    with ``independent``, a :class:`LinearOf` is a draw independent of the op's copies of ``x``."""
     if x is None:
         return None
-    if independent and not compiling():  # (nothing is shared while compiling)
-        with _no_sharing():
-            return as_kept(x, cfg, force, overwritten)
     if via_linear:
-        item = _linear_origin(x, cfg)
+        item = _linear_origin(x, cfg, leaf_grads)
         if item is not None:
             if overwritten:
                 withdraw(x)
             return item
+    if independent and not compiling():  # (nothing is shared while compiling)
+        with _no_sharing():
+            return as_kept(x, cfg, force, overwritten)
     hook = _keep_hook.get()
     item = hook(x, cfg, force) if hook is not None else default_keep(x, cfg, force)
     if overwritten:
@@ -427,8 +432,9 @@ def record_linear_output(y: torch.Tensor, x: torch.Tensor, kept: Kept, weight: t
     _linear_outputs[y] = (cfg, y._version, shell, tuple(weakref.ref(t) for t in tensors), weight, bias, x.grad_fn)
 
 
-def _linear_origin(y: torch.Tensor, cfg: CompressionConfig) -> Optional[LinearOf]:
-    """``y`` as a :class:`LinearOf` where rule 10 allows it (see there), else None."""
+def _linear_origin(y: torch.Tensor, cfg: CompressionConfig, leaf_grads: bool = False) -> Optional[LinearOf]:
+    """``y`` as a :class:`LinearOf` where rule 10 allows it (see there; ``leaf_grads``: see :func:`as_kept`),
+    else None."""
     if (not cfg.enabled or type(y) is not torch.Tensor or y.grad_fn is None or not _sharing.get() or compiling()
             or tracing_active() or _alive_ids.get() is not None or keep_hook_active()):
         return None
@@ -443,9 +449,10 @@ def _linear_origin(y: torch.Tensor, cfg: CompressionConfig) -> Optional[LinearOf
         return None
     tensors = _alive(refs)
     node, inputs = (x_node if x_node is not None else base.grad_fn), _op_inputs.get()
-    if tensors is None or node is None or inputs is None:
+    if tensors is None or (not leaf_grads and (node is None or inputs is None)):
         return None
-    if sum(t is y for t in inputs) != 1 or any(t is not y and _computed_from(t, node) for t in inputs):
+    if not leaf_grads and (sum(t is y for t in inputs) != 1 or
+                           any(t is not y and _computed_from(t, node) for t in inputs)):
         return None  # the op reads y twice or something else computed from x: a copy of y (rule 6)
     return LinearOf(tensors[0] if shell is None else shell.join(tensors), weight, bias, y.shape)
 

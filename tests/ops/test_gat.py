@@ -123,6 +123,43 @@ def test_gat_attention_vector_gradients_unbiased(cfg, graphs):
     assert float((t ** 2).mean()) <= 2.0, t
 
 
+def test_gat_attention_second_copy_through_the_linear_unbiased(graphs, monkeypatch):
+    """Features made by dgl_exact's linear, parameters as attention vectors: the second copy is the linear's kept
+    input (ownership rule 10, no compression of its own), and the attention vectors' gradients averaged over K
+    draws converge to the exact ones (Student t bound per element, Bonferroni over the elements)."""
+    from scipy import stats
+
+    from dgl_exact.ops.dense import linear
+    from dgl_exact.ops.keep import LinearOf
+    from dgl_exact.ops.saved import load_kept
+
+    g = graphs["graph"]
+    torch.manual_seed(0)
+    base = torch.randn(g.num_nodes(), 5) * 2
+    w = torch.nn.Parameter(torch.randn(8, 5))
+    al, ar = torch.nn.Parameter(torch.randn(1, 2, 4)), torch.nn.Parameter(torch.randn(1, 2, 4))
+    r = torch.randn(g.num_nodes(), 2, 4)
+
+    def attn_grads(c, seed, check=False):
+        torch.manual_seed(seed)
+        with compress_calls(monkeypatch) as made:
+            fs = linear(hidden(base.clone().requires_grad_()), w, None, config=c).view(-1, 2, 4)
+            out, _ = ops.gat_attention(g, fs, fs, al, ar, 0.2, 0.0, None, True, c)
+        if check:
+            kept = load_kept(out.grad_fn)
+            assert isinstance(kept[1], LinearOf) and len(made) == 2  # the linear's copy and the first copy
+        return torch.cat([t.flatten() for t in torch.autograd.grad((out * r).sum(), [al, ar, w])]).double()
+
+    exact = attn_grads(OFF, 0)
+    attn_grads(INT2, 1, check=True)
+    k = 160
+    runs = torch.stack([attn_grads(INT2, 100 + i) for i in range(k)])
+    t = (runs.mean(0) - exact) / (runs.std(0) / math.sqrt(k))
+    bound = stats.t.ppf(1 - 1e-3 / (2 * t.numel()), k - 1)
+    assert float(t.abs().max()) <= bound, t
+    assert float((t ** 2).mean()) <= 2.0, t
+
+
 @pytest.mark.parametrize("cfg", [INT2, INT2.replace(block_rows=64, levels="optimal")], ids=["int2", "blocks"])
 def test_gat_attention_gradients_from_row_chunks_equal_whole_decoding(cfg):
     """The backward decodes the second compressed copy row chunk by row chunk (no whole copy): the same
