@@ -80,16 +80,18 @@ the caller's explicit words), never from reference counts or from how a caller h
    product's operand, a linear's input: ``as_kept(y, cfg, via_linear=True)``) keeps ``y = x W^T + b``, the
    output of a dgl_exact linear (or a view of all of it, rows first), as :class:`LinearOf`: the linear's own
    kept ``x`` (its compressed copy, or ``x`` itself where that is data), ``W`` and ``b``, decoded as
-   ``x_hat W^T + b`` (row chunk by row chunk) instead of a compressed copy of ``y`` of its own. Unbiased as a copy
-   of ``y`` is (``E[x_hat] W^T + b = y``), and it costs no bytes beyond the linear's own copy. It shares that
-   copy's draw, so rule 6's condition applies to ``x``: taken only where none of the op's other inputs was
-   computed from ``x`` (or from ``y``, where ``x`` has no autograd history), except where the op forms from the
+   ``x_hat W^T + b`` (row chunk by row chunk) instead of a compressed copy of ``y`` of its own. Unbiased as a
+   copy of ``y`` is (``E[x_hat] W^T + b = y``), and it costs no bytes beyond the linear's own copy. It shares
+   that copy's draw, so rule 6's condition applies to ``x``: taken only where none of the op's other inputs was
+   computed from ``x`` (or from ``y``, where ``x`` has no autograd history), unless the op forms from the
    decode only gradients of parameters (``leaf_grads``: ``gat_attention``'s second copy of its features, for
-   the attention vectors, independent of its first copy), with an equal configuration,
-   ``y`` unchanged since the linear (version counter), outside autocast, compiling, captured ops, a keep
-   hook that chooses, and ``independent=True``. Measured on DGL's arxiv GAT example written with the
-   message-passing API: the attention vectors' products (``(ft * attn_l).sum(-1)``) keep ``fc``'s copy of its
-   input instead of a copy of ``ft`` each layer.
+   the attention vectors, independent of its first copy); with an equal configuration, ``y`` unchanged since
+   the linear (version counter), outside autocast, compiling and captured ops. A keep hook (:func:`keep_hook`,
+   the planner's) is not asked for such a keep: it costs nothing and has nothing to choose, and the decision
+   does not depend on the hook's choices (the linear's copy is kept as the hook chose it), so a plan numbers
+   its slots alike in the run it was recorded from and in the runs it governs. On DGL's arxiv GAT example
+   written with the message-passing API, the attention vectors' products (``(ft * attn_l).sum(-1)``) keep
+   ``fc``'s copy of its input instead of a copy of ``ft`` each layer.
 
 The rest of what the ops share lives beside this file, one job per module: :mod:`.saved` (how kept items
 pass through ``ctx.save_for_backward``, rule 8's private holding and the observers), :mod:`.chunks` (row
@@ -436,7 +438,7 @@ def _linear_origin(y: torch.Tensor, cfg: CompressionConfig, leaf_grads: bool = F
     """``y`` as a :class:`LinearOf` where rule 10 allows it (see there; ``leaf_grads``: see :func:`as_kept`),
     else None."""
     if (not cfg.enabled or type(y) is not torch.Tensor or y.grad_fn is None or not _sharing.get() or compiling()
-            or tracing_active() or _alive_ids.get() is not None or keep_hook_active()):
+            or tracing_active() or _alive_ids.get() is not None):
         return None
     base = y if y._base is None else y._base
     entry = _linear_outputs.get(base)

@@ -125,8 +125,10 @@ def test_not_taken_where_rule_6_or_the_shape_forbids():
                               LinearOf)                                  # not rows first
         assert not isinstance(_product_item(ft, p, INT8), LinearOf)      # another configuration
         with op_inputs(ft, p):
-            assert not isinstance(as_kept(ft, INT2, via_linear=True, independent=True), LinearOf)
             assert not isinstance(as_kept(ft, INT2), LinearOf)           # the op did not ask
+        with op_inputs(ft, other):
+            assert not isinstance(as_kept(ft, INT2, via_linear=True, independent=True), LinearOf)
+            assert isinstance(as_kept(ft, INT2, via_linear=True, independent=True, leaf_grads=True), LinearOf)
         ft2 = linear(h, w, b).view(-1, H, D)
         ft2.mul_(2.0)                                                      # changed since the linear
         assert not isinstance(_product_item(ft2, p), LinearOf)

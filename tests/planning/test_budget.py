@@ -410,26 +410,31 @@ def test_sensitivity_of_batch_norm_inputs_matches_measurement(option, relative):
 
 
 def test_gat_makes_the_same_keep_calls_whatever_the_plan_keeps_exactly():
-    """A plan's slots are numbered by keep call: GAT's second copy of its source features must be kept
-    whether or not the plan keeps the first copy exactly (it was skipped, so every later slot got the next
-    slot's option and the probe measured zero variance for the copy)."""
+    """A plan's slots are numbered by keep call: GAT's keeps must be the same calls whether or not the plan
+    keeps any one slot exactly (its second copy of the source features was once skipped where the first was
+    exact, so every later slot got the next slot's option and the probe measured zero variance for the copy).
+    The second copy is now ``fc``'s kept input (ownership rule 10), which the keep hook is never asked for,
+    whatever the plan keeps: no slot of its own."""
     spec = P.PlanSpec(model="gat", nodes=1500, edges=9000, features=16, classes=3, hidden=8, layers=2, heads=2)
     g = P.SampleGraph(spec, spec.nodes, spec.edges)
     int2 = select("INT2")[0]
     reference = [st.shape for st in g.record(int2).keeps]
     first_copy = next(st.index for st in g.record(int2).keeps if st.kept == "compressed")
 
-    def exact_first(rec):
-        count = [0]
+    def exact_at(slot):
+        def make(rec):
+            count = [0]
 
-        def hook(x, cfg, force):
-            i = count[0]
-            count[0] += 1
-            return rec(x, B.FP if i == first_copy else cfg, force)
-        return hook
+            def hook(x, cfg, force):
+                i = count[0]
+                count[0] += 1
+                return rec(x, B.FP if i == slot else cfg, force)
+            return hook
+        return make
 
-    assert [st.shape for st in g.record(int2, hook=exact_first).keeps] == reference
-    assert len(reference) > first_copy + 1 and reference[first_copy + 1] == reference[first_copy]
+    for slot in range(len(reference)):
+        assert [st.shape for st in g.record(int2, hook=exact_at(slot)).keeps] == reference, slot
+    assert len(reference) > first_copy + 1 and reference[first_copy + 1] != reference[first_copy]
 
 
 @pytest.mark.slow
