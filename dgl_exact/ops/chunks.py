@@ -17,7 +17,8 @@ from ..compression import CompressedTensor, decompress
 from .keep import Kept, LinearOf, restore
 
 __all__ = ["CHUNK_ELEMENTS", "CUDA_CHUNK_ELEMENTS", "gpu_chunk_policy", "sample_chunking", "chunk_scale",
-           "chunk_elements_for", "chunk_rows", "needs_chunks", "row_chunks", "rows_together", "weight_grad"]
+           "chunk_elements_for", "chunk_rows", "needs_chunks", "row_chunks", "rows_together", "weight_grad",
+           "linear_of_row_sum"]
 
 #: elements (not bytes) of one decompressed row chunk in a chunked backward on the CPU: 4 MiB of fp32
 CHUNK_ELEMENTS = 1 << 20
@@ -153,6 +154,50 @@ def _linear_chunks(item: LinearOf, chunk_elements: Optional[int]):
         del x
 
 
+def _contracts(grad: torch.Tensor, item: LinearOf) -> bool:
+    """Whether ``grad^T y`` for a kept ``y = x W^T + b`` (``[N, out]``) is cheaper as ``(grad^T x) W``."""
+    n, (out, inp) = item.shape[0], item.weight.shape
+    if (grad.dim() != 2 or grad.shape[0] != n or tuple(item.shape) != (n, out) or len(item.x.shape) != 2
+            or item.x.shape[1] != inp):
+        return False
+    cols = grad.shape[1]
+    return n * cols * inp + cols * inp * out < n * inp * out + n * out * cols
+
+
+def _rows_contracted(g: torch.Tensor, item: LinearOf) -> torch.Tensor:
+    """``g^T x_hat`` (``[C, in]``) for ``g [N, C]`` and the kept input ``x`` of ``item``, row chunk by row chunk."""
+    out = None
+    for r0, r1, x in row_chunks(item.x):
+        part = g[r0:r1].t().matmul(x.to(g.dtype))
+        out = part if out is None else out.add_(part)
+        del x, part  # before the next chunk is decoded (see row_chunks)
+    return out if out is not None else g.new_zeros((g.shape[1], item.weight.shape[1]))
+
+
+def linear_of_row_sum(grad: torch.Tensor, item: LinearOf) -> Optional[torch.Tensor]:
+    """``(grad * y).sum(0)`` for a kept ``y = x W^T + b`` of ``grad``'s shape (``[N, ...]``, ``out`` values a row)
+    without decoding ``y``: ``sum_k W[j, k] (g^T x)[c(j), k] + b_j sum_n g[n, c(j)]``, where ``g`` is ``grad``
+    with its broadcast dims (stride 0: a gradient through ``.sum(-1)``) narrowed to one, so ``g^T x`` costs
+    ``N x C x in`` (``C``: ``g``'s columns) instead of the ``N x out x in`` of decoding ``y``. The same sum up to
+    float summation order. None where ``item`` is not a linear of a 2-D input of ``grad``'s rows."""
+    n, (out, inp) = item.shape[0], item.weight.shape
+    if (tuple(grad.shape) != tuple(item.shape) or len(item.x.shape) != 2 or item.x.shape[1] != inp
+            or grad.dim() < 1 or item.shape.numel() != n * out):
+        return None
+    g = grad
+    for d in range(1, grad.dim()):
+        if grad.stride(d) == 0 and grad.shape[d] > 1:
+            g = g.narrow(d, 0, 1)
+    compact = g.shape[1:]
+    g2 = g.reshape(n, -1)
+    m = _rows_contracted(g2, item).view(tuple(compact) + (inp,)).expand(tuple(item.shape[1:]) + (inp,))
+    w = item.weight.to(m.dtype)
+    total = (m.reshape(out, inp) * w).sum(1)
+    if item.bias is not None:
+        total = total + g2.sum(0).view(compact).expand(item.shape[1:]).reshape(out) * item.bias.to(m.dtype)
+    return total.view(item.shape[1:])
+
+
 def _chunk_starts(n: int, step: int, block_rows: int) -> list:
     starts = list(range(0, n, step))
     if len(starts) > 1 and n - starts[-1] < block_rows:
@@ -203,7 +248,15 @@ def weight_grad(grad: torch.Tensor, item: Kept, kept_first: bool = False) -> Opt
     (``[out, in]``, a linear's weight), or ``x^T grad`` with ``kept_first`` (``[in, out]``, a weight applied as
     ``x @ W``), summed over the chunks (the same product up to float summation order). Leading dimensions of
     ``grad`` and ``x`` are flattened into rows; ``x`` is cast to ``grad``'s dtype. None where ``item`` has
-    no rows to chunk."""
+    no rows to chunk. A :class:`~.keep.LinearOf` ``y = x W^T + b`` (``[N, out]``) gives ``(grad^T x) W^T + g_sum b``
+    where that takes fewer operations than decoding ``y`` (a narrow ``grad``: ``Linear(Linear(x))`` to a few
+    columns), the same product up to float summation order."""
+    if isinstance(item, LinearOf) and not kept_first and _contracts(grad, item):
+        gx = _rows_contracted(grad.reshape(grad.shape[0], -1), item)
+        out = gx.matmul(item.weight.to(gx.dtype).t())
+        if item.bias is not None:
+            out.add_(grad.sum(0).unsqueeze(1) * item.bias.to(gx.dtype))
+        return out
     out = None
     for r0, r1, x in row_chunks(item):
         g, x = grad[r0:r1], x.to(grad.dtype)

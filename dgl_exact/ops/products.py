@@ -25,7 +25,7 @@ import torch
 from .._compat import compiling
 from ..compression_config import CompressionConfig, resolve_config
 from ..compression import CompressedTensor
-from .chunks import needs_chunks, row_chunks
+from .chunks import linear_of_row_sum, needs_chunks, row_chunks
 from .double_backward import double_backward
 from .keep import Kept, LinearOf, alive_anyway, as_kept, op_inputs, restore
 from .saved import load_kept, save_kept
@@ -68,6 +68,10 @@ def operand_grad(grad: torch.Tensor, other: Kept, shape: torch.Size, whole: bool
     only in float summation order. ``whole``: the product as written (a differentiable gradient)."""
     padded = (1,) * (grad.dim() - len(shape)) + tuple(shape)
     over_rows = grad.dim() > 0 and padded[0] == 1 and grad.shape[0] > 1
+    if over_rows and not whole and isinstance(other, LinearOf):  # through the linear's input, no decoded ``other``
+        total = linear_of_row_sum(grad, other)
+        if total is not None:
+            return total.unsqueeze(0).sum_to_size(padded).reshape(shape)
     chunked = (not whole and len(other.shape) == grad.dim() > 0 and other.shape[0] == grad.shape[0]
                and needs_chunks(other) and (over_rows or isinstance(other, (CompressedTensor, LinearOf))))
     if not chunked:

@@ -91,8 +91,8 @@ def test_linear_of_data_is_exact_and_keeps_nothing_of_its_size():
     """``lin2(lin1(x))`` with ``x`` data: the second linear keeps the first's input by reference, so its weight
     gradient is torch's (up to float rounding) and nothing of the hidden layer's size is kept."""
     gen = torch.Generator().manual_seed(5)
-    x = torch.randn(N, IN, generator=gen)
-    w1, w2 = (torch.nn.Parameter(torch.randn(a, b, generator=gen)) for a, b in ((64, IN), (4, 64)))
+    x = torch.randn(N, IN, generator=gen, dtype=torch.float64)
+    w1, w2 = (torch.nn.Parameter(torch.randn(a, b, generator=gen, dtype=torch.float64)) for a, b in ((64, IN), (4, 64)))
     with dgl_exact.config(INT2), saved_tensors() as saved:
         hid = linear(x, w1)
         out = linear(hid, w2)
@@ -102,7 +102,7 @@ def test_linear_of_data_is_exact_and_keeps_nothing_of_its_size():
     want = torch.autograd.grad(torch.nn.functional.linear(torch.nn.functional.linear(x, w1), w2).square().sum(),
                                [w1, w2])
     for g, e in zip(got, want):
-        torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-4)
+        torch.testing.assert_close(g, e)
 
 
 def _product_item(a, b, cfg=INT2):
@@ -156,3 +156,45 @@ def test_double_backward_refuses():
         out = (linear(h0 * 1.0, w, b).view(-1, H, D) * p).sum()
     with pytest.raises(RuntimeError, match="double backward"):
         torch.autograd.grad(out, p, create_graph=True)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("grad_kind", ["through-sum", "full"])
+def test_row_sum_through_the_input_equals_decoding(bias, grad_kind):
+    """``(grad * y).sum(0)`` formed as ``W`` against ``grad^T x`` (a gradient through ``.sum(-1)`` narrowed to its
+    distinct columns first) equals the sum over the decoded ``y``; so does a weight gradient as ``(grad^T x) W^T``."""
+    from dgl_exact.ops.chunks import linear_of_row_sum, weight_grad
+
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(N, IN, generator=gen, dtype=torch.float64)
+    w = torch.randn(H * D, IN, generator=gen, dtype=torch.float64)
+    b = torch.randn(H * D, generator=gen, dtype=torch.float64) if bias else None
+    item = LinearOf(x, w, b, (N, H, D))
+    y = restore(item)
+    g = (torch.randn(N, H, 1, generator=gen, dtype=torch.float64).expand(N, H, D) if grad_kind == "through-sum"
+         else torch.randn(N, H, D, generator=gen, dtype=torch.float64))
+    torch.testing.assert_close(linear_of_row_sum(g, item), (g * y).sum(0))
+    flat, gr = LinearOf(x, w, b, (N, H * D)), torch.randn(N, 4, generator=gen, dtype=torch.float64)
+    torch.testing.assert_close(weight_grad(gr, flat), gr.t() @ restore(flat))
+
+
+def test_gradients_through_the_input_equal_torchs_on_data():
+    """Features of data (kept by reference): the attention vector's and the weights' gradients, formed through
+    the linear's input without decoding ``ft``, are torch's (float64)."""
+    gen = torch.Generator().manual_seed(8)
+    x = torch.randn(N, IN, generator=gen, dtype=torch.float64)
+    w = torch.nn.Parameter(torch.randn(H * D, IN, generator=gen, dtype=torch.float64))
+    b = torch.nn.Parameter(torch.randn(H * D, generator=gen, dtype=torch.float64))
+    p = torch.nn.Parameter(torch.randn(1, H, D, generator=gen, dtype=torch.float64))
+    w2 = torch.nn.Parameter(torch.randn(2, H * D, generator=gen, dtype=torch.float64))
+    c = torch.randn(N, H, generator=gen, dtype=torch.float64)
+
+    def loss(lin):
+        ft = lin(x, w, b)
+        return ((ft.view(-1, H, D) * p).sum(-1) * c).sum() + lin(ft, w2, None).square().sum()
+
+    with message_passing(), dgl_exact.config(INT2):
+        ours = torch.autograd.grad(loss(linear), [w, b, p, w2])
+    theirs = torch.autograd.grad(loss(torch.nn.functional.linear), [w, b, p, w2])
+    for a, e in zip(ours, theirs):
+        torch.testing.assert_close(a, e)
