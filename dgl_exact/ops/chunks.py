@@ -155,7 +155,7 @@ def _linear_chunks(item: LinearOf, chunk_elements: Optional[int]):
 
 
 def _contracts(grad: torch.Tensor, item: LinearOf) -> bool:
-    """Whether ``grad^T y`` for a kept ``y = x W^T + b`` (``[N, out]``) is cheaper as ``(grad^T x) W``."""
+    """Whether ``grad^T y`` for a kept ``y = x W^T + b`` (``[N, out]``) is cheaper as ``(grad^T x) W^T``."""
     n, (out, inp) = item.shape[0], item.weight.shape
     if (grad.dim() != 2 or grad.shape[0] != n or tuple(item.shape) != (n, out) or len(item.x.shape) != 2
             or item.x.shape[1] != inp):

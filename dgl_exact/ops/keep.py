@@ -125,8 +125,14 @@ class LinearOf:
 
     def __init__(self, x, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor], shape: torch.Size):
         self.x, self.weight, self.bias, self.shape = x, weight, bias, torch.Size(shape)
-        self.device = None if weight is None else weight.device
-        self.dtype = None if weight is None else weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.weight.dtype
 
     def rows(self, x_rows: torch.Tensor) -> torch.Tensor:
         """The rows of ``y`` made from decoded rows ``x_rows`` of ``x``."""
@@ -138,7 +144,7 @@ class LinearOf:
         gives them (for ``ctx.save_for_backward``); :meth:`join` rebuilds."""
         shell_x, xs = self.x.split() if isinstance(self.x, CompressedTensor) else (None, (self.x,))
         shell = LinearOf(shell_x, None, None, self.shape)
-        shell.device, shell.dtype, shell.n_x, shell.has_bias = self.device, self.dtype, len(xs), self.bias is not None
+        shell.n_x, shell.has_bias = len(xs), self.bias is not None
         return shell, tuple(xs) + ((self.weight,) if self.bias is None else (self.weight, self.bias))
 
     def join(self, tensors) -> "LinearOf":
