@@ -339,14 +339,21 @@ def rademacher(d: int, k: int, seed: int, device, dtype=torch.float32) -> torch.
     return torch.where(signs, value, -value).to(dtype)
 
 
-def dropout_keep(seed: int, numel: int, p: float, device) -> torch.Tensor:
-    return hash_uniform(seed, 0, numel, device) >= p
+def dropout_keep(seed: int, numel: int, p: float, device, start: int = 0) -> torch.Tensor:
+    """Whether elements ``start .. start + numel - 1`` (row-major) of a dropout with ``seed`` are kept."""
+    return hash_uniform(seed, start, numel, device) >= p
 
 
 @register("dropout", "torch")
 def dropout(x: torch.Tensor, p: float, seed: int) -> torch.Tensor:
     """``x * keep / (1 - p)`` with ``keep`` regenerated from ``seed`` (used for forward and backward)."""
-    keep = dropout_keep(seed, x.numel(), p, x.device).view(x.shape)
+    return dropout_at(x, p, seed, 0)
+
+
+def dropout_at(x: torch.Tensor, p: float, seed: int, start: int) -> torch.Tensor:
+    """:func:`dropout` of a part of a larger tensor whose first element (row-major) is element ``start`` of the
+    whole: the same values as the same elements of the whole's dropout (a kept dropout decoded by rows)."""
+    keep = dropout_keep(seed, x.numel(), p, x.device, start).view(x.shape)
     return x * keep.to(x.dtype) * (1.0 / (1.0 - p))
 
 

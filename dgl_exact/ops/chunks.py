@@ -14,7 +14,8 @@ from typing import Optional
 import torch
 
 from ..compression import CompressedTensor, decompress
-from .keep import Kept, LinearOf, restore
+from .derived import DropoutOf, LinearOf
+from .keep import Kept, restore
 
 __all__ = ["CHUNK_ELEMENTS", "CUDA_CHUNK_ELEMENTS", "gpu_chunk_policy", "sample_chunking", "chunk_scale",
            "chunk_elements_for", "chunk_rows", "needs_chunks", "row_chunks", "rows_together", "weight_grad",
@@ -93,7 +94,7 @@ def chunk_rows(n_rows: int, per_row: int, device, align: int = 1) -> int:
 def _item_numel_device(item: "Kept"):
     if isinstance(item, torch.Tensor):
         return item.numel(), item.device
-    if isinstance(item, LinearOf):
+    if isinstance(item, (LinearOf, DropoutOf)):
         return item.shape.numel(), item.device
     return item.n_rows * item.orig_width, item.device
 
@@ -115,12 +116,16 @@ def row_chunks(item: Kept, chunk_elements: Optional[int] = None):
 
     The next chunk is decoded when the loop asks for it, while the loop's own names still hold the previous
     one: a loop body ends with ``del x`` (and whatever else holds the chunk), or two decoded chunks are alive
-    at once at the backward's peak. A :class:`~.keep.LinearOf` is decoded through its linear from row chunks of
-    its kept input, each holding about as many of its own elements as a chunk of another item."""
+    at once at the backward's peak. A :class:`~.derived.LinearOf` is decoded through its linear from row chunks of
+    its kept input, each holding about as many of its own elements as a chunk of another item; a
+    :class:`~.derived.DropoutOf` regenerates each chunk's mask from its first element on."""
     if item is None:
         return
     if isinstance(item, LinearOf):
         yield from _linear_chunks(item, chunk_elements)
+        return
+    if isinstance(item, DropoutOf):
+        yield from _dropout_chunks(item, chunk_elements)
         return
     n = item.shape[0] if len(item.shape) else 1
     per_row = max(1, (item.numel() if isinstance(item, torch.Tensor) else
@@ -152,6 +157,14 @@ def _linear_chunks(item: LinearOf, chunk_elements: Optional[int]):
     for r0, r1, x in row_chunks(item.x, max(1, budget * max(1, x_numel // n) // per_row)):
         yield r0, r1, item.rows(x)
         del x
+
+
+def _dropout_chunks(item: DropoutOf, chunk_elements: Optional[int]):
+    n = max(1, item.shape[0] if len(item.shape) else 1)
+    per_row = max(1, item.shape.numel() // n)
+    step = max(1, chunk_elements // per_row) if chunk_elements is not None else chunk_rows(n, per_row, item.device)
+    for r0 in range(0, n, step):
+        yield r0, min(n, r0 + step), item.row_range(r0, min(n, r0 + step))
 
 
 def _contracts(grad: torch.Tensor, item: LinearOf) -> bool:
@@ -248,7 +261,7 @@ def weight_grad(grad: torch.Tensor, item: Kept, kept_first: bool = False) -> Opt
     (``[out, in]``, a linear's weight), or ``x^T grad`` with ``kept_first`` (``[in, out]``, a weight applied as
     ``x @ W``), summed over the chunks (the same product up to float summation order). Leading dimensions of
     ``grad`` and ``x`` are flattened into rows; ``x`` is cast to ``grad``'s dtype. None where ``item`` has
-    no rows to chunk. A :class:`~.keep.LinearOf` ``y = x W^T + b`` (``[N, out]``) gives ``(grad^T x) W^T + g_sum b``
+    no rows to chunk. A :class:`~.derived.LinearOf` ``y = x W^T + b`` (``[N, out]``) gives ``(grad^T x) W^T + g_sum b``
     where that takes fewer operations than decoding ``y`` (a narrow ``grad``: ``Linear(Linear(x))`` to a few
     columns), the same product up to float summation order."""
     if isinstance(item, LinearOf) and not kept_first and _contracts(grad, item):

@@ -16,7 +16,8 @@ import torch.nn.functional as F
 from ..compression_config import CompressionConfig, resolve_config
 from ..compression import CompressedTensor
 from . import captured
-from .keep import LinearOf, alive_anyway, fresh_outputs, as_kept, record_linear_output, restore
+from .derived import Derived
+from .keep import alive_anyway, fresh_outputs, as_kept, record_linear_output, restore
 from .._compat import autocast_dtype, storage_ptr
 from .chunks import chunk_elements_for, chunk_rows, needs_chunks, row_chunks, weight_grad
 from .double_backward import double_backward, recompute_vjp
@@ -46,7 +47,7 @@ class _Linear(Function):
         gx = gw = gb = None
         if ctx.needs_input_grad[0]:
             gx = grad.matmul(weight.to(grad.dtype))
-        if ctx.needs_input_grad[1] and isinstance(x_s, (CompressedTensor, LinearOf)):
+        if ctx.needs_input_grad[1] and isinstance(x_s, (CompressedTensor, Derived)):
             # row chunks: no full-size decompressed copy of x exists (one layer-sized buffer fewer at the
             # backward's peak); the sum over chunks is the same product, up to float summation order
             gw = weight_grad(grad, x_s)

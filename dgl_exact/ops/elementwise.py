@@ -38,7 +38,7 @@ from .._compat import compiling
 from ..compression import draw_seed, fuses_with_activation, relu_dropout_compress
 from ..compression_config import CompressionConfig, resolve_config
 from . import captured
-from .keep import fresh_outputs, offer_compressed, as_kept, keep_hook_active, restore
+from .keep import fresh_outputs, offer_compressed, as_kept, keep_hook_active, record_dropout_output, restore
 from .double_backward import double_backward
 from .saved import load_kept, needs_saving, save_kept
 from .function import Function
@@ -265,5 +265,8 @@ def dropout(x: torch.Tensor, p: float = 0.5, training: bool = True, *, like_torc
     if like_torch and _torch_stream(x):
         return _torch_dropout(x, float(p), x)
     if not needs_saving(x):
-        return _kernel_for("dropout", x)(x.contiguous(), float(p), draw_seed())
+        seed = draw_seed()
+        y = _kernel_for("dropout", x)(x.contiguous(), float(p), seed)
+        record_dropout_output(y, x, p, seed)  # of data: kept as the data and the seed (rule 11)
+        return y
     return captured.apply("_Dropout", x, float(p), draw_seed())

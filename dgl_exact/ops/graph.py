@@ -252,7 +252,8 @@ class UMulESum(Function):
         ctx.heads_last = heads_last
         # keep x and w themselves, not the views x3, w2: views made inside forward have no grad_fn and would
         # pass for tensors alive anyway (kept uncompressed, by reference)
-        save_kept(ctx, as_kept(x, cfg) if ctx.needs_input_grad[1] else None,
+        # the edge gradient is linear in x: x may be kept through the op that made it (rules 10, 11)
+        save_kept(ctx, as_kept(x, cfg, via_linear=True) if ctx.needs_input_grad[1] else None,
                   as_kept(w, _edge_weight_config(cfg, heads)) if ctx.needs_input_grad[0] else None)
         return _node_output(out, (st.num_dst,) + tuple(out_shape))
 

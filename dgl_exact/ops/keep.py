@@ -77,9 +77,10 @@ the caller's explicit words), never from reference counts or from how a caller h
    storage begins with :func:`dgl_exact._compat.storage_ptr`, never ``untyped_storage()``; and DGL's kernels
    are given their output buffers without DGL's wrapper, which calls it (:mod:`dgl_exact.kernels.dgl_graph`).
 10. **Kept through the linear that made it.** An op whose backward is linear in a kept ``y`` (an elementwise
-   product's operand, a linear's input: ``as_kept(y, cfg, via_linear=True)``) keeps ``y = x W^T + b``, the
-   output of a dgl_exact linear (or a view of all of it, rows first), as :class:`LinearOf`: the linear's own
-   kept ``x`` (its compressed copy, or ``x`` itself where that is data), ``W`` and ``b``, decoded as
+   product's operand, a linear's input, the features of ``u_mul_e_sum``: ``as_kept(y, cfg, via_linear=True)``)
+   keeps ``y = x W^T + b``, the output of a dgl_exact linear (or a view of all of it, rows first), as
+   :class:`~.derived.LinearOf`: the linear's own kept ``x`` (its compressed copy, or ``x`` itself where that is
+   data, or rule 11's :class:`~.derived.DropoutOf`), ``W`` and ``b``, decoded as
    ``x_hat W^T + b`` (row chunk by row chunk) instead of a compressed copy of ``y`` of its own. Unbiased as a
    copy of ``y`` is (``E[x_hat] W^T + b = y``), and it costs no bytes beyond the linear's own copy. It shares
    that copy's draw, so rule 6's condition applies to ``x``: taken only where none of the op's other inputs was
@@ -91,7 +92,18 @@ the caller's explicit words), never from reference counts or from how a caller h
    does not depend on the hook's choices (the linear's copy is kept as the hook chose it), so a plan numbers
    its slots alike in the run it was recorded from and in the runs it governs. On DGL's arxiv GAT example
    written with the message-passing API, the attention vectors' products (``(ft * attn_l).sum(-1)``) keep
-   ``fc``'s copy of its input instead of a copy of ``ft`` each layer.
+   ``fc``'s copy of its input instead of a copy of ``ft`` each layer. Where the linear's ``x`` is kept exactly
+   (data, or rule 11), so is ``y``: no draw is shared, and none of these conditions but the version applies.
+11. **Kept through a dropout of data.** dgl_exact's dropout of data (rule 1's "alive anyway": input
+   features, whose input dropout every GNN example applies) records its output; an op asking for a derived
+   item (``via_linear=True``, rule 10's callers) keeps that output as :class:`~.derived.DropoutOf`: the data
+   itself (by reference, through ``save_for_backward``: torch's version check applies) and the mask's seed,
+   decoded exactly (the kernels' counter-based mask, regenerated from any element on: row chunks too). No
+   bytes, no noise. Taken where compression is on, neither the output nor the data changed in place since the
+   dropout (version counters), and outside compiling and captured ops; a dropout of a temporary (rule 1's
+   fresh outputs) or of a tensor with autograd history is kept as before. On DGL's arxiv GAT example, the first
+   layer's ``fc`` and ``res_fc`` then keep nothing of their own, and the aggregation keeps ``ft`` as an exact
+   :class:`~.derived.LinearOf` (rule 10, its last sentence) instead of an independent copy.
 
 The rest of what the ops share lives beside this file, one job per module: :mod:`.saved` (how kept items
 pass through ``ctx.save_for_backward``, rule 8's private holding and the observers), :mod:`.chunks` (row
@@ -108,7 +120,6 @@ import weakref
 from typing import Optional, Union
 
 import torch
-import torch.nn.functional as F
 from torch.utils.weak import WeakIdKeyDictionary
 
 from .._compat import compiling, storage_ptr
@@ -117,47 +128,9 @@ from ..compression_config import CompressionConfig
 from ..tracing import active as tracing_active
 from .donation import Donated
 
-class LinearOf:
-    """A kept ``y = x W^T + b`` (rule 10): the kept ``x`` of the dgl_exact linear that made ``y`` (its compressed
-    copy, or ``x`` itself where that is data), ``weight`` and ``bias``; ``shape``: the shape ``y`` is kept as (a
-    view of the whole output, rows first, so row ``r`` of ``y`` comes from row ``r`` of ``x``). Decoded by
-    :func:`restore` or row chunk by row chunk (:func:`~.chunks.row_chunks`)."""
+from .derived import Derived, DropoutOf, LinearOf, is_exact
 
-    def __init__(self, x, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor], shape: torch.Size):
-        self.x, self.weight, self.bias, self.shape = x, weight, bias, torch.Size(shape)
-
-    @property
-    def device(self) -> torch.device:
-        return self.weight.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.weight.dtype
-
-    def rows(self, x_rows: torch.Tensor) -> torch.Tensor:
-        """The rows of ``y`` made from decoded rows ``x_rows`` of ``x``."""
-        y = F.linear(x_rows.to(self.weight.dtype), self.weight, self.bias)
-        return y.reshape((x_rows.shape[0],) + tuple(self.shape[1:]))
-
-    def split(self):
-        """``(shell, tensors)`` as :meth:`CompressedTensor.split <dgl_exact.compression.CompressedTensor.split>`
-        gives them (for ``ctx.save_for_backward``); :meth:`join` rebuilds."""
-        shell_x, xs = self.x.split() if isinstance(self.x, CompressedTensor) else (None, (self.x,))
-        shell = LinearOf(shell_x, None, None, self.shape)
-        shell.n_x, shell.has_bias = len(xs), self.bias is not None
-        return shell, tuple(xs) + ((self.weight,) if self.bias is None else (self.weight, self.bias))
-
-    def join(self, tensors) -> "LinearOf":
-        """Inverse of :meth:`split`."""
-        xs, rest = tensors[:self.n_x], tensors[self.n_x:]
-        x = xs[0] if self.x is None else self.x.join(list(xs))
-        return LinearOf(x, rest[0], rest[1] if self.has_bias else None, self.shape)
-
-    def __repr__(self) -> str:
-        return f"LinearOf(shape={tuple(self.shape)}, x={self.x!r})"
-
-
-Kept = Union[torch.Tensor, CompressedTensor, LinearOf, None]
+Kept = Union[torch.Tensor, CompressedTensor, Derived, None]
 
 
 #: tensors a dgl_exact op produced without autograd (rule 1): nobody else is known to keep them. Weakly keyed
@@ -278,7 +251,9 @@ def as_kept(x: Optional[torch.Tensor], cfg: CompressionConfig, force: bool = Fal
     if x is None:
         return None
     if via_linear:
-        item = _linear_origin(x, cfg, leaf_grads)
+        item = _dropout_origin(x, cfg)
+        if item is None:
+            item = _linear_origin(x, cfg, leaf_grads)
         if item is not None:
             if overwritten:
                 withdraw(x)
@@ -416,6 +391,7 @@ def withdraw(x: torch.Tensor) -> None:
     _shared.pop(x, None)
     _offers.pop(x, None)
     _linear_outputs.pop(x, None)
+    _dropout_outputs.pop(x, None)
 
 
 #: rule 10: the outputs of dgl_exact's linear, weakly keyed by the output: ``(cfg, version, x's kept copy as
@@ -431,7 +407,7 @@ def record_linear_output(y: torch.Tensor, x: torch.Tensor, kept: Kept, weight: t
     if (not cfg.enabled or x.dim() < 2 or compiling() or tracing_active() or _alive_ids.get() is not None
             or weight.grad_fn is not None or (bias is not None and bias.grad_fn is not None)):
         return
-    if isinstance(kept, CompressedTensor):
+    if isinstance(kept, (CompressedTensor, Derived)):
         shell, tensors = kept.split()
     elif kept is x:
         shell, tensors = None, (x,)
@@ -456,13 +432,47 @@ def _linear_origin(y: torch.Tensor, cfg: CompressionConfig, leaf_grads: bool = F
     if e_cfg != cfg or version != y._version or not whole:
         return None
     tensors = _alive(refs)
+    if tensors is None:
+        return None
+    item = LinearOf(tensors[0] if shell is None else shell.join(tensors), weight, bias, y.shape)
+    if is_exact(item.x):
+        return item  # no quantization noise: nothing is shared that could correlate (rule 6 needs no condition)
     node, inputs = (x_node if x_node is not None else base.grad_fn), _op_inputs.get()
-    if tensors is None or (not leaf_grads and (node is None or inputs is None)):
+    if not leaf_grads and (node is None or inputs is None):
         return None
     if not leaf_grads and (sum(t is y for t in inputs) != 1 or
                            any(t is not y and _computed_from(t, node) for t in inputs)):
         return None  # the op reads y twice or something else computed from x: a copy of y (rule 6)
-    return LinearOf(tensors[0] if shell is None else shell.join(tensors), weight, bias, y.shape)
+    return item
+
+
+#: rule 11: dropout outputs of data made by dgl_exact's dropout, weakly keyed by the output: ``(version, weak
+#: reference to x, x's version, p, seed)``
+_dropout_outputs = WeakIdKeyDictionary()
+
+
+def record_dropout_output(y: torch.Tensor, x: torch.Tensor, p: float, seed: int) -> None:
+    """Called by dgl_exact's dropout: ``y`` is ``x``'s dropout with the kernels' mask for ``seed``. Recorded where
+    ``x`` is data (alive anyway, rule 1) and ``y`` a new tensor of ``x``'s shape, so that an op keeping ``y`` may
+    keep ``x`` and the seed instead (rule 11). The entry dies with ``y``; ``x`` is held weakly."""
+    if (compiling() or tracing_active() or _alive_ids.get() is not None or not alive_anyway(x)
+            or y.shape != x.shape or storage_ptr(y) == storage_ptr(x)):
+        return
+    _dropout_outputs[y] = (y._version, weakref.ref(x), x._version, float(p), int(seed))
+
+
+def _dropout_origin(y: torch.Tensor, cfg: CompressionConfig) -> Optional[DropoutOf]:
+    """``y`` as a :class:`DropoutOf` where rule 11 allows it: recorded by :func:`record_dropout_output`, compression
+    on, neither ``y`` nor ``x`` changed in place since, not while compiling or inside a captured op."""
+    if not cfg.enabled or type(y) is not torch.Tensor or compiling() or tracing_active() or _alive_ids.get() is not None:
+        return None
+    entry = _dropout_outputs.get(y)
+    if entry is None or entry[0] != y._version:
+        return None
+    x = entry[1]()
+    if x is None or x._version != entry[2]:
+        return None
+    return DropoutOf(x, entry[3], entry[4], y.shape)
 
 
 #: compressed copies offered for the next op that keeps a tensor (rule 6), weakly keyed by the tensor
@@ -499,4 +509,6 @@ def restore(item: Kept) -> Optional[torch.Tensor]:
         return item
     if isinstance(item, LinearOf):
         return item.rows(restore(item.x))
+    if isinstance(item, DropoutOf):
+        return item.row_range(0, item.shape[0] if len(item.shape) else 1)
     return decompress(item)

@@ -27,7 +27,8 @@ from ..compression_config import CompressionConfig, resolve_config
 from ..compression import CompressedTensor
 from .chunks import linear_of_row_sum, needs_chunks, row_chunks
 from .double_backward import double_backward
-from .keep import Kept, LinearOf, alive_anyway, as_kept, op_inputs, restore
+from .derived import Derived, LinearOf
+from .keep import Kept, alive_anyway, as_kept, op_inputs, restore
 from .saved import load_kept, save_kept
 from .torch_routes import route, scope
 from .function import Function
@@ -73,7 +74,7 @@ def operand_grad(grad: torch.Tensor, other: Kept, shape: torch.Size, whole: bool
         if total is not None:
             return total.unsqueeze(0).sum_to_size(padded).reshape(shape)
     chunked = (not whole and len(other.shape) == grad.dim() > 0 and other.shape[0] == grad.shape[0]
-               and needs_chunks(other) and (over_rows or isinstance(other, (CompressedTensor, LinearOf))))
+               and needs_chunks(other) and (over_rows or isinstance(other, (CompressedTensor, Derived))))
     if not chunked:
         return (grad * restore(other)).sum_to_size(shape)
     out = None if over_rows else grad.new_empty(padded)

@@ -14,7 +14,8 @@ import torch
 from .._compat import compiling, storage_ptr
 from ..compression import CompressedTensor
 from ..tracing import active as tracing_active
-from .keep import Kept, LinearOf
+from .derived import Derived
+from .keep import Kept
 
 __all__ = ["save_kept", "load_kept", "own_saved", "observe_saved", "tensors_in", "show_private",
            "private_keeping_allowed", "graph_freed_after_backward", "needs_saving", "SECOND_BACKWARD_MESSAGE"]
@@ -42,7 +43,7 @@ def save_kept(ctx, *items: Kept) -> None:
     for item in items:
         if item is None:
             layout.append(None)
-        elif isinstance(item, (CompressedTensor, LinearOf)):
+        elif isinstance(item, (CompressedTensor, Derived)):
             shell, ts = item.split()
             layout.append((shell, len(ts)))
             tensors.extend(ts)
@@ -138,7 +139,7 @@ def show_private(*items: Kept) -> None:
     if pack is None:
         return
     for item in items:
-        if isinstance(item, (CompressedTensor, LinearOf)):
+        if isinstance(item, (CompressedTensor, Derived)):
             for t in item.split()[1]:
                 pack(t)
         elif isinstance(item, torch.Tensor):
