@@ -464,7 +464,8 @@ def record_dropout_output(y: torch.Tensor, x: torch.Tensor, p: float, seed: int)
 def _dropout_origin(y: torch.Tensor, cfg: CompressionConfig) -> Optional[DropoutOf]:
     """``y`` as a :class:`DropoutOf` where rule 11 allows it: recorded by :func:`record_dropout_output`, compression
     on, neither ``y`` nor ``x`` changed in place since, not while compiling or inside a captured op."""
-    if not cfg.enabled or type(y) is not torch.Tensor or compiling() or tracing_active() or _alive_ids.get() is not None:
+    if (not cfg.enabled or type(y) is not torch.Tensor or compiling() or tracing_active()
+            or _alive_ids.get() is not None):
         return None
     entry = _dropout_outputs.get(y)
     if entry is None or entry[0] != y._version:
