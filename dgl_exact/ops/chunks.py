@@ -14,7 +14,7 @@ from typing import Optional
 import torch
 
 from ..compression import CompressedTensor, decompress
-from .derived import DropoutOf, LinearOf
+from .derived import ElementwiseOf, LinearOf
 from .keep import Kept, restore
 
 __all__ = ["CHUNK_ELEMENTS", "CUDA_CHUNK_ELEMENTS", "gpu_chunk_policy", "sample_chunking", "chunk_scale",
@@ -94,7 +94,7 @@ def chunk_rows(n_rows: int, per_row: int, device, align: int = 1) -> int:
 def _item_numel_device(item: "Kept"):
     if isinstance(item, torch.Tensor):
         return item.numel(), item.device
-    if isinstance(item, (LinearOf, DropoutOf)):
+    if isinstance(item, (LinearOf, ElementwiseOf)):
         return item.shape.numel(), item.device
     return item.n_rows * item.orig_width, item.device
 
@@ -118,14 +118,17 @@ def row_chunks(item: Kept, chunk_elements: Optional[int] = None):
     one: a loop body ends with ``del x`` (and whatever else holds the chunk), or two decoded chunks are alive
     at once at the backward's peak. A :class:`~.derived.LinearOf` is decoded through its linear from row chunks of
     its kept input, each holding about as many of its own elements as a chunk of another item; a
-    :class:`~.derived.DropoutOf` regenerates each chunk's mask from its first element on."""
+    :class:`~.derived.ElementwiseOf` from the same row chunks of its root, each step applied from the chunk's
+    first element on."""
     if item is None:
         return
     if isinstance(item, LinearOf):
         yield from _linear_chunks(item, chunk_elements)
         return
-    if isinstance(item, DropoutOf):
-        yield from _dropout_chunks(item, chunk_elements)
+    if isinstance(item, ElementwiseOf):
+        for r0, r1, x in row_chunks(item.root, chunk_elements):
+            yield r0, r1, item.rows(x, r0)
+            del x
         return
     n = item.shape[0] if len(item.shape) else 1
     per_row = max(1, (item.numel() if isinstance(item, torch.Tensor) else
@@ -157,14 +160,6 @@ def _linear_chunks(item: LinearOf, chunk_elements: Optional[int]):
     for r0, r1, x in row_chunks(item.x, max(1, budget * max(1, x_numel // n) // per_row)):
         yield r0, r1, item.rows(x)
         del x
-
-
-def _dropout_chunks(item: DropoutOf, chunk_elements: Optional[int]):
-    n = max(1, item.shape[0] if len(item.shape) else 1)
-    per_row = max(1, item.shape.numel() // n)
-    step = max(1, chunk_elements // per_row) if chunk_elements is not None else chunk_rows(n, per_row, item.device)
-    for r0 in range(0, n, step):
-        yield r0, min(n, r0 + step), item.row_range(r0, min(n, r0 + step))
 
 
 def _contracts(grad: torch.Tensor, item: LinearOf) -> bool:

@@ -17,7 +17,7 @@ from ..compression_config import CompressionConfig, resolve_config
 from ..compression import CompressedTensor
 from . import captured
 from .derived import Derived
-from .keep import alive_anyway, fresh_outputs, as_kept, record_linear_output, restore
+from .keep import alive_anyway, fresh_outputs, as_kept, record_batch_norm_output, record_linear_output, restore
 from .._compat import autocast_dtype, storage_ptr
 from .chunks import chunk_elements_for, chunk_rows, needs_chunks, row_chunks, weight_grad
 from .double_backward import double_backward, recompute_vjp
@@ -152,8 +152,16 @@ class BatchNorm(Function):
                                                             momentum, eps)
         ctx.training, ctx.eps = training, eps
         stats = (save_mean, save_invstd) if training else (running_mean.to(cdt), running_var.to(cdt))
-        save_kept(ctx, as_kept(x, cfg.replace(kept_frac=1.0)), *stats, weight)
-        return y.to(x.dtype)
+        kept_cfg = cfg.replace(kept_frac=1.0)
+        x_s = as_kept(x, kept_cfg)
+        save_kept(ctx, x_s, *stats, weight)
+        y = y.to(x.dtype)
+        if isinstance(x_s, CompressedTensor):  # y (and what activations make of it) may be kept through x_s (rule 12)
+            invstd = save_invstd if training else (running_var.to(cdt) + eps).rsqrt()
+            scale = invstd if w is None else invstd * w
+            shift = -stats[0] * scale if b is None else b - stats[0] * scale
+            record_batch_norm_output(y, x, x_s, scale, shift, kept_cfg)
+        return y
 
     @staticmethod
     def backward(ctx, grad):

@@ -2,10 +2,12 @@
 backward, at no cost of its own, where its ``y`` was made from something already kept.
 
 * :class:`LinearOf`: ``y = x W^T + b``, the output of dgl_exact's linear, kept as that linear's kept ``x`` (its
-  compressed copy, or ``x`` itself where that is data, or a :class:`DropoutOf`), ``W`` and ``b`` (rule 10).
-* :class:`DropoutOf`: ``y = dropout(x, p)`` of data ``x`` (input features: alive anyway), kept as ``x`` itself
-  and the mask's seed (rule 11). Exact: the mask is regenerated from its counter-based seed, element for
-  element as the forward drew it, so no bytes and no noise.
+  compressed copy, or ``x`` itself where that is data, or an :class:`ElementwiseOf`), ``W`` and ``b`` (rule 10).
+* :class:`ElementwiseOf`: ``y`` made by elementwise ops from a kept root: a dropout of data ``x`` (input
+  features: alive anyway), kept as ``x`` itself and the mask's seed (rule 11: exact, the mask regenerated from
+  its counter-based seed element for element, so no bytes and no noise); or batch norm, then activations and
+  dropout, kept as the batch norm's compressed copy of its input, its per-channel scale and shift, the
+  activations' one-bit masks and the dropout's seed (rule 12: unbiased, no bytes beyond the batch norm's copy).
 
 Both split into a shell and tensors for ``ctx.save_for_backward`` (:func:`~.saved.save_kept`) and join back, as a
 :class:`~dgl_exact.compression.CompressedTensor` does; :func:`~.keep.restore` decodes one whole and
@@ -18,10 +20,11 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from .. import kernels
 from ..compression import CompressedTensor
 from ..kernels.reference import dropout_at
 
-__all__ = ["Derived", "LinearOf", "DropoutOf", "is_exact"]
+__all__ = ["Derived", "LinearOf", "ElementwiseOf", "Affine", "Mask", "Drop", "is_exact"]
 
 
 class Derived:
@@ -32,7 +35,7 @@ class Derived:
 
 class LinearOf(Derived):
     """A kept ``y = x W^T + b`` (rule 10): the kept ``x`` of the dgl_exact linear that made ``y`` (its compressed
-    copy, ``x`` itself where that is data, or a :class:`DropoutOf`), ``weight`` and ``bias``; ``shape``: the shape
+    copy, ``x`` itself where that is data, or an :class:`ElementwiseOf`), ``weight`` and ``bias``; ``shape``: the shape
     ``y`` is kept as (a view of the whole output, rows first, so row ``r`` of ``y`` comes from row ``r`` of
     ``x``). Decoded by :func:`~.keep.restore` or row chunk by row chunk (:func:`~.chunks.row_chunks`)."""
 
@@ -70,44 +73,127 @@ class LinearOf(Derived):
         return f"LinearOf(shape={tuple(self.shape)}, x={self.x!r})"
 
 
-class DropoutOf(Derived):
-    """A kept ``y = dropout(x, p)`` of data ``x`` (rule 11): ``x`` itself (alive anyway), ``p`` and the seed of
-    the mask dgl_exact's dropout drew (the kernels' counter-based mask: element ``e`` of ``x``, in row-major
-    order, is kept where ``u(seed, e) >= p``). Decoded exactly, whole or by rows (:meth:`row_range`)."""
+class Affine:
+    """Step ``v * scale + shift`` per channel (dim 1; ``scale``, ``shift`` ``[C]``), in their dtype, then cast to
+    ``dtype``: a batch norm's output from its input."""
 
-    def __init__(self, x: Optional[torch.Tensor], p: float, seed: int, shape: torch.Size):
-        self.x, self.p, self.seed, self.shape = x, float(p), int(seed), torch.Size(shape)
+    def __init__(self, scale: Optional[torch.Tensor], shift: Optional[torch.Tensor], dtype: torch.dtype):
+        self.scale, self.shift, self.dtype = scale, shift, dtype
+
+    def tensors(self):
+        return (self.scale, self.shift)
+
+    def with_tensors(self, ts) -> "Affine":
+        return Affine(ts[0], ts[1], self.dtype)
+
+    def apply(self, v: torch.Tensor, start: int) -> torch.Tensor:
+        return (v.to(self.scale.dtype) * self.scale + self.shift).to(self.dtype)
+
+
+class Mask:
+    """Step ``where(mask, v, v * slope) * scale`` with the one-bit ``mask`` an activation kept for its own backward
+    (``packed``: element ``e`` of the whole tensor, row-major): ReLU (``slope`` 0), fused ReLU-dropout (``scale``
+    ``1 / (1 - p)``, the mask ``x > 0 and kept``), leaky ReLU."""
+
+    def __init__(self, packed: Optional[torch.Tensor], slope: float, scale: float):
+        self.packed, self.slope, self.scale = packed, float(slope), float(scale)
+
+    def tensors(self):
+        return (self.packed,)
+
+    def with_tensors(self, ts) -> "Mask":
+        return Mask(ts[0], self.slope, self.scale)
+
+    def apply(self, v: torch.Tensor, start: int) -> torch.Tensor:
+        first = start // 8  # the byte holding element ``start``; its bits before ``start`` are dropped
+        bits = kernels.get("unpack_mask", v.device)(self.packed[first:], start + v.numel() - first * 8)
+        m = bits[start - first * 8:].view(v.shape)
+        other = v * self.slope if self.slope != 0.0 else torch.zeros((), dtype=v.dtype, device=v.device)
+        out = torch.where(m, v, other)
+        return out * self.scale if self.scale != 1.0 else out
+
+
+class Drop:
+    """Step: dgl_exact's dropout with ``p`` and ``seed`` (the kernels' counter-based mask, from any element on)."""
+
+    def __init__(self, p: float, seed: int):
+        self.p, self.seed = float(p), int(seed)
+
+    def tensors(self):
+        return ()
+
+    def with_tensors(self, ts) -> "Drop":
+        return self
+
+    def apply(self, v: torch.Tensor, start: int) -> torch.Tensor:
+        return dropout_at(v, self.p, self.seed, start)
+
+
+class ElementwiseOf(Derived):
+    """A kept ``y`` made from a kept ``root`` by elementwise ops (rules 11 and 12): ``steps`` (:class:`Affine`,
+    :class:`Mask`, :class:`Drop`) applied in order. ``root`` is data (a tensor alive anyway: exact, as each step is
+    bit for bit what the op computed) or a batch norm's compressed copy of its input (unbiased: every step is
+    affine in its input given the masks, which are exact). Decoded whole or row chunk by row chunk
+    (:func:`~.chunks.row_chunks`: the root's chunks, each step applied from the chunk's first element on)."""
+
+    def __init__(self, root, steps: tuple, shape: torch.Size):
+        self.root, self.steps, self.shape = root, tuple(steps), torch.Size(shape)
+        self.root_node = None  # the root's autograd node, for rule 6's check (not saved)
 
     @property
     def device(self) -> torch.device:
-        return self.x.device
+        return self.root.device
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.x.dtype
+        for step in reversed(self.steps):
+            if isinstance(step, Affine):
+                return step.dtype
+        return self.root.dtype
 
-    def row_range(self, r0: int, r1: int) -> torch.Tensor:
-        """Rows ``r0:r1`` of ``y``, as the forward computed them."""
+    def rows(self, root_rows: torch.Tensor, r0: int) -> torch.Tensor:
+        """Rows ``r0:r0 + len(root_rows)`` of ``y`` from the same rows of the decoded root."""
         n = self.shape[0] if len(self.shape) else 1
-        per_row = self.shape.numel() // max(n, 1)
-        x = self.x.reshape(self.shape)[r0:r1] if len(self.shape) else self.x
-        return dropout_at(x, self.p, self.seed, r0 * per_row)
+        start = r0 * (self.shape.numel() // max(n, 1))
+        v = root_rows.reshape((root_rows.shape[0],) + tuple(self.shape[1:])) if len(self.shape) else root_rows
+        for step in self.steps:
+            v = step.apply(v, start)
+        return v
 
     def split(self):
-        """``(shell, (x,))`` for ``ctx.save_for_backward`` (``x`` through it: torch's version check applies)."""
-        return DropoutOf(None, self.p, self.seed, self.shape), (self.x,)
+        """``(shell, tensors)`` for ``ctx.save_for_backward`` (the root through it: torch's version check applies
+        to data); :meth:`join` rebuilds."""
+        shell_root, ts = self.root.split() if isinstance(self.root, CompressedTensor) else (None, (self.root,))
+        steps, tensors = [], list(ts)
+        for step in self.steps:
+            st = step.tensors()
+            steps.append((step, len(st)))
+            tensors.extend(st)
+        shell = ElementwiseOf(shell_root, (), self.shape)
+        shell.layout = (len(ts), steps)
+        return shell, tuple(tensors)
 
-    def join(self, tensors) -> "DropoutOf":
-        return DropoutOf(tensors[0], self.p, self.seed, self.shape)
+    def join(self, tensors) -> "ElementwiseOf":
+        """Inverse of :meth:`split`."""
+        n_root, steps = self.layout
+        root = tensors[0] if self.root is None else self.root.join(list(tensors[:n_root]))
+        i, out = n_root, []
+        for step, k in steps:
+            out.append(step.with_tensors(tensors[i:i + k]))
+            i += k
+        return ElementwiseOf(root, tuple(out), self.shape)
 
     def __repr__(self) -> str:
-        return f"DropoutOf(shape={tuple(self.shape)}, p={self.p})"
+        names = ", ".join(type(s).__name__ for s in self.steps)
+        return f"ElementwiseOf(shape={tuple(self.shape)}, steps=[{names}], root={type(self.root).__name__})"
 
 
 def is_exact(item) -> bool:
-    """Whether a kept item decodes to exactly what it stands for: a tensor, a :class:`DropoutOf`, or a
-    :class:`LinearOf` of an exact ``x`` (no quantization noise: rule 6's conditions on shared draws do not
+    """Whether a kept item decodes to exactly what it stands for: a tensor, an :class:`ElementwiseOf` of data, or
+    a :class:`LinearOf` of an exact ``x`` (no quantization noise: rule 6's conditions on shared draws do not
     apply)."""
     if isinstance(item, LinearOf):
         return is_exact(item.x)
-    return isinstance(item, (torch.Tensor, DropoutOf))
+    if isinstance(item, ElementwiseOf):
+        return isinstance(item.root, torch.Tensor)
+    return isinstance(item, torch.Tensor)

@@ -32,7 +32,7 @@ def create_graph_requested() -> bool:
 
 def check_double_backward(op: str, *items: Kept) -> None:
     """RuntimeError (saying how to turn compression off) if any kept item is not kept exactly (compressed, or
-    kept through the op that made it: :class:`~.derived.LinearOf`, :class:`~.derived.DropoutOf`)."""
+    kept through the op that made it: :class:`~.derived.LinearOf`, :class:`~.derived.ElementwiseOf`)."""
     if any(item is not None and not isinstance(item, torch.Tensor) for item in items):
         raise RuntimeError(DOUBLE_BACKWARD_MESSAGE.format(op=op))
 

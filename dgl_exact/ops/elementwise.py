@@ -38,7 +38,9 @@ from .._compat import compiling
 from ..compression import draw_seed, fuses_with_activation, relu_dropout_compress
 from ..compression_config import CompressionConfig, resolve_config
 from . import captured
-from .keep import fresh_outputs, offer_compressed, as_kept, keep_hook_active, record_dropout_output, restore
+from .derived import Mask
+from .keep import (fresh_outputs, offer_compressed, as_kept, keep_hook_active, record_dropout_output,
+                   record_elementwise_step, restore)
 from .double_backward import double_backward
 from .saved import load_kept, needs_saving, save_kept
 from .function import Function
@@ -67,6 +69,7 @@ class _ReLUDropout(Function):
     def forward(ctx, x, p: float, seed: int, compress_for: Optional[CompressionConfig] = None):
         if compress_for is None:
             y, packed = _kernel_for("relu_dropout", x)(x.contiguous(), p, seed)
+            record_elementwise_step(y, x, Mask(packed, 0.0, 1.0 / (1.0 - p) if p > 0 else 1.0))  # rule 12
         else:  # one pass: the output, its mask and the output's compressed copy for the next op
             y, packed, kept = relu_dropout_compress(x.contiguous(), p, seed, compress_for)
             offer_compressed(y, compress_for, kept)
@@ -133,8 +136,11 @@ class _LeakyReLU(Function):
     def forward(ctx, x, slope: float):
         mask = x > 0
         ctx.slope = slope
-        save_kept(ctx, pack_mask(mask))
-        return torch.where(mask, x, x * slope)
+        packed = pack_mask(mask)
+        save_kept(ctx, packed)
+        y = torch.where(mask, x, x * slope)
+        record_elementwise_step(y, x, Mask(packed, slope, 1.0))  # rule 12
+        return y
 
     @staticmethod
     def backward(ctx, grad):
@@ -185,7 +191,9 @@ class _Dropout(Function):
     @staticmethod
     def forward(ctx, x, p: float, seed: int):
         ctx.p, ctx.seed = p, seed
-        return _kernel_for("dropout", x)(x.contiguous(), p, seed)
+        y = _kernel_for("dropout", x)(x.contiguous(), p, seed)
+        record_dropout_output(y, x, p, seed)  # of a recorded output: rule 12
+        return y
 
     @staticmethod
     def backward(ctx, grad):

@@ -3,6 +3,7 @@ that record what the ops keep (``saved_tensors``) and compress (``compress_calls
 from __future__ import annotations
 
 import contextlib
+import math
 
 import torch
 
@@ -125,3 +126,20 @@ def spy_apply(monkeypatch, function) -> list:
     real = function.apply
     monkeypatch.setattr(function, "apply", lambda *a: calls.append(a) or real(*a))
     return calls
+
+
+def assert_mean_converges(draws, exact, floor: float = 0.0, mean_square=2.0):
+    """The mean of the ``draws`` (independent compressions) is the ``exact`` gradient: each element's t statistic
+    within the Student t bound (two-sided, 1e-3 over all elements: Bonferroni, valid for dependent elements too),
+    and, unless ``mean_square`` is None, a mean squared t of at most ``mean_square`` (about 1 for an unbiased
+    estimate of independent elements). ``floor``: deviations up to ``floor`` times the largest exact value count
+    as rounding, not bias."""
+    from scipy import stats
+
+    runs, k = torch.stack(draws), len(draws)
+    dev = ((runs.mean(0) - exact).abs() - floor * float(exact.abs().max())).clamp(min=0)
+    t = dev / (runs.std(0) / math.sqrt(k))
+    bound = stats.t.ppf(1 - 1e-3 / (2 * t.numel()), k - 1)
+    assert float(t.max()) <= bound, t
+    if mean_square is not None:
+        assert float((t ** 2).mean()) <= mean_square, t

@@ -1,6 +1,7 @@
 """Ownership rule 11 (dgl_exact.ops.keep): dgl_exact's dropout of data (input features: alive anyway) is kept by
 an op that may keep a derived item (``as_kept(..., via_linear=True)``: a linear's input, a product's operand, the
-features of ``u_mul_e_sum``) as the data and the mask's seed (:class:`DropoutOf`): exact, no bytes of its own.
+features of ``u_mul_e_sum``) as the data and the mask's seed (an :class:`ElementwiseOf` of the data): exact, no
+bytes of its own.
 A linear of such an input (rule 10's :class:`LinearOf` of an exact ``x``) is exact too, so it is taken even where
 rule 6's condition fails (attention weights computed from the features, as in every GAT layer)."""
 from __future__ import annotations
@@ -10,9 +11,9 @@ import torch
 
 import dgl_exact
 from dgl_exact.compression import CompressedTensor
-from dgl_exact.ops import dropout, linear, message_passing, u_mul_e_sum
+from dgl_exact.ops import dropout, linear, message_passing, relu, u_mul_e_sum
 from dgl_exact.ops.chunks import row_chunks
-from dgl_exact.ops.derived import DropoutOf, LinearOf, is_exact
+from dgl_exact.ops.derived import ElementwiseOf, LinearOf, is_exact
 from dgl_exact.ops.keep import as_kept, restore
 from dgl_exact.ops.saved import load_kept
 from tests.ops._helpers import INT2, saved_tensors
@@ -42,7 +43,8 @@ def test_linear_keeps_the_data_and_the_seed_exactly():
         h = dropout(x, 0.4)
         y = linear(h, w)
     item = _kept(y)
-    assert isinstance(item, DropoutOf) and item.x.data_ptr() == x.data_ptr()  # the data itself, by reference
+    assert isinstance(item, ElementwiseOf) and is_exact(item)
+    assert item.root.data_ptr() == x.data_ptr()  # the data itself, by reference
     assert not any(t.numel() >= h.numel() and t.data_ptr() != x.data_ptr() for t in saved)  # nothing of h's size
     assert torch.equal(restore(item), h)  # the mask regenerated element for element
     rows = [r for _, _, r in row_chunks(item, chunk_elements=5 * IN)]
@@ -56,9 +58,12 @@ def test_taken_only_for_data_unchanged_and_compression_on():
     x, w = _data(2)
     with dgl_exact.config(INT2):
         x_grad = x.clone().requires_grad_()
-        assert not isinstance(_kept(linear(dropout(x_grad * 1.0, 0.4), w)), DropoutOf)  # x has history
-        inner = dropout(x, 0.4)
-        assert not isinstance(_kept(linear(dropout(inner, 0.4), w)), DropoutOf)  # x itself a fresh temporary
+        assert not isinstance(_kept(linear(dropout(x_grad * 1.0, 0.4), w)), ElementwiseOf)  # x has history
+        fresh = relu(x)  # a temporary dgl_exact made (rule 1): nobody else keeps it
+        assert isinstance(_kept(linear(dropout(fresh, 0.4), w)), CompressedTensor)
+        twice = dropout(dropout(x, 0.4), 0.5)  # a dropout of a recorded dropout of data: exact, both masks
+        item = _kept(linear(twice, w))
+        assert isinstance(item, ElementwiseOf) and is_exact(item) and torch.equal(restore(item), twice)
         changed = dropout(x, 0.4)
         changed.mul_(2.0)
         assert isinstance(_kept(linear(changed, w)), CompressedTensor)  # changed in place since
@@ -66,7 +71,7 @@ def test_taken_only_for_data_unchanged_and_compression_on():
         h = dropout(source, 0.4)
         source.add_(1.0)
         assert isinstance(_kept(linear(h, w)), CompressedTensor)  # the data changed since
-        assert not isinstance(as_kept(dropout(x, 0.4), INT2), DropoutOf)  # the op did not ask for a derived item
+        assert not isinstance(as_kept(dropout(x, 0.4), INT2), ElementwiseOf)  # the op did not ask for a derived item
     with dgl_exact.config(dgl_exact.CompressionConfig(enabled=False)):
         h = dropout(x, 0.4)
         assert _kept(linear(h, w)) is h  # compression off: kept by reference, as autograd keeps it
@@ -110,7 +115,7 @@ def test_attention_aggregation_keeps_an_exact_linear_of_the_features():
         a = score[src] + score[dst]  # edge weights computed from ft
         out = u_mul_e_sum(g, ft, a.unsqueeze(-1))
     item = _kept(out)
-    assert isinstance(item, LinearOf) and is_exact(item) and isinstance(item.x, DropoutOf)
+    assert isinstance(item, LinearOf) and is_exact(item) and isinstance(item.x, ElementwiseOf)
     assert not any(t.is_floating_point() and t.numel() >= ft.numel() for t in saved)  # no copy of ft
     grad = torch.randn(out.shape, generator=gen)
     ga = torch.autograd.grad(out, a, grad)[0]

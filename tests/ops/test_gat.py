@@ -3,7 +3,6 @@ attention dropout, what it keeps (no per-edge tensor), unbiased gradients under 
 row chunks equal to decoding the whole kept tensor."""
 from __future__ import annotations
 
-import math
 
 import pytest
 import torch
@@ -12,8 +11,8 @@ import torch.nn.functional as F
 from dgl_exact import ops
 
 import dgl  # noqa: E402  (after dgl_exact)
-from tests.ops._helpers import (INT2, INT8, OFF, _dgl_graph, _edge_values, _feat, close, compress_calls, hidden,
-                                saved_tensors)
+from tests.ops._helpers import (INT2, INT8, OFF, _dgl_graph, _edge_values, _feat, assert_mean_converges, close,
+                                compress_calls, hidden, saved_tensors)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -113,24 +112,7 @@ def test_gat_attention_vector_gradients_unbiased(cfg, graphs):
         out, _ = ops.gat_attention(g, fs, fs, al, ar, 0.2, 0.0, None, True, c)
         return torch.cat([t.flatten() for t in torch.autograd.grad((out * r).sum(), [al, ar])]).double()
 
-    _assert_mean_converges([attn_grads(cfg, 100 + i) for i in range(160)], attn_grads(OFF, 0))
-
-
-def _assert_mean_converges(draws, exact, floor: float = 0.0, mean_square=2.0):
-    """The mean of the ``draws`` (independent compressions) is the ``exact`` gradient: each element's t statistic
-    within the Student t bound (two-sided, 1e-3 over all elements: Bonferroni, valid for dependent elements too),
-    and, unless ``mean_square`` is None, a mean squared t of at most ``mean_square`` (about 1 for an unbiased
-    estimate of independent elements). ``floor``: deviations up to ``floor`` times the largest exact value count
-    as rounding, not bias."""
-    from scipy import stats
-
-    runs, k = torch.stack(draws), len(draws)
-    dev = ((runs.mean(0) - exact).abs() - floor * float(exact.abs().max())).clamp(min=0)
-    t = dev / (runs.std(0) / math.sqrt(k))
-    bound = stats.t.ppf(1 - 1e-3 / (2 * t.numel()), k - 1)
-    assert float(t.max()) <= bound, t
-    if mean_square is not None:
-        assert float((t ** 2).mean()) <= mean_square, t
+    assert_mean_converges([attn_grads(cfg, 100 + i) for i in range(160)], attn_grads(OFF, 0))
 
 
 def test_gat_attention_second_copy_through_the_linear_unbiased(monkeypatch):
@@ -166,7 +148,7 @@ def test_gat_attention_second_copy_through_the_linear_unbiased(monkeypatch):
 
     exact = attn_grads(OFF, 0)
     attn_grads(INT2, 1, check=True)
-    _assert_mean_converges([attn_grads(INT2, 100 + i) for i in range(320)], exact, floor=1e-5, mean_square=None)
+    assert_mean_converges([attn_grads(INT2, 100 + i) for i in range(320)], exact, floor=1e-5, mean_square=None)
 
 
 @pytest.mark.parametrize("cfg", [INT2, INT2.replace(block_rows=64, levels="optimal")], ids=["int2", "blocks"])
