@@ -419,7 +419,7 @@ def record_linear_output(y: torch.Tensor, x: torch.Tensor, kept: Kept, weight: t
     if (not cfg.enabled or x.dim() < 2 or compiling() or tracing_active() or _alive_ids.get() is not None
             or weight.grad_fn is not None or (bias is not None and bias.grad_fn is not None)):
         return
-    if isinstance(kept, (CompressedTensor, Derived)):
+    if isinstance(kept, (CompressedTensor, ElementwiseOf)):  # (not a LinearOf: its draw's root is not x's node)
         shell, tensors = kept.split()
     elif kept is x:
         shell, tensors = None, (x,)
