@@ -2,8 +2,9 @@
 
 Ops (from :data:`.spec.OPS`; signatures and results exactly those of :mod:`.reference`, codes and masks bit for bit):
 ``compress_rows``, ``relu_dropout_compress``, ``quantize_pack``, ``unpack_dequantize``, ``pack_mask``,
-``unpack_mask``, ``dropout``, ``relu_dropout``, ``relu_dropout_inplace`` (the ``relu_dropout`` kernel with
-its output array the input's), ``masked_scale``, ``rademacher``. No fallback of its own: the
+``unpack_mask``, ``dropout``, ``dropout_at`` (its elements from ``start`` on), ``relu_dropout``,
+``relu_dropout_inplace`` (the ``relu_dropout`` kernel with its output array the input's), ``masked_scale``,
+``rademacher``. No fallback of its own: the
 registry chooses. ``compress_rows`` reads its input once on the CPU (``_numba_cpu.compress_groups``, for fp32
 rows whose groups begin on whole bytes of the codes); elsewhere it, and ``relu_dropout_compress`` everywhere, are
 compositions of this backend's kernels (the extension's are fused on both devices).
@@ -304,15 +305,19 @@ class _TorchOps:
         return out
 
     def dropout(self, x, p, seed):
+        return self.dropout_at(x, p, seed, 0)
+
+    def dropout_at(self, x, p, seed, start):
         from . import reference
 
         if x.dtype != torch.float32 and x.dtype not in _LOW_PRECISION:
-            return reference.dropout(x, p, seed)
+            return reference.dropout_at(x, p, seed, start)
         scale = 1.0 / (1.0 - p)  # p == 1 raises ZeroDivisionError, as in the reference
         p32, sc = _f32(p), _f32(scale)
         s_lo, s_hi = _seed_words(seed)
+        start = int(start)
         out = self._map_chunks(x, lambda a, b, xc, oc: self.engine.launch(
-            "dropout", b - a, x.device, xc, a, p32, s_lo, s_hi, sc, oc))
+            "dropout", b - a, x.device, xc, start + a, p32, s_lo, s_hi, sc, oc))
         return out
 
     def relu_dropout(self, x, p, seed):

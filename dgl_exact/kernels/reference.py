@@ -350,6 +350,7 @@ def dropout(x: torch.Tensor, p: float, seed: int) -> torch.Tensor:
     return dropout_at(x, p, seed, 0)
 
 
+@register("dropout_at", "torch")
 def dropout_at(x: torch.Tensor, p: float, seed: int, start: int) -> torch.Tensor:
     """:func:`dropout` of a part of a larger tensor whose first element (row-major) is element ``start`` of the
     whole: the same values as the same elements of the whole's dropout (a kept dropout decoded by rows)."""

@@ -22,7 +22,6 @@ import torch.nn.functional as F
 
 from .. import kernels
 from ..compression import CompressedTensor
-from ..kernels.reference import dropout_at
 
 __all__ = ["Derived", "LinearOf", "ElementwiseOf", "Affine", "Mask", "Drop", "is_exact"]
 
@@ -126,7 +125,7 @@ class Drop:
         return self
 
     def apply(self, v: torch.Tensor, start: int) -> torch.Tensor:
-        return dropout_at(v, self.p, self.seed, start)
+        return kernels.get("dropout_at", v.device)(v.contiguous(), self.p, self.seed, start)
 
 
 class ElementwiseOf(Derived):

@@ -256,6 +256,8 @@ def _check_masks(kind, shape, dtype_name, p, on_off):
 
     if p > 0:
         assert_same(ops.dropout(x, p, SEED), R.dropout(x, p, SEED), exact)
+        start = 13  # a part of a larger tensor: its masks from element ``start`` on (a kept dropout's rows)
+        assert_same(ops.dropout_at(x, p, SEED, start), R.dropout_at(x, p, SEED, start), exact)
     y, bits = ops.relu_dropout(x, p, SEED)
     y_ref, bits_ref = R.relu_dropout(x, p, SEED)
     assert torch.equal(bits, bits_ref)
@@ -291,6 +293,18 @@ def test_cpu_dropout_p_values():
     for p in (1e-9, 2.0**-24, 0.1, 1.0 / 3.0, 0.7, 0.999999):
         assert torch.equal(ops.dropout(x, p, 3), R.dropout(x, p, 3)), p
         assert torch.equal(ops.relu_dropout(x, p, 3)[1], R.relu_dropout(x, p, 3)[1]), p
+
+
+def test_cpu_dropout_at_is_the_wholes_rows():
+    """Rows ``r0:r1`` of a dropout, regenerated from element ``r0 * cols`` on, equal the same rows of the whole
+    (also past element 2**31, where the counter's high word is used)."""
+    ops = _ops("cpu")
+    x = torch.randn(300, 7)
+    whole = ops.dropout(x, 0.4, 9)
+    for r0, r1 in ((0, 300), (5, 17), (299, 300)):
+        assert torch.equal(ops.dropout_at(x[r0:r1], 0.4, 9, r0 * 7), whole[r0:r1])
+    far = (1 << 31) - 5
+    assert torch.equal(ops.dropout_at(x, 0.4, 9, far), R.dropout_at(x, 0.4, 9, far))
 
 
 def test_chunked_low_precision(monkeypatch):
