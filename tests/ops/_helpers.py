@@ -143,3 +143,13 @@ def assert_mean_converges(draws, exact, floor: float = 0.0, mean_square=2.0):
     assert float(t.max()) <= bound, t
     if mean_square is not None:
         assert float((t ** 2).mean()) <= mean_square, t
+
+
+def kept_item(t, index=0):
+    """What the autograd node that made ``t`` (a custom Function's, through a view) keeps, item ``index``."""
+    from dgl_exact.ops.saved import load_kept
+
+    node = t.grad_fn
+    while not hasattr(node, "kept_layout"):
+        node = node.next_functions[0][0]
+    return load_kept(node)[index]

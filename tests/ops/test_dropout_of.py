@@ -15,8 +15,7 @@ from dgl_exact.ops import dropout, linear, message_passing, relu, u_mul_e_sum
 from dgl_exact.ops.chunks import row_chunks
 from dgl_exact.ops.derived import ElementwiseOf, LinearOf, is_exact
 from dgl_exact.ops.keep import as_kept, restore
-from dgl_exact.ops.saved import load_kept
-from tests.ops._helpers import INT2, saved_tensors
+from tests.ops._helpers import INT2, kept_item, saved_tensors
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -30,19 +29,12 @@ def _data(seed=0):
     return x, w
 
 
-def _kept(t, index=0):
-    node = t.grad_fn
-    while not hasattr(node, "kept_layout"):
-        node = node.next_functions[0][0]
-    return load_kept(node)[index]
-
-
 def test_linear_keeps_the_data_and_the_seed_exactly():
     x, w = _data()
     with dgl_exact.config(INT2), saved_tensors() as saved:
         h = dropout(x, 0.4)
         y = linear(h, w)
-    item = _kept(y)
+    item = kept_item(y)
     assert isinstance(item, ElementwiseOf) and is_exact(item)
     assert item.root.data_ptr() == x.data_ptr()  # the data itself, by reference
     assert not any(t.numel() >= h.numel() and t.data_ptr() != x.data_ptr() for t in saved)  # nothing of h's size
@@ -58,23 +50,23 @@ def test_taken_only_for_data_unchanged_and_compression_on():
     x, w = _data(2)
     with dgl_exact.config(INT2):
         x_grad = x.clone().requires_grad_()
-        assert not isinstance(_kept(linear(dropout(x_grad * 1.0, 0.4), w)), ElementwiseOf)  # x has history
+        assert not isinstance(kept_item(linear(dropout(x_grad * 1.0, 0.4), w)), ElementwiseOf)  # x has history
         fresh = relu(x)  # a temporary dgl_exact made (rule 1): nobody else keeps it
-        assert isinstance(_kept(linear(dropout(fresh, 0.4), w)), CompressedTensor)
+        assert isinstance(kept_item(linear(dropout(fresh, 0.4), w)), CompressedTensor)
         twice = dropout(dropout(x, 0.4), 0.5)  # a dropout of a recorded dropout of data: exact, both masks
-        item = _kept(linear(twice, w))
+        item = kept_item(linear(twice, w))
         assert isinstance(item, ElementwiseOf) and is_exact(item) and torch.equal(restore(item), twice)
         changed = dropout(x, 0.4)
         changed.mul_(2.0)
-        assert isinstance(_kept(linear(changed, w)), CompressedTensor)  # changed in place since
+        assert isinstance(kept_item(linear(changed, w)), CompressedTensor)  # changed in place since
         source = x.clone()
         h = dropout(source, 0.4)
         source.add_(1.0)
-        assert isinstance(_kept(linear(h, w)), CompressedTensor)  # the data changed since
+        assert isinstance(kept_item(linear(h, w)), CompressedTensor)  # the data changed since
         assert not isinstance(as_kept(dropout(x, 0.4), INT2), ElementwiseOf)  # the op did not ask for a derived item
     with dgl_exact.config(dgl_exact.CompressionConfig(enabled=False)):
         h = dropout(x, 0.4)
-        assert _kept(linear(h, w)) is h  # compression off: kept by reference, as autograd keeps it
+        assert kept_item(linear(h, w)) is h  # compression off: kept by reference, as autograd keeps it
 
 
 def test_data_changed_after_the_forward_raises_torchs_error():
@@ -114,7 +106,7 @@ def test_attention_aggregation_keeps_an_exact_linear_of_the_features():
         score = (ft * attn).sum(-1)  # [N, H]
         a = score[src] + score[dst]  # edge weights computed from ft
         out = u_mul_e_sum(g, ft, a.unsqueeze(-1))
-    item = _kept(out)
+    item = kept_item(out)
     assert isinstance(item, LinearOf) and is_exact(item) and isinstance(item.x, ElementwiseOf)
     assert not any(t.is_floating_point() and t.numel() >= ft.numel() for t in saved)  # no copy of ft
     grad = torch.randn(out.shape, generator=gen)

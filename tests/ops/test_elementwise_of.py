@@ -15,7 +15,7 @@ from dgl_exact.ops.chunks import row_chunks
 from dgl_exact.ops.derived import ElementwiseOf, LinearOf, is_exact
 from dgl_exact.ops.keep import restore
 from dgl_exact.ops.saved import load_kept
-from tests.ops._helpers import INT2, INT8, assert_mean_converges, saved_tensors
+from tests.ops._helpers import INT2, INT8, assert_mean_converges, kept_item, saved_tensors
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -30,13 +30,6 @@ def _net(seed=0):
     beta = torch.nn.Parameter(0.1 * torch.randn(C, generator=gen))
     w = torch.nn.Parameter(torch.randn(OUT, C, generator=gen) / C ** 0.5)
     return x0, w0, gamma, beta, w
-
-
-def _kept(t, index=0):
-    node = t.grad_fn
-    while not hasattr(node, "kept_layout"):
-        node = node.next_functions[0][0]
-    return load_kept(node)[index]
 
 
 def _bn_copy(h):
@@ -67,7 +60,7 @@ def test_linear_keeps_the_batch_norms_copy(act):
         x = linear(x0, w0)  # the batch norm's input has autograd history
         h = _chain(x, gamma, beta, act)
         y = linear(h, w)
-    item, bn_copy = _kept(y), _bn_copy(h)
+    item, bn_copy = kept_item(y), _bn_copy(h)
     assert isinstance(bn_copy, CompressedTensor)
     assert isinstance(item, ElementwiseOf) and not is_exact(item)
     assert item.root.packed.data_ptr() == bn_copy.packed.data_ptr()  # the batch norm's copy: no bytes of its own
@@ -93,7 +86,7 @@ def test_weight_gradient_unbiased_at_int2():
         with dgl_exact.config(INT2):
             h = _chain(linear(x0, w0), gamma, beta)
             out = linear(h, w)
-        assert isinstance(_kept(out), ElementwiseOf)
+        assert isinstance(kept_item(out), ElementwiseOf)
         (gw,) = torch.autograd.grad((out * r).sum(), [w])
         diffs.append(gw - r.t() @ h.detach())
     assert_mean_converges(diffs, zero, floor=0.0, mean_square=None)
@@ -124,7 +117,7 @@ def test_refused_where_rule_6_fails_or_the_chain_breaks():
         h2.add_(1.0)  # changed in place since
         assert not _takes_chain(h2 * q)
         h3 = _chain(linear(x0, w0), gamma, beta)
-    assert not isinstance(_kept(linear(h3, w, config=INT8)), ElementwiseOf)  # another configuration
+    assert not isinstance(kept_item(linear(h3, w, config=INT8)), ElementwiseOf)  # another configuration
 
 
 def test_gat_style_layer_keeps_ft_through_the_chain():
@@ -138,7 +131,7 @@ def test_gat_style_layer_keeps_ft_through_the_chain():
         h = _chain(linear(x0, w0), gamma, beta)
         ft = linear(h, w)
         el = (ft * attn).sum(-1)
-    item = _kept(el, 0) if isinstance(_kept(el, 0), LinearOf) else _kept(el, 1)
+    item = kept_item(el, 0) if isinstance(kept_item(el, 0), LinearOf) else kept_item(el, 1)
     assert isinstance(item, LinearOf) and isinstance(item.x, ElementwiseOf)
     packed = [t for t in saved if t.dtype == torch.uint8 and t.numel() >= N * C // 4]
     assert len({t.data_ptr() for t in packed}) == 1  # the batch norm's codes only (the masks are N*C/8 bytes)

@@ -12,9 +12,8 @@ from dgl_exact.ops import message_passing
 from dgl_exact.ops.chunks import row_chunks
 from dgl_exact.ops.dense import linear
 from dgl_exact.ops.keep import LinearOf, as_kept, op_inputs, restore
-from dgl_exact.ops.saved import load_kept
 from dgl_exact.compression import CompressedTensor
-from tests.ops._helpers import INT2, INT8, OFF, saved_tensors
+from tests.ops._helpers import INT2, INT8, OFF, kept_item, saved_tensors
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -30,24 +29,16 @@ def _layer(seed=0, bias=True):
     return h0, w, b, p
 
 
-def _kept(t, index=0):
-    """What the autograd node that made ``t`` (a custom Function's, through a view) keeps, item ``index``."""
-    node = t.grad_fn
-    while not hasattr(node, "kept_layout"):
-        node = node.next_functions[0][0]
-    return load_kept(node)[index]
-
-
 def test_attention_product_keeps_the_linears_copy():
     h0, w, b, p = _layer()
     with message_passing(), dgl_exact.config(INT2), saved_tensors() as saved:
         ft = linear(h0 * 1.0, w, b).view(-1, H, D)
         el = (ft * p).sum(-1)
         er = (p * ft).sum(-1)
-    x_copy = _kept(ft)
+    x_copy = kept_item(ft)
     assert isinstance(x_copy, CompressedTensor)
     for score in (el, er):
-        item = _kept(score, 0) if isinstance(_kept(score, 0), LinearOf) else _kept(score, 1)
+        item = kept_item(score, 0) if isinstance(kept_item(score, 0), LinearOf) else kept_item(score, 1)
         assert isinstance(item, LinearOf) and item.shape == ft.shape
         assert item.x.packed.data_ptr() == x_copy.packed.data_ptr()  # the linear's copy: no bytes of its own
     # nothing of ft's size is saved: the linear's copy of its input, the weight, bias and the parameter only
@@ -56,7 +47,7 @@ def test_attention_product_keeps_the_linears_copy():
                    t.data_ptr() != x_copy.packed.data_ptr() for t in saved)
     # the decode is the linear of the decoded input, in the product's shape
     want = torch.nn.functional.linear(restore(x_copy), w, b).view(-1, H, D)
-    torch.testing.assert_close(restore(_kept(el, 0)), want)
+    torch.testing.assert_close(restore(kept_item(el, 0)), want)
 
 
 def test_gradients_unbiased_at_int2():
@@ -96,7 +87,8 @@ def test_linear_of_data_is_exact_and_keeps_nothing_of_its_size():
     with dgl_exact.config(INT2), saved_tensors() as saved:
         hid = linear(x, w1)
         out = linear(hid, w2)
-    assert isinstance(_kept(out), LinearOf) and _kept(out).x.data_ptr() == x.data_ptr()  # x itself, by reference
+    item = kept_item(out)
+    assert isinstance(item, LinearOf) and item.x.data_ptr() == x.data_ptr()  # x itself, by reference
     assert not any(t.numel() >= hid.numel() for t in saved)
     got = torch.autograd.grad(out.square().sum(), [w1, w2])
     want = torch.autograd.grad(torch.nn.functional.linear(torch.nn.functional.linear(x, w1), w2).square().sum(),
@@ -107,7 +99,7 @@ def test_linear_of_data_is_exact_and_keeps_nothing_of_its_size():
 
 def _product_item(a, b, cfg=INT2):
     with message_passing(), dgl_exact.config(cfg):
-        return _kept(a * b, 0)
+        return kept_item(a * b, 0)
 
 
 def test_not_taken_where_rule_6_or_the_shape_forbids():
