@@ -156,7 +156,7 @@ class BatchNorm(Function):
         x_s = as_kept(x, kept_cfg)
         save_kept(ctx, x_s, *stats, weight)
         y = y.to(x.dtype)
-        if isinstance(x_s, CompressedTensor):  # y (and what activations make of it) may be kept through x_s (rule 12)
+        if isinstance(x_s, CompressedTensor) or x_s is x:  # y, and what activations make of it: rule 12
             invstd = save_invstd if training else (running_var.to(cdt) + eps).rsqrt()
             scale = invstd if w is None else invstd * w
             shift = -stats[0] * scale if b is None else b - stats[0] * scale

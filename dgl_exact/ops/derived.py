@@ -130,9 +130,10 @@ class Drop:
 
 class ElementwiseOf(Derived):
     """A kept ``y`` made from a kept ``root`` by elementwise ops (rules 11 and 12): ``steps`` (:class:`Affine`,
-    :class:`Mask`, :class:`Drop`) applied in order. ``root`` is data (a tensor alive anyway: exact, as each step is
-    bit for bit what the op computed) or a batch norm's compressed copy of its input (unbiased: every step is
-    affine in its input given the masks, which are exact). Decoded whole or row chunk by row chunk
+    :class:`Mask`, :class:`Drop`) applied in order. ``root`` is a tensor (data, alive anyway, under dropouts: exact,
+    each step bit for bit what the op computed; or a batch norm's input kept by reference: exact up to the
+    affine step's rounding) or a batch norm's compressed copy of its input (unbiased: every step is affine in
+    its input given the masks, which are exact). Decoded whole or row chunk by row chunk
     (:func:`~.chunks.row_chunks`: the root's chunks, each step applied from the chunk's first element on)."""
 
     def __init__(self, root, steps: tuple, shape: torch.Size):

@@ -66,10 +66,14 @@ def mask_like(packed: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
 @captured.capturable
 class _ReLUDropout(Function):
     @staticmethod
-    def forward(ctx, x, p: float, seed: int, compress_for: Optional[CompressionConfig] = None):
+    def forward(ctx, x, p: float, seed: int, compress_for: Optional[CompressionConfig] = None, chain: bool = True):
+        # ``chain``: y may be kept through x's recipe (rule 12); not where the caller asked for a copy of y for the
+        # next op (``compress_for``), whether or not it is made here: the next op's keep then does not depend on
+        # a keep hook's presence (under one, no copy is offered), so a plan numbers its slots alike
         if compress_for is None:
             y, packed = _kernel_for("relu_dropout", x)(x.contiguous(), p, seed)
-            record_elementwise_step(y, x, Mask(packed, 0.0, 1.0 / (1.0 - p) if p > 0 else 1.0))  # rule 12
+            if chain:
+                record_elementwise_step(y, x, Mask(packed, 0.0, 1.0 / (1.0 - p) if p > 0 else 1.0))
         else:  # one pass: the output, its mask and the output's compressed copy for the next op
             y, packed, kept = relu_dropout_compress(x.contiguous(), p, seed, compress_for)
             offer_compressed(y, compress_for, kept)
@@ -81,8 +85,8 @@ class _ReLUDropout(Function):
     def backward(ctx, grad):
         (packed,) = load_kept(ctx)
         if double_backward("relu_dropout"):  # differentiable in grad (relu'' = 0)
-            return grad * (mask_like(packed, grad).to(grad.dtype) * ctx.scale), None, None, None
-        return _kernel_for("masked_scale", grad)(grad.contiguous(), packed, ctx.scale, 0.0), None, None, None
+            return grad * (mask_like(packed, grad).to(grad.dtype) * ctx.scale), None, None, None, None
+        return _kernel_for("masked_scale", grad)(grad.contiguous(), packed, ctx.scale, 0.0), None, None, None, None
 
 
 def _drop_all(x):
@@ -120,8 +124,8 @@ def relu_dropout(x: torch.Tensor, p: float = 0.0, training: bool = True, *,
     seed = (draw_seed() if seed is None else int(seed)) if p > 0 else 0
     if (compress_for is not None and not compiling() and not keep_hook_active()
             and fuses_with_activation(x, compress_for)):
-        return _ReLUDropout.apply(x, p, seed, compress_for)
-    return captured.apply("_ReLUDropout", x, p, seed)
+        return _ReLUDropout.apply(x, p, seed, compress_for, False)
+    return captured.apply("_ReLUDropout", x, p, seed, None, compress_for is None)
 
 
 @fresh_outputs

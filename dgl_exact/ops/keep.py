@@ -495,12 +495,18 @@ def record_dropout_output(y: torch.Tensor, x: torch.Tensor, p: float, seed: int)
 
 def record_batch_norm_output(y: torch.Tensor, x: torch.Tensor, kept: Kept, scale: torch.Tensor,
                              shift: torch.Tensor, cfg: CompressionConfig) -> None:
-    """Called by dgl_exact's batch norm: ``y = x * scale + shift`` per channel, ``x`` kept as ``kept``. Where that
-    is a compressed copy, ``y`` (and what activations and dropout make of it) may be kept through it (rule 12)."""
-    if _recording() and cfg.enabled and isinstance(kept, CompressedTensor) and y.shape == x.shape and y.dim() == 2:
+    """Called by dgl_exact's batch norm: ``y = x * scale + shift`` per channel, ``x`` kept as ``kept`` (a compressed
+    copy, or ``x`` itself: recorded either way, so that what is kept through it does not depend on a keep hook's
+    choice). ``y``, and what activations and dropout make of it, may be kept through it (rule 12)."""
+    if not (_recording() and cfg.enabled and y.shape == x.shape and y.dim() == 2):
+        return
+    step = ((Affine(scale, shift, y.dtype), None),)
+    if isinstance(kept, CompressedTensor):
         shell, tensors = kept.split()
-        _elementwise_outputs[y] = _Recipe(y._version, shell, tuple(weakref.ref(t) for t in tensors), None,
-                                          ((Affine(scale, shift, y.dtype), None),), x.grad_fn, cfg)
+        _elementwise_outputs[y] = _Recipe(y._version, shell, tuple(weakref.ref(t) for t in tensors), None, step,
+                                          x.grad_fn, cfg)
+    elif kept is x:  # by reference: exact up to rounding, no draw to share
+        _elementwise_outputs[y] = _Recipe(y._version, None, (weakref.ref(x),), x._version, step, x.grad_fn, None)
 
 
 def record_elementwise_step(y: torch.Tensor, x: torch.Tensor, step) -> None:

@@ -5,6 +5,8 @@ dropout's seed (:class:`ElementwiseOf`), not a copy of its own. Unbiased (every 
 the exact masks), and only where rule 6's condition holds for the batch norm's input."""
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -137,3 +139,22 @@ def test_gat_style_layer_keeps_ft_through_the_chain():
     assert len({t.data_ptr() for t in packed}) == 1  # the batch norm's codes only (the masks are N*C/8 bytes)
     el.sum().backward()
     assert attn.grad is not None and w.grad is not None and gamma.grad is not None
+
+
+def test_what_is_kept_through_the_chain_does_not_depend_on_a_keep_hook():
+    """A planner's keep hook must see the same keep calls whatever it chooses (it numbers its slots): batch norm's
+    input kept by reference (a planner's fp32 choice) is recorded as well as a compressed copy, and a ReLU asked
+    for a copy of its output for the next op (``compress_for``) records nothing, whether the copy is made (no
+    hook) or not (a hook that chooses)."""
+    from dgl_exact.ops.keep import default_keep, keep_hook
+
+    x0, w0, gamma, beta, w = _net(6)
+    with dgl_exact.config(INT2):
+        with keep_hook(lambda x, cfg, force: x):  # everything by reference
+            item = kept_item(linear(_chain(linear(x0, w0), gamma, beta), w))
+        assert isinstance(item, ElementwiseOf) and isinstance(item.root, torch.Tensor)
+        for hook, records_only in ((None, True), (default_keep, True), (default_keep, False)):
+            scope = keep_hook(hook, records_only=records_only) if hook else contextlib.nullcontext()
+            with scope:
+                y = relu_dropout(_bn(linear(x0, w0), gamma, beta), 0.3, compress_for=INT2)
+                assert not isinstance(kept_item(linear(y, w)), ElementwiseOf)
