@@ -86,7 +86,7 @@ class Affine:
         return Affine(ts[0], ts[1], self.dtype)
 
     def apply(self, v: torch.Tensor, start: int) -> torch.Tensor:
-        return (v.to(self.scale.dtype) * self.scale + self.shift).to(self.dtype)
+        return torch.addcmul(self.shift, v.to(self.scale.dtype), self.scale).to(self.dtype)  # one pass
 
 
 class Mask:
@@ -104,6 +104,9 @@ class Mask:
         return Mask(ts[0], self.slope, self.scale)
 
     def apply(self, v: torch.Tensor, start: int) -> torch.Tensor:
+        if start % 8 == 0:  # on a whole byte (row chunks of a compressed root are): the kernel's one fused pass
+            return kernels.get("masked_scale", v.device)(v.contiguous(), self.packed[start // 8:], self.scale,
+                                                         self.slope * self.scale)
         first = start // 8  # the byte holding element ``start``; its bits before ``start`` are dropped
         bits = kernels.get("unpack_mask", v.device)(self.packed[first:], start + v.numel() - first * 8)
         m = bits[start - first * 8:].view(v.shape)
