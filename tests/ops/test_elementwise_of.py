@@ -158,3 +158,56 @@ def test_what_is_kept_through_the_chain_does_not_depend_on_a_keep_hook():
             with scope:
                 y = relu_dropout(_bn(linear(x0, w0), gamma, beta), 0.3, compress_for=INT2)
                 assert not isinstance(kept_item(linear(y, w)), ElementwiseOf)
+
+
+def test_by_reference_root_decodes_by_unaligned_rows():
+    """Batch norm's input kept by reference (a keep hook's fp32 choice): the chain is exact up to the affine step's
+    rounding, and row chunks starting inside a byte of the ReLU's mask decode as the whole does."""
+    from dgl_exact.ops.keep import keep_hook
+
+    x0, w0, gamma, beta, w = _net(7)
+    with dgl_exact.config(INT2), keep_hook(lambda x, cfg, force: x):
+        h = _chain(linear(x0, w0), gamma, beta)
+        item = kept_item(linear(h, w))
+    assert isinstance(item, ElementwiseOf) and is_exact(item)
+    whole = restore(item)
+    torch.testing.assert_close(whole, h, rtol=1e-5, atol=1e-5)
+    rows = [r for _, _, r in row_chunks(item, chunk_elements=5 * C)]  # 60 elements: starts not on whole bytes
+    assert len(rows) == N // 5 and torch.equal(torch.cat(rows), whole)
+
+
+def test_against_torch_in_eval_mode_and_refusals():
+    """Batch norm in evaluation mode (running statistics) with grad: the linear keeps the chain, and its weight
+    gradient is plain torch's on the same ``h`` within what the decode's own error allows; ReLU zeroes what
+    torch's does.
+    Double backward through it is refused with the compression message; a tensor subclass of ``h`` is not kept
+    through the chain; under a saved-tensor hook that copies what it packs (as offloading hooks do) the tensors
+    the recipe points to are not the ones kept, so the linear keeps a copy of its own, with the same guarantee."""
+    x0, w0, gamma, beta, w = _net(8)
+    rm, rv = 0.1 * torch.randn(C), 1.0 + torch.rand(C)
+    r = torch.randn(N, OUT, generator=torch.Generator().manual_seed(9))
+    for hooked in (False, True):
+        scope = (torch.autograd.graph.saved_tensors_hooks(lambda t: t.clone(), lambda t: t) if hooked
+                 else contextlib.nullcontext())
+        with dgl_exact.config(INT8), scope:
+            x = linear(x0, w0)
+            h = dropout(relu(batch_norm(x, rm, rv, gamma, beta, training=False)), 0.2)
+            out = linear(h, w)
+        assert isinstance(kept_item(out), ElementwiseOf) != hooked
+        ref = torch.nn.functional.relu(torch.nn.functional.batch_norm(x.detach(), rm, rv, gamma.detach(),
+                                                                      beta.detach()))
+        assert not bool(((ref == 0) & (h.detach() != 0)).any())  # torch's ReLU zeros are zeros here too
+        (gw,) = torch.autograd.grad((out * r).sum(), [w], retain_graph=True)
+        # |r^T (h_hat - h)| <= |r|^T max|h_hat - h|: the decode's own error bounds the gradient's (plus rounding)
+        bound = r.abs().sum(0, keepdim=True).t() * float((restore(kept_item(out)) - h.detach()).abs().max())
+        assert bool(((gw - r.t() @ h.detach()).abs() <= bound + 1e-4).all())
+        assert float((restore(kept_item(out)) - h.detach()).abs().max()) < 0.05  # 8 bits: a small error
+        with pytest.raises(RuntimeError, match="compression"):
+            torch.autograd.grad((out * r).sum(), [w], create_graph=True)
+
+    class Sub(torch.Tensor):
+        pass
+
+    with dgl_exact.config(INT8):
+        h2 = dropout(relu(_bn(linear(x0, w0), gamma, beta)), 0.2)
+        assert not isinstance(kept_item(linear(h2.as_subclass(Sub), w)), ElementwiseOf)
