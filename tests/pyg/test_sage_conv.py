@@ -1,3 +1,5 @@
+import sys
+
 import pytest
 import torch
 
@@ -47,10 +49,14 @@ def test_bipartite_equals_pyg(kwargs):
 
 @pytest.fixture
 def fresh_propagate():
-    """PyG compiles ``propagate`` once per class, at its first instance; this makes the next instance of the
-    drop-in's class and of PyG's compile it afresh (as in a new process), and restores both afterwards."""
+    """PyG compiles ``propagate`` once per class, at its first instance, into a module it caches in
+    ``sys.modules`` by the class's name; this makes the next instance of the drop-in's class and of PyG's compile
+    it afresh (as in a new process), and restores both afterwards."""
     keys = ("propagate", "collect", "_orig_propagate", "_jinja_propagate")
-    saved = {cls: {k: cls.__dict__[k] for k in keys if k in cls.__dict__} for cls in (SAGEConv, pyg_nn.SAGEConv)}
+    classes = (SAGEConv, pyg_nn.SAGEConv)
+    saved = {cls: {k: cls.__dict__[k] for k in keys if k in cls.__dict__} for cls in classes}
+    names = [f"{cls.__module__}_{cls.__name__}_propagate" for cls in classes]
+    cached = {name: sys.modules.pop(name) for name in names if name in sys.modules}
     for cls, entries in saved.items():
         for k in entries:
             delattr(cls, k)
@@ -61,6 +67,9 @@ def fresh_propagate():
                 delattr(cls, k)
         for k, v in entries.items():
             setattr(cls, k, v)
+    for name in names:
+        sys.modules.pop(name, None)
+    sys.modules.update(cached)
 
 
 def test_sparse_adjacency_equals_pyg(fresh_propagate):
