@@ -26,11 +26,14 @@ What it cannot see: storages created before the step (the model, the graph, the 
 of earlier steps: a warm-up step runs first by default), and tensors smaller than ``min_bytes``. Tensors that
 DGL's C++ kernels allocate outside torch (DGL 2.1.0 on modern torch) are found when a torch operator first
 reads them and are charged to the line running then (``data`` says ``outside torch``), so a plain DGL model's
-peak here can be below :func:`dgl_exact.memory.measure_step`'s resident step peak. While any dispatch mode is
-active, torch never sums a tensor's gradients in place (it treats every tensor as a subclass then): a backward
-peak can show one extra ``add`` of the tensor's size, per tensor several ops read, that a run without the
-census does not allocate (rule 9 of :mod:`dgl_exact.ops.keep` is what makes those sums in place). For the number
-that decides whether a step fits, use :func:`dgl_exact.memory.measure_step`; the census says where it goes.
+peak here can be below :func:`dgl_exact.memory.measure_step`'s resident step peak. The sparse formats (CSR,
+CSC) that DGL holds for the graphs alive before the step are memory from before it, however often the step
+reads them (DGL hands ``update_all`` a new graph object of the same formats at every call). While any
+dispatch mode is active, torch never sums a tensor's gradients in place (it treats every tensor as a subclass
+then): a backward peak can show one extra ``add`` of the tensor's size, per tensor several ops read, that a
+run without the census does not allocate (rule 9 of :mod:`dgl_exact.ops.keep` is what makes those sums in
+place). For the number that decides whether a step fits, use :func:`dgl_exact.memory.measure_step`; the census
+says where it goes.
 
 Usage::
 
@@ -390,9 +393,16 @@ class _CensusMode(TorchDispatchMode):
         return out
 
 
-def _existing_storages() -> Dict[tuple, StorageWeakRef]:
-    """Every storage a Python tensor holds now (the model, the graph, the data, the optimizer state)."""
-    found = {}
+def _existing_storages() -> Tuple[Dict[tuple, StorageWeakRef], List[torch.Tensor]]:
+    """Every storage a Python tensor holds now (the model, the graph, the data, the optimizer state), and
+    torch views of the sparse formats DGL holds for the graphs alive now (returned: the caller keeps them
+    for the step, so their storages stay what they are)."""
+    found, held = {}, []
+    dgl = sys.modules.get("dgl")
+    graph_types = tuple(t for t in (getattr(dgl, "DGLGraph", None),
+                                    getattr(getattr(dgl, "heterograph_index", None), "HeteroGraphIndex", None))
+                        if isinstance(t, type))
+    indices = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")   # isinstance on deprecated module proxies warns
         objects = gc.get_objects()
@@ -401,9 +411,33 @@ def _existing_storages() -> Dict[tuple, StorageWeakRef]:
                 if isinstance(obj, torch.Tensor) and obj.layout == torch.strided:
                     s = obj.untyped_storage()
                     found[(obj.device.type, obj.device.index, s.data_ptr())] = StorageWeakRef(s)
+                elif graph_types and isinstance(obj, graph_types):
+                    gidx = getattr(obj, "_graph", obj)
+                    indices[id(gidx)] = gidx
             except (RuntimeError, NotImplementedError, TypeError):   # tensors without a storage (wrappers)
                 continue
-    return found
+    for gidx in indices.values():
+        held.extend(_sparse_formats(gidx, getattr(dgl, "DGLError", RuntimeError)))
+    for t in held:
+        s = t.untyped_storage()
+        found[(t.device.type, t.device.index, s.data_ptr())] = StorageWeakRef(s)
+    return found, held
+
+
+def _sparse_formats(gidx, dgl_error: type) -> List[torch.Tensor]:
+    """The CSR and CSC arrays DGL has created for ``gidx`` (every edge type), as torch views of DGL's memory
+    (exporting a created format copies nothing; a format not created yet is not created here)."""
+    try:
+        created = gidx.formats()["created"]
+        arrays = []
+        for etype in range(gidx.number_of_etypes()):
+            for fmt, transpose in (("csr", False), ("csc", True)):   # the CSC is the transpose's CSR
+                if fmt in created:
+                    arrays.extend(t for t in gidx.adjacency_matrix_tensors(etype, transpose, "csr")[2:]
+                                  if isinstance(t, torch.Tensor) and t.numel())
+        return arrays
+    except (dgl_error, RuntimeError):   # a graph DGL cannot export: its formats are then unknown here
+        return []
 
 
 def census(step: Callable[[], Any], *, warmup: int = 1, min_bytes: int = 256 * 1024, top: int = 20,
@@ -427,12 +461,14 @@ def census(step: Callable[[], Any], *, warmup: int = 1, min_bytes: int = 256 * 1
     gc.collect()
     from . import observe_saved  # the meter's observer (fused ops show it what they hold privately)
 
-    mode = _CensusMode(int(min_bytes), _existing_storages())
+    existing, graph_formats = _existing_storages()
+    mode = _CensusMode(int(min_bytes), existing)
     record = mode.mark_saved
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*[Aa]nomaly.*")
         with torch.autograd.set_detect_anomaly(True, check_nan=False), observe_saved(record), mode:
             step()
+    del graph_formats   # held through the step (see _existing_storages)
     peaks = []
     for phase in PHASES:
         if phase not in mode.best:

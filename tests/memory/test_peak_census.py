@@ -128,6 +128,27 @@ def test_storages_from_before_the_step_are_not_counted():
     assert "fresh = view * 2" in forward.tensors[0].line
 
 
+def test_dgl_formats_from_before_the_step_are_not_counted():
+    """DGL's sparse formats of a graph alive before the step are memory from before it, though the step
+    exports them anew (``update_all`` hands dgl_exact a new graph object at every call, whose structure is
+    exported again); a format the step makes DGL create is the step's."""
+    before = dgl.rand_graph(4000, 64000)
+    before.adj_tensors("csc")                 # created before the step
+    later = dgl.rand_graph(4000, 64000)       # COO alone: its CSR is created by the step
+    assert "csr" not in later.formats()["created"]
+    index_bytes = 64000 * 8
+
+    def step():
+        _, old, _ = before.adj_tensors("csc")
+        _, new, _ = later.adj_tensors("csr")
+        both = old + new                      # reads both first here; new: 500 KiB
+        del both, old, new
+
+    forward = census(step, warmup=0).peak("forward")
+    rows = sorted((t.operator, t.data, t.bytes) for t in forward.tensors)
+    assert rows == [("add", "int64", index_bytes), ("add (first read)", "int64 outside torch", index_bytes)]
+
+
 def test_warmup_steps_run_first_and_the_report_prints_and_serialises(data):
     calls = []
     torch.manual_seed(0)
