@@ -192,7 +192,8 @@ def _softmax_dim(module, x) -> int:
 
 
 class Softmax(_TorchLayer, nn.Softmax):
-    """:class:`torch.nn.Softmax` keeping its output compressed (backward quadratic in it: O(step**2) bias)."""
+    """:class:`torch.nn.Softmax` keeping its output compressed, in two independent copies (its backward is
+    quadratic in it: unbiased from two draws)."""
 
     @forward_doc("Apply softmax along ``dim``.", "the output compressed.")
     def forward(self, x):

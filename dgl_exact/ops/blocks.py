@@ -21,11 +21,13 @@ With compression on (stochastic rounding, :mod:`dgl_exact.compression`):
   forward and kept compressed: linear in what is kept; keeping the input instead and evaluating
   ``act'`` at its decoded copy was biased by 10-25 % of the gradient's norm at INT2, see
   ``tests/nn/test_layers.py``);
+* **unbiased from two independent copies**: softmax (``y * (g - sum(g * y))`` is quadratic in ``y``: from one
+  copy ``y_hat`` its mean misses ``Var(y_hat) * g``; the outer factor and the sum are decoded from two
+  independent draws, at twice the kept bytes);
 * **biased, by O(quantization step squared)**, where the backward is nonlinear in the kept tensor:
-  softmax (``y * (g - sum(g * y))`` is quadratic in ``y``), layer_norm's input gradient (a product of two
-  terms in the normalised input; the quadratic term is one of ``D`` in a row's sum). The error per
-  element is bounded by the local curvature times the quantization step of the row
-  (``range / (2**bits - 1)``); at INT8 it is negligible.
+  layer_norm's input gradient (a product of two terms in the normalised input; the quadratic term is one of
+  ``D`` in a row's sum). The error per element is bounded by the local curvature times the quantization step
+  of the row (``range / (2**bits - 1)``); at INT8 it is negligible.
 
 None of these ops projects (``kept_frac`` is ignored: a projection is only unbiased for a linear use).
 Under autocast and while ``torch.compile`` traces, they run torch's functions unchanged (keeping what torch
@@ -257,23 +259,31 @@ class _Softmax(Function):
     def forward(ctx, x, dim, cfg):
         y = F.softmax(x, dim)
         ctx.dim = dim
-        save_kept(ctx, as_kept(y, _kept_cfg(cfg), force=True))  # a fresh output: compress it
+        kept_cfg = _kept_cfg(cfg)
+        # a fresh output: compressed, twice (independent draws: the backward is quadratic in y, see the
+        # module doc); with compression off, the output itself
+        second = as_kept(y, kept_cfg, force=True, independent=True) if kept_cfg.enabled else None
+        save_kept(ctx, as_kept(y, kept_cfg, force=True), second)
         return y
 
     @staticmethod
     def backward(ctx, grad):
-        (y_s,) = load_kept(ctx)
-        if double_backward("softmax", y_s):
+        y_s, y2_s = load_kept(ctx)
+        if double_backward("softmax", y_s, y2_s):
             gy = grad * y_s  # the output itself: differentiable
             return gy - y_s * gy.sum(dim=ctx.dim, keepdim=True), None, None
         y = restore(y_s).to(grad.dtype)
-        return torch.ops.aten._softmax_backward_data(grad, y, ctx.dim, y.dtype), None, None
+        if y2_s is None:
+            return torch.ops.aten._softmax_backward_data(grad, y, ctx.dim, y.dtype), None, None
+        # y * (g - sum(g * y2)): the outer factor and the sum from independent draws, unbiased
+        s = (grad * restore(y2_s).to(grad.dtype)).sum(dim=ctx.dim, keepdim=True)
+        return y * (grad - s), None, None
 
 
 @fresh_outputs
 def softmax(x: torch.Tensor, dim: int, config: Optional[CompressionConfig] = None) -> torch.Tensor:
-    """``F.softmax`` keeping its output compressed (backward quadratic in it: biased by O(step**2) with
-    compression on, exact with it off)."""
+    """``F.softmax`` keeping its output compressed, in two independent copies (its backward is quadratic in it:
+    unbiased from two draws, see the module doc); exact with compression off."""
     if _plain(x):
         return F.softmax(x, dim)
     return _Softmax.apply(x, int(dim), resolve_config(config))

@@ -391,10 +391,13 @@ def u_add_v(g, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 # --- edge softmax ------------------------------------------------------------------------------------
-def softmax_backward(st: GraphStructure, s: torch.Tensor, gs: torch.Tensor, by: str = "dst") -> torch.Tensor:
+def softmax_backward(st: GraphStructure, s: torch.Tensor, gs: torch.Tensor, by: str = "dst",
+                     s_sum: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Gradient of a per-destination (``by='src'``: per-source) softmax with output ``s`` given output
-    gradient ``gs``."""
-    return s * (gs - st.edge_sum_to(gs * s, by)[st.dst if by == "dst" else st.src])
+    gradient ``gs``: ``s * (gs - sum(gs * s))``. ``s_sum``: the copy of ``s`` the sum reads (a second,
+    independent decode: the gradient is then unbiased, see :class:`_EdgeSoftmax`)."""
+    s_sum = s if s_sum is None else s_sum
+    return s * (gs - st.edge_sum_to(gs * s_sum, by)[st.dst if by == "dst" else st.src])
 
 
 def _softmax_forward(st: GraphStructure, e: torch.Tensor, by: str) -> torch.Tensor:
@@ -405,19 +408,27 @@ def _softmax_forward(st: GraphStructure, e: torch.Tensor, by: str) -> torch.Tens
 
 @captured.capturable
 class _EdgeSoftmax(Function):
+    """Keeps its output ``s``; compressed, two independent copies. The backward ``s * (g - sum(g * s))`` is
+    quadratic in ``s``: from one copy ``s_hat`` its expectation misses ``Var(s_hat_i) g_i`` per edge (the sum's
+    own term, O(step**2)); with the outer factor and the sum decoded from independent draws it is unbiased."""
+
     @staticmethod
     def forward(ctx, e, st: GraphStructure, cfg: CompressionConfig, by: str = "dst"):
         s = _softmax_forward(st, e, by)
         ctx.st, ctx.by = st, by
-        save_kept(ctx, as_kept(s, cfg, force=True) if cfg.enabled else s)
+        if cfg.enabled:
+            save_kept(ctx, as_kept(s, cfg, force=True), as_kept(s, cfg, force=True, independent=True))
+        else:
+            save_kept(ctx, s, None)
         return s
 
     @staticmethod
     def backward(ctx, grad):
-        (s,) = load_kept(ctx)
-        double_backward("edge_softmax", s)  # raises unless s is the output itself: the ops below are then exact
+        s, s_sum = load_kept(ctx)
+        double_backward("edge_softmax", s, s_sum)  # raises unless s is the output itself: the ops below are exact
         s = restore(s).to(grad.dtype)
-        return softmax_backward(ctx.st, s, grad, ctx.by), None, None, None
+        s_sum = None if s_sum is None else restore(s_sum).to(grad.dtype)
+        return softmax_backward(ctx.st, s, grad, ctx.by, s_sum), None, None, None
 
 
 def _edge_config(cfg: CompressionConfig, heads: int) -> CompressionConfig:
@@ -440,7 +451,8 @@ ALL = "__ALL__"  # dgl.base.ALL
 def edge_softmax(graph, logits, eids=ALL, norm_by: str = "dst", *,
                  config: Optional[CompressionConfig] = None):
     """DGL's ``edge_softmax``: softmax of edge scores over each destination's in-edges (``norm_by='src'``:
-    each source's out-edges); keeps its output compressed. ``eids`` (a subset of edges) and a heterograph's
+    each source's out-edges); keeps its output compressed, in two independent copies (its backward is quadratic
+    in it, see :class:`_EdgeSoftmax`). ``eids`` (a subset of edges) and a heterograph's
     per-type dict of scores run DGL's own op (its output kept exactly)."""
     if norm_by not in ("dst", "src"):
         raise ValueError(f"norm_by must be 'dst' or 'src', got {norm_by!r}")
