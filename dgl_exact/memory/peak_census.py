@@ -65,6 +65,8 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from ..ops.structure import format_arrays
+
 
 __all__ = ["census", "CensusReport", "PhasePeak", "CensusRow", "CensusTensor", "PHASES"]
 
@@ -429,13 +431,8 @@ def _sparse_formats(gidx, dgl_error: type) -> List[torch.Tensor]:
     (exporting a created format copies nothing; a format not created yet is not created here)."""
     try:
         created = gidx.formats()["created"]
-        arrays = []
-        for etype in range(gidx.number_of_etypes()):
-            for fmt, transpose in (("csr", False), ("csc", True)):   # the CSC is the transpose's CSR
-                if fmt in created:
-                    arrays.extend(t for t in gidx.adjacency_matrix_tensors(etype, transpose, "csr")[2:]
-                                  if isinstance(t, torch.Tensor) and t.numel())
-        return arrays
+        return [t for etype in range(gidx.number_of_etypes()) for fmt in ("csr", "csc") if fmt in created
+                for t in format_arrays(gidx, fmt, etype) if isinstance(t, torch.Tensor) and t.numel()]
     except (dgl_error, RuntimeError):   # a graph DGL cannot export: its formats are then unknown here
         return []
 

@@ -259,12 +259,18 @@ class GraphStructure:
         return out.index_add_(0, index, e)
 
 
+def format_arrays(gidx, fmt: str, etype: int = 0):
+    """DGL's arrays of format ``fmt`` ('csr', 'csc', 'coo') of edge type ``etype`` of the graph index ``gidx``, as
+    torch tensors: ``(indptr, indices, eids)`` (the CSC is read as the CSR of the transposed adjacency, as DGL's
+    ``adj_tensors`` reads it). A format DGL has created is exported without a copy; one it has not, DGL creates."""
+    if fmt == "csc":
+        return tuple(gidx.adjacency_matrix_tensors(etype, True, "csr")[2:])
+    return tuple(gidx.adjacency_matrix_tensors(etype, False, fmt)[2:])
+
+
 def _adj_tensors(gidx, fmt):
     """``DGLGraph.adj_tensors(fmt)`` of the single edge type, read from the structure object."""
-    if fmt == "csc":  # the CSR of the transposed adjacency, as DGL's adj_tensors reads it
-        indptr, indices, eids = gidx.adjacency_matrix_tensors(0, True, "csr")[2:]
-    else:
-        indptr, indices, eids = gidx.adjacency_matrix_tensors(0, False, fmt)[2:]
+    indptr, indices, eids = format_arrays(gidx, fmt)
     if eids is not None and (eids.numel() == 0 or bool((eids == torch.arange(eids.numel())).all())):
         eids = None  # no edge-id array (ids are positions, see csc_graph) or the identity: no gather in kernels
     return indptr, indices, eids
