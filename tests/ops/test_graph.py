@@ -11,6 +11,8 @@ only the edge values) is the same with compression on as off, bit for bit, for `
 what is kept, nor be compressed)."""
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -271,6 +273,45 @@ def test_edge_softmax_int2_gradient_unbiased(graphs):
         torch.manual_seed(seed)
         draws.append(torch.autograd.grad((ops.edge_softmax(g, hidden(e), config=INT2) * r).sum(), e)[0])
     assert_mean_converges(draws, exact, floor=METADATA_FLOOR)
+
+
+def test_edge_softmax_two_copies_under_hooks_subclass_eval_and_double_backward(graphs):
+    """The two-copy backward against DGL's edge_softmax: a user's copying saved-tensor hook (both copies pass
+    through it, the gradient is the one without it), a tensor subclass as scores, evaluation (no_grad: nothing
+    kept), and double backward (exact with compression off, refused with compression on)."""
+    g = graphs["graph"]
+    torch.manual_seed(4)
+    e = torch.randn(g.num_edges(), 2, dtype=torch.float64, requires_grad=True)
+    r = torch.randn(g.num_edges(), 2, dtype=torch.float64)
+    want = dgl.nn.functional.edge_softmax(g, e)
+
+    def grad_at(cfg, scores=None, hook=False):
+        torch.manual_seed(9)
+        copying = torch.autograd.graph.saved_tensors_hooks(lambda t: t.clone(), lambda t: t)
+        with copying if hook else contextlib.nullcontext():
+            out = ops.edge_softmax(g, hidden(e) if scores is None else scores, config=cfg)
+        return out, torch.autograd.grad((out * r).sum(), e)[0]
+
+    plain_out, plain = grad_at(INT8)
+    torch.testing.assert_close(plain_out, want)
+    hooked_out, hooked = grad_at(INT8, hook=True)
+    assert torch.equal(hooked_out, plain_out) and torch.equal(hooked, plain)
+
+    class Scores(torch.Tensor):
+        pass
+
+    sub_out, sub = grad_at(OFF, scores=hidden(e).as_subclass(Scores))
+    torch.testing.assert_close(sub_out.as_subclass(torch.Tensor), want)
+    torch.testing.assert_close(sub.as_subclass(torch.Tensor), torch.autograd.grad((want * r).sum(), e)[0])
+
+    with torch.no_grad(), saved_tensors() as kept:
+        torch.testing.assert_close(ops.edge_softmax(g, e * 1.0, config=INT8), want.detach())
+    assert kept == []
+
+    assert torch.autograd.gradgradcheck(lambda t: ops.edge_softmax(g, t * 1.0, config=OFF), (e,))
+    out = ops.edge_softmax(g, hidden(e), config=INT8)
+    with pytest.raises(RuntimeError, match="double backward"):
+        torch.autograd.grad((out * r).sum(), e, create_graph=True)
 
 
 def test_softmax_int2_gradient_unbiased():
