@@ -5,8 +5,11 @@ before DGL's test files import them), and every test runs inside ``dgl_exact.mes
 ``update_all``/``apply_edges`` with built-in functions and ``edge_softmax`` run dgl_exact's ops too. The test
 files (``tests/python/common/ops/test_ops.py`` and ``test_edge_softmax.py`` of a DGL v2.1.0 source tree, or
 ``tests/python/pytorch/nn/test_nn.py``) are copied into a scratch folder with their helpers (``tests/utils``,
-``tests/backend``); a ``conftest.py`` there does the routing and sets the compression. Nothing of DGL's test
-code is changed or kept in this repository.
+``tests/backend``), beside ``scripts/dgl_tests_conftest.py`` as their ``conftest.py``: it does the routing,
+sets the compression and, with compression on, judges a test that fails DGL's fixed ``allclose`` tolerance
+statistically (its module doc: the test rerun on the same inputs, once exact and K + 1 times compressed; the
+draws' mean must be the exact result and the test's own draw within Bernstein's bound of the noise measured
+over the draws; alpha 1e-3 per test). Nothing of DGL's test code is changed or kept in this repository.
 
 Get DGL's tests (any machine with the DGL repository; not downloaded by this script)::
 
@@ -15,15 +18,17 @@ Get DGL's tests (any machine with the DGL repository; not downloaded by this scr
     python scripts/dgl_ops_tests.py --dgl-tests /tmp/dgl/tests --compression int8
     python scripts/dgl_ops_tests.py --dgl-tests /tmp/dgl/tests --suite nn -- -k "gat_conv or graph_conv"
 
-``--no-route`` runs the same files on DGL's own ops (the baseline). Extra pytest arguments follow ``--``.
-DGL's ops tests feed leaf tensors, which dgl_exact keeps exactly; their reference side, user-defined message
-functions (``edges.src["x"] * edges.data["w"]``), forms edge-sized products that the scope keeps compressed
-(:mod:`dgl_exact.ops.products`). With compression off every test passes (DGL's semantics). At INT8 those
-references carry quantization noise (a step is 1/255 of a row's range) above DGL's fixed ``allclose``
-tolerance (1e-4): of the 2,181 tests that DGL does not skip, all pass with compression off and 1,953 at INT8,
-the other 228 being the ``mul``/``dot`` SDDMM and ``u_mul_e_sum`` cases and four ``edge_softmax`` gradients
-(measured at b57e924; dgl_exact's own statistical tests in ``tests/ops`` check those gradients'
-unbiasedness instead).
+``--no-route`` runs the same files on DGL's own ops (the baseline); ``--draws K`` (default 32; 0: DGL's fixed
+tolerance only). Extra pytest arguments follow ``--``. DGL's ops tests feed leaf tensors, which dgl_exact keeps
+exactly; their reference side, user-defined message functions (``edges.src["x"] * edges.data["w"]``), forms
+edge-sized products that the scope keeps compressed (:mod:`dgl_exact.ops.products`), so at INT8 the
+references carry quantization noise (a step is 1/255 of a row's range) above DGL's fixed tolerance (1e-4).
+Measured on the 2-core development machine (AMD EPYC, ``-n 2``), DGL 2.1.0, torch 2.13.0: of the 2,181 ops
+tests DGL does not skip, all pass with compression off (42 s); at INT8, 1,953 pass with DGL's fixed tolerance
+and the other 228 (the ``mul``/``dot`` SDDMM and ``u_mul_e_sum`` cases, four ``edge_softmax`` gradients)
+statistically: 196 at 32 draws, 30 at 128, 2 at 512 (154 s in all). The nn suite (``--suite nn``): 2,963 pass
+with compression off and at INT8, all within DGL's fixed tolerance; its four ``subgraphx`` tests fail in DGL's
+own SubgraphX on NumPy 2 (``int()`` of a 1-element array), with ``--no-route`` too.
 """
 from __future__ import annotations
 
@@ -38,30 +43,7 @@ from pathlib import Path
 SUITES = {"ops": ("python/common/ops/test_ops.py", "python/common/ops/test_edge_softmax.py"),
           "nn": ("python/pytorch/nn/test_nn.py",)}
 
-CONFTEST = '''\
-import dgl_exact  # first: installs the import shim DGL needs on a modern torch
-import dgl
-import dgl.ops
-import pytest
-
-COMPRESSION = {compression!r}
-ROUTE = {route!r}
-if COMPRESSION == "off":
-    dgl_exact.set_config(dgl_exact.CompressionConfig(enabled=False))
-else:
-    dgl_exact.set_config(dgl_exact.CompressionConfig(bits=int(COMPRESSION[3:])))
-
-if ROUTE:
-    for _name in [n for n in dir(dgl.ops) if not n.startswith("_") and callable(getattr(dgl.ops, n))]:
-        setattr(dgl.ops, _name, getattr(dgl_exact.ops, _name))
-    assert dgl.ops.gspmm is dgl_exact.ops.gspmm
-
-
-@pytest.fixture(autouse=True)
-def _dgl_message_passing_on_dgl_exact():
-    with dgl_exact.message_passing(ROUTE):
-        yield
-'''
+CONFTEST = Path(__file__).with_name("dgl_tests_conftest.py")  # the routing, compression and comparison
 
 
 def main(argv=None) -> int:
@@ -71,6 +53,9 @@ def main(argv=None) -> int:
     parser.add_argument("--suite", default="ops", choices=sorted(SUITES))
     parser.add_argument("--compression", default="off", choices=("off", "int1", "int2", "int4", "int8"))
     parser.add_argument("--no-route", action="store_true", help="DGL's own ops (the baseline)")
+    parser.add_argument("--draws", type=int, default=32,
+                        help="compressed draws behind the statistical comparison of a test that fails DGL's fixed "
+                             "tolerance with compression on (default 32; 0: DGL's fixed tolerance only)")
     parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     args = parser.parse_args(argv)
 
@@ -87,9 +72,11 @@ def main(argv=None) -> int:
             shutil.copy(f, work / f.name)
         shutil.copytree(src / "utils", work / "utils")
         shutil.copytree(src / "backend", work / "backend")
-        (work / "conftest.py").write_text(CONFTEST.format(compression=args.compression, route=not args.no_route))
+        shutil.copy(CONFTEST, work / "conftest.py")
         (work / "pytest.ini").write_text("[pytest]\n")
-        env = dict(os.environ, DGLBACKEND="pytorch", PYTHONPATH=os.pathsep.join(
+        env = dict(os.environ, DGLBACKEND="pytorch", DGL_EXACT_TESTS_COMPRESSION=args.compression,
+                   DGL_EXACT_TESTS_ROUTE="0" if args.no_route else "1", DGL_EXACT_TESTS_DRAWS=str(args.draws),
+                   PYTHONPATH=os.pathsep.join(
             [str(work)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
         cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", str(work / "pytest.ini"),
                "--rootdir", str(work), *[f.name for f in files], *args.pytest_args]
